@@ -1,0 +1,110 @@
+"""haltwise: stop multi-step agent tasks early, on purpose, as a designed outcome.
+
+The public API is re-exported here; the modules behind it are private (``_name.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+
+from ._context import cancel_requested as cancel_requested
+from ._context import checkpoint as checkpoint
+from ._context import emit as emit
+from ._context import idempotency_key as idempotency_key
+from ._context import shield as shield
+from ._exceptions import Cancelled as Cancelled
+from ._exceptions import HaltwiseError as HaltwiseError
+from ._exceptions import InputError as InputError
+from ._exceptions import InvalidTransitionError as InvalidTransitionError
+from ._exceptions import NonDeterminismError as NonDeterminismError
+from ._exceptions import NotInTaskError as NotInTaskError
+from ._exceptions import PolicyError as PolicyError
+from ._exceptions import ResumeRefusedError as ResumeRefusedError
+from ._exceptions import RunOwnedError as RunOwnedError
+from ._exceptions import SchemaVersionError as SchemaVersionError
+from ._exceptions import StoreError as StoreError
+from ._exceptions import UnknownRunError as UnknownRunError
+from ._exceptions import UnknownStepError as UnknownStepError
+from ._outcome import ErrorInfo as ErrorInfo
+from ._outcome import Outcome as Outcome
+from ._outcome import Retry as Retry
+from ._outcome import StepRecord as StepRecord
+from ._policy import CancelPolicy as CancelPolicy
+from ._policy import Effect as Effect
+from ._runtime import Runtime as Runtime
+from ._runtime import TaskHandle as TaskHandle
+from ._states import State as State
+from ._states import StepStatus as StepStatus
+from ._store import LostOwnershipError as LostOwnershipError
+from ._tool import OnCancel as OnCancel
+from ._tool import Task as Task
+from ._tool import Tool as Tool
+from ._tool import task as task
+from ._tool import tool as tool
+
+__version__ = "0.1.0"
+
+
+def run(
+    task: Task[..., Any],
+    /,
+    *args: Any,
+    task_id: str | None = None,
+    deadline: float | None = None,
+    store: str | None = None,
+    **kwargs: Any,
+) -> Outcome:
+    """Run ``task(*args, **kwargs)`` to a final state and return its outcome (blocking).
+
+    A convenience over :class:`Runtime` for scripts: it opens the store (``store`` URL, else
+    ``$HALTWISE_STORE``, else the default SQLite file), starts the run, waits for its outcome and
+    closes the store. A failed run is returned as an outcome, not raised.
+    """
+
+    async def main() -> Outcome:
+        async with Runtime(store) as runtime:
+            handle = await runtime.start(task, *args, task_id=task_id, deadline=deadline, **kwargs)
+            return await handle.outcome()
+
+    return anyio.run(main)
+
+
+__all__ = [
+    "CancelPolicy",
+    "Cancelled",
+    "Effect",
+    "ErrorInfo",
+    "HaltwiseError",
+    "InputError",
+    "InvalidTransitionError",
+    "LostOwnershipError",
+    "NonDeterminismError",
+    "NotInTaskError",
+    "OnCancel",
+    "Outcome",
+    "PolicyError",
+    "ResumeRefusedError",
+    "Retry",
+    "RunOwnedError",
+    "Runtime",
+    "SchemaVersionError",
+    "State",
+    "StepRecord",
+    "StepStatus",
+    "StoreError",
+    "Task",
+    "TaskHandle",
+    "Tool",
+    "UnknownRunError",
+    "UnknownStepError",
+    "cancel_requested",
+    "checkpoint",
+    "emit",
+    "idempotency_key",
+    "run",
+    "shield",
+    "task",
+    "tool",
+]

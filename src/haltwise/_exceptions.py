@@ -1,0 +1,147 @@
+"""Every exception haltwise raises, in one place.
+
+Cancellation is not an error, so it stands outside the error tree::
+
+    BaseException
+    └── Cancelled                 a cancel was delivered at a checkpoint (like trio.Cancelled)
+
+    Exception
+    └── HaltwiseError             base of the library's own errors
+        ├── PolicyError           a bad @haltwise.tool / @haltwise.task declaration (.tool)
+        ├── InputError            task inputs or a partial/tool result that is not JSON (.task_id)
+        ├── UnknownRunError       no run with that id in the store (.task_id)
+        ├── RunOwnedError         a live owner holds the run; resume refused (.task_id, .owner)
+        ├── ResumeRefusedError    resume refused until unknown steps are resolved (.task_id, .steps)
+        ├── InvalidTransitionError  a transition the state table forbids (.task_id, .source, .target)
+        ├── NonDeterminismError   the task asked for another tool than the journal holds
+        ├── UnknownStepError      a run taken over has an unknown step it may not run again
+        ├── StoreError            the store is unusable: bad URL, not a haltwise store, I/O error
+        │   └── SchemaVersionError  the store was written by a newer haltwise
+        └── NotInTaskError        emit()/checkpoint()/idempotency_key() outside a task or tool
+
+A failed run's outcome carries the task's *own* exception type and text, not these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class Cancelled(BaseException):  # noqa: N818 - the name is the contract, as in trio
+    """Raised at a checkpoint once a cancel has been requested for the current run.
+
+    Derives from :class:`BaseException` so that ``except Exception`` cannot swallow it.
+    Cancellation is level-triggered: every later checkpoint of the run raises it again, except
+    inside :func:`haltwise.shield`. A task may catch it to clean up, but the run still ends
+    ``cancelled``.
+    """
+
+    def __init__(self, reason: str = "user", *, task_id: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.task_id = task_id
+
+
+class HaltwiseError(Exception):
+    """Base class of every error haltwise itself raises."""
+
+    def __init__(self, message: str, *, task_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.task_id = task_id
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class PolicyError(HaltwiseError):
+    """A ``@haltwise.tool`` or ``@haltwise.task`` declaration is invalid (raised at decoration)."""
+
+    def __init__(self, message: str, *, tool: str | None = None) -> None:
+        super().__init__(message)
+        self.tool = tool
+
+
+class InputError(HaltwiseError):
+    """Task inputs, a partial result or a tool result cannot be journaled (not JSON, wrong args)."""
+
+
+class UnknownRunError(HaltwiseError):
+    """The store has no run with that id."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"no run with id {task_id!r} in the store", task_id=task_id)
+
+
+class RunOwnedError(HaltwiseError):
+    """A live owner holds the run, so it cannot be resumed or started here."""
+
+    def __init__(self, task_id: str, owner: str) -> None:
+        super().__init__(f"run {task_id!r} is held by a live owner: {owner}", task_id=task_id)
+        self.owner = owner
+
+
+class ResumeRefusedError(HaltwiseError):
+    """Resume refused: some steps are ``unknown`` and their tools are not idempotent.
+
+    ``steps`` holds ``(index, tool)`` pairs. Say what happened with ``assume_done`` or ``rerun``.
+    """
+
+    def __init__(self, task_id: str, steps: Sequence[tuple[int, str]]) -> None:
+        named = ", ".join(f"step {index} ({tool})" for index, tool in steps)
+        super().__init__(
+            f"run {task_id!r}: {named} may or may not have happened and is not idempotent; "
+            "check the world, then resume with --assume-done STEP[=JSON] or --rerun STEP",
+            task_id=task_id,
+        )
+        self.steps = tuple(steps)
+
+
+class InvalidTransitionError(HaltwiseError):
+    """A state transition the contract's table forbids was attempted."""
+
+    def __init__(self, task_id: str, source: str, target: str) -> None:
+        super().__init__(
+            f"run {task_id!r}: transition {source} -> {target} is not allowed", task_id=task_id
+        )
+        self.source = source
+        self.target = target
+
+
+class NonDeterminismError(HaltwiseError):
+    """On replay the task asked for a different tool at a step index than the journal holds."""
+
+    def __init__(self, task_id: str, index: int, journaled: str, requested: str) -> None:
+        super().__init__(
+            f"run {task_id!r}: step {index} is {journaled!r} in the journal but the task now "
+            f"calls {requested!r}; the task is not deterministic on resume",
+            task_id=task_id,
+        )
+        self.index = index
+        self.journaled = journaled
+        self.requested = requested
+
+
+class UnknownStepError(HaltwiseError):
+    """A step is ``unknown`` and its tool may not run again without the caller's word."""
+
+    def __init__(self, task_id: str, index: int, tool: str) -> None:
+        super().__init__(
+            f"run {task_id!r}: step {index} ({tool}) is unknown and not idempotent; "
+            "reconcile it, then resume with --assume-done or --rerun",
+            task_id=task_id,
+        )
+        self.index = index
+        self.tool = tool
+
+
+class StoreError(HaltwiseError):
+    """The store cannot be used: a bad URL, a file that is not a haltwise store, an I/O error."""
+
+
+class SchemaVersionError(StoreError):
+    """The store was written by a newer version of haltwise than this one."""
+
+
+class NotInTaskError(HaltwiseError):
+    """A function that needs a running task or tool was called outside one."""

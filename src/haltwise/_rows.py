@@ -1,0 +1,79 @@
+"""Row <-> record conversion shared by the SQL stores (column names are the same in both)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ._outcome import ErrorInfo, StepRecord
+from ._policy import Effect
+from ._records import Event, Owner, RunRecord, load_json
+from ._states import State, StepStatus
+
+SCHEMA_VERSION = 1
+
+RUN_COLUMNS = (
+    "id, task, state, inputs, reason, force, result, error, cancel_error, owner, lease_until, "
+    "parent, created_at, updated_at"
+)
+STEP_COLUMNS = (
+    "idx, tool, cancel, effect, idempotent, status, attempts, result, error, idem_key, args"
+)
+
+
+def error_to_text(error: ErrorInfo | None) -> str | None:
+    return None if error is None else json.dumps(error.to_json())
+
+
+def error_from_text(text: str | None) -> ErrorInfo | None:
+    if text is None:
+        return None
+    data = json.loads(text)
+    return ErrorInfo(type=data["type"], message=data["message"])
+
+
+def run_from_row(row: Mapping[str, Any]) -> RunRecord:
+    return RunRecord(
+        id=row["id"],
+        task=row["task"],
+        state=State(row["state"]),
+        inputs=json.loads(row["inputs"]),
+        reason=row["reason"],
+        force=bool(row["force"]),
+        result=load_json(row["result"]),
+        error=error_from_text(row["error"]),
+        cancel_error=error_from_text(row["cancel_error"]),
+        owner=Owner.from_json(row["owner"]) if row["owner"] else None,
+        lease_until=row["lease_until"],
+        parent=row["parent"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def step_from_row(row: Mapping[str, Any]) -> StepRecord:
+    return StepRecord(
+        index=row["idx"],
+        tool=row["tool"],
+        cancel=row["cancel"],
+        effect=Effect(row["effect"]),
+        idempotent=bool(row["idempotent"]),
+        status=StepStatus(row["status"]),
+        attempts=row["attempts"],
+        result=load_json(row["result"]),
+        error=error_from_text(row["error"]),
+        idempotency_key=row["idem_key"],
+        args=load_json(row["args"]),
+    )
+
+
+def event_from_row(row: Mapping[str, Any]) -> Event:
+    return Event(
+        run_id=row["run_id"],
+        seq=row["seq"],
+        source=State(row["source"]) if row["source"] else None,
+        target=State(row["target"]),
+        reason=row["reason"],
+        at=row["at"],
+    )

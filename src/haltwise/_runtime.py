@@ -1,0 +1,505 @@
+"""The runtime: starts, drives, cancels and resumes runs against a store.
+
+It knows no store by name (only the :class:`~haltwise._store.Store` interface) and no terminal.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ._exceptions import (
+    Cancelled,
+    HaltwiseError,
+    InputError,
+    InvalidTransitionError,
+    ResumeRefusedError,
+    RunOwnedError,
+    UnknownStepError,
+)
+from ._outcome import ErrorInfo, Outcome
+from ._owner import DEFAULT_LEASE, new_owner, owner_alive
+from ._records import RunRecord, RunSnapshot, dump_json
+from ._run import CURRENT_RUN, RunContext
+from ._states import State, StepStatus
+from ._store import LostOwnershipError, NewRun, Store, open_store
+from ._takeover import run_saga, settle_orphans
+from ._tool import TASKS, OnCancel, Task
+
+_ACTIVE = (State.PENDING, State.RUNNING, State.CANCELLING)
+
+
+@dataclass(frozen=True, slots=True)
+class _Ending:
+    """How the task function ended: returned ``value``, or raised ``error``."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+
+class TaskHandle:
+    """A handle on one run, by id; valid whether or not this runtime is working the run."""
+
+    def __init__(self, runtime: Runtime, task_id: str) -> None:
+        self._runtime = runtime
+        self.id = task_id
+
+    async def cancel(self, reason: str = "user", *, force: bool = False) -> None:
+        """Request a cancel; returns once the request is durable, not when the run stopped.
+
+        ``force=True`` stops at once: ``finish`` steps are not waited for and no compensation
+        runs (the in-flight step becomes ``unknown``, an interruptible one ``interrupted``).
+        Cancelling a run that is already final does nothing.
+        """
+        await self._runtime.cancel(self.id, reason=reason, force=force)
+
+    async def outcome(self) -> Outcome:
+        """Wait until the run is in a final state and return its outcome."""
+        return await self._runtime.outcome(self.id)
+
+    async def status(self) -> Outcome:
+        """The run as it is now (possibly not final), without waiting."""
+        return await self._runtime.status(self.id)
+
+    def __repr__(self) -> str:
+        return f"<haltwise.TaskHandle {self.id}>"
+
+
+class Runtime:
+    """Runs tasks against a store. Use as ``async with haltwise.Runtime(url) as rt:``.
+
+    ``store`` is a URL (``sqlite:///path.db``, ``postgresql://...``); ``None`` means
+    ``$HALTWISE_STORE``, else ``sqlite:///.haltwise/haltwise.db``. ``lease`` is how long
+    another host must wait, without a heartbeat from this process, before taking its runs over.
+
+    Leaving the ``async with`` block cancels the runs still active here with reason
+    ``"shutdown"`` (each settling by its policies) and waits for them to end.
+    """
+
+    def __init__(self, store: str | Store | None = None, *, lease: float = DEFAULT_LEASE) -> None:
+        self.store: Store = open_store(store) if store is None or isinstance(store, str) else store
+        self.lease = lease
+        self.owner = new_owner()
+        self._active: dict[str, RunContext] = {}
+        self._task_group: TaskGroup | None = None
+        self._wake = anyio.Event()
+
+    async def __aenter__(self) -> Runtime:
+        await self.store.open()
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        self._task_group.start_soon(self._watch)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        task_group = self._task_group
+        assert task_group is not None, "Runtime used without async with"
+        try:
+            with anyio.CancelScope(shield=True):
+                for run_id in list(self._active):
+                    await self.cancel(run_id, reason="shutdown")
+                for run in list(self._active.values()):
+                    await run.done.wait()
+            task_group.cancel_scope.cancel()
+            return await task_group.__aexit__(exc_type, exc, tb)
+        finally:
+            self._task_group = None
+            with anyio.CancelScope(shield=True):
+                await self.store.close()
+
+    # -- public operations ---------------------------------------------------------------------
+
+    async def start(
+        self,
+        task: Task[..., Any],
+        /,
+        *args: Any,
+        task_id: str | None = None,
+        deadline: float | None = None,
+        **kwargs: Any,
+    ) -> TaskHandle:
+        """Start a run of ``task(*args, **kwargs)`` and return its handle at once.
+
+        The run is durable (``running``) when this returns. If ``task_id`` already exists, no
+        second run starts: the handle of the existing run is returned. ``deadline`` (seconds)
+        cancels the run with reason ``"deadline"`` if it has not ended by then; it covers this
+        start only. Raises :class:`~haltwise.InputError` if the arguments do not fit the task or
+        are not JSON-serialisable.
+        """
+        return await self.start_named(task, args, kwargs, task_id=task_id, deadline=deadline)
+
+    async def start_named(
+        self,
+        task: Task[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        task_id: str | None = None,
+        deadline: float | None = None,
+        name: str | None = None,
+    ) -> TaskHandle:
+        """:meth:`start` with explicit arguments and the name the run records (the CLI's spec)."""
+        if not isinstance(task, Task):
+            raise InputError(f"{task!r} is not a @haltwise.task")
+        task.bind_inputs(args, kwargs)
+        inputs = {"args": list(args), "kwargs": kwargs}
+        dump_json(inputs, f"the inputs of task {task.name!r}")
+        _check_deadline(deadline)
+        run_id = task_id if task_id is not None else uuid.uuid4().hex
+        if not run_id or not isinstance(run_id, str):
+            raise InputError("task_id must be a non-empty string")
+        if run_id in self._active:
+            return TaskHandle(self, run_id)
+        new = NewRun(
+            id=run_id,
+            task=name or task.name,
+            inputs=inputs,
+            owner=self.owner,
+            lease_until=self._lease_until(),
+        )
+        _, created = await self.store.create_run(new)
+        if not created:
+            return TaskHandle(self, run_id)
+        await self.store.transition(
+            run_id, State.RUNNING, expected={State.PENDING}, fence=self.owner.token
+        )
+        self._launch(self._context(run_id, task, None, {}, frozenset()), inputs, deadline)
+        return TaskHandle(self, run_id)
+
+    async def resume(
+        self,
+        task_id: str,
+        *,
+        deadline: float | None = None,
+        assume_done: Mapping[int, Any] | None = None,
+        rerun: Collection[int] | None = None,
+        task: Task[..., Any] | None = None,
+    ) -> TaskHandle:
+        """Continue run ``task_id`` from its journal; return its handle once it is running again.
+
+        A ``completed`` run runs nothing. A run whose owner died is taken over: its orphaned
+        steps are settled by their policies and, if it was ``cancelling``, the cancel is finished
+        (``cancelled``, saga included) before it resumes. Refuses with
+        :class:`~haltwise.RunOwnedError` while a live owner holds it, and with
+        :class:`~haltwise.ResumeRefusedError` while an ``unknown`` step of a non-idempotent tool
+        is not covered by ``assume_done`` (``{index: result}``: it happened, replay this result)
+        or ``rerun`` (indexes to run again). ``task`` defaults to the task registered under the
+        run's recorded name.
+        """
+        _check_deadline(deadline)
+        done = dict(assume_done or {})
+        again = frozenset(rerun or ())
+        if task_id in self._active:
+            raise RunOwnedError(task_id, f"this runtime ({self.owner.describe()})")
+        snapshot = await self.store.load(task_id)
+        run = snapshot.run
+        if run.state is State.COMPLETED:
+            return TaskHandle(self, task_id)
+        the_task = task or TASKS.get(run.task)
+        if the_task is None:
+            raise HaltwiseError(
+                f"run {task_id!r} is of task {run.task!r}, which is not loaded in this process",
+                task_id=task_id,
+            )
+        _check_step_indexes(task_id, snapshot, done, again)
+        await self._take(snapshot)
+        ctx = self._context(task_id, the_task, snapshot, done, again)
+        try:
+            snapshot = await self._settle_takeover(ctx, snapshot)
+            self._refuse_unknown(snapshot, done, again)
+        except ResumeRefusedError as refused:
+            await self._fail_refused(ctx, snapshot, refused)
+            raise
+        for index, result in done.items():
+            await self.store.settle_step(
+                task_id, index, StepStatus.COMMITTED, result=result, fence=ctx.fence
+            )
+        if snapshot.run.state is not State.RUNNING:
+            await self.store.transition(
+                task_id,
+                State.RUNNING,
+                expected={State.PENDING, State.CANCELLED, State.FAILED},
+                reason=None,
+                fence=ctx.fence,
+            )
+        snapshot = await self.store.load(task_id)
+        ctx = self._context(task_id, the_task, snapshot, done, again)
+        self._launch(ctx, snapshot.run.inputs, deadline)
+        return TaskHandle(self, task_id)
+
+    async def cancel(self, task_id: str, *, reason: str = "user", force: bool = False) -> RunRecord:
+        """Record a cancel request for ``task_id`` (any process may hold the run).
+
+        Returns the run as it is right after the request: ``cancelled`` for a ``pending`` run,
+        ``cancelling`` for a running one, unchanged for a final one. Raises
+        :class:`~haltwise.UnknownRunError` for an unknown id.
+        """
+        if not isinstance(reason, str) or not reason:
+            raise InputError("a cancel reason must be a non-empty string")
+        record = await self.store.request_cancel(task_id, reason, force=force)
+        ctx = self._active.get(task_id)
+        if ctx is not None and record.state is State.CANCELLING:
+            ctx.request_cancel(record.reason or reason, force=record.force)
+        return record
+
+    async def status(self, task_id: str) -> Outcome:
+        """The run's outcome as journaled now (its state may not be final)."""
+        return (await self.store.load(task_id)).outcome()
+
+    async def outcome(self, task_id: str) -> Outcome:
+        """Wait for the run to reach a final state and return its outcome."""
+        ctx = self._active.get(task_id)
+        if ctx is not None:
+            await ctx.done.wait()
+        while True:
+            snapshot = await self.store.load(task_id)
+            if snapshot.run.state.is_final:
+                return snapshot.outcome()
+            await self.store.wait_for_change(0.5)
+
+    def handle(self, task_id: str) -> TaskHandle:
+        """A handle on run ``task_id`` (not checked until used)."""
+        return TaskHandle(self, task_id)
+
+    # -- ownership and takeover ----------------------------------------------------------------
+
+    def _lease_until(self) -> float:
+        return time.time() + self.lease
+
+    async def _take(self, snapshot: RunSnapshot) -> None:
+        run = snapshot.run
+        owner = run.owner
+        if owner is not None and run.state in _ACTIVE and owner_alive(owner, run.lease_until):
+            raise RunOwnedError(run.id, owner.describe())
+        claimed = await self.store.claim(
+            run.id,
+            self.owner,
+            lease_until=self._lease_until(),
+            expected_owner=owner.token if owner else None,
+        )
+        if not claimed:
+            raise RunOwnedError(run.id, "another process that took it over first")
+
+    async def _settle_takeover(self, ctx: RunContext, snapshot: RunSnapshot) -> RunSnapshot:
+        await settle_orphans(ctx, snapshot.steps)
+        if snapshot.run.state is State.CANCELLING:
+            ctx.forced = snapshot.run.force
+            await self._finish_cancel(ctx, cancel_error=None)
+        return await self.store.load(ctx.run_id)
+
+    def _refuse_unknown(
+        self, snapshot: RunSnapshot, done: Mapping[int, Any], again: frozenset[int]
+    ) -> None:
+        blocked = [
+            (step.index, step.tool)
+            for step in snapshot.steps
+            if step.status is StepStatus.UNKNOWN
+            and not step.idempotent
+            and step.index not in done
+            and step.index not in again
+        ]
+        if blocked:
+            raise ResumeRefusedError(snapshot.run.id, blocked)
+
+    async def _fail_refused(
+        self, ctx: RunContext, snapshot: RunSnapshot, refused: ResumeRefusedError
+    ) -> None:
+        """A refused resume leaves the run final and unowned, never half taken over."""
+        if snapshot.run.state is State.RUNNING:
+            index, tool = refused.steps[0]
+            await self.store.transition(
+                ctx.run_id,
+                State.FAILED,
+                expected={State.RUNNING},
+                error=ErrorInfo.of(UnknownStepError(ctx.run_id, index, tool)),
+                owner=None,
+                lease_until=None,
+                fence=ctx.fence,
+            )
+        else:
+            await self.store.release(ctx.run_id, ctx.fence)
+
+    # -- driving a run --------------------------------------------------------------------------
+
+    def _context(
+        self,
+        run_id: str,
+        task: Task[..., Any],
+        snapshot: RunSnapshot | None,
+        assume_done: dict[int, Any],
+        rerun: frozenset[int],
+    ) -> RunContext:
+        steps = snapshot.steps if snapshot else ()
+        return RunContext(
+            run_id=run_id,
+            task=task,
+            store=self.store,
+            fence=self.owner.token,
+            journal={step.index: step for step in steps},
+            journaled_partials=len(snapshot.partials) if snapshot else 0,
+            assume_done=assume_done,
+            rerun=rerun,
+        )
+
+    def _launch(self, ctx: RunContext, inputs: dict[str, Any], deadline: float | None) -> None:
+        if self._task_group is None:
+            raise HaltwiseError("use the Runtime as 'async with haltwise.Runtime(...) as rt:'")
+        self._active[ctx.run_id] = ctx
+        self._wake.set()
+        self._task_group.start_soon(
+            self._drive, ctx, inputs, deadline, name=f"haltwise run {ctx.run_id}"
+        )
+
+    async def _drive(self, ctx: RunContext, inputs: dict[str, Any], deadline: float | None) -> None:
+        try:
+            async with anyio.create_task_group() as timers:
+                if deadline is not None:
+                    timers.start_soon(self._deadline, ctx, deadline)
+                ending = await self._call_task(ctx, inputs)
+                timers.cancel_scope.cancel()
+            with anyio.CancelScope(shield=True):
+                await self._finish(ctx, ending)
+        except LostOwnershipError:
+            pass  # another process took the run over; it is theirs to finish
+        finally:
+            self._active.pop(ctx.run_id, None)
+            ctx.done.set()
+
+    async def _call_task(self, ctx: RunContext, inputs: dict[str, Any]) -> _Ending:
+        token = CURRENT_RUN.set(ctx)
+        try:
+            with anyio.CancelScope() as scope:
+                ctx.task_scope = scope
+                if ctx.forced:
+                    scope.cancel()
+                try:
+                    value = await ctx.task.fn(*inputs.get("args", ()), **inputs.get("kwargs", {}))
+                    return _Ending(value=value)
+                except anyio.get_cancelled_exc_class():
+                    ctx.forced = True
+                    raise
+                except BaseException as error:  # noqa: BLE001 - every ending is recorded
+                    return _Ending(error=error)
+            return _Ending(error=Cancelled(ctx.cancel_reason or "user", task_id=ctx.run_id))
+        finally:
+            ctx.task_scope = None
+            CURRENT_RUN.reset(token)
+
+    async def _deadline(self, ctx: RunContext, seconds: float) -> None:
+        await anyio.sleep(seconds)
+        await self.cancel(ctx.run_id, reason="deadline")
+
+    async def _finish(self, ctx: RunContext, ending: _Ending) -> None:
+        """Record the final state: the contract's rules on delivered cancels and failures."""
+        error = ctx.poison or ending.error
+        cancel_like = isinstance(error, Cancelled | anyio.get_cancelled_exc_class())
+        if ctx.delivered or ctx.forced or (ctx.cancel_reason is not None and error is not None):
+            await self._finish_cancel(ctx, cancel_error=None if cancel_like else error)
+            return
+        if error is not None:
+            await self._finish_failed(ctx, error)
+            return
+        try:
+            dump_json(ending.value, f"the result of task {ctx.task.name!r}")
+        except InputError as bad_result:
+            await self._finish_failed(ctx, bad_result)
+            return
+        await self.store.transition(
+            ctx.run_id,
+            State.COMPLETED,
+            expected={State.RUNNING, State.CANCELLING},
+            result=ending.value,
+            owner=None,
+            lease_until=None,
+            fence=ctx.fence,
+        )
+
+    async def _finish_failed(self, ctx: RunContext, error: BaseException) -> None:
+        try:
+            await self.store.transition(
+                ctx.run_id,
+                State.FAILED,
+                expected={State.RUNNING},
+                error=ErrorInfo.of(error),
+                owner=None,
+                lease_until=None,
+                fence=ctx.fence,
+            )
+        except InvalidTransitionError:
+            # A cancel was recorded meanwhile: a cancelling run never ends failed.
+            await self._finish_cancel(ctx, cancel_error=error)
+
+    async def _finish_cancel(self, ctx: RunContext, cancel_error: BaseException | None) -> None:
+        if ctx.task.on_cancel is OnCancel.COMPENSATE and not ctx.forced:
+            await run_saga(ctx, (await self.store.load(ctx.run_id)).steps)
+        await self.store.transition(
+            ctx.run_id,
+            State.CANCELLED,
+            expected={State.CANCELLING},
+            cancel_error=ErrorInfo.of(cancel_error) if cancel_error else None,
+            owner=None,
+            lease_until=None,
+            fence=ctx.fence,
+        )
+
+    # -- the watcher: cross-process cancels and leases ----------------------------------------
+
+    async def _watch(self) -> None:
+        next_beat = 0.0
+        while True:
+            if not self._active:
+                self._wake = anyio.Event()
+                with anyio.move_on_after(self.lease / 3):
+                    await self._wake.wait()
+            await self.store.wait_for_change(min(0.25, self.lease / 3))
+            if self._active:
+                requests = await self.store.cancel_requests(list(self._active))
+                for run_id, (reason, force) in requests.items():
+                    ctx = self._active.get(run_id)
+                    if ctx is not None and (ctx.cancel_reason is None or (force and not ctx.forced)):
+                        ctx.request_cancel(reason, force=force)
+            if time.time() >= next_beat:
+                next_beat = time.time() + self.lease / 3
+                await self.store.heartbeat(self.owner.token, self._lease_until())
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is None:
+        return
+    if isinstance(deadline, bool) or not isinstance(deadline, int | float):
+        raise InputError("deadline must be a number of seconds")
+    if not deadline > 0 or math.isinf(deadline):
+        raise InputError(f"deadline must be a finite number of seconds > 0, not {deadline}")
+
+
+def _check_step_indexes(
+    task_id: str, snapshot: RunSnapshot, done: Mapping[int, Any], again: frozenset[int]
+) -> None:
+    known = {step.index: step for step in snapshot.steps}
+    for index in (*done, *again):
+        if index not in known:
+            raise InputError(f"run {task_id!r} has no step {index}", task_id=task_id)
+        if known[index].status is StepStatus.COMMITTED:
+            raise InputError(
+                f"run {task_id!r}: step {index} ({known[index].tool}) is already committed",
+                task_id=task_id,
+            )
+    both = set(done) & again
+    if both:
+        raise InputError(f"step {min(both)} cannot be both assumed done and rerun", task_id=task_id)
+    for index in done:
+        dump_json(done[index], f"the assumed result of step {index}")
+

@@ -1,0 +1,689 @@
+"""The embedded default store: one SQLite file in WAL mode, written by one thread.
+
+Every operation is a short function of a connection, run by a single writer thread in the order
+it was submitted. The writer drains whatever is queued and commits it as one transaction (group
+commit), each operation inside its own savepoint so that one failing operation changes nothing
+while the others in its batch commit. A caller is resumed only after the commit that holds its
+operation returned, so each write is durable (``synchronous=FULL`` by default) when it returns.
+Several processes may share the file: ``BEGIN IMMEDIATE`` with a long busy timeout serialises
+writers, and WAL lets readers go on meanwhile.
+
+URL: ``sqlite:///relative.db`` or ``sqlite:////absolute.db``; options ``?synchronous=normal``
+(survives a process crash, not a power loss) and ``?busy_timeout=SECONDS`` (default 60).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import anyio
+
+from ._exceptions import SchemaVersionError, StoreError, UnknownRunError
+from ._outcome import ErrorInfo, StepRecord
+from ._records import Event, Owner, RunRecord, RunSnapshot, dump_json
+from ._rows import (
+    RUN_COLUMNS,
+    SCHEMA_VERSION,
+    STEP_COLUMNS,
+    error_to_text,
+    event_from_row,
+    run_from_row,
+    step_from_row,
+)
+from ._states import State, StepStatus
+from ._store import (
+    UNSET,
+    LostOwnershipError,
+    NewRun,
+    StepStart,
+    check_transition,
+    plan_cancel,
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS haltwise_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY, task TEXT NOT NULL, state TEXT NOT NULL, inputs TEXT NOT NULL,
+    reason TEXT, force INTEGER NOT NULL DEFAULT 0, result TEXT, error TEXT, cancel_error TEXT,
+    owner TEXT, owner_token TEXT, lease_until REAL, parent TEXT,
+    created_at REAL NOT NULL, updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_by_state ON runs (state);
+CREATE INDEX IF NOT EXISTS runs_by_owner ON runs (owner_token);
+CREATE TABLE IF NOT EXISTS steps (
+    run_id TEXT NOT NULL, idx INTEGER NOT NULL, tool TEXT NOT NULL, cancel TEXT,
+    effect TEXT NOT NULL, idempotent INTEGER NOT NULL, status TEXT NOT NULL,
+    attempts INTEGER NOT NULL, result TEXT, error TEXT, idem_key TEXT NOT NULL, args TEXT,
+    started_at REAL NOT NULL, settled_at REAL,
+    PRIMARY KEY (run_id, idx)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS partials (
+    run_id TEXT NOT NULL, seq INTEGER NOT NULL, value TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, source TEXT,
+    target TEXT NOT NULL, reason TEXT, at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id, seq);
+"""
+
+_Op = Callable[[sqlite3.Connection], Any]
+_Deliver = Callable[[Any, BaseException | None], None]
+_MAX_BATCH = 512
+_POLL_INTERVAL = 0.005
+
+
+@dataclass(slots=True)
+class _Item:
+    op: _Op
+    write: bool
+    deliver: _Deliver
+
+
+@dataclass(slots=True)
+class _Waiter:
+    """Lets a thread (not the event loop) block on an operation's completion."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    value: Any = None
+    error: BaseException | None = None
+
+    def deliver(self, value: Any, error: BaseException | None) -> None:
+        self.value, self.error = value, error
+        self.done.set()
+
+
+def _parse_url(url: str) -> tuple[str, str, float]:
+    parts = urlsplit(url)
+    if parts.netloc not in ("", "localhost") or not parts.path or parts.path == "/":
+        raise StoreError(f"unusable SQLite store URL {url!r}: expected sqlite:///PATH.db")
+    # sqlite:///rel.db -> "/rel.db" -> "rel.db"; sqlite:////abs.db -> "//abs.db" -> "/abs.db"
+    path = parts.path[1:]
+    options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    synchronous = options.pop("synchronous", "full").upper()
+    if synchronous not in ("FULL", "NORMAL", "EXTRA", "OFF"):
+        raise StoreError(f"unusable SQLite store URL {url!r}: synchronous={synchronous.lower()}")
+    try:
+        busy_timeout = float(options.pop("busy_timeout", "60"))
+    except ValueError:
+        raise StoreError(f"unusable SQLite store URL {url!r}: busy_timeout") from None
+    if options:
+        raise StoreError(f"unusable SQLite store URL {url!r}: unknown option {next(iter(options))}")
+    return path, synchronous, busy_timeout
+
+
+def _store_error(path: str, error: sqlite3.Error) -> StoreError:
+    text = str(error)
+    if "not a database" in text or "malformed" in text:
+        return StoreError(f"{path} is not a haltwise store (not a SQLite database)")
+    return StoreError(f"store {path}: {text}")
+
+
+class SQLiteStore:
+    """The SQLite journal (see the module docstring for its concurrency and durability)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.path, self.synchronous, self.busy_timeout = _parse_url(url)
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._watch: sqlite3.Connection | None = None
+        self._data_version = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._writer is not None:
+            return
+        try:
+            directory = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(directory, exist_ok=True)
+        except OSError as error:
+            raise StoreError(f"cannot create the store directory for {self.path}: {error}") from None
+        ready: _Waiter = _Waiter()
+        self._writer = threading.Thread(
+            target=self._writer_main, args=(ready,), name="haltwise-sqlite-writer", daemon=True
+        )
+        self._writer.start()
+        await anyio.to_thread.run_sync(ready.done.wait)
+        if ready.error is not None:
+            self._writer = None
+            raise ready.error
+        self._watch = self._connect()
+        self._data_version = self._read_data_version()
+
+    async def close(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            self._queue.put(None)
+            await anyio.to_thread.run_sync(writer.join)
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            return conn
+        except sqlite3.Error as error:
+            raise _store_error(self.path, error) from None
+
+    def _prepare(self, conn: sqlite3.Connection) -> None:
+        try:
+            tables = {
+                row[0]
+                for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+            if tables and "haltwise_meta" not in tables:
+                raise StoreError(f"{self.path} is not a haltwise store (it holds other tables)")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute("BEGIN IMMEDIATE")
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                conn.execute(statement)
+            row = conn.execute(
+                "SELECT value FROM haltwise_meta WHERE key = 'schema_version'"
+            ).fetchone()
+            if row is None:
+                conn.execute(
+                    "INSERT INTO haltwise_meta (key, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+            elif int(row[0]) > SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"{self.path} has schema version {row[0]}; this haltwise reads up to "
+                    f"{SCHEMA_VERSION}: upgrade haltwise"
+                )
+            conn.execute("COMMIT")
+        except sqlite3.Error as error:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise _store_error(self.path, error) from None
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    # -- the writer thread -------------------------------------------------------------------
+
+    def _writer_main(self, ready: _Waiter) -> None:
+        try:
+            conn = self._connect()
+            self._prepare(conn)
+        except BaseException as error:
+            ready.deliver(None, error)
+            return
+        ready.deliver(None, None)
+        try:
+            while (item := self._queue.get()) is not None:
+                batch = [item]
+                stop = False
+                while len(batch) < _MAX_BATCH:
+                    try:
+                        more = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        stop = True
+                        break
+                    batch.append(more)
+                self._run_batch(conn, batch)
+                if stop:
+                    break
+        finally:
+            conn.close()
+
+    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Item]) -> None:
+        outcomes: list[tuple[Any, BaseException | None]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE" if any(i.write for i in batch) else "BEGIN")
+            for item in batch:
+                conn.execute("SAVEPOINT op")
+                try:
+                    outcomes.append((item.op(conn), None))
+                except sqlite3.Error as error:
+                    conn.execute("ROLLBACK TO op")
+                    outcomes.append((None, _store_error(self.path, error)))
+                except Exception as error:
+                    conn.execute("ROLLBACK TO op")
+                    outcomes.append((None, error))
+                conn.execute("RELEASE op")
+            conn.execute("COMMIT")
+        except sqlite3.Error as error:
+            # The commit (or BEGIN) itself failed, e.g. a full disk: nothing of the batch holds.
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            failure = _store_error(self.path, error)
+            outcomes = [(None, failure)] * len(batch)
+        for item, (value, error_) in zip(batch, outcomes, strict=True):
+            item.deliver(value, error_)
+
+    # -- submitting operations ---------------------------------------------------------------
+
+    async def _call(self, op: _Op, *, write: bool = True) -> Any:
+        if self._writer is None:
+            raise StoreError(f"store {self.path} is not open")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def settle(value: Any, error: BaseException | None) -> None:
+            if future.done():  # the waiter was cancelled; the operation still happened
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        def deliver(value: Any, error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(settle, value, error)
+
+        self._queue.put(_Item(op, write, deliver))
+        return await future
+
+    def call_blocking(self, op: _Op, *, write: bool = True) -> Any:
+        """Run ``op`` and block this thread until it is committed (for ``emit``)."""
+        if self._writer is None:
+            raise StoreError(f"store {self.path} is not open")
+        waiter = _Waiter()
+        self._queue.put(_Item(op, write, waiter.deliver))
+        waiter.done.wait()
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.value
+
+    # -- the Store interface -----------------------------------------------------------------
+
+    async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
+        inputs = dump_json(run.inputs, "the task inputs")
+
+        def op(conn: sqlite3.Connection) -> tuple[RunRecord, bool]:
+            now = time.time()
+            cursor = conn.execute(
+                "INSERT INTO runs (id, task, state, inputs, owner, owner_token, lease_until, "
+                "parent, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (id) DO NOTHING",
+                (
+                    run.id,
+                    run.task,
+                    run.state.value,
+                    inputs,
+                    run.owner.to_json() if run.owner else None,
+                    run.owner.token if run.owner else None,
+                    run.lease_until,
+                    run.parent,
+                    now,
+                    now,
+                ),
+            )
+            created = cursor.rowcount == 1
+            if created:
+                _record_event(conn, run.id, None, run.state, None, now)
+            return _load_run(conn, run.id), created
+
+        result: tuple[RunRecord, bool] = await self._call(op)
+        return result
+
+    async def transition(
+        self,
+        run_id: str,
+        target: State,
+        *,
+        expected: Collection[State],
+        reason: str | None = UNSET,
+        result: Any = UNSET,
+        error: ErrorInfo | None = UNSET,
+        cancel_error: ErrorInfo | None = UNSET,
+        owner: Owner | None = UNSET,
+        lease_until: float | None = UNSET,
+        fence: str | None = None,
+    ) -> RunRecord:
+        fields: dict[str, Any] = {"state": target.value}
+        if reason is not UNSET:
+            fields["reason"] = reason
+        if result is not UNSET:
+            fields["result"] = dump_json(result, "the task's result")
+        if error is not UNSET:
+            fields["error"] = error_to_text(error)
+        if cancel_error is not UNSET:
+            fields["cancel_error"] = error_to_text(cancel_error)
+        if owner is not UNSET:
+            fields["owner"] = owner.to_json() if owner else None
+            fields["owner_token"] = owner.token if owner else None
+        if lease_until is not UNSET:
+            fields["lease_until"] = lease_until
+        if target is State.RUNNING:
+            fields["force"] = 0
+
+        def op(conn: sqlite3.Connection) -> RunRecord:
+            current = _load_run(conn, run_id)
+            if fence is not None:
+                _check_fence(conn, run_id, fence)
+            check_transition(run_id, current.state, target, expected)
+            now = time.time()
+            _update_run(conn, run_id, {**fields, "updated_at": now})
+            event_reason = fields.get("reason", current.reason)
+            _record_event(conn, run_id, current.state, target, event_reason, now)
+            return _load_run(conn, run_id)
+
+        record: RunRecord = await self._call(op)
+        return record
+
+    async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
+        def op(conn: sqlite3.Connection) -> RunRecord:
+            current = _load_run(conn, run_id)
+            plan = plan_cancel(current.state, current.force, force)
+            fields: dict[str, Any] = {}
+            if plan.set_reason:
+                fields["reason"] = reason
+            if plan.set_force:
+                fields["force"] = 1
+            if plan.target is not None:
+                fields["state"] = plan.target.value
+            if not fields:
+                return current
+            now = time.time()
+            _update_run(conn, run_id, {**fields, "updated_at": now})
+            if plan.target is not None:
+                _record_event(conn, run_id, current.state, plan.target, reason, now)
+            return _load_run(conn, run_id)
+
+        record: RunRecord = await self._call(op)
+        return record
+
+    async def claim(
+        self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None
+    ) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            _load_run(conn, run_id)
+            cursor = conn.execute(
+                "UPDATE runs SET owner = ?, owner_token = ?, lease_until = ?, updated_at = ? "
+                "WHERE id = ? AND owner_token IS ?",
+                (owner.to_json(), owner.token, lease_until, time.time(), run_id, expected_owner),
+            )
+            return cursor.rowcount == 1
+
+        claimed: bool = await self._call(op)
+        return claimed
+
+    async def release(self, run_id: str, owner_token: str) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE runs SET owner = NULL, owner_token = NULL, lease_until = NULL "
+                "WHERE id = ? AND owner_token = ?",
+                (run_id, owner_token),
+            )
+
+        await self._call(op)
+
+    async def heartbeat(self, owner_token: str, lease_until: float) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            cursor = conn.execute(
+                "UPDATE runs SET lease_until = ? WHERE owner_token = ?", (lease_until, owner_token)
+            )
+            return cursor.rowcount
+
+        count: int = await self._call(op)
+        return count
+
+    async def claim_pending(
+        self, owner: Owner, tasks: Collection[str], *, lease_until: float, limit: int
+    ) -> list[RunRecord]:
+        task_list = sorted(tasks)
+
+        def op(conn: sqlite3.Connection) -> list[RunRecord]:
+            if not task_list or limit <= 0:
+                return []
+            marks = ", ".join("?" for _ in task_list)
+            ids = [
+                row[0]
+                for row in conn.execute(
+                    f"SELECT id FROM runs WHERE state = 'pending' AND owner_token IS NULL "
+                    f"AND task IN ({marks}) ORDER BY created_at, id LIMIT ?",
+                    (*task_list, limit),
+                )
+            ]
+            for run_id in ids:
+                conn.execute(
+                    "UPDATE runs SET owner = ?, owner_token = ?, lease_until = ? WHERE id = ?",
+                    (owner.to_json(), owner.token, lease_until, run_id),
+                )
+            return [_load_run(conn, run_id) for run_id in ids]
+
+        claimed: list[RunRecord] = await self._call(op)
+        return claimed
+
+    async def start_step(
+        self, run_id: str, step: StepStart, *, fence: str
+    ) -> tuple[StepRecord, tuple[str, bool] | None]:
+        def op(conn: sqlite3.Connection) -> tuple[StepRecord, tuple[str, bool] | None]:
+            run = _check_fence(conn, run_id, fence)
+            conn.execute(
+                "INSERT INTO steps (run_id, idx, tool, cancel, effect, idempotent, status, "
+                "attempts, idem_key, args, started_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'running', 1, ?, ?, ?) "
+                "ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', "
+                "attempts = attempts + 1, result = NULL, error = NULL, args = excluded.args, "
+                "started_at = excluded.started_at, settled_at = NULL",
+                (
+                    run_id,
+                    step.index,
+                    step.tool,
+                    step.cancel,
+                    step.effect.value,
+                    int(step.idempotent),
+                    step.idempotency_key,
+                    step.args,
+                    time.time(),
+                ),
+            )
+            cancel = (run["reason"] or "user", bool(run["force"]))
+            return _load_step(conn, run_id, step.index), (
+                cancel if run["state"] == State.CANCELLING.value else None
+            )
+
+        started: tuple[StepRecord, tuple[str, bool] | None] = await self._call(op)
+        return started
+
+    async def settle_step(
+        self,
+        run_id: str,
+        index: int,
+        status: StepStatus,
+        *,
+        result: Any = None,
+        error: ErrorInfo | None = None,
+        fence: str,
+    ) -> None:
+        result_text = None if result is None else dump_json(result, f"step {index}'s result")
+
+        def op(conn: sqlite3.Connection) -> None:
+            _check_fence(conn, run_id, fence)
+            conn.execute(
+                "UPDATE steps SET status = ?, result = ?, error = ?, settled_at = ? "
+                "WHERE run_id = ? AND idx = ?",
+                (status.value, result_text, error_to_text(error), time.time(), run_id, index),
+            )
+
+        await self._call(op)
+
+    async def append_partial(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
+        await self._call(self._partial_op(run_id, seq, value, fence=fence))
+
+    def append_partial_blocking(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
+        self.call_blocking(self._partial_op(run_id, seq, value, fence=fence))
+
+    def _partial_op(self, run_id: str, seq: int, value: Any, *, fence: str) -> _Op:
+        text = dump_json(value, "a partial result")
+
+        def op(conn: sqlite3.Connection) -> None:
+            _check_fence(conn, run_id, fence)
+            conn.execute(
+                "INSERT INTO partials (run_id, seq, value) VALUES (?, ?, ?) "
+                "ON CONFLICT (run_id, seq) DO NOTHING",
+                (run_id, seq, text),
+            )
+
+        return op
+
+    async def load(self, run_id: str) -> RunSnapshot:
+        def op(conn: sqlite3.Connection) -> RunSnapshot:
+            run = _load_run(conn, run_id)
+            steps = tuple(
+                step_from_row(row)
+                for row in conn.execute(
+                    f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY idx", (run_id,)
+                )
+            )
+            partials = tuple(
+                json.loads(row[0])
+                for row in conn.execute(
+                    "SELECT value FROM partials WHERE run_id = ? ORDER BY seq", (run_id,)
+                )
+            )
+            return RunSnapshot(run=run, steps=steps, partials=partials)
+
+        snapshot: RunSnapshot = await self._call(op, write=False)
+        return snapshot
+
+    async def list_runs(self, state: State | None = None) -> list[RunRecord]:
+        def op(conn: sqlite3.Connection) -> list[RunRecord]:
+            sql = f"SELECT {RUN_COLUMNS} FROM runs"
+            args: tuple[Any, ...] = ()
+            if state is not None:
+                sql += " WHERE state = ?"
+                args = (state.value,)
+            return [run_from_row(row) for row in conn.execute(sql + " ORDER BY created_at, id", args)]
+
+        runs: list[RunRecord] = await self._call(op, write=False)
+        return runs
+
+    async def partial_seqs(self) -> dict[str, list[int]]:
+        def op(conn: sqlite3.Connection) -> dict[str, list[int]]:
+            seqs: dict[str, list[int]] = {}
+            for row in conn.execute("SELECT run_id, seq FROM partials ORDER BY run_id, seq"):
+                seqs.setdefault(row[0], []).append(row[1])
+            return seqs
+
+        result: dict[str, list[int]] = await self._call(op, write=False)
+        return result
+
+    async def events(self, run_id: str | None = None) -> list[Event]:
+        def op(conn: sqlite3.Connection) -> list[Event]:
+            sql = "SELECT seq, run_id, source, target, reason, at FROM events"
+            args: tuple[Any, ...] = ()
+            if run_id is not None:
+                sql += " WHERE run_id = ?"
+                args = (run_id,)
+            return [event_from_row(row) for row in conn.execute(sql + " ORDER BY seq", args)]
+
+        events: list[Event] = await self._call(op, write=False)
+        return events
+
+    async def cancel_requests(self, run_ids: Collection[str]) -> dict[str, tuple[str, bool]]:
+        ids = list(run_ids)
+
+        def op(conn: sqlite3.Connection) -> dict[str, tuple[str, bool]]:
+            found: dict[str, tuple[str, bool]] = {}
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ", ".join("?" for _ in chunk)
+                for row in conn.execute(
+                    f"SELECT id, reason, force FROM runs WHERE state = 'cancelling' "
+                    f"AND id IN ({marks})",
+                    chunk,
+                ):
+                    found[row[0]] = (row[1] or "user", bool(row[2]))
+            return found
+
+        if not ids:
+            return {}
+        found: dict[str, tuple[str, bool]] = await self._call(op, write=False)
+        return found
+
+    async def wait_for_change(self, timeout: float) -> None:
+        # PRAGMA data_version changes when any other connection commits. Polling it on a
+        # dedicated connection costs microseconds, so a 5 ms poll is cheap and never blocks.
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            await anyio.sleep(min(_POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
+            version = self._read_data_version()
+            if version != self._data_version:
+                self._data_version = version
+                return
+
+    def _read_data_version(self) -> int:
+        if self._watch is None:
+            return 0
+        try:
+            return int(self._watch.execute("PRAGMA data_version").fetchone()[0])
+        except sqlite3.Error:
+            return self._data_version
+
+
+# -- SQL helpers run by the writer thread ------------------------------------------------------
+
+
+def _load_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
+    row = conn.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if row is None:
+        raise UnknownRunError(run_id)
+    return run_from_row(row)
+
+
+def _load_step(conn: sqlite3.Connection, run_id: str, index: int) -> StepRecord:
+    row = conn.execute(
+        f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? AND idx = ?", (run_id, index)
+    ).fetchone()
+    return step_from_row(row)
+
+
+def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.Row:
+    row: sqlite3.Row | None = conn.execute(
+        "SELECT owner_token, state, reason, force FROM runs WHERE id = ?", (run_id,)
+    ).fetchone()
+    if row is None:
+        raise UnknownRunError(run_id)
+    if row["owner_token"] != fence:
+        raise LostOwnershipError(f"run {run_id!r} is no longer held by this process", task_id=run_id)
+    return row
+
+
+def _update_run(conn: sqlite3.Connection, run_id: str, fields: dict[str, Any]) -> None:
+    assignments = ", ".join(f"{name} = ?" for name in fields)
+    conn.execute(f"UPDATE runs SET {assignments} WHERE id = ?", (*fields.values(), run_id))
+
+
+def _record_event(
+    conn: sqlite3.Connection,
+    run_id: str,
+    source: State | None,
+    target: State,
+    reason: str | None,
+    at: float,
+) -> None:
+    conn.execute(
+        "INSERT INTO events (run_id, source, target, reason, at) VALUES (?, ?, ?, ?, ?)",
+        (run_id, source.value if source else None, target.value, reason, at),
+    )
+

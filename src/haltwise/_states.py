@@ -1,0 +1,86 @@
+"""Task states, step statuses and the transition table: the state machine of a run.
+
+Pure vocabulary: no I/O. The stores enforce :data:`TRANSITIONS` with compare-and-set in one
+transaction, so a cancel racing a completion ends in exactly one final state.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class State(str, Enum):
+    """The state of one run of a task.
+
+    ``CANCELLED``, ``COMPLETED`` and ``FAILED`` are final for a run; only ``resume`` leaves
+    ``CANCELLED`` or ``FAILED`` (back to ``RUNNING``, same task id, same journal).
+    """
+
+    #: recorded, not begun (``submit``, or the instant before a runtime begins it)
+    PENDING = "pending"
+    #: a runtime or worker is running the task function
+    RUNNING = "running"
+    #: a cancel was requested; the in-flight step is settling by its policy
+    CANCELLING = "cancelling"
+    #: stopped early on purpose; never shares a state with a failure
+    CANCELLED = "cancelled"
+    #: the task function returned
+    COMPLETED = "completed"
+    #: the task function raised (not because of a cancel)
+    FAILED = "failed"
+
+    @property
+    def is_final(self) -> bool:
+        """True for ``cancelled``, ``completed`` and ``failed``."""
+        return self in FINAL_STATES
+
+    def __str__(self) -> str:
+        return self.value
+
+
+FINAL_STATES = frozenset({State.CANCELLED, State.COMPLETED, State.FAILED})
+
+#: Every allowed transition, and no others (CONTRACT.md, "Task states").
+TRANSITIONS: frozenset[tuple[State, State]] = frozenset(
+    {
+        (State.PENDING, State.RUNNING),
+        (State.PENDING, State.CANCELLED),
+        (State.RUNNING, State.COMPLETED),
+        (State.RUNNING, State.FAILED),
+        (State.RUNNING, State.CANCELLING),
+        (State.CANCELLING, State.CANCELLED),
+        (State.CANCELLING, State.COMPLETED),
+        (State.CANCELLED, State.RUNNING),
+        (State.FAILED, State.RUNNING),
+    }
+)
+
+
+def is_allowed(source: State, target: State) -> bool:
+    """Whether the contract allows a run to go from ``source`` to ``target``."""
+    return (source, target) in TRANSITIONS
+
+
+def sources_of(target: State) -> frozenset[State]:
+    """The states from which ``target`` may be entered."""
+    return frozenset(src for src, dst in TRANSITIONS if dst is target)
+
+
+class StepStatus(str, Enum):
+    """The status of one step (one tool call) in the journal."""
+
+    #: journaled as started; the tool body may be running (or its owner died)
+    RUNNING = "running"
+    #: finished; its result is journaled and replayed on resume, never re-run
+    COMMITTED = "committed"
+    #: stopped by a cancel before it finished; runs again on resume
+    INTERRUPTED = "interrupted"
+    #: stopped by a cancel and its compensation ran; runs again on resume
+    COMPENSATED = "compensated"
+    #: nobody knows whether its effect happened (grace ran out, forced cancel, crash mid-call)
+    UNKNOWN = "unknown"
+    #: the tool raised; runs again on resume
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
