@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, final
 
-from ._policy import CancelPolicy, Effect, ToolPolicy
+from ._describe import callable_name, cancel_leaves
+from ._policy import CancelPolicy, Effect
 from ._tool import Tool
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["AuditReport", "Finding", "FindingCode", "ToolRow", "audit_tools", "cancel_leaves"]
+__all__ = ["AuditReport", "Finding", "FindingCode", "ToolRow", "audit_tools"]
 
 
 class FindingCode(StrEnum):
@@ -175,72 +176,12 @@ def _row(tool: Tool[..., Any]) -> ToolRow:
         effect=policy.effect.value,
         idempotent=policy.idempotent,
         grace=policy.grace,
-        compensate=_callable_name(policy.compensate),
+        compensate=callable_name(policy.compensate),
         declared=policy.cancel is not None,
         effect_declared=policy.effect_declared,
         grace_declared=policy.grace_declared,
         leaves=cancel_leaves(policy),
     )
-
-
-def _callable_name(fn: Callable[..., Any] | None) -> str | None:
-    if fn is None:
-        return None
-    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", None)
-    return name if isinstance(name, str) else repr(fn)
-
-
-# -- what a cancel in the middle leaves ------------------------------------------------------
-
-
-def cancel_leaves(policy: ToolPolicy) -> str:
-    """In plain words, what a (non-forced) cancel in the middle of a call of this tool leaves."""
-    match policy.cancel:
-        case CancelPolicy.INTERRUPTIBLE:
-            return _leaves_interruptible(policy)
-        case CancelPolicy.FINISH:
-            return _leaves_finish(policy)
-        case CancelPolicy.ROLLBACK:
-            return _leaves_rollback(policy)
-        case None:
-            return "not declared, so " + _leaves_finish(policy)
-
-
-def _leaves_interruptible(policy: ToolPolicy) -> str:
-    if policy.effect is Effect.READ:
-        return "nothing: the read is dropped"
-    if policy.effect is Effect.NONE:
-        return "nothing: the call is dropped"
-    done = f"perhaps part of the {_effect_noun(policy.effect)}"
-    if policy.idempotent:
-        return f"{done}; a resume runs it again with the same key"
-    return f"{done}; a resume runs it again and may repeat it"
-
-
-def _leaves_finish(policy: ToolPolicy) -> str:
-    grace = _seconds(policy.grace)
-    if policy.idempotent:
-        return (
-            f"the call completes (up to {grace}), then the task stops; a resume will not repeat it"
-        )
-    return (
-        f"the call completes, then the task stops; if it runs past {grace} it is unknown "
-        "and someone must check"
-    )
-
-
-def _leaves_rollback(policy: ToolPolicy) -> str:
-    undo = _callable_name(policy.compensate)
-    if undo is None:
-        return "nothing undoes it: unknown, someone must check"
-    return (
-        f"the {_effect_noun(policy.effect)} is undone by {undo} (within "
-        f"{_seconds(policy.grace)}); if that fails it is unknown"
-    )
-
-
-def _effect_noun(effect: Effect) -> str:
-    return {Effect.WRITE: "write", Effect.EXTERNAL: "external call"}.get(effect, "call")
 
 
 def _seconds(value: float) -> str:
@@ -393,10 +334,16 @@ def _md_tool(row: ToolRow) -> tuple[str, ...]:
         row.cancel or "**undeclared**",
         row.effect if row.effect_declared else f"{row.effect} (assumed)",
         "yes" if row.idempotent else "no",
-        _seconds(row.grace) if row.grace_declared else f"{_seconds(row.grace)} (default)",
+        _grace_cell(row),
         f"`{row.compensate}`" if row.compensate else "",
         row.leaves,
     )
+
+
+def _grace_cell(row: ToolRow) -> str:
+    if row.cancel == CancelPolicy.INTERRUPTIBLE.value:
+        return "not used"  # an interrupted call is not waited for
+    return _seconds(row.grace) if row.grace_declared else f"{_seconds(row.grace)} (default)"
 
 
 def _md_finding(finding: Finding) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""The functions a task or tool calls: emit, checkpoint, cancel_requested, idempotency_key, shield."""
+"""What a task or tool calls: emit, checkpoint, cancel_requested, idempotency_key, shield."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ Cancellation is not an error, so it stands outside the error tree::
         ├── UnknownRunError       no run with that id in the store (.task_id)
         ├── RunOwnedError         a live owner holds the run; resume refused (.task_id, .owner)
         ├── ResumeRefusedError    resume refused until unknown steps are resolved (.task_id, .steps)
-        ├── InvalidTransitionError  a transition the state table forbids (.task_id, .source, .target)
+        ├── InvalidTransitionError  a transition the table forbids (.task_id, .source, .target)
         ├── NonDeterminismError   the task asked for another tool than the journal holds
         ├── UnknownStepError      a run taken over has an unknown step it may not run again
         ├── StoreError            the store is unusable: bad URL, not a haltwise store, I/O error
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-class Cancelled(BaseException):  # noqa: N818 - the name is the contract, as in trio
+class Cancelled(BaseException):
     """Raised at a checkpoint once a cancel has been requested for the current run.
 
     Derives from :class:`BaseException` so that ``except Exception`` cannot swallow it.

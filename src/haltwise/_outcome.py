@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from ._policy import Effect
 from ._states import State, StepStatus
 
 
-class Retry(str, Enum):
+class Retry(StrEnum):
     """What the caller should do next with a run that did not complete."""
 
     #: the run completed; nothing to retry
@@ -22,9 +22,6 @@ class Retry(str, Enum):
     RESUME = "resume"
     #: nothing would be repeated: starting over is safe (so is resuming)
     RESTART = "restart"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any, TypeVar
 
 from ._exceptions import PolicyError
@@ -13,7 +13,7 @@ from ._exceptions import PolicyError
 DEFAULT_GRACE = 30.0
 
 
-class CancelPolicy(str, Enum):
+class CancelPolicy(StrEnum):
     """What a cancel does to a call that is in flight (CONTRACT.md, "Tool policies")."""
 
     #: interrupted at once (async: at its next await; plain: may poll ``cancel_requested()``)
@@ -23,11 +23,8 @@ class CancelPolicy(str, Enum):
     #: interrupted, then ``compensate(*args, **kwargs)`` runs, shielded, within ``grace``
     ROLLBACK = "rollback"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Effect(str, Enum):
+class Effect(StrEnum):
     """What a tool does to the world; drives retry advice and ``audit``."""
 
     NONE = "none"
@@ -40,9 +37,6 @@ class Effect(str, Enum):
     def repeats_harm(self) -> bool:
         """True if running the call twice may do something twice (``write``/``external``)."""
         return self in (Effect.WRITE, Effect.EXTERNAL)
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True, slots=True)

@@ -150,12 +150,17 @@ class Runtime:
         task_id: str | None = None,
         deadline: float | None = None,
         name: str | None = None,
+        source: str | None = None,
     ) -> TaskHandle:
-        """:meth:`start` with explicit arguments and the name the run records (the CLI's spec)."""
+        """:meth:`start` with explicit arguments, the name the run records (the CLI's
+        ``FILE.py:TASK``) and the absolute path of the file that defines the task (kept in the
+        run's inputs as ``"source"``, so that ``resume`` can load it from any directory)."""
         if not isinstance(task, Task):
             raise InputError(f"{task!r} is not a @haltwise.task")
         task.bind_inputs(args, kwargs)
-        inputs = {"args": list(args), "kwargs": kwargs}
+        inputs: dict[str, Any] = {"args": list(args), "kwargs": kwargs}
+        if source is not None:
+            inputs["source"] = source
         dump_json(inputs, f"the inputs of task {task.name!r}")
         _check_deadline(deadline)
         run_id = task_id if task_id is not None else uuid.uuid4().hex
@@ -391,7 +396,7 @@ class Runtime:
                 except anyio.get_cancelled_exc_class():
                     ctx.forced = True
                     raise
-                except BaseException as error:  # noqa: BLE001 - every ending is recorded
+                except BaseException as error:
                     return _Ending(error=error)
             return _Ending(error=Cancelled(ctx.cancel_reason or "user", task_id=ctx.run_id))
         finally:
@@ -469,7 +474,9 @@ class Runtime:
                 requests = await self.store.cancel_requests(list(self._active))
                 for run_id, (reason, force) in requests.items():
                     ctx = self._active.get(run_id)
-                    if ctx is not None and (ctx.cancel_reason is None or (force and not ctx.forced)):
+                    if ctx is not None and (
+                        ctx.cancel_reason is None or (force and not ctx.forced)
+                    ):
                         ctx.request_cancel(reason, force=force)
             if time.time() >= next_beat:
                 next_beat = time.time() + self.lease / 3
@@ -502,4 +509,3 @@ def _check_step_indexes(
         raise InputError(f"step {min(both)} cannot be both assumed done and rerun", task_id=task_id)
     for index in done:
         dump_json(done[index], f"the assumed result of step {index}")
-

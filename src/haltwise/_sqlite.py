@@ -150,7 +150,9 @@ class SQLiteStore:
             directory = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(directory, exist_ok=True)
         except OSError as error:
-            raise StoreError(f"cannot create the store directory for {self.path}: {error}") from None
+            raise StoreError(
+                f"cannot create the store directory for {self.path}: {error}"
+            ) from None
         ready: _Waiter = _Waiter()
         self._writer = threading.Thread(
             target=self._writer_main, args=(ready,), name="haltwise-sqlite-writer", daemon=True
@@ -573,7 +575,9 @@ class SQLiteStore:
             if state is not None:
                 sql += " WHERE state = ?"
                 args = (state.value,)
-            return [run_from_row(row) for row in conn.execute(sql + " ORDER BY created_at, id", args)]
+            return [
+                run_from_row(row) for row in conn.execute(sql + " ORDER BY created_at, id", args)
+            ]
 
         runs: list[RunRecord] = await self._call(op, write=False)
         return runs
@@ -665,7 +669,9 @@ def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.R
     if row is None:
         raise UnknownRunError(run_id)
     if row["owner_token"] != fence:
-        raise LostOwnershipError(f"run {run_id!r} is no longer held by this process", task_id=run_id)
+        raise LostOwnershipError(
+            f"run {run_id!r} is no longer held by this process", task_id=run_id
+        )
     return row
 
 
@@ -686,4 +692,3 @@ def _record_event(
         "INSERT INTO events (run_id, source, target, reason, at) VALUES (?, ?, ?, ?, ?)",
         (run_id, source.value if source else None, target.value, reason, at),
     )
-

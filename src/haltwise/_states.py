@@ -6,10 +6,10 @@ transaction, so a cancel racing a completion ends in exactly one final state.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class State(str, Enum):
+class State(StrEnum):
     """The state of one run of a task.
 
     ``CANCELLED``, ``COMPLETED`` and ``FAILED`` are final for a run; only ``resume`` leaves
@@ -33,9 +33,6 @@ class State(str, Enum):
     def is_final(self) -> bool:
         """True for ``cancelled``, ``completed`` and ``failed``."""
         return self in FINAL_STATES
-
-    def __str__(self) -> str:
-        return self.value
 
 
 FINAL_STATES = frozenset({State.CANCELLED, State.COMPLETED, State.FAILED})
@@ -66,7 +63,7 @@ def sources_of(target: State) -> frozenset[State]:
     return frozenset(src for src, dst in TRANSITIONS if dst is target)
 
 
-class StepStatus(str, Enum):
+class StepStatus(StrEnum):
     """The status of one step (one tool call) in the journal."""
 
     #: journaled as started; the tool body may be running (or its owner died)
@@ -81,6 +78,3 @@ class StepStatus(str, Enum):
     UNKNOWN = "unknown"
     #: the tool raised; runs again on resume
     FAILED = "failed"
-
-    def __str__(self) -> str:
-        return self.value

@@ -60,9 +60,7 @@ def _replay(run: RunContext, journaled: StepRecord, tool: Tool[..., Any]) -> Any
     status = journaled.status
     if status is StepStatus.COMMITTED:
         return journaled.result
-    if status is StepStatus.UNKNOWN and not (
-        journaled.idempotent or journaled.index in run.rerun
-    ):
+    if status is StepStatus.UNKNOWN and not (journaled.idempotent or journaled.index in run.rerun):
         raise UnknownStepError(run.run_id, journaled.index, journaled.tool)
     return _RUN_AGAIN
 
@@ -168,7 +166,9 @@ class _Flight:
                 await self._settle_cancelled()
                 raise
             except Exception as error:
-                await settle(self.ctx, self.step.index, StepStatus.FAILED, error=ErrorInfo.of(error))
+                await settle(
+                    self.ctx, self.step.index, StepStatus.FAILED, error=ErrorInfo.of(error)
+                )
                 raise
         finally:
             self.ctx.active_step = None

@@ -203,8 +203,9 @@ def open_store(url: str | None = None) -> Store:
     )
 
 
-
-def check_transition(run_id: str, current: State, target: State, expected: Collection[State]) -> None:
+def check_transition(
+    run_id: str, current: State, target: State, expected: Collection[State]
+) -> None:
     """Raise :class:`InvalidTransitionError` unless ``current -> target`` may happen now."""
     if current not in expected or not is_allowed(current, target):
         raise InvalidTransitionError(run_id, current.value, target.value)

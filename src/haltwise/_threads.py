@@ -22,7 +22,9 @@ class ThreadCall:
     finished: asyncio.Future[None]
 
 
-def start_thread(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> ThreadCall:
+def start_thread(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> ThreadCall:
     """Run ``fn(*args, **kwargs)`` in a new daemon thread, in a copy of the current context."""
     loop = asyncio.get_running_loop()
     call = ThreadCall(result=loop.create_future(), finished=loop.create_future())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from ._exceptions import NotInTaskError, PolicyError
@@ -45,16 +45,13 @@ class Tool(Generic[P, R]):
         return f"<haltwise.Tool {self.name} cancel={cancel} effect={self.policy.effect.value}>"
 
 
-class OnCancel(str, Enum):
+class OnCancel(StrEnum):
     """What a task does with its committed steps when it is cancelled."""
 
     #: committed steps stay committed (the default)
     KEEP = "keep"
     #: compensate every committed ``rollback`` step, in reverse order (a saga)
     COMPENSATE = "compensate"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 #: Every task decorated in this process, by name (what a run records as its ``task``).
@@ -184,9 +181,9 @@ def task(
 
     def decorate(function: Callable[..., Any]) -> Task[..., Any]:
         if not inspect.iscoroutinefunction(function):
+            label = getattr(function, "__name__", function)
             raise PolicyError(
-                f"@haltwise.task needs an async function; {getattr(function, '__name__', function)!r}"
-                " is not one (write it as 'async def')"
+                f"@haltwise.task needs an async function; {label!r} is not one (write 'async def')"
             )
         task_name = name or f"{function.__module__}:{function.__qualname__}"
         return Task(function, policy, task_name)

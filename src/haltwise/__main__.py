@@ -1,0 +1,6 @@
+"""``python -m haltwise``: the command line."""
+
+from ._cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,513 @@
+"""The ``haltwise`` command line (CONTRACT.md, "Command line"). The only module that knows click.
+
+Each command is one small function on the :func:`cli` group; shared options are decorators
+(:func:`store_option`, :func:`json_option`) and every command returns its exit code. Exit codes:
+``0`` completed (or the command did its job), ``1`` failed (and ``audit --strict`` with
+findings), ``3`` cancelled, ``2`` bad usage or bad input, said in one line on stderr
+(``haltwise: error: ...``) with no traceback. ``--json`` prints exactly one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import anyio
+import click
+
+from . import __version__
+from ._exceptions import HaltwiseError, InputError, RunOwnedError
+from ._foreground import signals_as_cancels
+from ._outcome import Outcome
+from ._owner import owner_alive
+from ._records import RunRecord
+from ._render import Screen
+from ._runtime import Runtime
+from ._states import State
+from ._tool import Task
+
+__all__ = ["cli", "exit_code", "json_option", "main", "run_cli", "store_option"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Exit code of a run by its final state; a run still active exits 0 (``status``).
+EXIT_CODES = {State.COMPLETED: 0, State.FAILED: 1, State.CANCELLED: 3}
+#: Exit code for bad usage or bad input.
+USAGE = 2
+
+
+def exit_code(outcome: Outcome) -> int:
+    """The exit code for a run's outcome: completed 0, failed 1, cancelled 3, not final 0."""
+    return EXIT_CODES.get(outcome.state, 0)
+
+
+# -- shared options --------------------------------------------------------------------------
+
+
+def store_option(command: F) -> F:
+    """``--store URL``: default ``$HALTWISE_STORE``, else ``sqlite:///.haltwise/haltwise.db``."""
+    return click.option(
+        "--store",
+        metavar="URL",
+        default=None,
+        help="Store URL (sqlite:///PATH.db or postgresql://...); default $HALTWISE_STORE, "
+        "else sqlite:///.haltwise/haltwise.db.",
+    )(command)
+
+
+def json_option(command: F) -> F:
+    """``--json``: print exactly one JSON object on stdout, nothing else."""
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")(command)
+
+
+def deadline_option(command: F) -> F:
+    """``--deadline SECONDS``: cancel with reason ``deadline`` after that long."""
+    return click.option(
+        "--deadline",
+        type=float,
+        metavar="SECONDS",
+        help="Cancel the run (reason 'deadline') if it has not ended after this many seconds.",
+    )(command)
+
+
+def parse_assumed(
+    ctx: click.Context, param: click.Parameter, values: Sequence[str]
+) -> dict[int, Any]:
+    """``--assume-done STEP[=JSON]``: step index -> the result it is assumed to have had."""
+    assumed: dict[int, Any] = {}
+    for value in values:
+        index_text, equals, result_text = value.partition("=")
+        try:
+            index = int(index_text)
+        except ValueError:
+            raise click.BadParameter(
+                f"{value!r}: expected STEP or STEP=JSON, STEP a step number", ctx, param
+            ) from None
+        if index < 0:
+            raise click.BadParameter(f"{value!r}: a step number is >= 0", ctx, param)
+        try:
+            assumed[index] = json.loads(result_text) if equals else None
+        except json.JSONDecodeError as error:
+            raise click.BadParameter(
+                f"{value!r}: the result is not valid JSON ({error})", ctx, param
+            ) from None
+    return assumed
+
+
+# -- the group -------------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="haltwise")
+def cli() -> None:
+    """Run multi-step agent tasks that can be stopped early, on purpose.
+
+    Exit codes: 0 completed (or the command did its job), 1 failed, 3 cancelled,
+    2 bad usage or bad input.
+    """
+
+
+@cli.command("run")
+@click.argument("target", metavar="FILE.py:TASK")
+@click.option("--input", "input_json", metavar="JSON", help="A JSON object of keyword arguments.")
+@click.option("--id", "task_id", metavar="ID", help="The run's id (default: a new one).")
+@deadline_option
+@json_option
+@store_option
+def run_command(
+    target: str,
+    input_json: str | None,
+    task_id: str | None,
+    deadline: float | None,
+    as_json: bool,
+    store: str | None,
+) -> int:
+    """Run a task in the foreground until it ends.
+
+    Ctrl-C (SIGINT) cancels it with reason 'user', SIGTERM with reason 'shutdown'; a second
+    signal forces the cancel. If --id names a run that exists and is final, nothing runs and
+    that run is reported.
+    """
+    from ._loader import load_target
+
+    kwargs = parse_input(input_json)
+    module, task = load_target(target)
+    if task is None:
+        raise InputError(f"{target!r}: name the task to run as FILE.py:TASK")
+    source = _source_of(target, module.__file__)
+
+    async def main() -> int:
+        async with Runtime(store) as runtime:
+            if task_id is not None:
+                existing = await _existing_run(runtime, task_id)
+                if existing is not None:
+                    return _report(existing, as_json)
+            async with signals_as_cancels(runtime, quiet=as_json) as foreground:
+                handle = await runtime.start_named(
+                    task,
+                    (),
+                    kwargs,
+                    task_id=task_id,
+                    deadline=deadline,
+                    name=target,
+                    source=source,
+                )
+                await _check_ours(runtime, handle.id)
+                outcome = await foreground.follow(handle.id, Screen())
+        return _report(outcome, as_json)
+
+    return run_async(main)
+
+
+@cli.command("cancel")
+@click.argument("task_id", metavar="ID")
+@click.option("--reason", default="user", show_default=True, help="Why the run is stopped.")
+@click.option("--force", is_flag=True, help="Stop at once: no grace, no compensation.")
+@click.option("--wait", is_flag=True, help="Wait until the run is final.")
+@store_option
+def cancel_command(task_id: str, reason: str, force: bool, wait: bool, store: str | None) -> int:
+    """Request a cancel of run ID, from any process."""
+    screen = Screen()
+
+    async def main() -> int:
+        async with Runtime(store) as runtime:
+            before = (await runtime.store.load(task_id)).run
+            if before.state.is_final:
+                screen.note(f"run {task_id} is already {before.state}; nothing to cancel")
+                return 0
+            record = await runtime.cancel(task_id, reason=reason, force=force)
+            screen.note(_cancel_words(record, force))
+            gone = _owner_gone(record)
+            if gone:
+                _warn(
+                    f"{gone}; the cancel completes when the run is taken over "
+                    f"(haltwise resume {task_id}, or a worker)"
+                )
+            if wait and not record.state.is_final:
+                screen.outcome(await runtime.outcome(task_id))
+        return 0
+
+    return run_async(main)
+
+
+@cli.command("status")
+@click.argument("task_id", metavar="ID")
+@json_option
+@store_option
+def status_command(task_id: str, as_json: bool, store: str | None) -> int:
+    """Show run ID: state, steps, partial results and retry advice."""
+
+    async def main() -> int:
+        async with Runtime(store) as runtime:
+            snapshot = await runtime.store.load(task_id)
+        outcome = snapshot.outcome()
+        if as_json:
+            print_json(outcome.to_json())
+        else:
+            Screen().outcome(outcome, owner=_owner_words(snapshot.run))
+        return 0
+
+    return run_async(main)
+
+
+@cli.command("resume")
+@click.argument("task_id", metavar="ID")
+@click.option(
+    "--assume-done",
+    "assume_done",
+    metavar="STEP[=JSON]",
+    multiple=True,
+    callback=parse_assumed,
+    help="Count an unknown step as done, with this result (null if omitted). Repeatable.",
+)
+@click.option(
+    "--rerun",
+    type=click.IntRange(min=0),
+    multiple=True,
+    metavar="STEP",
+    help="Run an unknown step again. Repeatable.",
+)
+@deadline_option
+@json_option
+@store_option
+def resume_command(
+    task_id: str,
+    assume_done: dict[int, Any],
+    rerun: Sequence[int],
+    deadline: float | None,
+    as_json: bool,
+    store: str | None,
+) -> int:
+    """Continue run ID from its journal, in the foreground (signals as for 'run')."""
+
+    async def main() -> int:
+        async with Runtime(store) as runtime:
+            snapshot = await runtime.store.load(task_id)
+            if snapshot.run.state is State.COMPLETED:
+                return _report(snapshot.outcome(), as_json)
+            task = _task_of(snapshot.run)
+            async with signals_as_cancels(runtime, quiet=as_json) as foreground:
+                handle = await runtime.resume(
+                    task_id,
+                    deadline=deadline,
+                    assume_done=assume_done,
+                    rerun=set(rerun),
+                    task=task,
+                )
+                outcome = await foreground.follow(handle.id, Screen())
+        return _report(outcome, as_json)
+
+    return run_async(main)
+
+
+@cli.command("list")
+@click.option(
+    "--state",
+    type=click.Choice([state.value for state in State]),
+    help="Only runs in this state.",
+)
+@json_option
+@store_option
+def list_command(state: str | None, as_json: bool, store: str | None) -> int:
+    """List the runs in the store, oldest first."""
+
+    async def main() -> list[Outcome]:
+        async with Runtime(store) as runtime:
+            runs = await runtime.store.list_runs(State(state) if state else None)
+            return [(await runtime.store.load(run.id)).outcome() for run in runs]
+
+    outcomes = run_async(main)
+    if as_json:
+        print_json({"runs": [_run_row(outcome) for outcome in outcomes]})
+    else:
+        Screen().runs(outcomes)
+    return 0
+
+
+@cli.command("audit")
+@click.argument("target", metavar="FILE.py")
+@json_option
+@click.option("--markdown", is_flag=True, help="Print a Markdown section for a design review.")
+@click.option("--strict", is_flag=True, help="Exit 1 if there is any finding.")
+@click.option(
+    "--deadline",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="The deadline runs get: a grace longer than it is a finding.",
+)
+@store_option
+def audit_command(
+    target: str,
+    as_json: bool,
+    markdown: bool,
+    strict: bool,
+    deadline: float | None,
+    store: str | None,
+) -> int:
+    """Show every tool in FILE.py with its cancel policy, and the gaps (reads no store)."""
+    from ._audit import audit_tools
+    from ._loader import find_tools, load_target
+
+    if as_json and markdown:
+        raise click.UsageError("--json and --markdown exclude each other")
+    module, _ = load_target(target)
+    try:
+        report = audit_tools(find_tools(module), deadline=deadline)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    if as_json:
+        click.echo(report.to_json())
+    elif markdown:
+        click.echo(report.to_markdown())
+    else:
+        Screen().audit(report)
+    return 1 if strict and report.findings else 0
+
+
+# -- helpers shared by the commands ------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+def run_async(main: Callable[[], Awaitable[T]]) -> T:
+    """Run ``main`` in a fresh event loop; an error from inside a task group comes out alone.
+
+    anyio wraps an exception raised inside a task group in an ``ExceptionGroup``; a group holding
+    a single exception is unwrapped so that a :class:`HaltwiseError` reaches :func:`run_cli`.
+    """
+    try:
+        return anyio.run(main)
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for error in group.exceptions:
+        found.extend(_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
+    return found
+
+
+def parse_input(text: str | None) -> dict[str, Any]:
+    """``--input``: a JSON object of keyword arguments; raises :class:`InputError` otherwise."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InputError(f"--input is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise InputError(
+            f"--input must be a JSON object of keyword arguments, not {type(value).__name__}"
+        )
+    return value
+
+
+def print_json(value: Any) -> None:
+    """The one JSON object of ``--json``, on one line of stdout."""
+    click.echo(json.dumps(value))
+
+
+def _report(outcome: Outcome, as_json: bool) -> int:
+    if as_json:
+        print_json(outcome.to_json())
+    else:
+        Screen().outcome(outcome)
+    return exit_code(outcome)
+
+
+def _run_row(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "id": outcome.id,
+        "task": outcome.task,
+        "state": outcome.state.value,
+        "reason": outcome.reason,
+        "retry": outcome.retry.value,
+    }
+
+
+def _source_of(target: str, module_file: str | None) -> str | None:
+    """The absolute path to record for ``resume`` when ``target`` names a file, else None."""
+    file_part = target.rpartition(":")[0]
+    if module_file is None or not (file_part.endswith(".py") or os.sep in file_part):
+        return None
+    return str(Path(module_file).resolve())
+
+
+def _task_of(run: RunRecord) -> Task[..., Any]:
+    """Load the task of a journaled run: from its recorded source file, else its spec."""
+    from ._loader import load_target
+
+    source = run.inputs.get("source")
+    attribute = run.task.rpartition(":")[2]
+    spec = f"{source}:{attribute}" if isinstance(source, str) and attribute else run.task
+    _, task = load_target(spec)
+    if task is None:
+        raise InputError(f"run {run.id!r}: cannot tell its task from {run.task!r}")
+    return task
+
+
+async def _existing_run(runtime: Runtime, task_id: str) -> Outcome | None:
+    """For ``run --id``: the outcome of a final run with that id, None if there is no such run.
+
+    Raises :class:`HaltwiseError` (exit 2) if the run exists and is not final, naming its owner.
+    """
+    from ._exceptions import UnknownRunError
+
+    try:
+        snapshot = await runtime.store.load(task_id)
+    except UnknownRunError:
+        return None
+    run = snapshot.run
+    if run.state.is_final:
+        return snapshot.outcome()
+    if run.owner is not None and owner_alive(run.owner, run.lease_until):
+        raise RunOwnedError(task_id, run.owner.describe())
+    raise HaltwiseError(_not_final_words(run), task_id=task_id)
+
+
+async def _check_ours(runtime: Runtime, task_id: str) -> None:
+    """After ``start``: refuse to follow a run another process created meanwhile (same id)."""
+    run = (await runtime.store.load(task_id)).run
+    if run.owner is not None and run.owner.token != runtime.owner.token:
+        raise RunOwnedError(task_id, run.owner.describe())
+
+
+def _not_final_words(run: RunRecord) -> str:
+    if run.owner is None:
+        return (
+            f"run {run.id!r} exists and is {run.state}, waiting for a worker; "
+            f"run it here with: haltwise resume {run.id}"
+        )
+    return (
+        f"run {run.id!r} exists and is {run.state}, but its owner ({run.owner.describe()}) is "
+        f"gone; continue it with: haltwise resume {run.id}"
+    )
+
+
+def _owner_gone(run: RunRecord) -> str | None:
+    """``"its owner (pid ...) is gone"`` for an active run whose owner died, else None."""
+    if run.state.is_final or run.owner is None:
+        return None
+    if owner_alive(run.owner, run.lease_until):
+        return None
+    return f"its owner ({run.owner.describe()}) is gone"
+
+
+def _owner_words(run: RunRecord) -> str | None:
+    """The line ``status`` shows about who holds an active run."""
+    if run.state.is_final:
+        return None
+    if run.owner is None:
+        return f"owner: none (waiting for a worker, or: haltwise resume {run.id})"
+    gone = _owner_gone(run)
+    if gone:
+        return f"{gone}: continue it with 'haltwise resume {run.id}'"
+    return f"owner: {run.owner.describe()}"
+
+
+def _cancel_words(run: RunRecord, force: bool) -> str:
+    if run.state is State.CANCELLED:
+        return f"run {run.id} was {State.PENDING}: cancelled before it began"
+    forced = ", forced" if force else ""
+    return f"cancel requested for run {run.id} (reason: {run.reason}{forced}); it is {run.state}"
+
+
+def _warn(text: str) -> None:
+    click.echo(f"haltwise: {text}", err=True)
+
+
+def _fail(text: str) -> int:
+    click.echo(f"haltwise: error: {' '.join(text.split())}", err=True)
+    return USAGE
+
+
+# -- entry point -----------------------------------------------------------------------------
+
+
+def run_cli(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    try:
+        code = cli.main(args=argv, prog_name="haltwise", standalone_mode=False)
+    except click.UsageError as error:
+        hint = f" (see '{error.ctx.command_path} --help')" if error.ctx is not None else ""
+        return _fail(error.format_message() + hint)
+    except click.ClickException as error:
+        return _fail(error.format_message())
+    except HaltwiseError as error:
+        return _fail(str(error))
+    except (click.Abort, KeyboardInterrupt):
+        return 130
+    return code if isinstance(code, int) else 0
+
+
+def main() -> NoReturn:
+    """The ``haltwise`` console script."""
+    sys.exit(run_cli())

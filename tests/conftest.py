@@ -1,0 +1,65 @@
+"""Shared fixtures: the anyio backend, and the stores every contract test runs on.
+
+``store_url`` is parametrized with ``sqlite`` and ``postgres``, so a test that takes it runs once
+per store (as AnyIO runs its tests once per backend). The PostgreSQL server is started once per
+session, the first time a test asks for it; every test gets its own fresh database. Without
+PostgreSQL binaries the ``postgres`` cases are skipped, unless ``HALTWISE_REQUIRE_POSTGRES=1``
+(set by ``make test``), which turns that into an error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from _pg import PostgresServer, PostgresUnavailable, create_database
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """The runtime is asyncio-only."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    """The URL of a PostgreSQL server (its ``postgres`` database) for this test session."""
+    external = os.environ.get("HALTWISE_TEST_PG_DSN")
+    if external:
+        yield external
+        return
+    try:
+        server = PostgresServer()
+    except PostgresUnavailable as error:
+        if os.environ.get("HALTWISE_REQUIRE_POSTGRES") == "1":
+            pytest.fail(str(error))
+        pytest.skip(str(error))
+    try:
+        server.start()
+        yield server.dsn
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_dsn: str) -> str:
+    """A fresh PostgreSQL database on the session's server."""
+    return create_database(pg_dsn)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A SQLite store in a fresh directory."""
+    return f"sqlite:///{tmp_path}/haltwise.db"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh store of each kind: the test runs once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/haltwise.db"
+    url: str = request.getfixturevalue("pg_url")
+    return url

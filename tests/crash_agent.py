@@ -1,0 +1,91 @@
+"""A 30-step agent run in a subprocess that the crash tests kill -9 and resume.
+
+Its tools change a small "world" on disk so that effects survive the kill: a rollback step
+creates ``world/w-INDEX`` (its compensation removes it), an idempotent charge appends
+``INDEX KEY`` to ``charges`` and every execution of any step appends to ``executions``.
+
+usage: python crash_agent.py STORE_URL RUN_ID WORLD_DIR
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import anyio
+
+import haltwise
+
+WORLD = Path(sys.argv[3] if len(sys.argv) > 3 else ".")
+STEPS = 30
+
+
+def _log(name: str, line: str) -> None:
+    with open(WORLD / name, "a") as handle:
+        handle.write(line + "\n")
+
+
+def remove_note(index: int) -> None:
+    _log("executions", f"undo {index}")
+    try:
+        os.remove(WORLD / f"w-{index}")
+    except FileNotFoundError:
+        pass
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def look(index: int) -> int:
+    _log("executions", f"look {index}")
+    await anyio.sleep(0.01)
+    return index * 2
+
+
+@haltwise.tool(cancel="finish", effect="external", idempotent=True, grace=5)
+async def charge(index: int) -> str:
+    key = haltwise.idempotency_key()
+    _log("executions", f"charge {index}")
+    await anyio.sleep(0.01)
+    _log("charges", f"{index} {key}")
+    return f"charged-{index}"
+
+
+@haltwise.tool(cancel="rollback", effect="write", compensate=remove_note, grace=5)
+def note(index: int) -> str:
+    _log("executions", f"note {index}")
+    _log(f"w-{index}", str(index))
+    time.sleep(0.01)  # a kill landing here leaves the note written but the step running
+    return f"note-{index}"
+
+
+@haltwise.task(name="crash_agent:thirty")
+async def thirty() -> list[object]:
+    results: list[object] = []
+    for index in range(STEPS):
+        kind = index % 3
+        if kind == 0:
+            value: object = await look(index)
+        elif kind == 1:
+            value = await charge(index)
+        else:
+            value = await note(index)
+        results.append(value)
+        haltwise.emit({"index": index, "value": value})
+    return results
+
+
+async def main(store: str, run_id: str) -> int:
+    async with haltwise.Runtime(store) as runtime:
+        try:
+            handle = await runtime.resume(run_id)
+        except haltwise.UnknownRunError:
+            handle = await runtime.start(thirty, task_id=run_id)
+        print("started", flush=True)
+        outcome = await handle.outcome()
+    print(outcome.state.value, flush=True)
+    return 0 if outcome.state is haltwise.State.COMPLETED else 1
+
+
+if __name__ == "__main__":
+    sys.exit(anyio.run(main, sys.argv[1], sys.argv[2]))

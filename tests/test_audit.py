@@ -1,0 +1,298 @@
+"""``audit``: policy rows, plain-words "leaves", findings, and the JSON/Markdown/rich renderings."""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import math
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+import haltwise
+from haltwise import CancelPolicy, Effect, Tool
+from haltwise._audit import AuditReport, FindingCode, audit_tools
+from haltwise._loader import load_tools
+from haltwise._policy import ToolPolicy
+
+
+def delete_note(text: str) -> None:
+    pass
+
+
+def make(**policy: Any) -> Tool[..., Any]:
+    """A plain tool named ``policy.pop('name')`` declared with the remaining arguments."""
+    name = policy.pop("name", "t")
+
+    def fn(text: str) -> None:
+        pass
+
+    return haltwise.tool(name=name, **policy)(fn)
+
+
+def rollback_without_compensate() -> Tool[..., Any]:
+    # The decorator refuses this declaration, so build the policy by hand, as a bug elsewhere
+    # (or a future decorator) might.
+    policy = ToolPolicy(cancel=CancelPolicy.ROLLBACK, effect=Effect.WRITE, effect_declared=True)
+    return Tool(delete_note, policy, "undo_nothing")
+
+
+def codes(tools: list[Tool[..., Any]], deadline: float | None = None) -> list[str]:
+    return [finding.code.value for finding in audit_tools(tools, deadline=deadline).findings]
+
+
+# -- findings ----------------------------------------------------------------------------------
+
+TRIGGERS: list[tuple[str, Callable[[], Tool[..., Any]], float | None]] = [
+    ("undeclared-cancel", lambda: make(effect="read"), None),
+    ("undeclared-effect", lambda: make(cancel="finish", grace=5), None),
+    ("rollback-without-compensate", rollback_without_compensate, None),
+    ("interruptible-side-effect", lambda: make(cancel="interruptible", effect="write"), None),
+    ("finish-unbounded-external", lambda: make(cancel="finish", effect="external"), None),
+    ("grace-exceeds-deadline", lambda: make(cancel="finish", effect="write", grace=60), 10.0),
+]
+
+
+@pytest.mark.parametrize(("code", "build", "deadline"), TRIGGERS, ids=[t[0] for t in TRIGGERS])
+def test_each_code_fires_alone_on_a_tool_built_for_it(
+    code: str, build: Callable[[], Tool[..., Any]], deadline: float | None
+) -> None:
+    tool = build()
+    report = audit_tools([tool], deadline=deadline)
+    assert [finding.code.value for finding in report.findings] == [code]
+    (finding,) = report.findings
+    assert finding.tool == tool.name
+    assert tool.name in finding.message
+    assert finding.fix
+    assert not report.ok
+
+
+def test_codes_are_exactly_the_contract_ones() -> None:
+    assert {code.value for code in FindingCode} == {t[0] for t in TRIGGERS}
+
+
+CLEAN = [
+    lambda: make(cancel="interruptible", effect="read"),
+    lambda: make(cancel="interruptible", effect="none"),
+    lambda: make(cancel="interruptible", effect="write", idempotent=True),
+    lambda: make(cancel="finish", effect="external", idempotent=True),
+    lambda: make(cancel="finish", effect="external", grace=5),
+    lambda: make(cancel="finish", effect="write"),
+    lambda: make(cancel="rollback", effect="write", compensate=delete_note, grace=10),
+    # interruptible tools do not wait after a cancel, so their grace cannot overrun a deadline
+    lambda: make(cancel="interruptible", effect="read", grace=600),
+]
+
+
+@pytest.mark.parametrize("build", CLEAN)
+def test_clean_tools_have_no_findings(build: Callable[[], Tool[..., Any]]) -> None:
+    report = audit_tools([build()], deadline=60)
+    assert report.findings == ()
+    assert report.ok
+
+
+def test_grace_equal_to_the_deadline_is_fine() -> None:
+    assert codes([make(cancel="finish", effect="write", grace=10)], deadline=10) == []
+
+
+def test_grace_exceeds_deadline_only_when_a_deadline_is_given() -> None:
+    tool = make(cancel="rollback", effect="write", compensate=delete_note, grace=60)
+    assert codes([tool]) == []
+    assert codes([tool], deadline=59.5) == ["grace-exceeds-deadline"]
+
+
+def test_undeclared_everything_reports_both_gaps_and_the_default_grace_against_a_deadline() -> None:
+    assert codes([make()], deadline=10) == [
+        "undeclared-cancel",
+        "undeclared-effect",
+        "grace-exceeds-deadline",
+    ]
+
+
+def test_finish_on_an_assumed_external_effect_counts_as_external() -> None:
+    assert codes([make(cancel="finish")]) == ["undeclared-effect", "finish-unbounded-external"]
+
+
+def test_findings_follow_tool_order() -> None:
+    first = make(name="first", effect="read")
+    second = make(name="second", cancel="interruptible", effect="external")
+    report = audit_tools([first, second])
+    assert [(f.tool, f.code.value) for f in report.findings] == [
+        ("first", "undeclared-cancel"),
+        ("second", "interruptible-side-effect"),
+    ]
+
+
+@pytest.mark.parametrize("deadline", [0, -1, math.inf, math.nan])
+def test_deadline_must_be_positive_and_finite(deadline: float) -> None:
+    with pytest.raises(ValueError, match="deadline"):
+        audit_tools([], deadline=deadline)
+
+
+def test_the_same_tool_twice_is_audited_once() -> None:
+    tool = make(effect="read")
+    report = audit_tools([tool, tool])
+    assert len(report.tools) == 1
+    assert len(report.findings) == 1
+
+
+# -- rows and what a cancel leaves ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "leaves"),
+    [
+        ({"cancel": "interruptible", "effect": "read"}, "nothing: the read is dropped"),
+        (
+            {"cancel": "finish", "effect": "external", "idempotent": True},
+            "the call completes (up to 30 s), then the task stops; a resume will not repeat it",
+        ),
+        (
+            {"cancel": "finish", "effect": "external"},
+            "the call completes, then the task stops; if it runs past 30 s it is unknown and "
+            "someone must check",
+        ),
+        (
+            {"cancel": "rollback", "effect": "write", "compensate": delete_note, "grace": 5},
+            "the write is undone by delete_note (within 5 s); if that fails it is unknown",
+        ),
+        (
+            {"cancel": "interruptible", "effect": "write"},
+            "perhaps part of the write; a resume runs it again and may repeat it",
+        ),
+        (
+            {"effect": "write"},
+            "not declared, so the call completes, then the task stops; if it runs past 30 s it "
+            "is unknown and someone must check",
+        ),
+    ],
+)
+def test_leaves_in_plain_words(policy: dict[str, Any], leaves: str) -> None:
+    (row,) = audit_tools([make(**policy)]).tools
+    assert row.leaves == leaves
+
+
+def test_a_partial_compensation_is_named_by_its_function() -> None:
+    tool = make(cancel="rollback", effect="write", compensate=functools.partial(delete_note))
+    (row,) = audit_tools([tool]).tools
+    assert row.compensate == "delete_note"
+
+
+def test_rollback_without_compensate_leaves_an_unknown() -> None:
+    (row,) = audit_tools([rollback_without_compensate()]).tools
+    assert row.leaves == "nothing undoes it: unknown, someone must check"
+    assert row.compensate is None
+
+
+# -- renderings ---------------------------------------------------------------------------------
+
+AGENT = """
+    import haltwise
+
+    @haltwise.tool(cancel="interruptible", effect="read")
+    async def search(query: str) -> list[str]:
+        return [query]
+
+    def delete_note(text: str) -> None:
+        pass
+
+    @haltwise.tool(cancel="rollback", effect="write", compensate=delete_note)
+    def insert_note(text: str) -> int:
+        return 1
+
+    @haltwise.tool
+    async def send_email(to: str, body: str) -> str:
+        return "ok"
+"""
+
+
+@pytest.fixture
+def report(tmp_path: Path) -> AuditReport:
+    path = tmp_path / "agent.py"
+    path.write_text(textwrap.dedent(AGENT))
+    return audit_tools(load_tools(path))
+
+
+def test_json_is_exactly_the_contract_shape(report: AuditReport) -> None:
+    document = json.loads(report.to_json())
+    assert set(document) == {"tools", "findings"}
+    contract = {"name", "cancel", "effect", "idempotent", "grace", "compensate", "declared"}
+    picked = [{key: row[key] for key in contract} for row in document["tools"]]
+    assert picked == [
+        {
+            "name": "search",
+            "cancel": "interruptible",
+            "effect": "read",
+            "idempotent": False,
+            "grace": 30.0,
+            "compensate": None,
+            "declared": True,
+        },
+        {
+            "name": "insert_note",
+            "cancel": "rollback",
+            "effect": "write",
+            "idempotent": False,
+            "grace": 30.0,
+            "compensate": "delete_note",
+            "declared": True,
+        },
+        {
+            "name": "send_email",
+            "cancel": None,
+            "effect": "external",
+            "idempotent": False,
+            "grace": 30.0,
+            "compensate": None,
+            "declared": False,
+        },
+    ]
+    findings = [{key: f[key] for key in ("tool", "code")} for f in document["findings"]]
+    assert findings == [
+        {"tool": "send_email", "code": "undeclared-cancel"},
+        {"tool": "send_email", "code": "undeclared-effect"},
+    ]
+    assert all(isinstance(f["message"], str) and f["message"] for f in document["findings"])
+
+
+def test_json_of_an_empty_audit() -> None:
+    assert json.loads(audit_tools([]).to_json()) == {"tools": [], "findings": []}
+
+
+def test_markdown_has_every_tool_and_finding(report: AuditReport) -> None:
+    markdown = report.to_markdown()
+    for name in ("search", "insert_note", "send_email"):
+        assert f"| `{name}` |" in markdown
+    assert "`undeclared-cancel`" in markdown
+    assert "`undeclared-effect`" in markdown
+    table_rows = [line for line in markdown.splitlines() if line.startswith("| `")]
+    assert len(table_rows) == 3 + 2
+
+
+def test_markdown_escapes_pipes_and_says_when_there_are_no_findings() -> None:
+    tool = make(name="a|b", cancel="interruptible", effect="read")
+    markdown = audit_tools([tool]).to_markdown()
+    assert "`a\\|b`" in markdown
+    assert "No findings." in markdown
+
+
+def render(report: AuditReport) -> str:
+    buffer = io.StringIO()
+    report.render_rich(Console(file=buffer, width=250, color_system=None))
+    return buffer.getvalue()
+
+
+def test_render_rich_prints_every_tool_and_finding(report: AuditReport) -> None:
+    text = render(report)
+    for name in ("search", "insert_note", "send_email", "undeclared-cancel", "delete_note"):
+        assert name in text
+
+
+def test_render_rich_prints_names_literally() -> None:
+    text = render(audit_tools([make(name="[bold]x[/bold]", effect="read")]))
+    assert "[bold]x[/bold]" in text

@@ -1,0 +1,848 @@
+"""The journal interface, tested against every store through ``store_url``.
+
+Each test that takes ``store_url`` runs on SQLite and on PostgreSQL. The stateful test drives
+random transitions and cancel requests against a model of the contract's table (SQLite only, for
+time); the race test runs a completion against a cancel from two processes, many times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import queue
+import shutil
+import socket
+import sqlite3
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from haltwise._exceptions import (
+    InvalidTransitionError,
+    SchemaVersionError,
+    StoreError,
+    UnknownRunError,
+)
+from haltwise._outcome import ErrorInfo
+from haltwise._policy import Effect
+from haltwise._records import Event, Owner
+from haltwise._rows import SCHEMA_VERSION
+from haltwise._states import TRANSITIONS, State, StepStatus, is_allowed
+from haltwise._store import UNSET, LostOwnershipError, NewRun, StepStart, Store, open_store
+
+pytestmark = pytest.mark.anyio
+
+OWNER = Owner(token="token-a", host="host-a", pid=101, started=1.0)
+OTHER = Owner(token="token-b", host="host-b", pid=202, started=2.0)
+FINAL = (State.CANCELLED, State.COMPLETED, State.FAILED)
+
+
+@contextlib.asynccontextmanager
+async def opened(url: str) -> AsyncIterator[Store]:
+    store = open_store(url)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def reach(store: Store, run_id: str, state: State, owner: Owner | None = OWNER) -> None:
+    """Create ``run_id`` and drive it to ``state`` through allowed transitions only."""
+    initial = State.PENDING if state in (State.PENDING, State.CANCELLED) else State.RUNNING
+    await store.create_run(NewRun(id=run_id, task="t", inputs={"n": 1}, state=initial, owner=owner))
+    path = {
+        State.PENDING: [],
+        State.RUNNING: [],
+        State.CANCELLED: [State.CANCELLED],
+        State.CANCELLING: [State.CANCELLING],
+        State.COMPLETED: [State.COMPLETED],
+        State.FAILED: [State.FAILED],
+    }[state]
+    current = initial
+    for target in path:
+        await store.transition(run_id, target, expected={current})
+        current = target
+    assert (await store.load(run_id)).run.state is state
+
+
+def step(index: int, tool: str = "search") -> StepStart:
+    return StepStart(
+        index=index,
+        tool=tool,
+        cancel="interruptible",
+        effect=Effect.READ,
+        idempotent=False,
+        idempotency_key=f"key-{index}",
+    )
+
+
+def replay(events: Iterable[Event]) -> dict[str, State]:
+    """Replay the event log, checking it is a path through the table; return final states."""
+    states: dict[str, State] = {}
+    for event in events:
+        previous = states.get(event.run_id)
+        assert event.source is previous, f"{event} does not follow {previous}"
+        if previous is not None:
+            assert (previous, event.target) in TRANSITIONS, event
+        states[event.run_id] = event.target
+    return states
+
+
+# -- runs and transitions ------------------------------------------------------------------------
+
+
+async def test_create_run_is_idempotent_on_id(store_url: str) -> None:
+    async with opened(store_url) as store:
+        first, created = await store.create_run(
+            NewRun(id="r", task="t", inputs={"topic": "cats"}, owner=OWNER, lease_until=9.0)
+        )
+        assert created
+        assert first.state is State.PENDING
+        assert first.inputs == {"topic": "cats"}
+        assert first.owner == OWNER
+        assert first.lease_until == 9.0
+        again, created = await store.create_run(
+            NewRun(id="r", task="other", inputs={"topic": "dogs"}, state=State.RUNNING)
+        )
+        assert not created
+        assert again == first
+        assert [e.target for e in await store.events("r")] == [State.PENDING]
+        assert [run.id for run in await store.list_runs()] == ["r"]
+
+
+async def test_every_allowed_transition_succeeds_and_is_recorded(store_url: str) -> None:
+    async with opened(store_url) as store:
+        for number, (source, target) in enumerate(sorted(TRANSITIONS)):
+            run_id = f"ok-{number}"
+            await reach(store, run_id, source)
+            before = await store.events(run_id)
+            record = await store.transition(run_id, target, expected={source}, reason=f"why {number}")
+            assert record.state is target
+            assert record.reason == f"why {number}"
+            assert (await store.load(run_id)).run == record
+            after = await store.events(run_id)
+            assert after[:-1] == before
+            assert (after[-1].source, after[-1].target, after[-1].reason) == (
+                source,
+                target,
+                f"why {number}",
+            )
+
+
+async def test_every_forbidden_transition_raises_and_changes_nothing(store_url: str) -> None:
+    async with opened(store_url) as store:
+        forbidden = [(s, t) for s in State for t in State if (s, t) not in TRANSITIONS]
+        assert len(forbidden) == 36 - len(TRANSITIONS)
+        for number, (source, target) in enumerate(forbidden):
+            run_id = f"no-{number}"
+            await reach(store, run_id, source)
+            before = await store.load(run_id)
+            events = await store.events(run_id)
+            with pytest.raises(InvalidTransitionError) as info:
+                await store.transition(run_id, target, expected=set(State), reason="nope")
+            assert (info.value.task_id, info.value.source, info.value.target) == (
+                run_id,
+                source.value,
+                target.value,
+            )
+            assert await store.load(run_id) == before
+            assert await store.events(run_id) == events
+
+
+async def test_an_allowed_transition_from_an_unexpected_state_raises(store_url: str) -> None:
+    async with opened(store_url) as store:
+        await reach(store, "r", State.CANCELLING)
+        with pytest.raises(InvalidTransitionError):
+            await store.transition("r", State.COMPLETED, expected={State.RUNNING})
+        assert (await store.load("r")).run.state is State.CANCELLING
+        with pytest.raises(UnknownRunError):
+            await store.transition("missing", State.RUNNING, expected={State.PENDING})
+
+
+async def test_transition_fields_unset_keep_and_none_clears(store_url: str) -> None:
+    async with opened(store_url) as store:
+        await reach(store, "r", State.RUNNING)
+        cancelling = await store.transition(
+            "r", State.CANCELLING, expected={State.RUNNING}, reason="deadline"
+        )
+        assert cancelling.reason == "deadline"
+        boom = ErrorInfo(type="ValueError", message="boom")
+        cancelled = await store.transition(
+            "r", State.CANCELLED, expected={State.CANCELLING}, cancel_error=boom
+        )
+        assert (cancelled.reason, cancelled.cancel_error) == ("deadline", boom)
+        assert (await store.events("r"))[-1].reason == "deadline"  # the kept reason
+        resumed = await store.transition(
+            "r", State.RUNNING, expected={State.CANCELLED}, reason=None, owner=OTHER, lease_until=5.0
+        )
+        assert (resumed.reason, resumed.owner, resumed.lease_until) == (None, OTHER, 5.0)
+        done = await store.transition(
+            "r", State.COMPLETED, expected={State.RUNNING}, result={"answer": [1, 2]}, owner=None
+        )
+        assert done.result == {"answer": [1, 2]}
+        assert done.owner is None
+        assert done.cancel_error == boom
+
+
+async def test_resume_clears_force(store_url: str) -> None:
+    async with opened(store_url) as store:
+        await reach(store, "r", State.RUNNING)
+        assert (await store.request_cancel("r", "user", force=True)).force
+        await store.transition("r", State.CANCELLED, expected={State.CANCELLING})
+        resumed = await store.transition("r", State.RUNNING, expected={State.CANCELLED})
+        assert not resumed.force
+
+
+# -- cancel requests --------------------------------------------------------------------------
+
+
+async def test_request_cancel_in_each_state(store_url: str) -> None:
+    async with opened(store_url) as store:
+        await reach(store, "pending", State.PENDING)
+        record = await store.request_cancel("pending", "user", force=False)
+        assert (record.state, record.reason) == (State.CANCELLED, "user")
+        last = (await store.events("pending"))[-1]
+        assert (last.source, last.target, last.reason) == (State.PENDING, State.CANCELLED, "user")
+
+        await reach(store, "running", State.RUNNING)
+        record = await store.request_cancel("running", "deadline", force=False)
+        assert (record.state, record.reason, record.force) == (
+            State.CANCELLING,
+            "deadline",
+            False,
+        )
+        last = (await store.events("running"))[-1]
+        assert (last.source, last.target, last.reason) == (
+            State.RUNNING,
+            State.CANCELLING,
+            "deadline",
+        )
+        events = await store.events("running")
+        # cancelling: a plain second request changes nothing; a forced one only adds force
+        assert await store.request_cancel("running", "shutdown", force=False) == record
+        forced = await store.request_cancel("running", "shutdown", force=True)
+        assert (forced.state, forced.reason, forced.force) == (State.CANCELLING, "deadline", True)
+        assert await store.events("running") == events
+
+        await reach(store, "forced", State.RUNNING)
+        record = await store.request_cancel("forced", "user", force=True)
+        assert (record.state, record.force) == (State.CANCELLING, True)
+
+        for state in FINAL:
+            run_id = f"final-{state.value}"
+            await reach(store, run_id, state)
+            before = await store.load(run_id)
+            events = await store.events(run_id)
+            assert await store.request_cancel(run_id, "user", force=True) == before.run
+            assert await store.load(run_id) == before
+            assert await store.events(run_id) == events
+
+        with pytest.raises(UnknownRunError):
+            await store.request_cancel("missing", "user", force=False)
+
+
+async def test_cancel_requests_lists_cancelling_runs(store_url: str) -> None:
+    async with opened(store_url) as store:
+        await reach(store, "a", State.RUNNING)
+        await reach(store, "b", State.RUNNING)
+        await reach(store, "c", State.PENDING)
+        await store.request_cancel("a", "deadline", force=True)
+        await store.request_cancel("c", "user", force=False)
+        assert await store.cancel_requests(["a", "b", "c", "missing"]) == {"a": ("deadline", True)}
+        assert await store.cancel_requests([]) == {}
+
+
+async def test_a_cancelled_caller_does_not_undo_its_write(store_url: str) -> None:
+    async with opened(store_url) as store:
+        await reach(store, "r", State.RUNNING)
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await store.transition("r", State.COMPLETED, expected={State.RUNNING})
+        with anyio.fail_after(10):
+            while (await store.load("r")).run.state is not State.COMPLETED:
+                await store.wait_for_change(0.05)
+
+
+# -- ownership ---------------------------------------------------------------------------------
+
+
+async def test_claim_is_compare_and_set(store_url: str) -> None:
+    async with opened(store_url) as first, opened(store_url) as second:
+        for number in range(10):
+            run_id = f"r{number}"
+            await first.create_run(NewRun(id=run_id, task="t", inputs={}))
+            wins: dict[str, bool] = {}
+
+            async def claim(store: Store, owner: Owner, run_id: str = run_id) -> None:
+                wins[owner.token] = await store.claim(
+                    run_id, owner, lease_until=100.0, expected_owner=None
+                )
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(claim, first, OWNER)
+                group.start_soon(claim, second, OTHER)
+            assert sorted(wins.values()) == [False, True]
+            winner = OWNER if wins[OWNER.token] else OTHER
+            run = (await first.load(run_id)).run
+            assert (run.owner, run.lease_until) == (winner, 100.0)
+        # a takeover names the owner it replaces
+        assert not await first.claim("r0", OWNER, lease_until=1.0, expected_owner="someone")
+        run = (await first.load("r0")).run
+        assert await first.claim("r0", OWNER, lease_until=1.0, expected_owner=run.owner.token)  # type: ignore[union-attr]
+        with pytest.raises(UnknownRunError):
+            await first.claim("missing", OWNER, lease_until=1.0, expected_owner=None)
+
+
+async def test_writes_with_a_stale_token_are_fenced_off(store_url: str) -> None:
+    async with opened(store_url) as store:
+        await reach(store, "r", State.RUNNING, owner=OWNER)
+        await store.start_step("r", step(0), fence=OWNER.token)
+        await store.append_partial("r", 0, "kept", fence=OWNER.token)
+        assert await store.claim("r", OTHER, lease_until=50.0, expected_owner=OWNER.token)
+        before = await store.load("r")
+        events = await store.events("r")
+        stale = OWNER.token
+        with pytest.raises(LostOwnershipError):
+            await store.transition("r", State.COMPLETED, expected={State.RUNNING}, fence=stale)
+        with pytest.raises(LostOwnershipError):
+            await store.start_step("r", step(1), fence=stale)
+        with pytest.raises(LostOwnershipError):
+            await store.settle_step("r", 0, StepStatus.COMMITTED, result=1, fence=stale)
+        with pytest.raises(LostOwnershipError):
+            await store.append_partial("r", 1, "late", fence=stale)
+        with pytest.raises(LostOwnershipError):
+            store.append_partial_blocking("r", 1, "late", fence=stale)
+        with pytest.raises(LostOwnershipError):
+            await anyio.to_thread.run_sync(
+                lambda: store.append_partial_blocking("r", 2, "late", fence=stale)
+            )
+        assert await store.load("r") == before
+        assert await store.events("r") == events
+        # the new owner writes freely
+        await store.settle_step("r", 0, StepStatus.COMMITTED, result=1, fence=OTHER.token)
+        done = await store.transition(
+            "r", State.COMPLETED, expected={State.RUNNING}, fence=OTHER.token
+        )
+        assert done.state is State.COMPLETED
+        with pytest.raises(UnknownRunError):
+            await store.start_step("missing", step(0), fence=OWNER.token)
+
+
+async def test_release_and_heartbeat(store_url: str) -> None:
+    async with opened(store_url) as store:
+        await reach(store, "a", State.RUNNING, owner=OWNER)
+        await reach(store, "b", State.CANCELLING, owner=OWNER)
+        await reach(store, "c", State.RUNNING, owner=OTHER)
+        assert await store.heartbeat(OWNER.token, 123.5) == 2
+        leases = {run.id: run.lease_until for run in await store.list_runs()}
+        assert leases["a"] == leases["b"] == 123.5
+        assert leases["c"] is None
+        assert await store.heartbeat("nobody", 1.0) == 0
+        await store.release("a", OTHER.token)  # not the owner: nothing happens
+        assert (await store.load("a")).run.owner == OWNER
+        await store.release("a", OWNER.token)
+        run = (await store.load("a")).run
+        assert (run.owner, run.lease_until, run.state) == (None, None, State.RUNNING)
+        assert await store.heartbeat(OWNER.token, 200.0) == 1
+
+
+async def test_claim_pending_claims_each_run_once(store_url: str) -> None:
+    async with opened(store_url) as first, opened(store_url) as second:
+        wanted = {f"p{number:02}" for number in range(20)}
+        for run_id in sorted(wanted):
+            await first.create_run(NewRun(id=run_id, task="t", inputs={}))
+        await first.create_run(NewRun(id="other-task", task="u", inputs={}))
+        await first.create_run(NewRun(id="owned", task="t", inputs={}, owner=OTHER))
+        await reach(first, "running", State.RUNNING, owner=None)
+        claimed: dict[str, list[str]] = {OWNER.token: [], OTHER.token: []}
+
+        async def drain(store: Store, owner: Owner) -> None:
+            while runs := await store.claim_pending(owner, {"t"}, lease_until=77.0, limit=3):
+                assert len(runs) <= 3
+                assert all(run.owner == owner and run.lease_until == 77.0 for run in runs)
+                claimed[owner.token] += [run.id for run in runs]
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(drain, first, OWNER)
+            group.start_soon(drain, second, OTHER)
+        everything = claimed[OWNER.token] + claimed[OTHER.token]
+        assert sorted(everything) == sorted(wanted)
+        for token, run_ids in claimed.items():
+            for run_id in run_ids:
+                assert (await first.load(run_id)).run.owner.token == token  # type: ignore[union-attr]
+        assert (await first.load("other-task")).run.owner is None
+        assert await first.claim_pending(OWNER, set(), lease_until=1.0, limit=5) == []
+        assert await first.claim_pending(OWNER, {"u"}, lease_until=1.0, limit=0) == []
+        assert [r.id for r in await first.claim_pending(OWNER, {"u"}, lease_until=1.0, limit=5)] == [
+            "other-task"
+        ]
+
+
+# -- steps and partial results -------------------------------------------------------------------
+
+
+async def test_start_step_returns_the_cancel_hint(store_url: str) -> None:
+    async with opened(store_url) as store:
+        await reach(store, "r", State.RUNNING)
+        record, hint = await store.start_step("r", step(0), fence=OWNER.token)
+        assert hint is None
+        assert (record.index, record.tool, record.status, record.attempts) == (
+            0,
+            "search",
+            StepStatus.RUNNING,
+            1,
+        )
+        await store.request_cancel("r", "deadline", force=False)
+        assert (await store.start_step("r", step(1), fence=OWNER.token))[1] == ("deadline", False)
+        await store.request_cancel("r", "user", force=True)
+        assert (await store.start_step("r", step(2), fence=OWNER.token))[1] == ("deadline", True)
+
+
+async def test_attempts_increment_and_a_restart_clears_the_result(store_url: str) -> None:
+    async with opened(store_url) as store:
+        await reach(store, "r", State.RUNNING)
+        start = StepStart(
+            index=0,
+            tool="insert_note",
+            cancel=None,
+            effect=Effect.WRITE,
+            idempotent=True,
+            idempotency_key="r/0",
+            args='{"args": ["x"], "kwargs": {}}',
+        )
+        first, _ = await store.start_step("r", start, fence=OWNER.token)
+        assert first.attempts == 1
+        assert (first.cancel, first.effect, first.idempotent) == (None, Effect.WRITE, True)
+        assert (first.idempotency_key, first.args) == ("r/0", {"args": ["x"], "kwargs": {}})
+        failure = ErrorInfo(type="OSError", message="disk")
+        await store.settle_step("r", 0, StepStatus.FAILED, error=failure, fence=OWNER.token)
+        assert (await store.load("r")).steps[0].error == failure
+        second, _ = await store.start_step("r", start, fence=OWNER.token)
+        assert (second.attempts, second.status, second.error) == (2, StepStatus.RUNNING, None)
+        await store.settle_step("r", 0, StepStatus.COMMITTED, result=[1, "a"], fence=OWNER.token)
+        settled = (await store.load("r")).steps[0]
+        assert (settled.status, settled.result, settled.attempts) == (
+            StepStatus.COMMITTED,
+            [1, "a"],
+            2,
+        )
+        third, _ = await store.start_step("r", start, fence=OWNER.token)
+        assert (third.attempts, third.result) == (3, None)
+        await store.start_step("r", step(1), fence=OWNER.token)
+        assert [s.index for s in (await store.load("r")).steps] == [0, 1]
+
+
+async def test_append_partial_is_idempotent_per_seq(store_url: str) -> None:
+    async with opened(store_url) as store:
+        await reach(store, "r", State.RUNNING)
+        await reach(store, "s", State.RUNNING)
+        await store.append_partial("r", 0, {"hit": "a"}, fence=OWNER.token)
+        await store.append_partial("r", 0, {"hit": "replayed"}, fence=OWNER.token)
+        await store.append_partial("r", 1, ["b"], fence=OWNER.token)
+        store.append_partial_blocking("r", 1, "replayed", fence=OWNER.token)
+        await store.append_partial("s", 0, None, fence=OWNER.token)
+        assert (await store.load("r")).partials == ({"hit": "a"}, ["b"])
+        assert (await store.load("s")).partials == (None,)
+        assert await store.partial_seqs() == {"r": [0, 1], "s": [0]}
+
+
+async def test_append_partial_blocking_is_durable(store_url: str) -> None:
+    async with opened(store_url) as store:
+        await reach(store, "r", State.RUNNING)
+        store.append_partial_blocking("r", 0, "from the loop thread", fence=OWNER.token)
+
+        def from_threads() -> None:
+            workers = [
+                threading.Thread(
+                    target=store.append_partial_blocking,
+                    args=("r", seq, f"thread {seq}"),
+                    kwargs={"fence": OWNER.token},
+                )
+                for seq in range(1, 5)
+            ]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join(10)
+
+        await anyio.to_thread.run_sync(from_threads)
+        # visible at once through another connection, without closing the writer
+        async with opened(store_url) as other:
+            assert (await other.load("r")).partials == (
+                "from the loop thread",
+                *(f"thread {seq}" for seq in range(1, 5)),
+            )
+    async with opened(store_url) as reopened:
+        assert len((await reopened.load("r")).partials) == 5
+
+
+# -- reading, waiting, lifecycle -----------------------------------------------------------------
+
+
+async def test_load_unknown_run(store_url: str) -> None:
+    async with opened(store_url) as store:
+        with pytest.raises(UnknownRunError):
+            await store.load("missing")
+        assert await store.list_runs() == []
+        assert await store.events() == []
+
+
+async def test_list_runs_and_events(store_url: str) -> None:
+    async with opened(store_url) as store:
+        await reach(store, "a", State.COMPLETED)
+        await reach(store, "b", State.PENDING)
+        await reach(store, "c", State.COMPLETED)
+        assert [r.id for r in await store.list_runs()] == ["a", "b", "c"]
+        assert [r.id for r in await store.list_runs(State.COMPLETED)] == ["a", "c"]
+        events = await store.events()
+        assert [e.seq for e in events] == sorted(e.seq for e in events)
+        assert replay(events) == {"a": State.COMPLETED, "b": State.PENDING, "c": State.COMPLETED}
+
+
+async def test_wait_for_change_wakes_on_another_connection(store_url: str) -> None:
+    async with opened(store_url) as watcher, opened(store_url) as writer:
+        await watcher.wait_for_change(0.05)  # forget whatever came before
+        started = time.monotonic()
+        await watcher.wait_for_change(0.3)
+        assert time.monotonic() - started >= 0.25  # nothing changed: the timeout
+
+        async def write_soon() -> None:
+            await anyio.sleep(0.05)
+            await writer.create_run(NewRun(id="r", task="t", inputs={}))
+
+        started = time.monotonic()
+        async with anyio.create_task_group() as group:
+            group.start_soon(write_soon)
+            await watcher.wait_for_change(20)
+        assert time.monotonic() - started < 10
+        # a change committed before the call is reported at once
+        await writer.request_cancel("r", "user", force=False)
+        with anyio.fail_after(10):
+            while (await watcher.load("r")).run.state is not State.CANCELLED:
+                await anyio.sleep(0.01)
+        started = time.monotonic()
+        await watcher.wait_for_change(20)
+        assert time.monotonic() - started < 10
+
+
+async def test_close_is_idempotent_and_a_closed_store_refuses(store_url: str) -> None:
+    store = open_store(store_url)
+    await store.open()
+    await store.open()
+    await store.close()
+    await store.close()
+    with pytest.raises(StoreError):
+        await store.load("r")
+
+
+async def set_schema_version(url: str, version: int) -> None:
+    if url.startswith("sqlite:"):
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn:
+            conn.execute("UPDATE haltwise_meta SET value = ? WHERE key = 'schema_version'", (version,))
+            conn.commit()
+        return
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE haltwise.haltwise_meta SET value = %s WHERE key = 'schema_version'",
+            (str(version),),
+        )
+
+
+async def test_a_newer_schema_version_is_refused(store_url: str) -> None:
+    async with opened(store_url) as store:
+        await store.create_run(NewRun(id="r", task="t", inputs={}))
+    async with opened(store_url):
+        pass  # the same version opens again
+    await set_schema_version(store_url, SCHEMA_VERSION + 1)
+    store = open_store(store_url)
+    with pytest.raises(SchemaVersionError, match="upgrade haltwise"):
+        await store.open()
+    await store.close()
+
+
+# -- SQLite files --------------------------------------------------------------------------------
+
+
+async def test_sqlite_file_that_is_not_a_database(sqlite_url: str) -> None:
+    path = sqlite_url.removeprefix("sqlite:///")
+    with open(path, "wb") as file:
+        file.write(b"this is not a database, just some text\n" * 200)
+    store = open_store(sqlite_url)
+    with pytest.raises(StoreError, match="not a haltwise store"):
+        await store.open()
+    await store.close()
+
+
+async def test_sqlite_file_with_foreign_tables(sqlite_url: str) -> None:
+    path = sqlite_url.removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY)")
+        conn.commit()
+    store = open_store(sqlite_url)
+    with pytest.raises(StoreError, match="other tables"):
+        await store.open()
+    await store.close()
+
+
+# -- PostgreSQL specifics ------------------------------------------------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_postgres_unreachable_server_names_host_not_password() -> None:
+    url = f"postgresql://alice:s3cret-pw@127.0.0.1:{_closed_port()}/jobs"
+    store = open_store(url)
+    with anyio.fail_after(30), pytest.raises(StoreError) as info:
+        await store.open()
+    message = str(info.value)
+    assert "127.0.0.1" in message and "jobs" in message
+    assert "s3cret-pw" not in message
+    assert "\n" not in message
+    await store.close()
+
+
+async def test_postgres_malformed_url_does_not_echo_the_password() -> None:
+    store = open_store("postgresql://alice:s3cret-pw@[::1/jobs")
+    with pytest.raises(StoreError) as info:
+        await store.open()
+    assert "s3cret-pw" not in str(info.value)
+
+
+async def test_postgres_shares_a_database_but_not_a_schema(pg_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute("CREATE TABLE public.customers (id INTEGER PRIMARY KEY)")
+    async with opened(pg_url) as store:
+        await store.create_run(NewRun(id="r", task="t", inputs={}))
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute("DROP SCHEMA haltwise CASCADE")
+        await conn.execute("CREATE SCHEMA haltwise")
+        await conn.execute("CREATE TABLE haltwise.runs (id INTEGER)")
+    store = open_store(pg_url)
+    with pytest.raises(StoreError, match="other tables"):
+        await store.open()
+    await store.close()
+
+
+async def test_postgres_blocking_partial_does_not_wait_for_row_locks(pg_url: str) -> None:
+    """``emit`` blocks the loop: it must not wait on a transaction only the loop could finish."""
+    async with opened(pg_url) as store:
+        await reach(store, "r", State.RUNNING)
+        async with await psycopg.AsyncConnection.connect(pg_url) as holder:
+            await holder.execute("SELECT * FROM haltwise.runs WHERE id = 'r' FOR UPDATE")
+            done = threading.Event()
+
+            def emit() -> None:
+                store.append_partial_blocking("r", 0, "ok", fence=OWNER.token)
+                done.set()
+
+            worker = threading.Thread(target=emit, daemon=True)
+            worker.start()
+            finished = await anyio.to_thread.run_sync(done.wait, 10)
+            await holder.rollback()
+            worker.join(10)
+            assert finished, "append_partial_blocking waited for a row lock"
+        assert (await store.load("r")).partials == ("ok",)
+
+
+# -- the transition table as a state machine (SQLite) --------------------------------------------
+
+RUN_IDS = ("r0", "r1", "r2")
+REASONS = st.one_of(st.just(UNSET), st.none(), st.sampled_from(["user", "deadline"]))
+
+
+class TransitionMachine(RuleBasedStateMachine):
+    """Random transitions and cancel requests against a model of the contract's table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.directory = tempfile.mkdtemp(prefix="haltwise-machine-")
+        self.loop = asyncio.new_event_loop()
+        self.store = open_store(f"sqlite:///{self.directory}/machine.db?synchronous=off")
+        self.run(self.store.open())
+        self.state: dict[str, State] = {}
+        self.reason: dict[str, str | None] = {}
+        self.force: dict[str, bool] = {}
+
+    def run(self, coroutine: Any) -> Any:
+        return self.loop.run_until_complete(coroutine)
+
+    def teardown(self) -> None:
+        self.run(self.store.close())
+        self.loop.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    @rule(run_id=st.sampled_from(RUN_IDS), initial=st.sampled_from([State.PENDING, State.RUNNING]))
+    def create(self, run_id: str, initial: State) -> None:
+        record, created = self.run(
+            self.store.create_run(NewRun(id=run_id, task="t", inputs={}, state=initial))
+        )
+        assert created == (run_id not in self.state)
+        if created:
+            self.state[run_id], self.reason[run_id], self.force[run_id] = initial, None, False
+        assert record.state is self.state[run_id]
+
+    @precondition(lambda self: bool(self.state))
+    @rule(data=st.data(), reason=REASONS)
+    def transition(self, data: st.DataObject, reason: Any) -> None:
+        run_id = data.draw(st.sampled_from(sorted(self.state)))
+        current = self.state[run_id]
+        allowed = [target for target in State if is_allowed(current, target)]
+        if allowed and data.draw(st.booleans()):
+            target = data.draw(st.sampled_from(allowed))
+        else:
+            target = data.draw(st.sampled_from(list(State)))
+        expected = data.draw(
+            st.one_of(st.just(frozenset(State)), st.frozensets(st.sampled_from(list(State))))
+        )
+        if current in expected and is_allowed(current, target):
+            record = self.run(
+                self.store.transition(run_id, target, expected=expected, reason=reason)
+            )
+            self.state[run_id] = target
+            if reason is not UNSET:
+                self.reason[run_id] = reason
+            if target is State.RUNNING:
+                self.force[run_id] = False
+            assert record.state is target
+        else:
+            with pytest.raises(InvalidTransitionError):
+                self.run(self.store.transition(run_id, target, expected=expected, reason=reason))
+
+    @precondition(lambda self: bool(self.state))
+    @rule(data=st.data(), reason=st.sampled_from(["user", "shutdown"]), force=st.booleans())
+    def request_cancel(self, data: st.DataObject, reason: str, force: bool) -> None:
+        run_id = data.draw(st.sampled_from(sorted(self.state)))
+        current = self.state[run_id]
+        if current in (State.PENDING, State.RUNNING):
+            self.state[run_id] = State.CANCELLED if current is State.PENDING else State.CANCELLING
+            self.reason[run_id], self.force[run_id] = reason, force
+        elif current is State.CANCELLING:
+            self.force[run_id] = self.force[run_id] or force
+        record = self.run(self.store.request_cancel(run_id, reason, force=force))
+        assert record.state is self.state[run_id]
+
+    @invariant()
+    def the_store_agrees_with_the_model(self) -> None:
+        for run_id, state in self.state.items():
+            run = self.run(self.store.load(run_id)).run
+            assert (run.state, run.reason, run.force) == (
+                state,
+                self.reason[run_id],
+                self.force[run_id],
+            )
+
+    @invariant()
+    def the_events_replay_to_the_current_state(self) -> None:
+        assert replay(self.run(self.store.events())) == self.state
+
+
+TestTransitionTable = TransitionMachine.TestCase
+TestTransitionTable.settings = settings(
+    max_examples=30,
+    stateful_step_count=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+# -- a completion racing a cancel, from two processes ---------------------------------------------
+
+RACES = 50
+
+
+def race_worker(url: str, role: str, run_ids: list[str], barrier: Any, results: Any) -> None:
+    """One side of the race, in its own process: ``complete`` or ``cancel`` each run in turn."""
+    try:
+        asyncio.run(_race(url, role, run_ids, barrier, results))
+    except BaseException as error:
+        results.put(("error", role, repr(error)))
+        raise
+
+
+async def _race(url: str, role: str, run_ids: list[str], barrier: Any, results: Any) -> None:
+    async with opened(url) as store:
+        for run_id in run_ids:
+            barrier.wait(60)  # both sides start each run together
+            try:
+                if role == "complete":
+                    await store.transition(
+                        run_id,
+                        State.COMPLETED,
+                        expected={State.RUNNING, State.CANCELLING},
+                        result="done",
+                    )
+                else:
+                    await store.request_cancel(run_id, "user", force=False)
+                    await store.transition(run_id, State.CANCELLED, expected={State.CANCELLING})
+                won = True
+            except InvalidTransitionError:
+                won = False
+            results.put((role, run_id, won))
+
+
+async def test_completion_racing_a_cancel_ends_in_one_final_state(store_url: str) -> None:
+    run_ids = [f"race-{number:02}" for number in range(RACES)]
+    async with opened(store_url) as store:
+        for run_id in run_ids:
+            await store.create_run(NewRun(id=run_id, task="t", inputs={}, state=State.RUNNING))
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(2)
+    results = context.Queue()
+    workers = [
+        context.Process(target=race_worker, args=(store_url, role, run_ids, barrier, results))
+        for role in ("complete", "cancel")
+    ]
+    for worker in workers:
+        worker.start()
+    winners: dict[str, list[str]] = {run_id: [] for run_id in run_ids}
+    try:
+        deadline = time.monotonic() + 60
+        for _ in range(2 * RACES):
+            remaining = max(0.01, deadline - time.monotonic())
+            try:
+                role, run_id, won = await anyio.to_thread.run_sync(results.get, True, remaining)
+            except queue.Empty:
+                pytest.fail("the racing processes did not finish in time")
+            assert role != "error", f"{run_id} failed: {won}"
+            if won:
+                winners[run_id].append(role)
+    finally:
+        for worker in workers:
+            worker.join(10)
+            if worker.is_alive():
+                worker.kill()
+    assert [worker.exitcode for worker in workers] == [0, 0]
+
+    outcomes: dict[str, int] = {}
+    async with opened(store_url) as store:
+        events = await store.events()
+        final_states = replay(events)
+        for run_id in run_ids:
+            assert len(winners[run_id]) == 1, (run_id, winners[run_id])
+            expected = State.COMPLETED if winners[run_id] == ["complete"] else State.CANCELLED
+            run = (await store.load(run_id)).run
+            assert run.state is expected is final_states[run_id]
+            path = [e.target for e in events if e.run_id == run_id]
+            assert sum(target.is_final for target in path) == 1, path
+            key = "/".join(target.value for target in path)
+            outcomes[key] = outcomes.get(key, 0) + 1
+    assert set(outcomes) <= {
+        "running/completed",
+        "running/cancelling/completed",
+        "running/cancelling/cancelled",
+    }, outcomes
