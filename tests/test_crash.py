@@ -16,6 +16,7 @@ import pytest
 
 import haltwise
 from haltwise import State, StepStatus
+from haltwise._loader import load_target
 
 AGENT = Path(__file__).with_name("crash_agent.py")
 STEPS = 30
@@ -104,6 +105,8 @@ def run_crash_test(store: str, tmp_path: Path, kills: int, seed: int) -> None:
                 return await rt.status(run_id)
 
         check_world(world, anyio.run(load), done)
+        report = haltwise.verify_store(store)
+        assert report.ok, report.findings
         total += done
         round_ += 1
 
@@ -117,3 +120,35 @@ def test_kill_9_at_random_moments_loses_and_repeats_nothing(
 @pytest.mark.slow
 def test_kill_9_soak(sqlite_url: str, tmp_path: Path) -> None:
     run_crash_test(sqlite_url, tmp_path, kills=300, seed=int(time.time()))
+
+
+def test_check_reports_an_orphaned_step_until_takeover(sqlite_url: str, tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("hold_agent.py")), sqlite_url, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "in flight"
+    live = haltwise.verify_store(sqlite_url)
+    assert live.ok, "a step held by a live owner is not a finding"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    dead = haltwise.verify_store(sqlite_url)
+    assert [f.code for f in dead.findings] == ["orphaned-step"]
+    assert dead.to_json()["findings"][0]["run"] == "held"
+
+    load_target(f"{Path(__file__).with_name('hold_agent.py')}:holder")
+
+    async def take_over() -> haltwise.Outcome:
+        async with haltwise.Runtime(sqlite_url) as rt:
+            with pytest.raises(haltwise.ResumeRefusedError, match=r"step 0 \(hold\)"):
+                await rt.resume("held")
+            return await rt.status("held")
+
+    outcome = anyio.run(take_over)
+    assert outcome.state is State.FAILED
+    assert outcome.error is not None and outcome.error.type == "UnknownStepError"
+    assert outcome.steps[0].status is StepStatus.UNKNOWN
+    assert outcome.retry is haltwise.Retry.RECONCILE
+    assert haltwise.verify_store(sqlite_url).ok

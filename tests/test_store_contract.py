@@ -127,7 +127,9 @@ async def test_every_allowed_transition_succeeds_and_is_recorded(store_url: str)
             run_id = f"ok-{number}"
             await reach(store, run_id, source)
             before = await store.events(run_id)
-            record = await store.transition(run_id, target, expected={source}, reason=f"why {number}")
+            record = await store.transition(
+                run_id, target, expected={source}, reason=f"why {number}"
+            )
             assert record.state is target
             assert record.reason == f"why {number}"
             assert (await store.load(run_id)).run == record
@@ -184,7 +186,12 @@ async def test_transition_fields_unset_keep_and_none_clears(store_url: str) -> N
         assert (cancelled.reason, cancelled.cancel_error) == ("deadline", boom)
         assert (await store.events("r"))[-1].reason == "deadline"  # the kept reason
         resumed = await store.transition(
-            "r", State.RUNNING, expected={State.CANCELLED}, reason=None, owner=OTHER, lease_until=5.0
+            "r",
+            State.RUNNING,
+            expected={State.CANCELLED},
+            reason=None,
+            owner=OTHER,
+            lease_until=5.0,
         )
         assert (resumed.reason, resumed.owner, resumed.lease_until) == (None, OTHER, 5.0)
         done = await store.transition(
@@ -284,7 +291,9 @@ async def test_claim_is_compare_and_set(store_url: str) -> None:
             await first.create_run(NewRun(id=run_id, task="t", inputs={}))
             wins: dict[str, bool] = {}
 
-            async def claim(store: Store, owner: Owner, run_id: str = run_id) -> None:
+            async def claim(
+                store: Store, owner: Owner, run_id: str = run_id, wins: dict[str, bool] = wins
+            ) -> None:
                 wins[owner.token] = await store.claim(
                     run_id, owner, lease_until=100.0, expected_owner=None
                 )
@@ -298,8 +307,9 @@ async def test_claim_is_compare_and_set(store_url: str) -> None:
             assert (run.owner, run.lease_until) == (winner, 100.0)
         # a takeover names the owner it replaces
         assert not await first.claim("r0", OWNER, lease_until=1.0, expected_owner="someone")
-        run = (await first.load("r0")).run
-        assert await first.claim("r0", OWNER, lease_until=1.0, expected_owner=run.owner.token)  # type: ignore[union-attr]
+        holder = (await first.load("r0")).run.owner
+        assert holder is not None
+        assert await first.claim("r0", OWNER, lease_until=1.0, expected_owner=holder.token)
         with pytest.raises(UnknownRunError):
             await first.claim("missing", OWNER, lease_until=1.0, expected_owner=None)
 
@@ -380,13 +390,13 @@ async def test_claim_pending_claims_each_run_once(store_url: str) -> None:
         assert sorted(everything) == sorted(wanted)
         for token, run_ids in claimed.items():
             for run_id in run_ids:
-                assert (await first.load(run_id)).run.owner.token == token  # type: ignore[union-attr]
+                holder = (await first.load(run_id)).run.owner
+                assert holder is not None and holder.token == token
         assert (await first.load("other-task")).run.owner is None
         assert await first.claim_pending(OWNER, set(), lease_until=1.0, limit=5) == []
         assert await first.claim_pending(OWNER, {"u"}, lease_until=1.0, limit=0) == []
-        assert [r.id for r in await first.claim_pending(OWNER, {"u"}, lease_until=1.0, limit=5)] == [
-            "other-task"
-        ]
+        others = await first.claim_pending(OWNER, {"u"}, lease_until=1.0, limit=5)
+        assert [run.id for run in others] == ["other-task"]
 
 
 # -- steps and partial results -------------------------------------------------------------------
@@ -549,7 +559,9 @@ async def test_close_is_idempotent_and_a_closed_store_refuses(store_url: str) ->
 async def set_schema_version(url: str, version: int) -> None:
     if url.startswith("sqlite:"):
         with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn:
-            conn.execute("UPDATE haltwise_meta SET value = ? WHERE key = 'schema_version'", (version,))
+            conn.execute(
+                "UPDATE haltwise_meta SET value = ? WHERE key = 'schema_version'", (version,)
+            )
             conn.commit()
         return
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:

@@ -9,6 +9,8 @@ from typing import Any
 
 import anyio
 
+from ._check import CheckReport as CheckReport
+from ._check import verify_store as verify_store
 from ._context import cancel_requested as cancel_requested
 from ._context import checkpoint as checkpoint
 from ._context import emit as emit
@@ -18,11 +20,13 @@ from ._exceptions import Cancelled as Cancelled
 from ._exceptions import HaltwiseError as HaltwiseError
 from ._exceptions import InputError as InputError
 from ._exceptions import InvalidTransitionError as InvalidTransitionError
+from ._exceptions import LoadError as LoadError
 from ._exceptions import NonDeterminismError as NonDeterminismError
 from ._exceptions import NotInTaskError as NotInTaskError
 from ._exceptions import PolicyError as PolicyError
 from ._exceptions import ResumeRefusedError as ResumeRefusedError
 from ._exceptions import RunOwnedError as RunOwnedError
+from ._exceptions import SchemaError as SchemaError
 from ._exceptions import SchemaVersionError as SchemaVersionError
 from ._exceptions import StoreError as StoreError
 from ._exceptions import UnknownRunError as UnknownRunError
@@ -74,11 +78,13 @@ def run(
 __all__ = [
     "CancelPolicy",
     "Cancelled",
+    "CheckReport",
     "Effect",
     "ErrorInfo",
     "HaltwiseError",
     "InputError",
     "InvalidTransitionError",
+    "LoadError",
     "LostOwnershipError",
     "NonDeterminismError",
     "NotInTaskError",
@@ -89,6 +95,7 @@ __all__ = [
     "Retry",
     "RunOwnedError",
     "Runtime",
+    "SchemaError",
     "SchemaVersionError",
     "State",
     "StepRecord",
@@ -107,4 +114,5 @@ __all__ = [
     "shield",
     "task",
     "tool",
+    "verify_store",
 ]

@@ -146,6 +146,7 @@ def run_command(
                 existing = await _existing_run(runtime, task_id)
                 if existing is not None:
                     return _report(existing, as_json)
+            _check_fits(task, kwargs, target)
             async with signals_as_cancels(runtime, quiet=as_json) as foreground:
                 handle = await runtime.start_named(
                     task,
@@ -368,6 +369,13 @@ def parse_input(text: str | None) -> dict[str, Any]:
             f"--input must be a JSON object of keyword arguments, not {type(value).__name__}"
         )
     return value
+
+
+def _check_fits(task: Task[..., Any], kwargs: dict[str, Any], target: str) -> None:
+    try:
+        task.signature.bind(**kwargs)
+    except TypeError as error:
+        raise InputError(f"--input does not fit {target}: {error}") from None
 
 
 def print_json(value: Any) -> None:

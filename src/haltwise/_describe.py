@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, Literal, final
+from typing import Any, Literal
 
 import pydantic
 from pydantic.fields import FieldInfo
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaWarningKind
 
-from ._exceptions import HaltwiseError
+from ._exceptions import SchemaError
 from ._policy import CancelPolicy, Effect, ToolPolicy
 from ._tool import Tool
 
@@ -35,20 +35,6 @@ SchemaFormat = Literal["openai", "mcp"]
 
 # Parameters a JSON call cannot pass: *args and **kwargs.
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-
-
-@final
-class SchemaError(HaltwiseError):
-    """A tool's parameters cannot be described as JSON schema.
-
-    Raised when an annotation cannot be evaluated (for instance a name imported only under
-    ``TYPE_CHECKING``) or names a type pydantic cannot put in a JSON schema. ``tool`` is the
-    tool's name.
-    """
-
-    def __init__(self, message: str, *, tool: str) -> None:
-        super().__init__(message)
-        self.tool = tool
 
 
 def describe(tool: Tool[..., Any]) -> str:

@@ -17,7 +17,9 @@ Cancellation is not an error, so it stands outside the error tree::
         ├── UnknownStepError      a run taken over has an unknown step it may not run again
         ├── StoreError            the store is unusable: bad URL, not a haltwise store, I/O error
         │   └── SchemaVersionError  the store was written by a newer haltwise
-        └── NotInTaskError        emit()/checkpoint()/idempotency_key() outside a task or tool
+        ├── NotInTaskError        emit()/checkpoint()/idempotency_key() outside a task or tool
+        ├── LoadError             a FILE.py or module cannot be loaded, or has no such task
+        └── SchemaError           a tool's parameters cannot be described as JSON schema
 
 A failed run's outcome carries the task's *own* exception type and text, not these.
 """
@@ -25,6 +27,7 @@ A failed run's outcome carries the task's *own* exception type and text, not the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import final
 
 
 class Cancelled(BaseException):
@@ -145,3 +148,33 @@ class SchemaVersionError(StoreError):
 
 class NotInTaskError(HaltwiseError):
     """A function that needs a running task or tool was called outside one."""
+
+
+@final
+class LoadError(HaltwiseError):
+    """A file or module could not be loaded, or the named task is not in it.
+
+    Raised for a missing or unreadable file, a syntax error (the message names ``file:line``),
+    an exception raised while the file was being imported (named with the line in the file
+    where it arose), a module name that cannot be imported, a task name the module does not
+    define, and an attribute that is not a ``@haltwise.task``. The message is always one line.
+    ``target`` is the file path or module name concerned.
+    """
+
+    def __init__(self, message: str, *, target: str) -> None:
+        super().__init__(" ".join(message.split()))
+        self.target = target
+
+
+@final
+class SchemaError(HaltwiseError):
+    """A tool's parameters cannot be described as JSON schema.
+
+    Raised when an annotation cannot be evaluated (for instance a name imported only under
+    ``TYPE_CHECKING``) or names a type pydantic cannot put in a JSON schema. ``tool`` is the
+    tool's name.
+    """
+
+    def __init__(self, message: str, *, tool: str) -> None:
+        super().__init__(message)
+        self.tool = tool

@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar, final
+from typing import Any, TypeVar
 
-from ._exceptions import HaltwiseError
+from ._exceptions import LoadError
 from ._tool import Task, Tool
 
 __all__ = [
@@ -45,22 +45,6 @@ _T = TypeVar("_T")
 # hold when several threads (a worker's) load the same file at the same time.
 _LOADED: dict[Path, ModuleType] = {}
 _LOCK = threading.RLock()
-
-
-@final
-class LoadError(HaltwiseError):
-    """A file or module could not be loaded, or the named task is not in it.
-
-    Raised for a missing or unreadable file, a syntax error (the message names ``file:line``),
-    an exception raised while the file was being imported (named with the line in the file
-    where it arose), a module name that cannot be imported, a task name the module does not
-    define, and an attribute that is not a ``@haltwise.task``. The message is always one line.
-    ``target`` is the file path or module name concerned.
-    """
-
-    def __init__(self, message: str, *, target: str) -> None:
-        super().__init__(_one_line(message))
-        self.target = target
 
 
 def load_target(spec: str) -> tuple[ModuleType, Task[..., Any] | None]:
@@ -289,6 +273,3 @@ def _instances(module: ModuleType, kind: type[_T]) -> list[_T]:
             found.append(value)
     return found
 
-
-def _one_line(text: str) -> str:
-    return " ".join(line.strip() for line in text.splitlines() if line.strip())

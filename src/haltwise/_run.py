@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -16,6 +16,9 @@ from ._outcome import StepRecord
 if TYPE_CHECKING:
     from ._store import Store
     from ._tool import Task
+
+
+Probe = Callable[[str, int], Awaitable[None]]
 
 
 @dataclass(eq=False)
@@ -34,6 +37,8 @@ class RunContext:
     journaled_partials: int
     assume_done: dict[int, Any] = field(default_factory=dict)
     rerun: frozenset[int] = frozenset()
+    #: for haltwise.testing: awaited at each cancel point, ("before" | "during" | "after", step)
+    probe: Probe | None = None
 
     next_step: int = 0
     next_partial: int = 0

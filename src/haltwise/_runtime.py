@@ -28,7 +28,7 @@ from ._exceptions import (
 from ._outcome import ErrorInfo, Outcome
 from ._owner import DEFAULT_LEASE, new_owner, owner_alive
 from ._records import RunRecord, RunSnapshot, dump_json
-from ._run import CURRENT_RUN, RunContext
+from ._run import CURRENT_RUN, Probe, RunContext
 from ._states import State, StepStatus
 from ._store import LostOwnershipError, NewRun, Store, open_store
 from ._takeover import run_saga, settle_orphans
@@ -114,7 +114,9 @@ class Runtime:
                 for run in list(self._active.values()):
                     await run.done.wait()
             task_group.cancel_scope.cancel()
-            return await task_group.__aexit__(exc_type, exc, tb)
+            # The block's own exception propagates as it is, not wrapped in an ExceptionGroup.
+            await task_group.__aexit__(None, None, None)
+            return None
         finally:
             self._task_group = None
             with anyio.CancelScope(shield=True):
@@ -151,10 +153,12 @@ class Runtime:
         deadline: float | None = None,
         name: str | None = None,
         source: str | None = None,
+        probe: Probe | None = None,
     ) -> TaskHandle:
         """:meth:`start` with explicit arguments, the name the run records (the CLI's
         ``FILE.py:TASK``) and the absolute path of the file that defines the task (kept in the
-        run's inputs as ``"source"``, so that ``resume`` can load it from any directory)."""
+        run's inputs as ``"source"``, so that ``resume`` can load it from any directory).
+        ``probe`` is for :mod:`haltwise.testing`: awaited at every cancel point of the run."""
         if not isinstance(task, Task):
             raise InputError(f"{task!r} is not a @haltwise.task")
         task.bind_inputs(args, kwargs)
@@ -181,7 +185,9 @@ class Runtime:
         await self.store.transition(
             run_id, State.RUNNING, expected={State.PENDING}, fence=self.owner.token
         )
-        self._launch(self._context(run_id, task, None, {}, frozenset()), inputs, deadline)
+        ctx = self._context(run_id, task, None, {}, frozenset())
+        ctx.probe = probe
+        self._launch(ctx, inputs, deadline)
         return TaskHandle(self, run_id)
 
     async def resume(
@@ -192,6 +198,7 @@ class Runtime:
         assume_done: Mapping[int, Any] | None = None,
         rerun: Collection[int] | None = None,
         task: Task[..., Any] | None = None,
+        probe: Probe | None = None,
     ) -> TaskHandle:
         """Continue run ``task_id`` from its journal; return its handle once it is running again.
 
@@ -242,6 +249,7 @@ class Runtime:
             )
         snapshot = await self.store.load(task_id)
         ctx = self._context(task_id, the_task, snapshot, done, again)
+        ctx.probe = probe
         self._launch(ctx, snapshot.run.inputs, deadline)
         return TaskHandle(self, task_id)
 

@@ -36,19 +36,20 @@ async def call_tool(tool: Tool[..., Any], args: tuple[Any, ...], kwargs: dict[st
         if tool.is_async:
             return await tool.fn(*args, **kwargs)
         return tool.fn(*args, **kwargs)
-    run.raise_if_cancelled()
     index = run.next_step
+    if run.probe is not None:
+        await run.probe("before", index)
+    run.raise_if_cancelled()
     run.next_step += 1
     journaled = run.journal.get(index)
-    if journaled is not None:
-        replayed = _replay(run, journaled, tool)
-        if replayed is not _RUN_AGAIN:
-            run.raise_if_cancelled()
-            return replayed
-        key = journaled.idempotency_key
+    replayed = _RUN_AGAIN if journaled is None else _replay(run, journaled, tool)
+    if replayed is _RUN_AGAIN:
+        key = journaled.idempotency_key if journaled is not None else run.new_key(index)
+        result = await _execute(run, tool, index, key, args, kwargs)
     else:
-        key = run.new_key(index)
-    result = await _execute(run, tool, index, key, args, kwargs)
+        result = replayed
+    if run.probe is not None:
+        await run.probe("after", index)
     run.raise_if_cancelled()
     return result
 
@@ -154,6 +155,8 @@ class _Flight:
         self.ctx.active_step = StepCancelHook(self.on_cancel)
         try:
             try:
+                if self.ctx.probe is not None:
+                    await self.ctx.probe("during", self.step.index)
                 with self.scope:
                     value = await self._invoke()
                     return await self._commit(value)

@@ -40,6 +40,21 @@ class Tool(Generic[P, R]):
 
         return call_tool(self, args, kwargs)
 
+    @property
+    def description(self) -> str:
+        """The docstring plus one sentence on what a cancel does to a call (for the model)."""
+        from ._describe import describe
+
+        return describe(self)
+
+    def schema(self, format: str = "openai") -> dict[str, Any]:
+        """A JSON schema of the parameters, as OpenAI function calling (``"openai"``) or MCP
+        ``tools/list`` (``"mcp"``, with hints derived from ``effect`` and ``idempotent``) want it.
+        """
+        from ._describe import tool_schema
+
+        return tool_schema(self, format=format)  # type: ignore[arg-type]
+
     def __repr__(self) -> str:
         cancel = self.policy.cancel.value if self.policy.cancel else "undeclared"
         return f"<haltwise.Tool {self.name} cancel={cancel} effect={self.policy.effect.value}>"

@@ -1,0 +1,57 @@
+# haltwise developer tasks. `make test` is what CI runs (via .ci/run).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Directories ruff checks (those that exist: git does not keep empty ones).
+LINT_DIRS := $(wildcard src tests examples bench)
+# A hung test is interrupted (SIGINT: pytest prints where it hung) after TEST_TIMEOUT seconds,
+# and every test running longer than TEST_TRACEBACK_AFTER seconds dumps its thread stacks.
+TEST_TIMEOUT ?= 1200
+TEST_TRACEBACK_AFTER ?= 300
+PYTEST_ARGS ?=
+
+.PHONY: install test lint typecheck demo bench clean distclean
+
+install: $(STAMP)
+
+$(VENV):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(VENV)
+	$(BIN)/python -m pip install -e '.[dev]'
+	touch $@
+
+test: install
+	bash scripts/ensure-postgres.sh
+	$(BIN)/ruff check $(LINT_DIRS)
+	$(BIN)/mypy
+	HALTWISE_PG_BIN="$$(bash scripts/ensure-postgres.sh)" HALTWISE_REQUIRE_POSTGRES=1 \
+	timeout --signal=INT --kill-after=30 $(TEST_TIMEOUT) \
+	$(BIN)/pytest -q -m "not slow" -o faulthandler_timeout=$(TEST_TRACEBACK_AFTER) $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check $(LINT_DIRS)
+
+typecheck: install
+	$(BIN)/mypy
+
+demo: install
+	$(BIN)/python examples/demo.py
+
+bench: install
+	@if [ -f bench/run_all.py ]; then \
+		$(BIN)/python bench/run_all.py; \
+	else \
+		echo "bench/run_all.py does not exist yet: no benchmarks to run"; \
+	fi
+
+# Build and test leftovers; the venv stays (see distclean).
+clean:
+	rm -rf build dist .mypy_cache .ruff_cache .pytest_cache .hypothesis .haltwise demo-out
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . -path ./$(VENV) -prune -o -name '*.egg-info' -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

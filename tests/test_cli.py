@@ -1,0 +1,710 @@
+"""The command line end to end: real ``python -m haltwise`` processes against a SQLite store.
+
+Every tool of the agent file appends a line to ``effects.log`` when its effect happens, so a
+test can count side effects across processes. Gated tools wait for a ``release-NAME`` file, so a
+test can hold a step in flight exactly as long as it needs (it polls ``status --json`` with a
+deadline instead of sleeping).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+AGENT = '''
+from pathlib import Path
+
+import anyio
+
+import haltwise
+
+HERE = Path(__file__).parent
+
+
+def effect(name):
+    with open(HERE / "effects.log", "a") as log:
+        log.write(name + "\\n")
+
+
+async def until_released(name, limit=30.0):
+    gate = HERE / f"release-{name}"
+    with anyio.fail_after(limit):
+        while not gate.exists():
+            await anyio.sleep(0.005)
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def search(query: str) -> list:
+    effect("search")
+    return [query + "-a", query + "-b"]
+
+
+@haltwise.tool(cancel="finish", effect="write")
+async def record(text: str) -> str:
+    effect("record:" + text)
+    return text
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def think(topic: str) -> str:
+    await until_released("think")
+    effect("think")
+    return topic
+
+
+@haltwise.tool(cancel="finish", effect="external", grace=20)
+async def send_email(topic: str) -> str:
+    await until_released("send_email")
+    effect("send_email")
+    return "sent " + topic
+
+
+@haltwise.tool(cancel="finish", effect="external", grace=0.2)
+async def post_message(topic: str) -> str:
+    await until_released("post_message")
+    effect("post_message")
+    return "posted " + topic
+
+
+def undo_note(topic):
+    effect("undo_note")
+
+
+@haltwise.tool(cancel="rollback", effect="write", compensate=undo_note, grace=5)
+async def insert_note(topic: str) -> int:
+    effect("insert_note:start")
+    await until_released("insert_note")
+    effect("insert_note")
+    return 1
+
+
+@haltwise.tool
+async def legacy(topic: str) -> str:
+    await until_released("legacy")
+    effect("legacy")
+    return "legacy " + topic
+
+
+GATED = {
+    "interruptible": think,
+    "finish": send_email,
+    "rollback": insert_note,
+    "undeclared": legacy,
+    "short": post_message,
+}
+
+
+@haltwise.task
+async def flow(policy: str, topic: str = "cats"):
+    """search, record, the gated tool of ``policy`` (step 2), record."""
+    for hit in await search(topic):
+        haltwise.emit({"hit": hit})
+    await record(topic)
+    result = await GATED[policy](topic)
+    await record("done")
+    return result
+
+
+@haltwise.task
+async def boom(topic: str = "x"):
+    await search(topic)
+    raise ValueError("boom: " + topic)
+'''
+
+CLEAN_TOOLS = '''
+import haltwise
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def search(query: str) -> list:
+    return []
+'''
+
+#: How long a test waits for a run to reach a state before it fails.
+PATIENCE = 20.0
+
+
+@dataclass
+class Env:
+    """One test's directory: the agent file, its store and its side-effect log."""
+
+    root: Path
+
+    @property
+    def store(self) -> str:
+        return f"sqlite:///{self.root / 'store.db'}"
+
+    @property
+    def agent(self) -> str:
+        return str(self.root / "agent.py")
+
+    def environ(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["HALTWISE_STORE"] = self.store
+        env.pop("COLUMNS", None)
+        return env
+
+    def popen(self, *args: str, **kwargs: Any) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "haltwise", *args],
+            cwd=self.root,
+            env=self.environ(),
+            text=True,
+            stdout=kwargs.pop("stdout", subprocess.PIPE),
+            stderr=kwargs.pop("stderr", subprocess.PIPE),
+            **kwargs,
+        )
+
+    def hw(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "haltwise", *args],
+            cwd=self.root,
+            env=self.environ(),
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+        )
+
+    def release(self, name: str) -> None:
+        (self.root / f"release-{name}").touch()
+
+    def effects(self) -> list[str]:
+        log = self.root / "effects.log"
+        return log.read_text().split() if log.exists() else []
+
+    def status(self, run_id: str) -> dict[str, Any] | None:
+        done = self.hw("status", run_id, "--json")
+        return json.loads(done.stdout) if done.returncode == 0 else None
+
+    def wait_for(
+        self, run_id: str, what: str, predicate: Callable[[dict[str, Any]], bool]
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + PATIENCE
+        seen: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            seen = self.status(run_id)
+            if seen is not None and predicate(seen):
+                return seen
+            time.sleep(0.02)
+        raise AssertionError(f"run {run_id} never got {what}; last seen: {seen}")
+
+    def wait_in_flight(self, run_id: str, index: int = 2) -> dict[str, Any]:
+        return self.wait_for(run_id, f"step {index} in flight", lambda s: step_is(s, index, "running"))
+
+    def start_flow(self, run_id: str, policy: str, *extra: str) -> subprocess.Popen[str]:
+        """Start ``flow`` in the background and return once its gated step 2 is in flight."""
+        process = self.popen(
+            "run", "agent.py:flow", "--id", run_id, "--input", json.dumps({"policy": policy}),
+            *extra,
+        )
+        try:
+            self.wait_in_flight(run_id)
+        except AssertionError:
+            process.kill()
+            out, err = process.communicate()
+            raise AssertionError(f"run did not start: {out}\n{err}") from None
+        return process
+
+
+def step_is(outcome: dict[str, Any], index: int, status: str) -> bool:
+    return any(s["index"] == index and s["status"] == status for s in outcome["steps"])
+
+
+def statuses(outcome: dict[str, Any]) -> list[str]:
+    return [step["status"] for step in outcome["steps"]]
+
+
+def finish(process: subprocess.Popen[str]) -> tuple[int, dict[str, Any] | str, str]:
+    """Wait for a background ``haltwise`` process; parse stdout as JSON when it is JSON."""
+    out, err = process.communicate(timeout=PATIENCE)
+    try:
+        return process.returncode, json.loads(out), err
+    except json.JSONDecodeError:
+        return process.returncode, out, err
+
+
+def error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The single ``haltwise: error:`` line a usage error prints (and nothing on stdout)."""
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("haltwise: error: ")
+    assert "Traceback" not in done.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    (tmp_path / "agent.py").write_text(AGENT)
+    yield Env(tmp_path)
+
+
+# -- run -------------------------------------------------------------------------------------
+
+
+def test_run_to_completion_prints_the_contract_json(env: Env) -> None:
+    env.release("send_email")
+    done = env.hw("run", "agent.py:flow", "--input", '{"policy": "finish"}', "--id", "t1", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "id": "t1",
+        "task": "agent.py:flow",
+        "state": "completed",
+        "reason": None,
+        "retry": "none",
+        "result": "sent cats",
+        "error": None,
+        "partials": [{"hit": "cats-a"}, {"hit": "cats-b"}],
+        "steps": [
+            {"index": 0, "tool": "search", "cancel": "interruptible", "effect": "read",
+             "idempotent": False, "status": "committed", "attempts": 1},
+            {"index": 1, "tool": "record", "cancel": "finish", "effect": "write",
+             "idempotent": False, "status": "committed", "attempts": 1},
+            {"index": 2, "tool": "send_email", "cancel": "finish", "effect": "external",
+             "idempotent": False, "status": "committed", "attempts": 1},
+            {"index": 3, "tool": "record", "cancel": "finish", "effect": "write",
+             "idempotent": False, "status": "committed", "attempts": 1},
+        ],
+    }
+    assert done.stdout.count("\n") == 1
+
+
+def test_run_human_summary_without_a_terminal(env: Env) -> None:
+    env.release("send_email")
+    done = env.hw("run", f"{env.agent}:flow", "--input", '{"policy": "finish"}')
+    assert done.returncode == 0, done.stderr
+    assert "state: completed" in done.stdout
+    assert "send_email" in done.stdout and '{"hit": "cats-a"}' in done.stdout
+    assert "\x1b[" not in done.stdout  # no colour, no live view
+
+
+def test_failing_task_exits_1(env: Env) -> None:
+    done = env.hw("run", "agent.py:boom", "--id", "b1", "--json")
+    assert done.returncode == 1, done.stderr
+    outcome = json.loads(done.stdout)
+    assert outcome["state"] == "failed"
+    assert outcome["error"] == {"type": "ValueError", "message": "boom: x"}
+    assert outcome["retry"] == "restart"
+
+
+def test_deadline_cancels_with_reason_deadline(env: Env) -> None:
+    done = env.hw(
+        "run", "agent.py:flow", "--input", '{"policy": "interruptible"}', "--deadline", "0.5",
+        "--json",
+    )
+    assert done.returncode == 3, done.stderr
+    outcome = json.loads(done.stdout)
+    assert (outcome["state"], outcome["reason"]) == ("cancelled", "deadline")
+
+
+def test_run_with_the_id_of_a_final_run_runs_nothing(env: Env) -> None:
+    env.release("send_email")
+    flow = '{"policy": "finish"}'
+    assert env.hw("run", "agent.py:flow", "--input", flow, "--id", "t1").returncode == 0
+    assert env.hw("run", "agent.py:boom", "--id", "b1").returncode == 1
+    before = env.effects()
+
+    again = env.hw("run", "agent.py:flow", "--input", flow, "--id", "t1", "--json")
+    assert again.returncode == 0
+    assert json.loads(again.stdout)["state"] == "completed"
+    failed = env.hw("run", "agent.py:boom", "--id", "b1", "--json")
+    assert failed.returncode == 1
+    assert json.loads(failed.stdout)["error"]["type"] == "ValueError"
+    assert env.effects() == before
+
+
+# -- cancel from another process, per policy -------------------------------------------------
+
+
+def test_cancel_interruptible_step(env: Env) -> None:
+    process = env.start_flow("r1", "interruptible", "--json")
+    cancel = env.hw("cancel", "r1")
+    assert cancel.returncode == 0, cancel.stderr
+    code, outcome, _ = finish(process)
+    assert code == 3
+    assert isinstance(outcome, dict)
+    assert (outcome["state"], outcome["reason"]) == ("cancelled", "user")
+    assert statuses(outcome) == ["committed", "committed", "interrupted"]
+    assert outcome["retry"] == "resume"  # record (a write) is committed
+    assert outcome["partials"] == [{"hit": "cats-a"}, {"hit": "cats-b"}]
+    assert "think" not in env.effects()
+
+
+def test_cancel_finish_step_waits_for_it(env: Env) -> None:
+    process = env.start_flow("r1", "finish", "--json")
+    assert env.hw("cancel", "r1", "--reason", "budget").returncode == 0
+    held = env.wait_for("r1", "cancelling", lambda s: s["state"] == "cancelling")
+    assert step_is(held, 2, "running")  # shielded: still running after the cancel
+    env.release("send_email")
+    code, outcome, _ = finish(process)
+    assert code == 3
+    assert isinstance(outcome, dict)
+    assert (outcome["state"], outcome["reason"]) == ("cancelled", "budget")
+    assert statuses(outcome) == ["committed", "committed", "committed"]
+    assert env.effects().count("send_email") == 1
+    assert "record:done" not in env.effects()
+
+
+def test_cancel_rollback_step_compensates(env: Env) -> None:
+    process = env.start_flow("r1", "rollback", "--json")
+    assert env.hw("cancel", "r1").returncode == 0
+    code, outcome, _ = finish(process)
+    assert code == 3
+    assert isinstance(outcome, dict)
+    assert statuses(outcome) == ["committed", "committed", "compensated"]
+    effects = env.effects()
+    assert "undo_note" in effects and "insert_note" not in effects
+    assert effects.index("insert_note:start") < effects.index("undo_note")
+
+
+def test_cancel_undeclared_step_behaves_as_finish(env: Env) -> None:
+    process = env.start_flow("r1", "undeclared", "--json")
+    assert env.hw("cancel", "r1").returncode == 0
+    env.wait_for("r1", "cancelling", lambda s: s["state"] == "cancelling")
+    env.release("legacy")
+    code, outcome, _ = finish(process)
+    assert code == 3
+    assert isinstance(outcome, dict)
+    assert statuses(outcome) == ["committed", "committed", "committed"]
+    assert outcome["steps"][2]["cancel"] is None
+    assert env.effects().count("legacy") == 1
+
+
+def test_cancel_force_does_not_wait_for_a_finish_step(env: Env) -> None:
+    process = env.start_flow("r1", "finish", "--json")
+    assert env.hw("cancel", "r1", "--force").returncode == 0
+    code, outcome, _ = finish(process)
+    assert code == 3
+    assert isinstance(outcome, dict)
+    assert statuses(outcome) == ["committed", "committed", "unknown"]
+    assert outcome["retry"] == "reconcile"
+    assert "send_email" not in env.effects()
+
+
+def test_cancel_wait_reports_the_final_state(env: Env) -> None:
+    process = env.start_flow("r1", "interruptible", "--json")
+    cancel = env.hw("cancel", "r1", "--wait")
+    assert cancel.returncode == 0, cancel.stderr
+    assert "state: cancelled" in cancel.stdout
+    assert finish(process)[0] == 3
+
+
+def test_cancel_a_final_run_says_so(env: Env) -> None:
+    assert env.hw("run", "agent.py:boom", "--id", "b1").returncode == 1
+    done = env.hw("cancel", "b1", "--wait")
+    assert done.returncode == 0
+    assert "already failed" in done.stdout
+    assert env.status("b1") is not None
+
+
+def test_a_run_held_by_a_live_owner_cannot_be_run_or_resumed(env: Env) -> None:
+    process = env.start_flow("r1", "interruptible", "--json")
+    taken = error_line(env.hw("run", "agent.py:flow", "--input", '{"policy": "finish"}',
+                              "--id", "r1"))
+    assert "live owner" in taken and f"pid {process.pid}" in taken
+    assert f"pid {process.pid}" in error_line(env.hw("resume", "r1"))
+    assert env.hw("cancel", "r1").returncode == 0
+    assert finish(process)[0] == 3
+
+
+# -- status --------------------------------------------------------------------------------
+
+
+def test_status_of_an_active_and_of_a_final_run(env: Env) -> None:
+    process = env.start_flow("r1", "interruptible", "--json")
+    active = env.hw("status", "r1")
+    assert active.returncode == 0
+    assert "state: running" in active.stdout and f"owner: pid {process.pid}" in active.stdout
+    env.release("think")
+    assert finish(process)[0] == 0
+    final = env.hw("status", "r1")
+    assert final.returncode == 0
+    assert "state: completed" in final.stdout
+    as_json = env.status("r1")
+    assert as_json is not None and as_json["state"] == "completed"
+
+
+def test_status_shows_a_dead_owner(env: Env) -> None:
+    process = env.start_flow("r1", "interruptible", "--json")
+    process.kill()
+    process.communicate()
+    done = env.hw("status", "r1")
+    assert done.returncode == 0
+    assert "is gone" in done.stdout and "haltwise resume r1" in done.stdout
+    again = error_line(env.hw("run", "agent.py:flow", "--input", '{"policy": "x"}', "--id", "r1"))
+    assert "haltwise resume r1" in again
+    # resume takes it over: the interrupted step runs again, committed ones do not
+    env.release("think")
+    resumed = env.hw("resume", "r1", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["state"] == "completed"
+    assert env.effects() == ["search", "record:cats", "think", "record:done"]
+
+
+# -- resume --------------------------------------------------------------------------------
+
+
+def test_resume_after_cancel_does_not_repeat_committed_steps(env: Env) -> None:
+    process = env.start_flow("r1", "interruptible", "--json")
+    assert env.hw("cancel", "r1").returncode == 0
+    assert finish(process)[0] == 3
+    env.release("think")
+    elsewhere = env.root / "elsewhere"
+    elsewhere.mkdir()
+    resumed = subprocess.run(  # from another directory: the task is found by its source path
+        [sys.executable, "-m", "haltwise", "resume", "r1", "--json"],
+        cwd=elsewhere, env=env.environ(), text=True, capture_output=True, timeout=60,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    outcome = json.loads(resumed.stdout)
+    assert (outcome["state"], outcome["result"], outcome["reason"]) == ("completed", "cats", None)
+    assert [s["attempts"] for s in outcome["steps"]] == [1, 1, 2, 1]
+    assert outcome["partials"] == [{"hit": "cats-a"}, {"hit": "cats-b"}]
+    assert env.effects() == ["search", "record:cats", "think", "record:done"]
+    # resuming a completed run runs nothing and reports it
+    again = env.hw("resume", "r1", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["state"] == "completed"
+    assert env.effects() == ["search", "record:cats", "think", "record:done"]
+
+
+def _unknown_post(env: Env, run_id: str) -> None:
+    """Leave run ``run_id`` cancelled with step 2 (post_message, grace 0.2 s) unknown."""
+    process = env.start_flow(run_id, "short", "--json")
+    assert env.hw("cancel", run_id).returncode == 0
+    code, outcome, _ = finish(process)
+    assert code == 3
+    assert isinstance(outcome, dict)
+    assert statuses(outcome) == ["committed", "committed", "unknown"]
+    assert outcome["retry"] == "reconcile"
+
+
+def test_resume_refused_then_assume_done(env: Env) -> None:
+    _unknown_post(env, "r1")
+    human = env.hw("status", "r1")
+    assert "reconcile step 2 (post_message)" in human.stdout
+    assert "--assume-done 2 or --rerun 2" in human.stdout
+    refused = error_line(env.hw("resume", "r1"))
+    assert "step 2 (post_message)" in refused
+    done = env.hw("resume", "r1", "--assume-done", '2="posted by hand"', "--json")
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout)
+    assert (outcome["state"], outcome["result"]) == ("completed", "posted by hand")
+    assert "post_message" not in env.effects()
+    assert env.effects().count("record:cats") == 1
+
+
+def test_resume_refused_then_rerun(env: Env) -> None:
+    _unknown_post(env, "r1")
+    assert env.hw("resume", "r1").returncode == 2
+    env.release("post_message")
+    done = env.hw("resume", "r1", "--rerun", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout)
+    assert (outcome["state"], outcome["result"]) == ("completed", "posted cats")
+    assert env.effects().count("post_message") == 1
+
+
+def test_resume_bad_step_options(env: Env) -> None:
+    _unknown_post(env, "r1")
+    assert "--assume-done" in error_line(env.hw("resume", "r1", "--assume-done", "two"))
+    assert "not valid JSON" in error_line(env.hw("resume", "r1", "--assume-done", "2={"))
+    assert "no step 9" in error_line(env.hw("resume", "r1", "--rerun", "9"))
+    assert "already committed" in error_line(env.hw("resume", "r1", "--rerun", "1"))
+
+
+# -- signals -------------------------------------------------------------------------------
+
+
+def test_sigint_cancels_with_reason_user(env: Env) -> None:
+    process = env.start_flow("r1", "interruptible", "--json")
+    process.send_signal(signal.SIGINT)
+    code, outcome, err = finish(process)
+    assert code == 3, err
+    assert isinstance(outcome, dict)
+    assert (outcome["state"], outcome["reason"]) == ("cancelled", "user")
+    assert statuses(outcome)[2] == "interrupted"
+    assert "Traceback" not in err
+
+
+def test_second_sigint_forces(env: Env) -> None:
+    process = env.start_flow("r1", "finish", "--json")
+    process.send_signal(signal.SIGINT)
+    env.wait_for("r1", "cancelling", lambda s: s["state"] == "cancelling")
+    process.send_signal(signal.SIGINT)
+    code, outcome, err = finish(process)
+    assert code == 3, err
+    assert isinstance(outcome, dict)
+    assert (outcome["reason"], statuses(outcome)[2]) == ("user", "unknown")
+    assert "send_email" not in env.effects()
+
+
+def test_sigterm_cancels_with_reason_shutdown(env: Env) -> None:
+    process = env.start_flow("r1", "interruptible")
+    process.send_signal(signal.SIGTERM)
+    code, out, err = finish(process)
+    assert code == 3, err
+    assert "state: cancelled (reason: shutdown)" in str(out)
+    assert "resume: restarting would repeat record" in str(out)
+
+
+# -- the live view (on a terminal) -----------------------------------------------------------
+
+
+def test_live_view_on_a_terminal_shows_the_cancel_wait(env: Env) -> None:
+    controller, terminal = pty.openpty()
+    process = env.popen(
+        "run", "agent.py:flow", "--id", "r1", "--input", '{"policy": "finish"}',
+        stdout=terminal,
+    )
+    os.close(terminal)
+    screen: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            screen.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        env.wait_in_flight("r1")
+        assert env.hw("cancel", "r1").returncode == 0
+        deadline = time.monotonic() + PATIENCE
+        wanted = b"cancelling: waiting for send_email (finish, grace 20s)"
+        while wanted not in b"".join(screen) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        env.release("send_email")
+        assert process.wait(timeout=PATIENCE) == 3
+    finally:
+        if process.poll() is None:
+            process.kill()
+        reader.join(timeout=5)
+        os.close(controller)
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(screen).decode(errors="replace"))
+    assert "cancelling: waiting for send_email (finish, grace 20s)" in shown
+    assert "state: cancelled (reason: user)" in shown
+
+
+# -- list ------------------------------------------------------------------------------------
+
+
+def test_list_and_state_filter(env: Env) -> None:
+    env.release("send_email")
+    assert env.hw("run", "agent.py:flow", "--input", '{"policy": "finish"}', "--id", "a").returncode == 0
+    assert env.hw("run", "agent.py:boom", "--id", "b").returncode == 1
+    done = env.hw("list", "--json")
+    assert done.returncode == 0
+    assert json.loads(done.stdout) == {
+        "runs": [
+            {"id": "a", "task": "agent.py:flow", "state": "completed", "reason": None,
+             "retry": "none"},
+            {"id": "b", "task": "agent.py:boom", "state": "failed", "reason": None,
+             "retry": "restart"},
+        ]
+    }
+    failed = json.loads(env.hw("list", "--state", "failed", "--json").stdout)
+    assert [run["id"] for run in failed["runs"]] == ["b"]
+    assert json.loads(env.hw("list", "--state", "cancelled", "--json").stdout) == {"runs": []}
+    human = env.hw("list")
+    assert human.returncode == 0 and "agent.py:boom" in human.stdout
+    assert "--state" in error_line(env.hw("list", "--state", "sleeping"))
+
+
+# -- audit -----------------------------------------------------------------------------------
+
+
+def test_audit_json_and_strict(env: Env) -> None:
+    done = env.hw("audit", "agent.py", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    tools = {tool["name"]: tool for tool in report["tools"]}
+    assert tools["legacy"]["cancel"] is None and tools["legacy"]["declared"] is False
+    assert tools["insert_note"]["compensate"] == "undo_note"
+    assert {"undeclared-cancel", "undeclared-effect"} <= {
+        f["code"] for f in report["findings"] if f["tool"] == "legacy"
+    }
+    assert env.hw("audit", "agent.py", "--strict").returncode == 1
+    with_deadline = json.loads(env.hw("audit", "agent.py", "--json", "--deadline", "1").stdout)
+    assert any(
+        f["tool"] == "send_email" and f["code"] == "grace-exceeds-deadline"
+        for f in with_deadline["findings"]
+    )
+    (env.root / "clean.py").write_text(CLEAN_TOOLS)
+    clean = env.hw("audit", "clean.py", "--strict", "--json")
+    assert clean.returncode == 0 and json.loads(clean.stdout)["findings"] == []
+    markdown = env.hw("audit", "agent.py", "--markdown")
+    assert markdown.returncode == 0 and "legacy" in markdown.stdout
+    assert "missing.py" in error_line(env.hw("audit", "missing.py"))
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("status", "nope"), "no run with id 'nope'"),
+        (("cancel", "nope"), "no run with id 'nope'"),
+        (("resume", "nope"), "no run with id 'nope'"),
+        (("run", "missing.py:flow"), "missing.py: no such file"),
+        (("run", "agent.py:nope"), "no task 'nope'"),
+        (("run", "agent.py"), "FILE.py:TASK"),
+        (("run", "agent.py:flow", "--input", "{policy"), "--input is not valid JSON"),
+        (("run", "agent.py:flow", "--input", "[1, 2]"), "JSON object"),
+        (("run", "agent.py:flow", "--input", '{"colour": "red"}'), "--input does not fit"),
+        (("run", "agent.py:flow", "--input", '{"policy": "x"}', "--deadline", "-1"), "deadline"),
+        (("run", "agent.py:flow", "--deadline", "soon"), "--deadline"),
+        (("run",), "Missing argument"),
+        (("frobnicate",), "No such command"),
+        (("status", "x", "--store", "mysql://db"), "unusable store URL"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(env: Env, args: tuple[str, ...], says: str) -> None:
+    assert says in error_line(env.hw(*args))
+
+
+def test_store_that_is_not_a_haltwise_store(env: Env) -> None:
+    junk = env.root / "junk.db"
+    junk.write_bytes(b"this is not a database at all" * 100)
+    assert "not a haltwise store" in error_line(env.hw("list", "--store", f"sqlite:///{junk}"))
+    other = env.root / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE people (name TEXT)")
+    assert "not a haltwise store" in error_line(env.hw("list", "--store", f"sqlite:///{other}"))
+    blocker = env.root / "file.txt"
+    blocker.write_text("a file, not a directory")
+    bad_path = f"sqlite:///{blocker}/sub/store.db"
+    assert "cannot create" in error_line(env.hw("status", "x", "--store", bad_path))
+
+
+def test_default_store_is_under_the_current_directory(env: Env) -> None:
+    env.release("send_email")
+    environ = env.environ()
+    del environ["HALTWISE_STORE"]
+    done = subprocess.run(
+        [sys.executable, "-m", "haltwise", "run", "agent.py:flow", "--input",
+         '{"policy": "finish"}', "--id", "d1"],
+        cwd=env.root, env=environ, text=True, capture_output=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (env.root / ".haltwise" / "haltwise.db").exists()
