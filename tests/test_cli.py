@@ -125,14 +125,14 @@ async def boom(topic: str = "x"):
     raise ValueError("boom: " + topic)
 '''
 
-CLEAN_TOOLS = '''
+CLEAN_TOOLS = """
 import haltwise
 
 
 @haltwise.tool(cancel="interruptible", effect="read")
 async def search(query: str) -> list:
     return []
-'''
+"""
 
 #: How long a test waits for a run to reach a state before it fails.
 PATIENCE = 20.0
@@ -203,12 +203,19 @@ class Env:
         raise AssertionError(f"run {run_id} never got {what}; last seen: {seen}")
 
     def wait_in_flight(self, run_id: str, index: int = 2) -> dict[str, Any]:
-        return self.wait_for(run_id, f"step {index} in flight", lambda s: step_is(s, index, "running"))
+        return self.wait_for(
+            run_id, f"step {index} in flight", lambda s: step_is(s, index, "running")
+        )
 
     def start_flow(self, run_id: str, policy: str, *extra: str) -> subprocess.Popen[str]:
         """Start ``flow`` in the background and return once its gated step 2 is in flight."""
         process = self.popen(
-            "run", "agent.py:flow", "--id", run_id, "--input", json.dumps({"policy": policy}),
+            "run",
+            "agent.py:flow",
+            "--id",
+            run_id,
+            "--input",
+            json.dumps({"policy": policy}),
             *extra,
         )
         try:
@@ -271,14 +278,42 @@ def test_run_to_completion_prints_the_contract_json(env: Env) -> None:
         "error": None,
         "partials": [{"hit": "cats-a"}, {"hit": "cats-b"}],
         "steps": [
-            {"index": 0, "tool": "search", "cancel": "interruptible", "effect": "read",
-             "idempotent": False, "status": "committed", "attempts": 1},
-            {"index": 1, "tool": "record", "cancel": "finish", "effect": "write",
-             "idempotent": False, "status": "committed", "attempts": 1},
-            {"index": 2, "tool": "send_email", "cancel": "finish", "effect": "external",
-             "idempotent": False, "status": "committed", "attempts": 1},
-            {"index": 3, "tool": "record", "cancel": "finish", "effect": "write",
-             "idempotent": False, "status": "committed", "attempts": 1},
+            {
+                "index": 0,
+                "tool": "search",
+                "cancel": "interruptible",
+                "effect": "read",
+                "idempotent": False,
+                "status": "committed",
+                "attempts": 1,
+            },
+            {
+                "index": 1,
+                "tool": "record",
+                "cancel": "finish",
+                "effect": "write",
+                "idempotent": False,
+                "status": "committed",
+                "attempts": 1,
+            },
+            {
+                "index": 2,
+                "tool": "send_email",
+                "cancel": "finish",
+                "effect": "external",
+                "idempotent": False,
+                "status": "committed",
+                "attempts": 1,
+            },
+            {
+                "index": 3,
+                "tool": "record",
+                "cancel": "finish",
+                "effect": "write",
+                "idempotent": False,
+                "status": "committed",
+                "attempts": 1,
+            },
         ],
     }
     assert done.stdout.count("\n") == 1
@@ -304,7 +339,12 @@ def test_failing_task_exits_1(env: Env) -> None:
 
 def test_deadline_cancels_with_reason_deadline(env: Env) -> None:
     done = env.hw(
-        "run", "agent.py:flow", "--input", '{"policy": "interruptible"}', "--deadline", "0.5",
+        "run",
+        "agent.py:flow",
+        "--input",
+        '{"policy": "interruptible"}',
+        "--deadline",
+        "0.5",
         "--json",
     )
     assert done.returncode == 3, done.stderr
@@ -350,6 +390,8 @@ def test_cancel_finish_step_waits_for_it(env: Env) -> None:
     assert env.hw("cancel", "r1", "--reason", "budget").returncode == 0
     held = env.wait_for("r1", "cancelling", lambda s: s["state"] == "cancelling")
     assert step_is(held, 2, "running")  # shielded: still running after the cancel
+    human = env.hw("status", "r1").stdout
+    assert "cancelling: waiting for send_email (finish)" in human  # grace: tool not loaded
     env.release("send_email")
     code, outcome, _ = finish(process)
     assert code == 3
@@ -414,8 +456,9 @@ def test_cancel_a_final_run_says_so(env: Env) -> None:
 
 def test_a_run_held_by_a_live_owner_cannot_be_run_or_resumed(env: Env) -> None:
     process = env.start_flow("r1", "interruptible", "--json")
-    taken = error_line(env.hw("run", "agent.py:flow", "--input", '{"policy": "finish"}',
-                              "--id", "r1"))
+    taken = error_line(
+        env.hw("run", "agent.py:flow", "--input", '{"policy": "finish"}', "--id", "r1")
+    )
     assert "live owner" in taken and f"pid {process.pid}" in taken
     assert f"pid {process.pid}" in error_line(env.hw("resume", "r1"))
     assert env.hw("cancel", "r1").returncode == 0
@@ -456,6 +499,22 @@ def test_status_shows_a_dead_owner(env: Env) -> None:
     assert env.effects() == ["search", "record:cats", "think", "record:done"]
 
 
+def test_cancel_of_a_run_whose_owner_died_warns(env: Env) -> None:
+    process = env.start_flow("r1", "interruptible", "--json")
+    process.kill()
+    process.communicate()
+    done = env.hw("cancel", "r1")
+    assert done.returncode == 0
+    assert "cancel requested for run r1" in done.stdout
+    assert "is gone" in done.stderr and "haltwise resume r1" in done.stderr
+    # resume finishes the cancel (the orphaned step is settled), then continues the run
+    env.release("think")
+    resumed = env.hw("resume", "r1", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["state"] == "completed"
+    assert env.effects() == ["search", "record:cats", "think", "record:done"]
+
+
 # -- resume --------------------------------------------------------------------------------
 
 
@@ -468,7 +527,11 @@ def test_resume_after_cancel_does_not_repeat_committed_steps(env: Env) -> None:
     elsewhere.mkdir()
     resumed = subprocess.run(  # from another directory: the task is found by its source path
         [sys.executable, "-m", "haltwise", "resume", "r1", "--json"],
-        cwd=elsewhere, env=env.environ(), text=True, capture_output=True, timeout=60,
+        cwd=elsewhere,
+        env=env.environ(),
+        text=True,
+        capture_output=True,
+        timeout=60,
     )
     assert resumed.returncode == 0, resumed.stderr
     outcome = json.loads(resumed.stdout)
@@ -568,7 +631,12 @@ def test_sigterm_cancels_with_reason_shutdown(env: Env) -> None:
 def test_live_view_on_a_terminal_shows_the_cancel_wait(env: Env) -> None:
     controller, terminal = pty.openpty()
     process = env.popen(
-        "run", "agent.py:flow", "--id", "r1", "--input", '{"policy": "finish"}',
+        "run",
+        "agent.py:flow",
+        "--id",
+        "r1",
+        "--input",
+        '{"policy": "finish"}',
         stdout=terminal,
     )
     os.close(terminal)
@@ -610,16 +678,29 @@ def test_live_view_on_a_terminal_shows_the_cancel_wait(env: Env) -> None:
 
 def test_list_and_state_filter(env: Env) -> None:
     env.release("send_email")
-    assert env.hw("run", "agent.py:flow", "--input", '{"policy": "finish"}', "--id", "a").returncode == 0
+    assert (
+        env.hw("run", "agent.py:flow", "--input", '{"policy": "finish"}', "--id", "a").returncode
+        == 0
+    )
     assert env.hw("run", "agent.py:boom", "--id", "b").returncode == 1
     done = env.hw("list", "--json")
     assert done.returncode == 0
     assert json.loads(done.stdout) == {
         "runs": [
-            {"id": "a", "task": "agent.py:flow", "state": "completed", "reason": None,
-             "retry": "none"},
-            {"id": "b", "task": "agent.py:boom", "state": "failed", "reason": None,
-             "retry": "restart"},
+            {
+                "id": "a",
+                "task": "agent.py:flow",
+                "state": "completed",
+                "reason": None,
+                "retry": "none",
+            },
+            {
+                "id": "b",
+                "task": "agent.py:boom",
+                "state": "failed",
+                "reason": None,
+                "retry": "restart",
+            },
         ]
     }
     failed = json.loads(env.hw("list", "--state", "failed", "--json").stdout)
@@ -702,9 +783,22 @@ def test_default_store_is_under_the_current_directory(env: Env) -> None:
     environ = env.environ()
     del environ["HALTWISE_STORE"]
     done = subprocess.run(
-        [sys.executable, "-m", "haltwise", "run", "agent.py:flow", "--input",
-         '{"policy": "finish"}', "--id", "d1"],
-        cwd=env.root, env=environ, text=True, capture_output=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "haltwise",
+            "run",
+            "agent.py:flow",
+            "--input",
+            '{"policy": "finish"}',
+            "--id",
+            "d1",
+        ],
+        cwd=env.root,
+        env=environ,
+        text=True,
+        capture_output=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     assert (env.root / ".haltwise" / "haltwise.db").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 import haltwise
@@ -33,6 +34,18 @@ def _fresh_toolkit() -> None:
 
 def status_of(outcome: haltwise.Outcome, index: int) -> StepStatus:
     return {step.index: step.status for step in outcome.steps}[index]
+
+
+async def wait_for_status(
+    rt: haltwise.Runtime, run_id: str, index: int, status: StepStatus, timeout: float = 10.0
+) -> None:
+    """Poll the journal (with a deadline) until step ``index`` has ``status``."""
+    with anyio.fail_after(timeout):
+        while True:
+            steps = (await rt.status(run_id)).steps
+            if len(steps) > index and steps[index].status is status:
+                return
+            await anyio.sleep(0.001)
 
 
 async def start_one_step(rt: haltwise.Runtime, tool: str) -> haltwise.TaskHandle:
@@ -97,9 +110,8 @@ async def test_cancel_after_the_call_lands_at_the_next_checkpoint(
         handle = await rt.start(toolkit.one_step, tool, task_id="r2")
         await toolkit.between.wait()
         toolkit.go_on.set()
-        await toolkit.entered.wait()
-        # the tool returns at once; cancel before or after `quick("c")` - either way the
-        # committed tool step stays committed and nothing runs twice.
+        await wait_for_status(rt, "r2", 1, StepStatus.COMMITTED)
+        # Cancel before or after `quick("c")`: either way the committed step stays committed.
         await handle.cancel()
         outcome = await handle.outcome()
     assert outcome.state in (State.CANCELLED, State.COMPLETED)

@@ -25,7 +25,7 @@ from ._foreground import signals_as_cancels
 from ._outcome import Outcome
 from ._owner import owner_alive
 from ._records import RunRecord
-from ._render import Screen
+from ._render import Screen, cancelling_line
 from ._runtime import Runtime
 from ._states import State
 from ._tool import Task
@@ -209,7 +209,8 @@ def status_command(task_id: str, as_json: bool, store: str | None) -> int:
         if as_json:
             print_json(outcome.to_json())
         else:
-            Screen().outcome(outcome, owner=_owner_words(snapshot.run))
+            notes = (_owner_words(snapshot.run), cancelling_line(snapshot))
+            Screen().outcome(outcome, notes=notes)
         return 0
 
     return run_async(main)

@@ -89,4 +89,3 @@ async def signals_as_cancels(runtime: Runtime, *, quiet: bool) -> AsyncIterator[
 
 def _tell(text: str) -> None:
     print(f"haltwise: {text}", file=sys.stderr, flush=True)
-

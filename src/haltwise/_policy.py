@@ -61,6 +61,15 @@ class ToolPolicy:
         """The behaviour on cancel: the declared policy, ``finish`` when undeclared."""
         return self.cancel if self.cancel is not None else CancelPolicy.FINISH
 
+    @property
+    def may_defer_settle(self) -> bool:
+        """Whether the runtime may go on before this tool's committed settlement is durable.
+
+        True when losing the settlement in a crash is harmless: the step is then seen as
+        crashed mid-call, and a step that only reads, or is idempotent, simply runs again.
+        """
+        return not self.effect.repeats_harm or self.idempotent
+
     @classmethod
     def declare(
         cls,

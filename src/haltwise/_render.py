@@ -32,6 +32,9 @@ __all__ = ["LiveView", "Screen", "cancelling_line", "retry_words"]
 
 #: How a partial result longer than this is cut in human output (the JSON keeps it whole).
 _PARTIAL_WIDTH = 200
+#: The live view shows the latest steps and partial results only, so that it fits a terminal.
+_LIVE_STEPS = 12
+_LIVE_PARTIALS = 5
 
 _STATE_STYLE = {
     State.COMPLETED: "bold green",
@@ -130,12 +133,13 @@ class Screen:
         """One plain line of text."""
         self.console.print(Text(text))
 
-    def outcome(self, outcome: Outcome, *, owner: str | None = None) -> None:
+    def outcome(self, outcome: Outcome, *, notes: Sequence[str | None] = ()) -> None:
         """The summary of a run: state, reason, result or error, steps, partials, retry advice.
 
-        ``owner`` is a line about who holds an active run (``status`` passes it).
+        ``notes`` are lines shown under the state, ``None`` entries skipped (``status`` says
+        there who holds an active run and what a cancelling run waits for).
         """
-        for part in _summary(outcome, owner):
+        for part in _summary(outcome, [note for note in notes if note]):
             self.console.print(part)
 
     def runs(self, outcomes: Sequence[Outcome]) -> None:
@@ -167,9 +171,7 @@ class Screen:
         if not self.interactive:
             yield view
             return
-        with Live(
-            Text(""), console=self.console, refresh_per_second=10, transient=True
-        ) as live:
+        with Live(Text(""), console=self.console, refresh_per_second=10, transient=True) as live:
             view.attach(live)
             yield view
 
@@ -195,9 +197,13 @@ class LiveView:
         parts: list[RenderableType] = [
             Text.assemble(("run ", "dim"), run.id, "  ", run.task, "  ", _state_text(run.state))
         ]
-        for step in snapshot.steps:
-            parts.append(self._step_line(step))
-        for value in snapshot.partials:
+        steps, partials = snapshot.steps, snapshot.partials
+        if len(steps) > _LIVE_STEPS:
+            parts.append(Text(f"  ... {len(steps) - _LIVE_STEPS} earlier steps", style="dim"))
+        parts.extend(self._step_line(step) for step in steps[-_LIVE_STEPS:])
+        if len(partials) > _LIVE_PARTIALS:
+            parts.append(Text(f"  ... {len(partials) - _LIVE_PARTIALS} earlier partials", "dim"))
+        for value in partials[-_LIVE_PARTIALS:]:
             parts.append(Text.assemble(("  partial ", "dim"), _partial_text(value)))
         waiting = cancelling_line(snapshot)
         if waiting is not None:
@@ -205,26 +211,25 @@ class LiveView:
         return Group(*parts)
 
     def _step_line(self, step: StepRecord) -> RenderableType:
-        line = Text.assemble(
-            f"  {step.index:>3} ", (step.tool, "bold"), f"  {_policy_words(step)}  "
-        )
-        if step.status is not StepStatus.RUNNING:
-            line.append(step.status.value, style=_STATUS_STYLE.get(step.status, ""))
-            return line
-        spinner = self._spinners.setdefault(step.index, Spinner("dots", style="cyan"))
-        spinner.text = line
-        return spinner
+        # A running step's line starts with a spinner; the others are indented to match it.
+        line = Text.assemble(f"{step.index:>3} ", (step.tool, "bold"), f"  {_policy_words(step)}  ")
+        if step.status is StepStatus.RUNNING:
+            spinner = self._spinners.setdefault(step.index, Spinner("dots", style="cyan"))
+            spinner.text = line
+            return spinner
+        line.append(step.status.value, style=_STATUS_STYLE.get(step.status, ""))
+        return Text("  ") + line
 
 
-def _summary(outcome: Outcome, owner: str | None) -> Iterator[RenderableType]:
+def _summary(outcome: Outcome, notes: Sequence[str]) -> Iterator[RenderableType]:
     head = Text.assemble(("run ", "dim"), outcome.id, "  ", outcome.task)
     yield head
     state = Text.assemble("state: ", _state_text(outcome.state))
     if outcome.reason:
         state.append(f" (reason: {outcome.reason})")
     yield state
-    if owner:
-        yield Text(owner)
+    for note in notes:
+        yield Text(note)
     if outcome.state is State.COMPLETED:
         yield Text.assemble("result: ", _partial_text(outcome.result))
     if outcome.error is not None:
@@ -244,7 +249,7 @@ def _summary(outcome: Outcome, owner: str | None) -> Iterator[RenderableType]:
 
 
 def _steps_table(steps: Sequence[StepRecord]) -> Table:
-    table = Table(title="steps", title_justify="left", pad_edge=False)
+    table = Table(title="steps", title_justify="left")
     for column in ("#", "tool", "policy", "effect", "status", "attempts"):
         table.add_column(column, overflow="fold", justify="right" if column == "#" else "left")
     for step in steps:

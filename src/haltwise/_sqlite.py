@@ -89,6 +89,9 @@ class _Item:
     op: _Op
     write: bool
     deliver: _Deliver
+    #: the op writes with at most one statement, so a failure leaves nothing to undo and it
+    #: needs no savepoint of its own in a batch (SQLite undoes a failed statement by itself)
+    atomic: bool = False
 
 
 @dataclass(slots=True)
@@ -140,6 +143,16 @@ class SQLiteStore:
         self._writer: threading.Thread | None = None
         self._watch: sqlite3.Connection | None = None
         self._data_version = 0
+        # Settlements whose caller does not wait for durability: they ride along with the next
+        # operation's transaction (one commit for "settle step k" + "start step k+1").
+        self._deferred: list[_Item] = []
+        self._deferred_error: BaseException | None = None
+        # _lock guards _deferred and _pending (items queued or in the writer's hands);
+        # _conn_lock guards the one connection, used by the writer or by the fast path.
+        self._lock = threading.Lock()
+        self._conn_lock = threading.Lock()
+        self._pending = 0
+        self._conn: sqlite3.Connection | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -168,6 +181,7 @@ class SQLiteStore:
     async def close(self) -> None:
         writer, self._writer = self._writer, None
         if writer is not None:
+            self._flush_deferred()
             self._queue.put(None)
             await anyio.to_thread.run_sync(writer.join)
         if self._watch is not None:
@@ -224,68 +238,172 @@ class SQLiteStore:
                 conn.execute("ROLLBACK")
             raise
 
-    # -- the writer thread -------------------------------------------------------------------
+    # -- executing operations --------------------------------------------------------------
 
     def _writer_main(self, ready: _Waiter) -> None:
         try:
             conn = self._connect()
             self._prepare(conn)
+            # Busy waits are done by _begin, so that the fast path can refuse to wait at all.
+            conn.execute("PRAGMA busy_timeout = 0")
+            self._conn = conn
         except BaseException as error:
             ready.deliver(None, error)
             return
         ready.deliver(None, None)
         try:
             while (item := self._queue.get()) is not None:
-                batch = [item]
-                stop = False
-                while len(batch) < _MAX_BATCH:
-                    try:
-                        more = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if more is None:
-                        stop = True
-                        break
-                    batch.append(more)
-                self._run_batch(conn, batch)
+                batch, stop = self._drain(item)
+                with self._conn_lock:
+                    outcomes = self._execute(batch, wait=True)
+                with self._lock:
+                    self._pending -= len(batch)
+                assert outcomes is not None
+                for queued, (value, failure) in zip(batch, outcomes, strict=True):
+                    queued.deliver(value, failure)
                 if stop:
                     break
         finally:
+            self._conn = None
             conn.close()
 
-    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Item]) -> None:
-        outcomes: list[tuple[Any, BaseException | None]] = []
+    def _drain(self, first: _Item) -> tuple[list[_Item], bool]:
+        batch = [first]
+        while len(batch) < _MAX_BATCH:
+            try:
+                more = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if more is None:
+                return batch, True
+            batch.append(more)
+        return batch, False
+
+    def _execute(
+        self, batch: list[_Item], *, wait: bool
+    ) -> list[tuple[Any, BaseException | None]] | None:
+        """Run ``batch`` in one transaction; None if the write lock is taken and not ``wait``.
+
+        Each operation runs in its own savepoint (when there are several), so one failing
+        changes nothing while the others commit. If the commit fails (a full disk, say),
+        every operation of the batch fails and nothing of it holds.
+        """
+        conn = self._conn
+        assert conn is not None
         try:
-            conn.execute("BEGIN IMMEDIATE" if any(i.write for i in batch) else "BEGIN")
-            for item in batch:
-                conn.execute("SAVEPOINT op")
-                try:
-                    outcomes.append((item.op(conn), None))
-                except sqlite3.Error as error:
-                    conn.execute("ROLLBACK TO op")
-                    outcomes.append((None, _store_error(self.path, error)))
-                except Exception as error:
-                    conn.execute("ROLLBACK TO op")
-                    outcomes.append((None, error))
-                conn.execute("RELEASE op")
+            if not self._begin(conn, any(item.write for item in batch), wait=wait):
+                return None
+            outcomes = [self._apply(conn, item, savepoint=True) for item in batch]
             conn.execute("COMMIT")
+            return outcomes
         except sqlite3.Error as error:
-            # The commit (or BEGIN) itself failed, e.g. a full disk: nothing of the batch holds.
             if conn.in_transaction:
                 try:
                     conn.execute("ROLLBACK")
                 except sqlite3.Error:
                     pass
-            failure = _store_error(self.path, error)
-            outcomes = [(None, failure)] * len(batch)
-        for item, (value, error_) in zip(batch, outcomes, strict=True):
-            item.deliver(value, error_)
+            return [(None, _store_error(self.path, error))] * len(batch)
+        except Exception as error:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return [(None, error)] * len(batch)
+
+    def _apply(
+        self, conn: sqlite3.Connection, item: _Item, *, savepoint: bool
+    ) -> tuple[Any, BaseException | None]:
+        savepoint = savepoint and not item.atomic
+        if savepoint:
+            conn.execute("SAVEPOINT op")
+        try:
+            value = item.op(conn)
+        except Exception as error:
+            if not conn.in_transaction:
+                raise  # SQLite rolled the whole transaction back (I/O error, full disk)
+            if savepoint:
+                conn.execute("ROLLBACK TO op")
+                conn.execute("RELEASE op")
+            if isinstance(error, sqlite3.Error):
+                return None, _store_error(self.path, error)
+            return None, error
+        if savepoint:
+            conn.execute("RELEASE op")
+        return value, None
+
+    def _begin(self, conn: sqlite3.Connection, write: bool, *, wait: bool) -> bool:
+        """Open the transaction; False if another writer holds the lock and not ``wait``."""
+        deadline = time.monotonic() + self.busy_timeout
+        delay = 0.0005
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                return True
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) and "busy" not in str(error):
+                    raise
+                if not wait:
+                    return False
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"store {self.path}: another writer held the database for more than "
+                        f"{self.busy_timeout:g} s"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
 
     # -- submitting operations ---------------------------------------------------------------
 
-    async def _call(self, op: _Op, *, write: bool = True) -> Any:
+    def _submit(self, item: _Item) -> tuple[bool, Any, BaseException | None]:
+        """Run ``item`` here and now if the store is idle, else hand it to the writer thread.
+
+        Returns ``(True, value, error)`` when it ran here. The fast path needs the writer idle
+        with nothing queued, so operations still commit in the order they were submitted; it
+        never waits for another process's lock (then the writer thread waits instead).
+        """
         if self._writer is None:
             raise StoreError(f"store {self.path} is not open")
+        error, self._deferred_error = self._deferred_error, None
+        if error is not None:
+            raise error
+        with self._lock:
+            batch, self._deferred = [*self._deferred, item], []
+            inline = self._pending == 0 and self._conn_lock.acquire(blocking=False)
+            if not inline:
+                self._enqueue(batch)
+                return False, None, None
+        try:
+            outcomes = self._execute(batch, wait=False)
+        finally:
+            self._conn_lock.release()
+        if outcomes is None:
+            with self._lock:
+                self._enqueue(batch)
+            return False, None, None
+        for earlier, (_, earlier_error) in zip(batch[:-1], outcomes, strict=False):
+            earlier.deliver(None, earlier_error)
+        value, error = outcomes[-1]
+        return True, value, error
+
+    def _enqueue(self, batch: list[_Item]) -> None:
+        """Queue ``batch`` for the writer; the caller holds ``self._lock``."""
+        self._pending += len(batch)
+        for queued in batch:
+            self._queue.put(queued)
+
+    def _flush_deferred(self) -> None:
+        with self._lock:
+            if self._deferred:
+                deferred, self._deferred = self._deferred, []
+                self._enqueue(deferred)
+
+    def _defer(self, op: _Op) -> None:
+        def deliver(value: Any, error: BaseException | None) -> None:
+            if error is not None:
+                self._deferred_error = error
+
+        with self._lock:
+            self._deferred.append(_Item(op, True, deliver, atomic=True))
+
+    async def _call(self, op: _Op, *, write: bool = True, atomic: bool = False) -> Any:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
 
@@ -300,19 +418,23 @@ class SQLiteStore:
         def deliver(value: Any, error: BaseException | None) -> None:
             loop.call_soon_threadsafe(settle, value, error)
 
-        self._queue.put(_Item(op, write, deliver))
-        return await future
+        ran, value, error = self._submit(_Item(op, write, deliver, atomic or not write))
+        if not ran:
+            return await future
+        if error is not None:
+            raise error
+        return value
 
-    def call_blocking(self, op: _Op, *, write: bool = True) -> Any:
+    def call_blocking(self, op: _Op, *, write: bool = True, atomic: bool = False) -> Any:
         """Run ``op`` and block this thread until it is committed (for ``emit``)."""
-        if self._writer is None:
-            raise StoreError(f"store {self.path} is not open")
         waiter = _Waiter()
-        self._queue.put(_Item(op, write, waiter.deliver))
-        waiter.done.wait()
-        if waiter.error is not None:
-            raise waiter.error
-        return waiter.value
+        ran, value, error = self._submit(_Item(op, write, waiter.deliver, atomic or not write))
+        if not ran:
+            waiter.done.wait()
+            value, error = waiter.value, waiter.error
+        if error is not None:
+            raise error
+        return value
 
     # -- the Store interface -----------------------------------------------------------------
 
@@ -480,13 +602,13 @@ class SQLiteStore:
     ) -> tuple[StepRecord, tuple[str, bool] | None]:
         def op(conn: sqlite3.Connection) -> tuple[StepRecord, tuple[str, bool] | None]:
             run = _check_fence(conn, run_id, fence)
-            conn.execute(
+            (attempts,) = conn.execute(
                 "INSERT INTO steps (run_id, idx, tool, cancel, effect, idempotent, status, "
                 "attempts, idem_key, args, started_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, 'running', 1, ?, ?, ?) "
                 "ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', "
                 "attempts = attempts + 1, result = NULL, error = NULL, args = excluded.args, "
-                "started_at = excluded.started_at, settled_at = NULL",
+                "started_at = excluded.started_at, settled_at = NULL RETURNING attempts",
                 (
                     run_id,
                     step.index,
@@ -498,13 +620,21 @@ class SQLiteStore:
                     step.args,
                     time.time(),
                 ),
+            ).fetchone()
+            record = StepRecord(
+                index=step.index,
+                tool=step.tool,
+                cancel=step.cancel,
+                effect=step.effect,
+                idempotent=step.idempotent,
+                status=StepStatus.RUNNING,
+                attempts=attempts,
+                idempotency_key=step.idempotency_key,
             )
-            cancel = (run["reason"] or "user", bool(run["force"]))
-            return _load_step(conn, run_id, step.index), (
-                cancel if run["state"] == State.CANCELLING.value else None
-            )
+            cancelling = run["state"] == State.CANCELLING.value
+            return record, ((run["reason"] or "user", bool(run["force"])) if cancelling else None)
 
-        started: tuple[StepRecord, tuple[str, bool] | None] = await self._call(op)
+        started: tuple[StepRecord, tuple[str, bool] | None] = await self._call(op, atomic=True)
         return started
 
     async def settle_step(
@@ -516,24 +646,39 @@ class SQLiteStore:
         result: Any = None,
         error: ErrorInfo | None = None,
         fence: str,
+        durable: bool = True,
     ) -> None:
         result_text = None if result is None else dump_json(result, f"step {index}'s result")
 
         def op(conn: sqlite3.Connection) -> None:
-            _check_fence(conn, run_id, fence)
-            conn.execute(
+            updated = conn.execute(
                 "UPDATE steps SET status = ?, result = ?, error = ?, settled_at = ? "
-                "WHERE run_id = ? AND idx = ?",
-                (status.value, result_text, error_to_text(error), time.time(), run_id, index),
-            )
+                "WHERE run_id = ? AND idx = ? "
+                "AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND owner_token = ?)",
+                (
+                    status.value,
+                    result_text,
+                    error_to_text(error),
+                    time.time(),
+                    run_id,
+                    index,
+                    run_id,
+                    fence,
+                ),
+            ).rowcount
+            if not updated:
+                _check_fence(conn, run_id, fence)
 
-        await self._call(op)
+        if durable:
+            await self._call(op, atomic=True)
+        else:
+            self._defer(op)
 
     async def append_partial(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
-        await self._call(self._partial_op(run_id, seq, value, fence=fence))
+        await self._call(self._partial_op(run_id, seq, value, fence=fence), atomic=True)
 
     def append_partial_blocking(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
-        self.call_blocking(self._partial_op(run_id, seq, value, fence=fence))
+        self.call_blocking(self._partial_op(run_id, seq, value, fence=fence), atomic=True)
 
     def _partial_op(self, run_id: str, seq: int, value: Any, *, fence: str) -> _Op:
         text = dump_json(value, "a partial result")
@@ -630,6 +775,7 @@ class SQLiteStore:
         # dedicated connection costs microseconds, so a 5 ms poll is cheap and never blocks.
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            self._flush_deferred()
             await anyio.sleep(min(_POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
             version = self._read_data_version()
             if version != self._data_version:

@@ -39,6 +39,9 @@ async def call_tool(tool: Tool[..., Any], args: tuple[Any, ...], kwargs: dict[st
     index = run.next_step
     if run.probe is not None:
         await run.probe("before", index)
+    # A schedule point per step, as in Trio: the store's fast path may not yield at all, and
+    # other runs, the watcher and cancel requests must get their turn.
+    await anyio.lowlevel.checkpoint()
     run.raise_if_cancelled()
     run.next_step += 1
     journaled = run.journal.get(index)
@@ -112,11 +115,15 @@ async def settle(
     *,
     result: Any = None,
     error: ErrorInfo | None = None,
+    durable: bool = True,
 ) -> None:
-    """Journal how a step ended; shielded, so a cancel cannot leave it half-written."""
+    """Journal how a step ended; shielded, so a cancel cannot leave it half-written.
+
+    ``durable=False`` lets the store commit it with the next write (see ``may_defer_settle``).
+    """
     with anyio.CancelScope(shield=True):
         await run.store.settle_step(
-            run.run_id, index, status, result=result, error=error, fence=run.fence
+            run.run_id, index, status, result=result, error=error, fence=run.fence, durable=durable
         )
 
 
@@ -194,7 +201,8 @@ class _Flight:
         except InputError as error:
             await settle(self.ctx, index, StepStatus.FAILED, error=ErrorInfo.of(error))
             raise
-        await settle(self.ctx, index, StepStatus.COMMITTED, result=value)
+        durable = not self.tool.policy.may_defer_settle
+        await settle(self.ctx, index, StepStatus.COMMITTED, result=value, durable=durable)
         # Hand the task the journaled form, so that a replay sees exactly the same value.
         return json.loads(text)
 

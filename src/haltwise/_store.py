@@ -143,8 +143,14 @@ class Store(Protocol):
         result: Any = None,
         error: ErrorInfo | None = None,
         fence: str,
+        durable: bool = True,
     ) -> None:
-        """Record how a step ended."""
+        """Record how a step ended.
+
+        With ``durable=False`` the store may return before the write is durable, provided it
+        commits the write before (or together with) the next operation of this store object and
+        within a few milliseconds otherwise. A store may always treat it as ``True``.
+        """
 
     async def append_partial(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
         """Record the ``seq``-th partial result (0-based); a replayed seq is left unchanged."""

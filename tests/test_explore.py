@@ -1,0 +1,404 @@
+"""The cancel explorer: it passes a well-behaved agent and catches each kind of broken toolkit.
+
+The agent's world is real files and dicts under ``tmp_path`` (notes on disk, a payment ledger, an
+outbox); ``World.reset`` puts it back before every run the explorer makes. Tools report their
+effects with ``record_effect``, as a user's toolkit would.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from rich.console import Console
+
+import haltwise
+from haltwise import Effect, Outcome, Retry, State, StepRecord, StepStatus
+from haltwise._explore_checks import Baseline, Point, Trial, after_resume
+from haltwise._explore_render import render_rich
+from haltwise.testing import (
+    Execution,
+    ExploreReport,
+    Recorder,
+    explore,
+    explore_async,
+    record_effect,
+)
+
+INDEX = {"cats": ["cats purr", "cats nap", "cats hunt"]}
+
+
+class World:
+    """The outside world the tools change: notes on disk, a payment ledger, an outbox file."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.ledger: dict[str, int] = {}
+        self.starts = 0
+        self.reset()
+
+    @property
+    def notes(self) -> Path:
+        return self.root / "notes"
+
+    @property
+    def outbox(self) -> Path:
+        return self.root / "outbox.txt"
+
+    def reset(self) -> None:
+        self.notes.mkdir(parents=True, exist_ok=True)
+        for note in self.notes.iterdir():
+            note.unlink()
+        self.outbox.write_text("")
+        self.ledger.clear()
+        self.starts = 0
+
+    def note(self, text: str) -> Path:
+        return self.notes / (text.replace(" ", "_") + ".txt")
+
+
+WORLD: World
+
+
+@pytest.fixture(autouse=True)
+def world(tmp_path: Path) -> Iterator[World]:
+    global WORLD
+    WORLD = World(tmp_path / "world")
+    yield WORLD
+
+
+# -- a well-behaved toolkit ------------------------------------------------------------------------
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def search_index(query: str) -> list[str]:
+    await anyio.sleep(0)
+    return INDEX.get(query, [])
+
+
+@haltwise.tool(cancel="interruptible", effect="external")
+def summarize_hit(hit: str) -> str:
+    """A model call in a plain function that polls for a cancel."""
+    if haltwise.cancel_requested():
+        raise haltwise.Cancelled()
+    return hit.upper()
+
+
+def delete_note(text: str) -> None:
+    note = WORLD.note(text)
+    if note.exists():
+        note.unlink()
+        record_effect("note", key=text, undo=True)
+
+
+@haltwise.tool(cancel="rollback", effect="write", compensate=delete_note, grace=5.0)
+def save_note(text: str) -> str:
+    note = WORLD.note(text)
+    note.write_text(text)
+    record_effect("note", key=text)
+    return note.name
+
+
+@haltwise.tool(cancel="finish", effect="external", idempotent=True, grace=5.0)
+async def charge_card(cents: int) -> dict[str, Any]:
+    """Charges at once; the payment API recognises a key it has already served."""
+    key = haltwise.idempotency_key()
+    if key not in WORLD.ledger:
+        WORLD.ledger[key] = cents
+        record_effect("charge")
+    await anyio.sleep(0)  # the receipt comes back over the network
+    return {"receipt": f"r{len(WORLD.ledger)}", "cents": cents}
+
+
+@haltwise.tool(cancel="finish", effect="external", grace=5.0)
+async def send_receipt(to: str, text: str) -> int:
+    await anyio.sleep(0)  # connect first; the mail goes out below
+    with WORLD.outbox.open("a") as outbox:
+        outbox.write(f"{to}: {text}\n")
+    record_effect("mail")
+    return len(WORLD.outbox.read_text().splitlines())
+
+
+@haltwise.task
+async def research(topic: str, notes: int = 2) -> dict[str, Any]:
+    hits = await search_index(topic)
+    saved = []
+    for hit in hits[:notes]:
+        summary = await summarize_hit(hit)
+        haltwise.emit({"summary": summary})
+        saved.append(await save_note(summary))
+    bill = await charge_card(5 * len(saved))
+    haltwise.emit({"charged": bill["cents"]})
+    sent = await send_receipt("me@example.com", f"{len(saved)} notes, receipt {bill['receipt']}")
+    return {"notes": saved, "receipt": bill["receipt"], "mails": sent}
+
+
+@haltwise.task(on_cancel="compensate")
+async def filing(topic: str) -> list[str]:
+    """A saga: a cancel undoes the notes already saved."""
+    hits = await search_index(topic)
+    return [await save_note(hits[0]), await save_note(hits[1])]
+
+
+# -- broken toolkits -------------------------------------------------------------------------------
+
+
+@haltwise.tool(cancel="finish", effect="external", idempotent=True, grace=5.0)
+async def charge_blindly(cents: int) -> str:
+    """Claims idempotent=True, but charges again on every call, whatever the key."""
+    WORLD.ledger[f"charge-{len(WORLD.ledger)}"] = cents
+    record_effect("charge")
+    await anyio.sleep(0)
+    return "paid"
+
+
+@haltwise.task
+async def checkout(topic: str) -> Any:
+    hits = await search_index(topic)
+    await save_note(hits[0])
+    return await charge_blindly(5)
+
+
+def pretend_to_delete(text: str) -> None:
+    """A compensation that does nothing."""
+
+
+@haltwise.tool(cancel="rollback", effect="write", compensate=pretend_to_delete, grace=5.0)
+def save_note_for_good(text: str) -> str:
+    note = WORLD.note(text)
+    note.write_text(text)
+    record_effect("note", key=text)
+    return note.name
+
+
+@haltwise.task
+async def archive(topic: str) -> Any:
+    hits = await search_index(topic)
+    return await save_note_for_good(hits[0])
+
+
+@haltwise.task
+async def forgetful(topic: str) -> Any:
+    """Decides on how many times it has started, which is not journaled: not deterministic."""
+    WORLD.starts += 1
+    hits = await search_index(topic)
+    if WORLD.starts == 1:
+        return await save_note(hits[0])
+    return await send_receipt("me@example.com", hits[0])
+
+
+def run_explore(task: haltwise.Task[..., Any], **kwargs: Any) -> ExploreReport:
+    return explore(task, "cats", reset=WORLD.reset, **kwargs)
+
+
+# -- the explorer passes a well-behaved agent ------------------------------------------------------
+
+
+def test_a_well_behaved_agent_passes_at_every_cancel_point() -> None:
+    report = run_explore(research)
+    assert report.ok, report.explain()
+    assert report.baseline.state is State.COMPLETED
+    kinds = ("before", "during", "after")
+    assert [p.at for p in report.points[:6:2]] == [f"{k} step 0 (search_index)" for k in kinds]
+    assert len(report.points) == 7 * 3 * 2, "7 steps, 3 points each, plain and forced"
+    assert all(p.state is State.CANCELLED for p in report.points)
+    assert all(p.final_state is State.COMPLETED for p in report.points)
+    by_point = {(p.at, p.force): p for p in report.points}
+    assert by_point["before step 0 (search_index)", False].retry is Retry.RESTART
+    assert by_point["during step 2 (save_note)", False].retry is Retry.RESUME
+    assert by_point["during step 2 (save_note)", True].retry is Retry.RECONCILE
+    assert by_point["during step 6 (send_receipt)", True].retry is Retry.RECONCILE
+
+
+def test_a_saga_passes_too() -> None:
+    report = run_explore(filing)
+    assert report.ok, report.explain()
+
+
+def test_the_tools_are_put_back_and_the_recorder_saw_every_run() -> None:
+    originals = {tool: tool.fn for tool in (search_index, save_note, charge_card)}
+    recorder = Recorder()
+    report = run_explore(research, recorder=recorder)
+    assert {tool: tool.fn for tool in originals} == originals
+    assert report.ok, report.explain()
+    baseline = recorder.executions_of("explore-baseline")
+    assert [e.tool for e in baseline] == [
+        "search_index",
+        "summarize_hit",
+        "save_note",
+        "summarize_hit",
+        "save_note",
+        "charge_card",
+        "send_receipt",
+    ]
+    assert all(e.returned and e.ended for e in baseline)
+    assert recorder.count("explore-baseline", 5) == 1
+    assert [e.name for e in recorder.live_effects("explore-baseline")] == [
+        "note",
+        "note",
+        "charge",
+        "mail",
+    ]
+
+
+def test_record_effect_outside_the_explorer_does_nothing() -> None:
+    record_effect("charge")  # no recorder watching: a no-op, as in production
+    outcome = haltwise.run(research, "cats", store=f"sqlite:///{WORLD.root}/prod.db")
+    assert outcome.state is State.COMPLETED
+
+
+# -- it catches broken toolkits, with a clear message ----------------------------------------------
+
+
+def test_an_idempotent_tool_that_charges_twice_is_caught() -> None:
+    report = run_explore(checkout)
+    assert not report.ok
+    expected = (
+        "forced cancel during step 2 (charge_blindly): step 2 (charge_blindly) claims "
+        "idempotent=True but its effect 'charge' happened 2 times for one key"
+    )
+    assert any(v.startswith(expected) for v in report.violations), report.explain()
+    broken = [p for p in report.points if not p.ok]
+    assert [(p.at, p.force) for p in broken] == [("during step 2 (charge_blindly)", True)]
+
+
+def test_a_compensation_that_does_nothing_is_caught() -> None:
+    report = run_explore(archive)
+    assert not report.ok
+    expected = (
+        "cancel during step 1 (save_note_for_good): step 1 (save_note_for_good) is compensated "
+        "but its effect 'note' is still there: the compensation did not undo it"
+    )
+    assert any(v.startswith(expected) for v in report.violations), report.explain()
+    assert any(
+        "step 1 (save_note_for_good) made its effect 'note' 2 time(s), the uninterrupted run 1" in v
+        for v in report.violations
+    ), report.explain()
+
+
+def test_a_task_that_is_not_deterministic_on_resume_is_caught() -> None:
+    report = run_explore(forgetful)
+    assert not report.ok
+    plain = {p.at: p for p in report.points if not p.force}
+    # The journal holds step 1 when resume asks for another tool: the runtime refuses.
+    assert plain["during step 1 (save_note)"].violations == (
+        "cancel during step 1 (save_note): the task is not deterministic on resume: run "
+        "'explore-004-plain': step 1 is 'save_note' in the journal but the task now calls "
+        "'send_receipt'; the task is not deterministic on resume",
+    )
+    # Cancelled before step 1 was journaled: the resumed run quietly takes another path.
+    assert plain["before step 1 (save_note)"].violations[:2] == (
+        "cancel before step 1 (save_note): after resuming, step 1 is 'send_receipt' where the "
+        "uninterrupted run had 'save_note': the task took another path on resume (it is not "
+        "deterministic on resume)",
+        "cancel before step 1 (save_note): after resuming, the run returned 1; the "
+        "uninterrupted run returned 'cats_purr.txt'",
+    )
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def lookup_and_log(query: str) -> str:
+    """Declares effect='read' but writes a log line first, then awaits the index."""
+    with WORLD.outbox.open("a") as log:
+        log.write(f"looked up {query}\n")
+    record_effect("log")
+    await anyio.sleep(0)
+    return query
+
+
+@haltwise.task
+async def chatty(topic: str) -> Any:
+    return await lookup_and_log(topic)
+
+
+def test_a_restart_advice_that_would_repeat_an_effect_is_caught() -> None:
+    report = run_explore(chatty)
+    during = [p for p in report.points if p.at == "during step 0 (lookup_and_log)"]
+    assert all(p.retry is Retry.RESTART for p in during)
+    for point in during:
+        assert point.violations[0].endswith(
+            "the retry advice is 'restart', but step 0 (lookup_and_log, effect='read', "
+            "interrupted) already made its effect 'log' and it was not undone: starting over "
+            "would repeat it"
+        ), report.explain()
+        assert "made its effect 'log' 2 time(s), the uninterrupted run 1" in point.violations[1]
+
+
+def test_a_committed_step_run_again_and_a_changed_key_are_reported() -> None:
+    """The two invariants only a runtime bug can break, checked on a made-up history."""
+    steps = (
+        StepRecord(0, "save_note", "rollback", Effect.WRITE, False, StepStatus.COMMITTED, 2),
+        StepRecord(1, "charge_card", "finish", Effect.EXTERNAL, True, StepStatus.COMMITTED, 2),
+    )
+    done = Outcome(id="r", task="t", state=State.COMPLETED, result=1, steps=steps)
+    point = Point("during", 1, "charge_card")
+    trial = Trial(point, False, "r", reached=True, cancelled=done, final=done)
+    trial.committed_before[1] = frozenset({0})
+    recorder = Recorder()
+    for attempt, key in ((0, "k1"), (1, "k2")):
+        recorder.add_execution(Execution("r", 0, "save_note", "k0", attempt))
+        recorder.add_execution(Execution("r", 1, "charge_card", key, attempt))
+    baseline = Baseline(outcome=done, points=(point,), effects=Counter())
+    assert after_resume(trial, baseline, recorder) == [
+        "step 0 (save_note) was committed, yet its body ran again on resume 1",
+        "step 1 (charge_card) claims idempotent=True but saw 2 different idempotency keys "
+        "across attempts; a step must keep one key in every attempt",
+    ]
+
+
+# -- reports ---------------------------------------------------------------------------------------
+
+
+def test_the_json_has_the_contract_shape() -> None:
+    report = run_explore(archive)
+    data = json.loads(json.dumps(report.to_json()))
+    assert set(data) == {"ok", "points"}
+    assert data["ok"] is False
+    assert len(data["points"]) == 2 * 3 * 2
+    for point in data["points"]:
+        assert set(point) == {"at", "force", "state", "retry", "violations"}
+        assert isinstance(point["at"], str)
+        assert isinstance(point["force"], bool)
+        assert point["state"] in {s.value for s in State}
+        assert point["retry"] in {r.value for r in Retry}
+        assert all(isinstance(v, str) for v in point["violations"])
+    assert data["points"][0] == {
+        "at": "before step 0 (search_index)",
+        "force": False,
+        "state": "cancelled",
+        "retry": "restart",
+        "violations": [],
+    }
+
+
+def test_explain_and_the_rich_table_name_every_point_and_violation() -> None:
+    report = run_explore(archive)
+    text = report.explain()
+    assert text.startswith("explored ")
+    assert "the uninterrupted run completed" in text
+    assert "during step 1 (save_note_for_good)" in text
+    assert "compensation did not undo it" in text
+    out = io.StringIO()
+    render_rich(report, Console(file=out, width=200, color_system=None))
+    shown = out.getvalue()
+    assert "during step 1 (save_note_for_good)" in shown
+    assert "compensation did not undo it" in shown
+    assert "violation" in shown
+
+
+@pytest.mark.anyio
+async def test_explore_async_runs_in_a_running_loop(tmp_path: Path) -> None:
+    report = await explore_async(filing, ["cats"], store_dir=tmp_path / "stores", reset=WORLD.reset)
+    assert report.ok, report.explain()
+    assert list((tmp_path / "stores").iterdir()), "the scratch stores are kept in store_dir"
+
+
+def test_arguments_that_do_not_fit_the_task_are_refused() -> None:
+    with pytest.raises(haltwise.InputError):
+        explore(research, "cats", pages=3)
