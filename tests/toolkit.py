@@ -201,3 +201,19 @@ async def saga() -> str:
 async def returns_immediately() -> str:
     await quick("x")
     return "done"
+
+
+@haltwise.task(name="toolkit:child")
+async def child(tool_name: str) -> list[Any]:
+    first = await quick("child-a")
+    haltwise.emit("child-partial")
+    second = await TOOLS[tool_name]("child-b")
+    return [first, second]
+
+
+@haltwise.task(name="toolkit:parent")
+async def parent(tool_name: str) -> list[Any]:
+    before = await quick("parent-a")
+    inner = await child(tool_name)
+    after = await quick("parent-c")
+    return [before, inner, after]

@@ -17,6 +17,7 @@ from ._context import emit as emit
 from ._context import idempotency_key as idempotency_key
 from ._context import shield as shield
 from ._exceptions import Cancelled as Cancelled
+from ._exceptions import ChildRunError as ChildRunError
 from ._exceptions import HaltwiseError as HaltwiseError
 from ._exceptions import InputError as InputError
 from ._exceptions import InvalidTransitionError as InvalidTransitionError
@@ -79,6 +80,7 @@ __all__ = [
     "CancelPolicy",
     "Cancelled",
     "CheckReport",
+    "ChildRunError",
     "Effect",
     "ErrorInfo",
     "HaltwiseError",

@@ -15,6 +15,7 @@ Cancellation is not an error, so it stands outside the error tree::
         ├── InvalidTransitionError  a transition the table forbids (.task_id, .source, .target)
         ├── NonDeterminismError   the task asked for another tool than the journal holds
         ├── UnknownStepError      a run taken over has an unknown step it may not run again
+        ├── ChildRunError         a child task's run failed or was cancelled on its own (.task_id)
         ├── StoreError            the store is unusable: bad URL, not a haltwise store, I/O error
         │   └── SchemaVersionError  the store was written by a newer haltwise
         ├── NotInTaskError        emit()/checkpoint()/idempotency_key() outside a task or tool
@@ -136,6 +137,20 @@ class UnknownStepError(HaltwiseError):
         )
         self.index = index
         self.tool = tool
+
+
+class ChildRunError(HaltwiseError):
+    """A child task's run ended without completing, and its parent did not cancel it.
+
+    Raised in the parent at the ``await child(...)``; ``task_id`` is the child's run id and
+    ``state`` its final state; ``error`` is the child's error (or cancel error), if any.
+    """
+
+    def __init__(self, task_id: str, state: str, error: object | None) -> None:
+        detail = f": {getattr(error, 'type', '')}: {getattr(error, 'message', '')}" if error else ""
+        super().__init__(f"child run {task_id!r} ended {state}{detail}", task_id=task_id)
+        self.state = state
+        self.error = error
 
 
 class StoreError(HaltwiseError):

@@ -14,6 +14,7 @@ from ._exceptions import Cancelled, NonDeterminismError
 from ._outcome import StepRecord
 
 if TYPE_CHECKING:
+    from ._runtime import Runtime
     from ._store import Store
     from ._tool import Task
 
@@ -31,6 +32,7 @@ class RunContext:
 
     run_id: str
     task: Task[..., Any]
+    runtime: Runtime
     store: Store
     fence: str
     journal: dict[int, StepRecord]

@@ -23,12 +23,13 @@ from ._exceptions import (
     InvalidTransitionError,
     ResumeRefusedError,
     RunOwnedError,
+    UnknownRunError,
     UnknownStepError,
 )
 from ._outcome import ErrorInfo, Outcome
 from ._owner import DEFAULT_LEASE, new_owner, owner_alive
 from ._records import RunRecord, RunSnapshot, dump_json
-from ._run import CURRENT_RUN, Probe, RunContext
+from ._run import CURRENT_RUN, CURRENT_STEP, Probe, RunContext
 from ._states import State, StepStatus
 from ._store import LostOwnershipError, NewRun, Store, open_store
 from ._takeover import run_saga, settle_orphans
@@ -154,6 +155,7 @@ class Runtime:
         name: str | None = None,
         source: str | None = None,
         probe: Probe | None = None,
+        parent: str | None = None,
     ) -> TaskHandle:
         """:meth:`start` with explicit arguments, the name the run records (the CLI's
         ``FILE.py:TASK``) and the absolute path of the file that defines the task (kept in the
@@ -178,6 +180,7 @@ class Runtime:
             inputs=inputs,
             owner=self.owner,
             lease_until=self._lease_until(),
+            parent=parent,
         )
         _, created = await self.store.create_run(new)
         if not created:
@@ -252,6 +255,25 @@ class Runtime:
         ctx.probe = probe
         self._launch(ctx, snapshot.run.inputs, deadline)
         return TaskHandle(self, task_id)
+
+    async def start_or_resume_child(
+        self,
+        task: Task[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        child_id: str,
+        parent: str,
+    ) -> TaskHandle:
+        """Start child run ``child_id`` of ``parent``, or pick it up where it stopped."""
+        if child_id in self._active:
+            return TaskHandle(self, child_id)
+        try:
+            snapshot = await self.store.load(child_id)
+        except UnknownRunError:
+            return await self.start_named(task, args, kwargs, task_id=child_id, parent=parent)
+        if snapshot.run.state is State.COMPLETED:
+            return TaskHandle(self, child_id)
+        return await self.resume(child_id, task=task)
 
     async def cancel(self, task_id: str, *, reason: str = "user", force: bool = False) -> RunRecord:
         """Record a cancel request for ``task_id`` (any process may hold the run).
@@ -359,6 +381,7 @@ class Runtime:
         return RunContext(
             run_id=run_id,
             task=task,
+            runtime=self,
             store=self.store,
             fence=self.owner.token,
             journal={step.index: step for step in steps},
@@ -393,6 +416,8 @@ class Runtime:
 
     async def _call_task(self, ctx: RunContext, inputs: dict[str, Any]) -> _Ending:
         token = CURRENT_RUN.set(ctx)
+        # A child run is launched from inside its parent's step: it must not inherit that step.
+        step_token = CURRENT_STEP.set(None)
         try:
             with anyio.CancelScope() as scope:
                 ctx.task_scope = scope
@@ -409,6 +434,7 @@ class Runtime:
             return _Ending(error=Cancelled(ctx.cancel_reason or "user", task_id=ctx.run_id))
         finally:
             ctx.task_scope = None
+            CURRENT_STEP.reset(step_token)
             CURRENT_RUN.reset(token)
 
     async def _deadline(self, ctx: RunContext, seconds: float) -> None:

@@ -27,13 +27,16 @@ class Tool(Generic[P, R]):
     worker thread); outside a task it simply runs the function, which is handy for testing it.
     """
 
-    def __init__(self, fn: Callable[P, Any], policy: ToolPolicy, name: str) -> None:
+    def __init__(
+        self, fn: Callable[P, Any], policy: ToolPolicy, name: str, *, register: bool = True
+    ) -> None:
         self.fn = fn
         self.policy = policy
         self.name = name
         self.is_async = inspect.iscoroutinefunction(fn)
         functools.update_wrapper(self, fn)
-        TOOLS[name] = self
+        if register:
+            TOOLS[name] = self
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
         from ._steps import call_tool
@@ -76,8 +79,10 @@ TASKS: dict[str, Task[..., Any]] = {}
 class Task(Generic[P, R]):
     """An async function whose runs are journaled, cancellable and resumable.
 
-    Start it with :meth:`haltwise.Runtime.start` or :func:`haltwise.run`. Calling it from inside
-    another task's run is not supported yet (child tasks) and raises :class:`PolicyError`.
+    Start it with :meth:`haltwise.Runtime.start` or :func:`haltwise.run`. Awaited inside another
+    task's run, it runs as a child run ``PARENT_ID/STEP_INDEX``: one step of the parent,
+    journaled and resumed with it, cancelled (reason ``"parent"``) when the parent is. Called
+    outside any run it raises :class:`~haltwise.NotInTaskError`.
     """
 
     def __init__(self, fn: Callable[P, Awaitable[R]], on_cancel: OnCancel, name: str) -> None:
@@ -85,6 +90,7 @@ class Task(Generic[P, R]):
         self.on_cancel = on_cancel
         self.name = name
         self.signature = inspect.signature(fn)
+        self._as_step: Tool[..., Any] | None = None
         functools.update_wrapper(self, fn)
         TASKS[name] = self
 
@@ -96,7 +102,11 @@ class Task(Generic[P, R]):
                 f"task {self.name!r} was called directly; start it with Runtime.start() "
                 "or haltwise.run()"
             )
-        raise PolicyError(f"task {self.name!r}: calling a task from a task is not supported yet")
+        if self._as_step is None:
+            from ._children import child_step
+
+            self._as_step = child_step(self)
+        return self._as_step(*args, **kwargs)
 
     def bind_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Raise :class:`~haltwise.InputError` if the arguments do not fit the task's parameters."""
