@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import toolkit
 
 import haltwise
+import toolkit
 from haltwise import State, StepStatus
 
 pytestmark = pytest.mark.anyio
