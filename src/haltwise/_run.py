@@ -48,6 +48,8 @@ class RunContext:
     forced: bool = False
     #: True once Cancelled was raised into the task: the run then ends cancelled, whatever it does
     delivered: bool = False
+    #: a worker is handing the run over: stop like a cancel, but record no cancel
+    handing_over: bool = False
     poison: NonDeterminismError | None = None
     active_step: StepCancelHook | None = None
     shield_depth: int = 0

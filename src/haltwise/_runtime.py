@@ -230,17 +230,63 @@ class Runtime:
                 task_id=task_id,
             )
         _check_step_indexes(task_id, snapshot, done, again)
+        snapshot = await self._take_over(snapshot, the_task, done, again)
+        return await self._continue(snapshot, the_task, done, again, deadline, probe)
+
+    async def adopt(self, task_id: str, task: Task[..., Any]) -> TaskHandle | None:
+        """Take over a run for a worker: a ``pending`` run, or one whose owner is gone.
+
+        Unlike :meth:`resume`, a ``cancelling`` run is only finished (recorded ``cancelled``),
+        and a run with an ``unknown`` step that may not run again is recorded ``failed`` with
+        error type ``UnknownStepError``; both return None. A final run returns None too.
+        Raises :class:`~haltwise.RunOwnedError` if a live owner holds it or another process
+        took it first.
+        """
+        snapshot = await self.store.load(task_id)
+        if snapshot.run.state.is_final:
+            return None
+        was_cancelling = snapshot.run.state is State.CANCELLING
+        try:
+            snapshot = await self._take_over(snapshot, task, {}, frozenset())
+        except ResumeRefusedError:
+            return None
+        if was_cancelling:
+            return None
+        return await self._continue(snapshot, task, {}, frozenset(), None, None)
+
+    async def _take_over(
+        self,
+        snapshot: RunSnapshot,
+        task: Task[..., Any],
+        done: Mapping[int, Any],
+        again: frozenset[int],
+    ) -> RunSnapshot:
+        """Own the run, settle what its last owner left, refuse on unresolved unknown steps."""
         await self._take(snapshot)
-        ctx = self._context(task_id, the_task, snapshot, done, again)
+        ctx = self._context(snapshot.run.id, task, snapshot, dict(done), again)
         try:
             snapshot = await self._settle_takeover(ctx, snapshot)
             self._refuse_unknown(snapshot, done, again)
         except ResumeRefusedError as refused:
             await self._fail_refused(ctx, snapshot, refused)
             raise
+        return snapshot
+
+    async def _continue(
+        self,
+        snapshot: RunSnapshot,
+        task: Task[..., Any],
+        done: dict[int, Any],
+        again: frozenset[int],
+        deadline: float | None,
+        probe: Probe | None,
+    ) -> TaskHandle:
+        """Record the caller's word on unknown steps, go back to ``running`` and launch."""
+        task_id = snapshot.run.id
+        fence = self.owner.token
         for index, result in done.items():
             await self.store.settle_step(
-                task_id, index, StepStatus.COMMITTED, result=result, fence=ctx.fence
+                task_id, index, StepStatus.COMMITTED, result=result, fence=fence
             )
         if snapshot.run.state is not State.RUNNING:
             await self.store.transition(
@@ -248,13 +294,27 @@ class Runtime:
                 State.RUNNING,
                 expected={State.PENDING, State.CANCELLED, State.FAILED},
                 reason=None,
-                fence=ctx.fence,
+                fence=fence,
             )
         snapshot = await self.store.load(task_id)
-        ctx = self._context(task_id, the_task, snapshot, done, again)
+        ctx = self._context(task_id, task, snapshot, done, again)
         ctx.probe = probe
         self._launch(ctx, snapshot.run.inputs, deadline)
         return TaskHandle(self, task_id)
+
+    async def hand_over(self) -> None:
+        """Stop working every run here without cancelling it (a worker's SIGTERM).
+
+        Each in-flight step settles by its policy as for a cancel (interruptible steps are
+        interrupted, finish steps finish within their grace, rollback steps are compensated),
+        then the run is released: it stays ``running`` with no owner, and another worker or a
+        ``resume`` takes it over at once. A run that completes meanwhile is recorded completed.
+        """
+        for ctx in list(self._active.values()):
+            ctx.handing_over = True
+            ctx.request_cancel("handover", force=False)
+        for ctx in list(self._active.values()):
+            await ctx.done.wait()
 
     async def start_or_resume_child(
         self,
@@ -305,6 +365,10 @@ class Runtime:
                 return snapshot.outcome()
             await self.store.wait_for_change(0.5)
 
+    def is_active(self, task_id: str) -> bool:
+        """Whether this runtime is working run ``task_id`` right now."""
+        return task_id in self._active
+
     def handle(self, task_id: str) -> TaskHandle:
         """A handle on run ``task_id`` (not checked until used)."""
         return TaskHandle(self, task_id)
@@ -317,6 +381,8 @@ class Runtime:
     async def _take(self, snapshot: RunSnapshot) -> None:
         run = snapshot.run
         owner = run.owner
+        if owner is not None and owner.token == self.owner.token:
+            return  # claimed for us already (a worker's claim_pending)
         if owner is not None and run.state in _ACTIVE and owner_alive(owner, run.lease_until):
             raise RunOwnedError(run.id, owner.describe())
         claimed = await self.store.claim(
@@ -444,6 +510,9 @@ class Runtime:
     async def _finish(self, ctx: RunContext, ending: _Ending) -> None:
         """Record the final state: the contract's rules on delivered cancels and failures."""
         error = ctx.poison or ending.error
+        if ctx.handing_over and (ctx.delivered or error is not None) and ctx.poison is None:
+            await self.store.release(ctx.run_id, ctx.fence)
+            return
         cancel_like = isinstance(error, Cancelled | anyio.get_cancelled_exc_class())
         if ctx.delivered or ctx.forced or (ctx.cancel_reason is not None and error is not None):
             await self._finish_cancel(ctx, cancel_error=None if cancel_like else error)
