@@ -20,6 +20,7 @@ import haltwise
 
 WORLD = Path(sys.argv[3] if len(sys.argv) > 3 else ".")
 STEPS = 30
+DELAY = float(os.environ.get("CRASH_STEP_DELAY", "0.01"))
 
 
 def _log(name: str, line: str) -> None:
@@ -81,6 +82,9 @@ async def main(store: str, run_id: str) -> int:
             handle = await runtime.resume(run_id)
         except haltwise.UnknownRunError:
             handle = await runtime.start(thirty, task_id=run_id)
+        except haltwise.RunOwnedError as owned:
+            print(f"owned: {owned}", flush=True)
+            return 2
         print("started", flush=True)
         outcome = await handle.outcome()
     print(outcome.state.value, flush=True)

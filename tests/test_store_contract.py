@@ -453,6 +453,20 @@ async def test_attempts_increment_and_a_restart_clears_the_result(store_url: str
         assert [s.index for s in (await store.load("r")).steps] == [0, 1]
 
 
+async def test_a_settlement_that_need_not_be_durable_is_written_by_the_next_operation(
+    store_url: str,
+) -> None:
+    async with opened(store_url) as store, opened(store_url) as other:
+        await reach(store, "r", State.RUNNING)
+        await store.start_step("r", step(0), fence=OWNER.token)
+        await store.settle_step(
+            "r", 0, StepStatus.COMMITTED, result="x", fence=OWNER.token, durable=False
+        )
+        await store.start_step("r", step(1), fence=OWNER.token)
+        settled = (await other.load("r")).steps[0]
+        assert (settled.status, settled.result) == (StepStatus.COMMITTED, "x")
+
+
 async def test_append_partial_is_idempotent_per_seq(store_url: str) -> None:
     async with opened(store_url) as store:
         await reach(store, "r", State.RUNNING)

@@ -6,7 +6,9 @@ SQLite store, plus ``haltwise_meta`` with the ``schema_version``. A schema ``hal
 holds other tables and no ``haltwise_meta`` is refused, as is a newer schema version.
 
 Every operation is one transaction on a pooled connection (psycopg 3, ``autocommit`` off only
-inside an explicit transaction) and is committed when its coroutine returns. A caller that is
+inside an explicit transaction) and is committed when its coroutine returns (and durable, with
+the server's ``synchronous_commit``; a step settled with ``durable=False`` is committed with it
+off, so it is flushed by the next durable commit or the WAL writer). A caller that is
 cancelled while waiting stops waiting, but its operation still completes or rolls back whole, as
 with the SQLite store. Transitions and cancel requests lock the run row (``SELECT ... FOR
 UPDATE``), check the table and write the new state and its event in the same transaction, so a
@@ -494,10 +496,16 @@ class PostgresStore:
         result: Any = None,
         error: ErrorInfo | None = None,
         fence: str,
+        durable: bool = True,
     ) -> None:
         result_text = None if result is None else dump_json(result, f"step {index}'s result")
 
         async def op(conn: _Conn) -> None:
+            if not durable:
+                # Committed and visible at once, flushed to disk by the next synchronous commit
+                # (of any session) or the WAL writer shortly after: a crash of this process loses
+                # nothing, a crash of the server at most the last few hundred milliseconds.
+                await conn.execute("SET LOCAL synchronous_commit = off")
             await _check_fence(conn, run_id, fence)
             await conn.execute(
                 "UPDATE haltwise.steps SET status = %s, result = %s, error = %s, settled_at = %s "

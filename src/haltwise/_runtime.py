@@ -5,6 +5,7 @@ It knows no store by name (only the :class:`~haltwise._store.Store` interface) a
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import uuid
@@ -23,6 +24,7 @@ from ._exceptions import (
     InvalidTransitionError,
     ResumeRefusedError,
     RunOwnedError,
+    StoreError,
     UnknownRunError,
     UnknownStepError,
 )
@@ -90,6 +92,8 @@ class Runtime:
         self.lease = lease
         self.owner = new_owner()
         self._active: dict[str, RunContext] = {}
+        #: runs whose journal could not be written: their outcome() raises this error once
+        self._broken: dict[str, StoreError] = {}
         self._task_group: TaskGroup | None = None
         self._wake = anyio.Event()
 
@@ -359,6 +363,13 @@ class Runtime:
         ctx = self._active.get(task_id)
         if ctx is not None:
             await ctx.done.wait()
+        broken = self._broken.pop(task_id, None)
+        if broken is not None:
+            raise StoreError(
+                f"run {task_id!r} stopped because its journal could not be written ({broken}); "
+                "its last durable state stands: resume it once the store is usable",
+                task_id=task_id,
+            )
         while True:
             snapshot = await self.store.load(task_id)
             if snapshot.run.state.is_final:
@@ -476,6 +487,12 @@ class Runtime:
                 await self._finish(ctx, ending)
         except LostOwnershipError:
             pass  # another process took the run over; it is theirs to finish
+        except StoreError as error:
+            # The journal could not be written (a full disk, a lost database). Its last
+            # durable state stands, exactly as after a crash: a later resume takes it over.
+            self._broken[ctx.run_id] = error
+            with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+                await self.store.release(ctx.run_id, ctx.fence)
         finally:
             self._active.pop(ctx.run_id, None)
             ctx.done.set()

@@ -1,0 +1,138 @@
+"""Faults around a run: a locked database, a full disk, two resumers, many runs at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import anyio
+import pytest
+
+import haltwise
+import toolkit
+from haltwise import State
+from test_crash import AGENT, check_world, wait_started
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def _fresh_toolkit() -> None:
+    toolkit.reset()
+
+
+async def test_a_database_locked_by_another_writer_is_waited_for(sqlite_url: str) -> None:
+    path = sqlite_url.removeprefix("sqlite:///")
+    locked = threading.Event()
+    unlock = threading.Event()
+
+    def hold_the_lock() -> None:
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        locked.set()
+        unlock.wait(10)
+        conn.execute("COMMIT")
+        conn.close()
+
+    async with haltwise.Runtime(sqlite_url) as rt:
+        handle = await rt.start(toolkit.one_step, "read_async", task_id="blocked")
+        await toolkit.between.wait()
+        holder = threading.Thread(target=hold_the_lock)
+        holder.start()
+        await anyio.to_thread.run_sync(locked.wait)
+        toolkit.go_on.set()
+        toolkit.release.set()
+        await anyio.sleep(1.0)  # the lock is held on purpose for a while: nothing may fail
+        assert toolkit.calls["read_async"] == 0, "a tool body ran before its start was durable"
+        unlock.set()
+        outcome = await handle.outcome()
+        holder.join()
+    assert outcome.state is State.COMPLETED
+    assert toolkit.calls["read_async"] == 1
+    assert (await anyio.to_thread.run_sync(haltwise.verify_store, sqlite_url)).ok
+
+
+@haltwise.task(name="test_faults:chatty")
+async def chatty(n: int) -> int:
+    for i in range(n):
+        await toolkit.quick(i)
+        haltwise.emit({"i": i, "padding": "x" * 4000})
+    return n
+
+
+async def test_a_full_disk_stops_the_run_cleanly_and_resume_finishes_it(sqlite_url: str) -> None:
+    async with haltwise.Runtime(sqlite_url) as rt:
+        store = rt.store
+        with store._conn_lock:  # SQLite's own "disk full": no page beyond the current ones
+            pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+            store._conn.execute(f"PRAGMA max_page_count = {pages + 2}")
+        handle = await rt.start(chatty, 40, task_id="full")
+        with pytest.raises(haltwise.StoreError, match="resume it once the store is usable"):
+            await handle.outcome()
+        with store._conn_lock:
+            store._conn.execute("PRAGMA max_page_count = 1073741823")
+        stopped = await rt.status("full")
+        assert stopped.state is State.RUNNING
+        assert len(stopped.partials) < 40
+        outcome = await (await rt.resume("full")).outcome()
+    assert outcome.state is State.COMPLETED
+    assert [p["i"] for p in outcome.partials] == list(range(40))
+    assert (await anyio.to_thread.run_sync(haltwise.verify_store, sqlite_url)).ok
+
+
+def test_two_processes_resuming_the_same_run_exactly_one_wins(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    world = tmp_path / "world"
+    world.mkdir()
+    env = {**os.environ, "CRASH_STEP_DELAY": "0.03"}
+
+    def spawn() -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, str(AGENT), sqlite_url, "race", str(world)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    first = spawn()
+    wait_started(first)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    racers = [spawn(), spawn()]
+    results = [proc.communicate(timeout=120) for proc in racers]
+    codes = sorted(proc.returncode for proc in racers)
+    assert codes in ([0, 0], [0, 2]), results
+    if codes == [0, 2]:
+        loser = results[[p.returncode for p in racers].index(2)][0]
+        assert "owned: run 'race' is held by" in loser
+
+    async def load() -> haltwise.Outcome:
+        async with haltwise.Runtime(sqlite_url) as rt:
+            return await rt.status("race")
+
+    check_world(world, anyio.run(load), kills=1)
+    assert haltwise.verify_store(sqlite_url).ok
+
+
+async def test_a_thousand_runs_cancelled_at_once_all_end_cancelled(sqlite_url: str) -> None:
+    async with haltwise.Runtime(sqlite_url) as rt:
+        handles = [
+            await rt.start(toolkit.one_step, "read_async", task_id=f"k{i}") for i in range(1000)
+        ]
+        toolkit.go_on.set()
+        await toolkit.entered.wait()
+        async with anyio.create_task_group() as group:
+            for handle in handles:
+                group.start_soon(handle.cancel)
+        outcomes = [await handle.outcome() for handle in handles]
+        runs = await rt.store.list_runs()
+    assert {o.state for o in outcomes} == {State.CANCELLED}
+    assert len(runs) == 1000
+    assert (await anyio.to_thread.run_sync(haltwise.verify_store, sqlite_url)).ok
