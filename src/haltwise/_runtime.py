@@ -33,7 +33,7 @@ from ._owner import DEFAULT_LEASE, new_owner, owner_alive
 from ._records import RunRecord, RunSnapshot, dump_json
 from ._run import CURRENT_RUN, CURRENT_STEP, Probe, RunContext
 from ._states import State, StepStatus
-from ._store import LostOwnershipError, NewRun, Store, open_store
+from ._store import UNSET, LostOwnershipError, NewRun, Store, open_store
 from ._takeover import run_saga, settle_orphans
 from ._tool import TASKS, OnCancel, Task
 
@@ -255,6 +255,7 @@ class Runtime:
         except ResumeRefusedError:
             return None
         if was_cancelling:
+            await self.store.release(task_id, self.owner.token)
             return None
         return await self._continue(snapshot, task, {}, frozenset(), None, None)
 
@@ -406,10 +407,11 @@ class Runtime:
             raise RunOwnedError(run.id, "another process that took it over first")
 
     async def _settle_takeover(self, ctx: RunContext, snapshot: RunSnapshot) -> RunSnapshot:
+        """Settle orphaned steps; a ``cancelling`` run is finished (``cancelled``), still ours."""
         await settle_orphans(ctx, snapshot.steps)
         if snapshot.run.state is State.CANCELLING:
             ctx.forced = snapshot.run.force
-            await self._finish_cancel(ctx, cancel_error=None)
+            await self._finish_cancel(ctx, cancel_error=None, release=False)
         return await self.store.load(ctx.run_id)
 
     def _refuse_unknown(
@@ -567,7 +569,9 @@ class Runtime:
             # A cancel was recorded meanwhile: a cancelling run never ends failed.
             await self._finish_cancel(ctx, cancel_error=error)
 
-    async def _finish_cancel(self, ctx: RunContext, cancel_error: BaseException | None) -> None:
+    async def _finish_cancel(
+        self, ctx: RunContext, cancel_error: BaseException | None, *, release: bool = True
+    ) -> None:
         if ctx.task.on_cancel is OnCancel.COMPENSATE and not ctx.forced:
             await run_saga(ctx, (await self.store.load(ctx.run_id)).steps)
         await self.store.transition(
@@ -575,8 +579,8 @@ class Runtime:
             State.CANCELLED,
             expected={State.CANCELLING},
             cancel_error=ErrorInfo.of(cancel_error) if cancel_error else None,
-            owner=None,
-            lease_until=None,
+            owner=None if release else UNSET,
+            lease_until=None if release else UNSET,
             fence=ctx.fence,
         )
 

@@ -81,7 +81,7 @@ CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id, seq);
 _Op = Callable[[sqlite3.Connection], Any]
 _Deliver = Callable[[Any, BaseException | None], None]
 _MAX_BATCH = 512
-_POLL_INTERVAL = 0.005
+_POLL_INTERVAL = 0.010
 
 
 @dataclass(slots=True)
