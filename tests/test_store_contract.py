@@ -687,6 +687,29 @@ async def test_postgres_blocking_partial_does_not_wait_for_row_locks(pg_url: str
         assert (await store.load("r")).partials == ("ok",)
 
 
+async def test_postgres_wait_for_change_survives_a_lost_listener(pg_url: str) -> None:
+    async with opened(pg_url) as watcher, opened(pg_url) as writer:
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
+            cursor = await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND query = 'LISTEN haltwise_changes'"
+            )
+            assert len(await cursor.fetchall()) == 2  # one listener per store
+        for _ in range(2):  # the loss is noticed, then the listener reopened
+            with anyio.fail_after(10):
+                await watcher.wait_for_change(0.2)
+
+        async def write_soon() -> None:
+            await anyio.sleep(0.1)
+            await writer.create_run(NewRun(id="r", task="t", inputs={}))
+
+        started = time.monotonic()
+        async with anyio.create_task_group() as group:
+            group.start_soon(write_soon)
+            await watcher.wait_for_change(20)
+        assert time.monotonic() - started < 10
+
+
 # -- the transition table as a state machine (SQLite) --------------------------------------------
 
 RUN_IDS = ("r0", "r1", "r2")

@@ -54,6 +54,8 @@ class Trial:
     final: Outcome | None = None
     #: attempt number -> the steps that were committed when that resume began
     committed_before: dict[int, frozenset[int]] = field(default_factory=dict)
+    #: steps called inside ``haltwise.shield``: they may start after the cancel
+    shielded: frozenset[int] = frozenset()
 
     @property
     def where(self) -> str:
@@ -82,7 +84,7 @@ def after_cancel(trial: Trial, baseline: Baseline, recorder: Recorder) -> list[s
     live = recorder.live_effects(trial.run_id, until_attempt=0)
     return [
         *_cancel_state(outcome, baseline.outcome),
-        *_no_step_after(trial.point, outcome),
+        *_no_step_after(trial, outcome),
         *_partials_prefix(outcome, baseline.outcome),
         *_compensations_undo(outcome, live),
         *_restart_safe(outcome, live),
@@ -99,13 +101,14 @@ def _cancel_state(outcome: Outcome, baseline: Outcome) -> Iterator[str]:
     )
 
 
-def _no_step_after(point: Point, outcome: Outcome) -> Iterator[str]:
+def _no_step_after(trial: Trial, outcome: Outcome) -> Iterator[str]:
+    point = trial.point
     last = point.index - 1 if point.kind == "before" else point.index
     for step in outcome.steps:
-        if step.index > last:
+        if step.index > last and step.index not in trial.shielded:
             yield (
-                f"step {step.index} ({step.tool}) started after the cancel; "
-                "no step may start once a cancel has landed"
+                f"step {step.index} ({step.tool}) started after the cancel; no step may start "
+                "once a cancel has landed, except inside haltwise.shield()"
             )
 
 

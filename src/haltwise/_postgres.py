@@ -379,6 +379,8 @@ class PostgresStore:
                 fields["force"] = True
             if plan.target is not None:
                 fields["state"] = plan.target.value
+            if plan.release:
+                fields.update(owner=None, owner_token=None, lease_until=None)
             if not fields:
                 return current
             now = time.time()
@@ -646,6 +648,7 @@ class PostgresStore:
 
     def _start_listener(self, conn: _Conn) -> None:
         self._listen_conn = conn
+        self._wake = asyncio.Event()  # bound to the loop that runs the listener
         self._listener = asyncio.get_running_loop().create_task(
             self._listen(conn), name="haltwise-postgres-listener"
         )

@@ -189,9 +189,12 @@ class Runtime:
         _, created = await self.store.create_run(new)
         if not created:
             return TaskHandle(self, run_id)
-        await self.store.transition(
-            run_id, State.RUNNING, expected={State.PENDING}, fence=self.owner.token
-        )
+        try:
+            await self.store.transition(
+                run_id, State.RUNNING, expected={State.PENDING}, fence=self.owner.token
+            )
+        except (InvalidTransitionError, LostOwnershipError):
+            return TaskHandle(self, run_id)  # cancelled before it began: nothing runs
         ctx = self._context(run_id, task, None, {}, frozenset())
         ctx.probe = probe
         self._launch(ctx, inputs, deadline)

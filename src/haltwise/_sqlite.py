@@ -524,6 +524,8 @@ class SQLiteStore:
                 fields["force"] = 1
             if plan.target is not None:
                 fields["state"] = plan.target.value
+            if plan.release:
+                fields.update(owner=None, owner_token=None, lease_until=None)
             if not fields:
                 return current
             now = time.time()
@@ -630,6 +632,7 @@ class SQLiteStore:
                 status=StepStatus.RUNNING,
                 attempts=attempts,
                 idempotency_key=step.idempotency_key,
+                args=None if step.args is None else json.loads(step.args),
             )
             cancelling = run["state"] == State.CANCELLING.value
             return record, ((run["reason"] or "user", bool(run["force"])) if cancelling else None)

@@ -5,6 +5,13 @@ coroutine returns (committed with the store's durable setting). Writes that conc
 worked take ``fence``: the owner token the caller believes holds the run. The store refuses the
 write with :class:`~haltwise.LostOwnershipError` if the run's owner changed meanwhile, so a
 process that lost a run (lease expired, taken over) can never write into it again.
+
+Two rules every store keeps, because the runtime relies on them:
+
+- A write whose caller is cancelled while waiting still happens (or fails) as a whole; the
+  caller just stops waiting. The runtime shields the writes it must see through.
+- A write made with ``durable=False`` (see :meth:`Store.settle_step`) that later fails is
+  reported by raising its error from the next operation made on the same store object.
 """
 
 from __future__ import annotations
@@ -224,6 +231,11 @@ class CancelPlan:
     target: State | None  # the state to move to, None to stay
     set_reason: bool
     set_force: bool
+
+    @property
+    def release(self) -> bool:
+        """A run cancelled before it began has no owner any more (final runs are unowned)."""
+        return self.target is not None and self.target.is_final
 
 
 def plan_cancel(current: State, current_force: bool, force: bool) -> CancelPlan:

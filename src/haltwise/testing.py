@@ -51,6 +51,7 @@ from ._recorder import Execution as Execution
 from ._recorder import Recorder as Recorder
 from ._recorder import record_effect as record_effect
 from ._recorder import tagged
+from ._run import current_run
 from ._runtime import Runtime
 from ._states import State, StepStatus
 from ._tool import Task
@@ -246,9 +247,13 @@ class _Probe:
 
     def __post_init__(self) -> None:
         self.seen: list[tuple[str, int]] = []
+        self.shielded: set[int] = set()
 
     async def __call__(self, kind: str, index: int) -> None:
         self.seen.append((kind, index))
+        run = current_run()
+        if run is not None and run.shield_depth > 0:
+            self.shielded.add(index)
         if self.fired or (kind, index) != self.target:
             return
         self.fired = True
@@ -315,6 +320,7 @@ class _Explorer:
                 )
             trial.cancelled, timed_out = await self._settled(rt, trial.run_id)
             trial.reached = probe.fired
+            trial.shielded = frozenset(probe.shielded)
             if timed_out:
                 problems.append(f"the run did not end within {ATTEMPT_TIMEOUT:g} s")
             elif trial.reached:
