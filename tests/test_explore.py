@@ -253,6 +253,28 @@ def test_record_effect_outside_the_explorer_does_nothing() -> None:
     assert outcome.state is State.COMPLETED
 
 
+@haltwise.task
+async def tidy(topic: str) -> Any:
+    """Sends a note in a shield when it is cancelled: steps after a cancel are allowed there."""
+    hits = await search_index(topic)
+    try:
+        return await save_note(hits[0])
+    except haltwise.Cancelled:
+        async with haltwise.shield(5.0):
+            await send_receipt("me@example.com", "stopped early")
+        raise
+
+
+def test_steps_in_a_shield_after_a_cancel_are_not_reported_as_late() -> None:
+    recorder = Recorder()
+    report = run_explore(tidy, recorder=recorder)
+    late = [v for v in report.violations if "after the cancel" in v or "made its effect" in v]
+    assert late == [], report.explain()
+    cleanup = [e for e in recorder.effects if e.name == "mail"]
+    assert cleanup, "some cancels sent the note from the shield"
+    assert all(e.attempt == 0 and e.tool == "send_receipt" for e in cleanup)
+
+
 # -- it catches broken toolkits, with a clear message ----------------------------------------------
 
 
