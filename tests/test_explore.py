@@ -19,6 +19,7 @@ import pytest
 from rich.console import Console
 
 import haltwise
+import haltwise.testing
 from haltwise import Effect, Outcome, Retry, State, StepRecord, StepStatus
 from haltwise._explore_checks import Baseline, Point, Trial, after_resume
 from haltwise._explore_render import render_rich
@@ -421,6 +422,62 @@ async def test_explore_async_runs_in_a_running_loop(tmp_path: Path) -> None:
     assert list((tmp_path / "stores").iterdir()), "the scratch stores are kept in store_dir"
 
 
+@haltwise.tool(cancel="finish", effect="none")
+async def stall() -> None:
+    await anyio.sleep(30)
+
+
+@haltwise.task
+async def stuck(topic: str) -> None:
+    await stall()
+
+
+def test_an_uninterrupted_run_that_does_not_end_is_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(haltwise.testing, "ATTEMPT_TIMEOUT", 0.2)
+    original = stall.fn
+    with pytest.raises(haltwise.HaltwiseError, match=r"did not end within 0\.2 s"):
+        run_explore(stuck)
+    assert stall.fn is original, "the tools are put back after an error too"
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def broken_index(query: str) -> list[str]:
+    await anyio.sleep(0)
+    raise ValueError("the index is down")
+
+
+@haltwise.task
+async def doomed(topic: str) -> Any:
+    await save_note(topic)
+    return await broken_index(topic)
+
+
+def test_a_task_that_fails_uninterrupted_is_still_explored() -> None:
+    report = run_explore(doomed)
+    assert report.baseline.state is State.FAILED
+    assert report.ok, report.explain()
+    assert all(p.state is State.CANCELLED for p in report.points)
+    assert all(p.final_state is State.FAILED for p in report.points)
+    assert "the uninterrupted run failed (ValueError: the index is down)" in report.explain()
+
+
 def test_arguments_that_do_not_fit_the_task_are_refused() -> None:
     with pytest.raises(haltwise.InputError):
         explore(research, "cats", pages=3)
+
+
+def test_the_public_surface_of_haltwise_testing() -> None:
+    assert sorted(haltwise.testing.__all__) == [
+        "EffectRecord",
+        "Execution",
+        "ExploreReport",
+        "PointReport",
+        "Recorder",
+        "explore",
+        "explore_async",
+        "record_effect",
+    ]
+    for name in haltwise.testing.__all__:
+        assert getattr(haltwise.testing, name).__module__.startswith("haltwise.")

@@ -232,6 +232,42 @@ async def test_shield_lets_cleanup_call_tools_after_a_cancel(store_url: str) -> 
     assert seen == ["cleanup"]
     assert outcome.state is State.CANCELLED
     assert [s.status for s in outcome.steps] == [StepStatus.COMMITTED]
+    assert outcome.steps[0].cleanup
+
+
+async def test_cleanup_steps_are_not_replayed_on_resume(store_url: str) -> None:
+    @haltwise.task
+    async def tidy() -> list[Any]:
+        first = await toolkit.quick("a")
+        try:
+            between_gate = toolkit.between
+            between_gate.set()
+            await toolkit.go_on.wait()
+            return [first, await toolkit.quick("b")]
+        except haltwise.Cancelled:
+            async with haltwise.shield(5):
+                await toolkit.quick_external("notify")
+            raise
+
+    async with haltwise.Runtime(store_url) as rt:
+        handle = await rt.start(tidy, task_id="t")
+        await toolkit.between.wait()
+        await handle.cancel()
+        toolkit.go_on.set()
+        cancelled = await handle.outcome()
+        assert [(s.index, s.tool, s.cleanup) for s in cancelled.steps] == [
+            (0, "quick", False),
+            (1, "quick_external", True),
+        ]
+        resumed = await (await rt.resume("t")).outcome()
+    assert resumed.state is State.COMPLETED
+    assert resumed.result == ["a", "b"]
+    assert [(s.index, s.tool) for s in resumed.steps] == [
+        (0, "quick"),
+        (1, "quick_external"),
+        (2, "quick"),
+    ]
+    assert toolkit.calls["quick"] == 2 and toolkit.calls["quick_external"] == 1
 
 
 async def test_cancel_is_level_triggered_and_cannot_be_undone(store_url: str) -> None:

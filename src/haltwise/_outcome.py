@@ -60,6 +60,9 @@ class StepRecord:
     idempotency_key: str = ""
     #: the call's arguments ``{"args": [...], "kwargs": {...}}``, journaled for rollback tools
     args: Any = None
+    #: made after a cancel was delivered (cleanup inside ``haltwise.shield``): part of that
+    #: cancellation, so a resume does not replay it and numbers its own steps around it
+    cleanup: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -77,6 +77,7 @@ CREATE TABLE IF NOT EXISTS haltwise.steps (
     run_id TEXT NOT NULL, idx INTEGER NOT NULL, tool TEXT NOT NULL, cancel TEXT,
     effect TEXT NOT NULL, idempotent BOOLEAN NOT NULL, status TEXT NOT NULL,
     attempts INTEGER NOT NULL, result TEXT, error TEXT, idem_key TEXT NOT NULL, args TEXT,
+    cleanup BOOLEAN NOT NULL DEFAULT FALSE,
     started_at DOUBLE PRECISION NOT NULL, settled_at DOUBLE PRECISION,
     PRIMARY KEY (run_id, idx)
 );
@@ -465,8 +466,8 @@ class PostgresStore:
             run = await _check_fence(conn, run_id, fence)
             cursor = await conn.execute(
                 f"INSERT INTO haltwise.steps AS s (run_id, idx, tool, cancel, effect, idempotent, "
-                f"status, attempts, idem_key, args, started_at) "
-                f"VALUES (%s, %s, %s, %s, %s, %s, 'running', 1, %s, %s, %s) "
+                f"status, attempts, idem_key, args, cleanup, started_at) "
+                f"VALUES (%s, %s, %s, %s, %s, %s, 'running', 1, %s, %s, %s, %s) "
                 f"ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', "
                 f"attempts = s.attempts + 1, result = NULL, error = NULL, args = excluded.args, "
                 f"started_at = excluded.started_at, settled_at = NULL RETURNING {STEP_COLUMNS}",
@@ -479,6 +480,7 @@ class PostgresStore:
                     step.idempotent,
                     step.idempotency_key,
                     step.args,
+                    step.cleanup,
                     time.time(),
                 ),
             )

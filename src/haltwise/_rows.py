@@ -18,7 +18,8 @@ RUN_COLUMNS = (
     "parent, created_at, updated_at"
 )
 STEP_COLUMNS = (
-    "idx, tool, cancel, effect, idempotent, status, attempts, result, error, idem_key, args"
+    "idx, tool, cancel, effect, idempotent, status, attempts, result, error, idem_key, args, "
+    "cleanup"
 )
 
 
@@ -65,6 +66,7 @@ def step_from_row(row: Mapping[str, Any]) -> StepRecord:
         error=error_from_text(row["error"]),
         idempotency_key=row["idem_key"],
         args=load_json(row["args"]),
+        cleanup=bool(row["cleanup"]),
     )
 
 

@@ -43,6 +43,8 @@ class RunContext:
     probe: Probe | None = None
 
     next_step: int = 0
+    #: step indexes an earlier attempt used for cleanup after its cancel: this attempt skips them
+    cleanup_indexes: frozenset[int] = frozenset()
     next_partial: int = 0
     cancel_reason: str | None = None
     forced: bool = False
@@ -84,6 +86,19 @@ class RunContext:
         if self.cancel_pending:
             self.delivered = True
             raise Cancelled(self.cancel_reason or "user", task_id=self.run_id)
+
+    def peek_step(self) -> int:
+        """The index :meth:`allocate_step` will return next."""
+        index = self.next_step
+        while index in self.cleanup_indexes:
+            index += 1
+        return index
+
+    def allocate_step(self) -> int:
+        """The next step index in call order, skipping earlier attempts' cleanup steps."""
+        index = self.peek_step()
+        self.next_step = index + 1
+        return index
 
     def new_key(self, index: int) -> str:
         # A random part keeps keys distinct across stores that reuse the same run id.

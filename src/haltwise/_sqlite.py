@@ -64,6 +64,7 @@ CREATE TABLE IF NOT EXISTS steps (
     run_id TEXT NOT NULL, idx INTEGER NOT NULL, tool TEXT NOT NULL, cancel TEXT,
     effect TEXT NOT NULL, idempotent INTEGER NOT NULL, status TEXT NOT NULL,
     attempts INTEGER NOT NULL, result TEXT, error TEXT, idem_key TEXT NOT NULL, args TEXT,
+    cleanup INTEGER NOT NULL DEFAULT 0,
     started_at REAL NOT NULL, settled_at REAL,
     PRIMARY KEY (run_id, idx)
 ) WITHOUT ROWID;
@@ -606,8 +607,8 @@ class SQLiteStore:
             run = _check_fence(conn, run_id, fence)
             (attempts,) = conn.execute(
                 "INSERT INTO steps (run_id, idx, tool, cancel, effect, idempotent, status, "
-                "attempts, idem_key, args, started_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, 'running', 1, ?, ?, ?) "
+                "attempts, idem_key, args, cleanup, started_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?) "
                 "ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', "
                 "attempts = attempts + 1, result = NULL, error = NULL, args = excluded.args, "
                 "started_at = excluded.started_at, settled_at = NULL RETURNING attempts",
@@ -620,6 +621,7 @@ class SQLiteStore:
                     int(step.idempotent),
                     step.idempotency_key,
                     step.args,
+                    int(step.cleanup),
                     time.time(),
                 ),
             ).fetchone()
@@ -633,6 +635,7 @@ class SQLiteStore:
                 attempts=attempts,
                 idempotency_key=step.idempotency_key,
                 args=None if step.args is None else json.loads(step.args),
+                cleanup=step.cleanup,
             )
             cancelling = run["state"] == State.CANCELLING.value
             return record, ((run["reason"] or "user", bool(run["force"])) if cancelling else None)

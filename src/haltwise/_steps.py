@@ -36,14 +36,13 @@ async def call_tool(tool: Tool[..., Any], args: tuple[Any, ...], kwargs: dict[st
         if tool.is_async:
             return await tool.fn(*args, **kwargs)
         return tool.fn(*args, **kwargs)
-    index = run.next_step
     if run.probe is not None:
-        await run.probe("before", index)
+        await run.probe("before", run.peek_step())
     # A schedule point per step, as in Trio: the store's fast path may not yield at all, and
     # other runs, the watcher and cancel requests must get their turn.
     await anyio.lowlevel.checkpoint()
     run.raise_if_cancelled()
-    run.next_step += 1
+    index = run.allocate_step()
     journaled = run.journal.get(index)
     replayed = _RUN_AGAIN if journaled is None else _replay(run, journaled, tool)
     if replayed is _RUN_AGAIN:
@@ -95,6 +94,7 @@ async def _execute(
         idempotent=policy.idempotent,
         idempotency_key=key,
         args=_args_json(tool, args, kwargs),
+        cleanup=run.delivered or run.forced,
     )
     with anyio.CancelScope(shield=True):
         _, stored_cancel = await run.store.start_step(run.run_id, start, fence=run.fence)

@@ -71,6 +71,8 @@ class StepStart:
     #: the call's arguments as JSON ``{"args": [...], "kwargs": {...}}``, kept for rollback
     #: tools so that a compensation can run after a crash; ``None`` for other tools
     args: str | None = None
+    #: called after a cancel was delivered (cleanup in a shield): not replayed on resume
+    cleanup: bool = False
 
 
 class Store(Protocol):

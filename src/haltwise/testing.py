@@ -208,12 +208,14 @@ async def explore_async(
     store_dir: str | Path | None = None,
     reset: Reset | None = None,
     recorder: Recorder | None = None,
+    name: str | None = None,
 ) -> ExploreReport:
     """:func:`explore` for async code, with the task's arguments as ``args`` and ``kwargs``.
 
     Runs the scenarios one after another in the calling event loop (asyncio). While it runs,
     every tool's function is wrapped by ``recorder`` (another recorder watching at the same
-    time raises :class:`~haltwise.HaltwiseError`).
+    time raises :class:`~haltwise.HaltwiseError`). ``name`` is how the report names the task
+    (the command line passes ``FILE.py:TASK``); by default the task's own name.
     """
     if not isinstance(task, Task):
         raise InputError(f"{task!r} is not a @haltwise.task")
@@ -222,7 +224,7 @@ async def explore_async(
     watcher = recorder if recorder is not None else Recorder()
     with _scratch(store_dir) as root, watcher.watching():
         explorer = _Explorer(task, call_args, call_kwargs, root, reset, watcher)
-        return await explorer.explore()
+        return await explorer.explore(name or task.name)
 
 
 @contextmanager
@@ -279,14 +281,14 @@ class _Explorer:
         self.reset = reset
         self.recorder = recorder
 
-    async def explore(self) -> ExploreReport:
+    async def explore(self, name: str) -> ExploreReport:
         baseline = await self._baseline()
         points = [
             await self._trial(number, point, force, baseline)
             for number, point in enumerate(baseline.points)
             for force in (False, True)
         ]
-        return ExploreReport(task=self.task.name, baseline=baseline.outcome, points=tuple(points))
+        return ExploreReport(task=name, baseline=baseline.outcome, points=tuple(points))
 
     async def _baseline(self) -> Baseline:
         run_id = "explore-baseline"

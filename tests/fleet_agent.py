@@ -1,0 +1,108 @@
+"""The tasks the fleet tests (test_fleet.py) submit, worked by fleet_worker.py processes.
+
+Every tool body records itself in a "world" directory (``$FLEET_WORLD``), so that the tests can
+count executions against the journal whatever process ran them and however it ended:
+
+- ``executions``: ``start RUN INDEX PID`` when a tool body begins, ``done RUN INDEX PID`` when it
+  returns (a kill -9 between the two leaves only the ``start``);
+- ``charges``: ``RUN INDEX KEY``, the idempotency key each execution of ``charge`` was given.
+
+Each line is one ``write`` to a file opened for appending, so lines from several processes never
+interleave, and their order in the file is the order in which they were written.
+
+``RUN`` is the run's own id, handed to the task as its first argument by whoever submits it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+
+import haltwise
+
+#: seconds each step of ``fleet:job`` takes (its tool bodies sleep that long)
+STEP_DELAY = float(os.environ.get("FLEET_STEP_DELAY", "0.004"))
+#: seconds the ``deliver`` step of ``fleet:slow`` takes
+SLOW_SECONDS = float(os.environ.get("FLEET_SLOW_SECONDS", "1.0"))
+#: the tools of ``fleet:job`` in step order, repeated: step ``i`` calls ``JOB_TOOLS[i % 3]``
+JOB_TOOLS = ("look", "charge", "record")
+
+
+def _world() -> Path:
+    return Path(os.environ.get("FLEET_WORLD", "."))
+
+
+def _log(name: str, line: str) -> None:
+    with open(_world() / name, "a") as handle:
+        handle.write(line + "\n")
+
+
+def _start(run: str, index: int) -> None:
+    _log("executions", f"start {run} {index} {os.getpid()}")
+
+
+def _done(run: str, index: int) -> None:
+    _log("executions", f"done {run} {index} {os.getpid()}")
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def look(run: str, index: int) -> int:
+    _start(run, index)
+    await anyio.sleep(STEP_DELAY)
+    _done(run, index)
+    return index
+
+
+@haltwise.tool(cancel="finish", effect="external", idempotent=True, grace=10)
+async def charge(run: str, index: int) -> str:
+    _start(run, index)
+    _log("charges", f"{run} {index} {haltwise.idempotency_key()}")
+    await anyio.sleep(STEP_DELAY)
+    _done(run, index)
+    return f"charged-{index}"
+
+
+@haltwise.tool(cancel="finish", effect="write", grace=10)
+async def record(run: str, index: int) -> str:
+    """Not idempotent: a crash mid-call leaves it ``unknown`` and the run needs reconciling."""
+    _start(run, index)
+    await anyio.sleep(STEP_DELAY)
+    _done(run, index)
+    return f"row-{index}"
+
+
+JOB_TOOL_FUNCTIONS = {"look": look, "charge": charge, "record": record}
+
+
+def job_result(steps: int) -> list[object]:
+    """What a completed ``fleet:job`` with ``steps`` steps returns."""
+    return [[i, f"charged-{i}", f"row-{i}"][i % 3] for i in range(steps)]
+
+
+@haltwise.task(name="fleet:job")
+async def job(run: str, steps: int = 5) -> list[object]:
+    results: list[object] = []
+    for index in range(steps):
+        value = await JOB_TOOL_FUNCTIONS[JOB_TOOLS[index % 3]](run, index)
+        haltwise.emit({"index": index})
+        results.append(value)
+    return results
+
+
+@haltwise.tool(cancel="finish", effect="external", grace=60)
+async def deliver(run: str, index: int) -> str:
+    """A long step that must not be repeated (a message sent): ``finish``, not idempotent."""
+    _start(run, index)
+    await anyio.sleep(SLOW_SECONDS)
+    _done(run, index)
+    return "delivered"
+
+
+@haltwise.task(name="fleet:slow")
+async def slow(run: str) -> list[object]:
+    return [await look(run, 0), await deliver(run, 1), await look(run, 2)]
+
+
+TASKS: dict[str, haltwise.Task[..., object]] = {"fleet:job": job, "fleet:slow": slow}
