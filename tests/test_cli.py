@@ -802,3 +802,17 @@ def test_default_store_is_under_the_current_directory(env: Env) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert (env.root / ".haltwise" / "haltwise.db").exists()
+
+
+def test_resume_when_the_task_file_is_gone(env: Env) -> None:
+    (env.root / "gone.py").write_text(AGENT)
+    assert env.hw("run", "gone.py:boom", "--id", "g1").returncode == 1
+    (env.root / "gone.py").unlink()
+    assert "no such file" in error_line(env.hw("resume", "g1"))
+
+
+def test_bare_command_shows_help_and_exits_2(env: Env) -> None:
+    done = env.hw()
+    assert done.returncode == 2
+    assert "Usage: haltwise" in done.stderr and done.stdout == ""
+    assert "Traceback" not in done.stderr

@@ -10,25 +10,30 @@ findings), ``3`` cancelled, ``2`` bad usage or bad input, said in one line on st
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import anyio
 import click
 
 from . import __version__
-from ._exceptions import HaltwiseError, InputError, RunOwnedError
-from ._foreground import signals_as_cancels
+from ._exceptions import HaltwiseError, InputError
+from ._foreground import (
+    check_fits,
+    check_ours,
+    existing_run,
+    parse_input,
+    signals_as_cancels,
+    source_of,
+    task_of,
+)
 from ._outcome import Outcome
 from ._owner import owner_alive
 from ._records import RunRecord
 from ._render import Screen, cancelling_line
 from ._runtime import Runtime
 from ._states import State
-from ._tool import Task
 
 __all__ = ["cli", "exit_code", "json_option", "main", "run_cli", "store_option"]
 
@@ -138,15 +143,15 @@ def run_command(
     module, task = load_target(target)
     if task is None:
         raise InputError(f"{target!r}: name the task to run as FILE.py:TASK")
-    source = _source_of(target, module.__file__)
+    source = source_of(target, module.__file__)
 
     async def main() -> int:
         async with Runtime(store) as runtime:
             if task_id is not None:
-                existing = await _existing_run(runtime, task_id)
+                existing = await existing_run(runtime, task_id)
                 if existing is not None:
                     return _report(existing, as_json)
-            _check_fits(task, kwargs, target)
+            check_fits(task, kwargs, target)
             async with signals_as_cancels(runtime, quiet=as_json) as foreground:
                 handle = await runtime.start_named(
                     task,
@@ -157,7 +162,7 @@ def run_command(
                     name=target,
                     source=source,
                 )
-                await _check_ours(runtime, handle.id)
+                await check_ours(runtime, handle.id)
                 outcome = await foreground.follow(handle.id, Screen())
         return _report(outcome, as_json)
 
@@ -251,7 +256,7 @@ def resume_command(
             snapshot = await runtime.store.load(task_id)
             if snapshot.run.state is State.COMPLETED:
                 return _report(snapshot.outcome(), as_json)
-            task = _task_of(snapshot.run)
+            task = task_of(snapshot.run)
             async with signals_as_cancels(runtime, quiet=as_json) as foreground:
                 handle = await runtime.resume(
                     task_id,
@@ -357,28 +362,6 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     return found
 
 
-def parse_input(text: str | None) -> dict[str, Any]:
-    """``--input``: a JSON object of keyword arguments; raises :class:`InputError` otherwise."""
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise InputError(f"--input is not valid JSON: {error}") from None
-    if not isinstance(value, dict):
-        raise InputError(
-            f"--input must be a JSON object of keyword arguments, not {type(value).__name__}"
-        )
-    return value
-
-
-def _check_fits(task: Task[..., Any], kwargs: dict[str, Any], target: str) -> None:
-    try:
-        task.signature.bind(**kwargs)
-    except TypeError as error:
-        raise InputError(f"--input does not fit {target}: {error}") from None
-
-
 def print_json(value: Any) -> None:
     """The one JSON object of ``--json``, on one line of stdout."""
     click.echo(json.dumps(value))
@@ -400,65 +383,6 @@ def _run_row(outcome: Outcome) -> dict[str, Any]:
         "reason": outcome.reason,
         "retry": outcome.retry.value,
     }
-
-
-def _source_of(target: str, module_file: str | None) -> str | None:
-    """The absolute path to record for ``resume`` when ``target`` names a file, else None."""
-    file_part = target.rpartition(":")[0]
-    if module_file is None or not (file_part.endswith(".py") or os.sep in file_part):
-        return None
-    return str(Path(module_file).resolve())
-
-
-def _task_of(run: RunRecord) -> Task[..., Any]:
-    """Load the task of a journaled run: from its recorded source file, else its spec."""
-    from ._loader import load_target
-
-    source = run.inputs.get("source")
-    attribute = run.task.rpartition(":")[2]
-    spec = f"{source}:{attribute}" if isinstance(source, str) and attribute else run.task
-    _, task = load_target(spec)
-    if task is None:
-        raise InputError(f"run {run.id!r}: cannot tell its task from {run.task!r}")
-    return task
-
-
-async def _existing_run(runtime: Runtime, task_id: str) -> Outcome | None:
-    """For ``run --id``: the outcome of a final run with that id, None if there is no such run.
-
-    Raises :class:`HaltwiseError` (exit 2) if the run exists and is not final, naming its owner.
-    """
-    from ._exceptions import UnknownRunError
-
-    try:
-        snapshot = await runtime.store.load(task_id)
-    except UnknownRunError:
-        return None
-    run = snapshot.run
-    if run.state.is_final:
-        return snapshot.outcome()
-    if run.owner is not None and owner_alive(run.owner, run.lease_until):
-        raise RunOwnedError(task_id, run.owner.describe())
-    raise HaltwiseError(_not_final_words(run), task_id=task_id)
-
-
-async def _check_ours(runtime: Runtime, task_id: str) -> None:
-    """After ``start``: refuse to follow a run another process created meanwhile (same id)."""
-    run = (await runtime.store.load(task_id)).run
-    if run.owner is not None and run.owner.token != runtime.owner.token:
-        raise RunOwnedError(task_id, run.owner.describe())
-
-
-def _not_final_words(run: RunRecord) -> str:
-    if run.owner is None:
-        return (
-            f"run {run.id!r} exists and is {run.state}, waiting for a worker; "
-            f"run it here with: haltwise resume {run.id}"
-        )
-    return (
-        f"run {run.id!r} exists and is {run.state}, but its owner ({run.owner.describe()}) is "
-        f"gone; continue it with: haltwise resume {run.id}"
-    )
 
 
 def _owner_gone(run: RunRecord) -> str | None:
@@ -506,6 +430,10 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
     try:
         code = cli.main(args=argv, prog_name="haltwise", standalone_mode=False)
     except click.UsageError as error:
+        if type(error).__name__ == "NoArgsIsHelpError" and error.ctx is not None:
+            # bare ``haltwise``: the help is the answer (click >= 8.2 raises it as an error)
+            click.echo(error.ctx.get_help(), err=True)
+            return USAGE
         hint = f" (see '{error.ctx.command_path} --help')" if error.ctx is not None else ""
         return _fail(error.format_message() + hint)
     except click.ClickException as error:

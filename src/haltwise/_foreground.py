@@ -1,4 +1,4 @@
-"""A run worked in the foreground of ``haltwise run`` / ``resume``: signals and the live view.
+"""A run worked in the foreground of ``haltwise run`` / ``resume``: signals, live view, checks.
 
 SIGINT (Ctrl-C) cancels the run with reason ``"user"``, SIGTERM with reason ``"shutdown"``; a
 second signal of either kind forces the cancel (``finish`` steps are not waited for, no
@@ -9,18 +9,36 @@ into a ``KeyboardInterrupt``.
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
 
 import anyio
 
+from ._exceptions import HaltwiseError, InputError, RunOwnedError, UnknownRunError
 from ._outcome import Outcome
+from ._owner import owner_alive
+from ._records import RunRecord
 from ._render import LiveView, Screen
 from ._runtime import Runtime
+from ._tool import Task
 
-__all__ = ["SIGNAL_REASONS", "Foreground", "signals_as_cancels"]
+__all__ = [
+    "SIGNAL_REASONS",
+    "Foreground",
+    "check_fits",
+    "check_ours",
+    "existing_run",
+    "parse_input",
+    "signals_as_cancels",
+    "source_of",
+    "task_of",
+]
 
 #: The cancel reason each signal stands for.
 SIGNAL_REASONS = {signal.SIGINT: "user", signal.SIGTERM: "shutdown"}
@@ -89,3 +107,86 @@ async def signals_as_cancels(runtime: Runtime, *, quiet: bool) -> AsyncIterator[
 
 def _tell(text: str) -> None:
     print(f"haltwise: {text}", file=sys.stderr, flush=True)
+
+
+# -- what run and resume check before they start ---------------------------------------
+
+
+def parse_input(text: str | None) -> dict[str, Any]:
+    """``--input``: a JSON object of keyword arguments; raises :class:`InputError` otherwise."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InputError(f"--input is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise InputError(
+            f"--input must be a JSON object of keyword arguments, not {type(value).__name__}"
+        )
+    return value
+
+
+def check_fits(task: Task[..., Any], kwargs: dict[str, Any], target: str) -> None:
+    """Raise :class:`InputError` naming ``target`` if ``kwargs`` do not fit the task."""
+    try:
+        task.signature.bind(**kwargs)
+    except TypeError as error:
+        raise InputError(f"--input does not fit {target}: {error}") from None
+
+
+def source_of(target: str, module_file: str | None) -> str | None:
+    """The absolute path to record for ``resume`` when ``target`` names a file, else None."""
+    file_part = target.rpartition(":")[0]
+    if module_file is None or not (file_part.endswith(".py") or os.sep in file_part):
+        return None
+    return str(Path(module_file).resolve())
+
+
+def task_of(run: RunRecord) -> Task[..., Any]:
+    """Load the task of a journaled run: from its recorded source file, else its spec."""
+    from ._loader import load_target
+
+    source = run.inputs.get("source")
+    attribute = run.task.rpartition(":")[2]
+    spec = f"{source}:{attribute}" if isinstance(source, str) and attribute else run.task
+    _, task = load_target(spec)
+    if task is None:
+        raise InputError(f"run {run.id!r}: cannot tell its task from {run.task!r}")
+    return task
+
+
+async def existing_run(runtime: Runtime, task_id: str) -> Outcome | None:
+    """For ``run --id``: the outcome of a final run with that id, None if there is no such run.
+
+    Raises :class:`HaltwiseError` (exit 2) if the run exists and is not final, naming its owner.
+    """
+    try:
+        snapshot = await runtime.store.load(task_id)
+    except UnknownRunError:
+        return None
+    run = snapshot.run
+    if run.state.is_final:
+        return snapshot.outcome()
+    if run.owner is not None and owner_alive(run.owner, run.lease_until):
+        raise RunOwnedError(task_id, run.owner.describe())
+    raise HaltwiseError(_not_final_words(run), task_id=task_id)
+
+
+async def check_ours(runtime: Runtime, task_id: str) -> None:
+    """After ``start``: refuse to follow a run another process created meanwhile (same id)."""
+    run = (await runtime.store.load(task_id)).run
+    if run.owner is not None and run.owner.token != runtime.owner.token:
+        raise RunOwnedError(task_id, run.owner.describe())
+
+
+def _not_final_words(run: RunRecord) -> str:
+    if run.owner is None:
+        return (
+            f"run {run.id!r} exists and is {run.state}, waiting for a worker; "
+            f"run it here with: haltwise resume {run.id}"
+        )
+    return (
+        f"run {run.id!r} exists and is {run.state}, but its owner ({run.owner.describe()}) is "
+        f"gone; continue it with: haltwise resume {run.id}"
+    )
