@@ -15,7 +15,9 @@ charge_summary_api        finish           external    yes          ledger.jsonl
 post_message              finish           external    no           outbox.jsonl
 ========================  ===============  ==========  ===========  ==========================
 
-The world lives in the directory ``$DEMO_WORLD`` (default ``./demo-world``).
+The world lives in the directory ``$DEMO_WORLD`` (default ``./demo-world``). Each tool reports
+its real effects with ``record_effect`` (a no-op outside ``haltwise explore``), so that the
+explorer can check that no effect happens twice, whatever the cancel point.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 import anyio
 
 import haltwise
+from haltwise.testing import record_effect
 
 WORLD = Path(os.environ.get("DEMO_WORLD", "demo-world"))
 #: Seconds each simulated network call takes; the demo cancels while one is in flight.
@@ -101,7 +104,9 @@ async def fetch_page(url: str) -> str:
 def delete_note(text: str) -> None:
     """Compensation of save_note: delete the note it inserted."""
     with _notes() as conn:
-        conn.execute("DELETE FROM notes WHERE text = ?", (text,))
+        removed = conn.execute("DELETE FROM notes WHERE text = ?", (text,)).rowcount
+    if removed:
+        record_effect("note", undo=True)
 
 
 @haltwise.tool(cancel="rollback", effect="write", compensate=delete_note, grace=5.0)
@@ -109,6 +114,7 @@ def save_note(text: str) -> int:
     """Save a note in the local notes database; returns how many notes there are."""
     with _notes() as conn:
         conn.execute("INSERT INTO notes (text) VALUES (?)", (text,))
+    record_effect("note")
     time.sleep(LATENCY / 2)  # the rest of a slow write: a cancel may land here
     with _notes() as conn:
         return int(conn.execute("SELECT count(*) FROM notes").fetchone()[0])
@@ -123,6 +129,7 @@ async def charge_summary_api(text: str) -> str:
     seen = ledger.read_text().splitlines() if ledger.exists() else []
     if not any(json.loads(line)["key"] == key for line in seen):
         _append("ledger.jsonl", {"key": key, "cents": 40})
+        record_effect("charge", key=key)
     return "Solar storms: 1859 and 2024 show the risk; grids can shed load. (summary)"
 
 
@@ -131,6 +138,7 @@ async def post_message(text: str) -> str:
     """Post the summary to the team channel (an outbox file). Not idempotent."""
     await anyio.sleep(LATENCY)
     _append("outbox.jsonl", {"text": text})
+    record_effect("post")
     return "posted"
 
 

@@ -1,8 +1,8 @@
 """A worker process of the fleet tests: works the runs of fleet_agent.py's tasks in one store.
 
-Prints ``ready PID`` once it is serving. SIGTERM or SIGINT: it stops taking runs, hands over the
-ones it holds (in-flight steps settle by their policy) and exits 0. A second signal makes it exit
-at once, as after a crash, with 128 + the signal's number.
+Prints ``ready PID`` once it is serving. SIGTERM or SIGINT: it prints ``stopping``, stops taking
+runs, hands over the ones it holds (in-flight steps settle by their policy) and exits 0. A second
+signal makes it exit at once, as after a crash, with 128 + the signal's number.
 
 usage: python fleet_worker.py STORE_URL WORLD_DIR [CONCURRENCY] [LEASE_SECONDS]
 """
@@ -29,6 +29,7 @@ async def _watch_signals(
         async for signum in signals:
             if stop.is_set():
                 os._exit(128 + signum)
+            print("stopping", flush=True)
             stop.set()
 
 

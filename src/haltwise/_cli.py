@@ -24,6 +24,7 @@ from ._foreground import (
     check_ours,
     existing_run,
     parse_input,
+    run_name,
     signals_as_cancels,
     source_of,
     task_of,
@@ -159,7 +160,7 @@ def run_command(
                     kwargs,
                     task_id=task_id,
                     deadline=deadline,
-                    name=target,
+                    name=run_name(target),
                     source=source,
                 )
                 await check_ours(runtime, handle.id)
@@ -448,3 +449,7 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
 def main() -> NoReturn:
     """The ``haltwise`` console script."""
     sys.exit(run_cli())
+
+
+# The commands that live in their own modules register themselves on the group.
+from . import _cli_verify, _cli_work  # noqa: E402, F401

@@ -35,9 +35,11 @@ __all__ = [
     "check_ours",
     "existing_run",
     "parse_input",
+    "run_name",
     "signals_as_cancels",
     "source_of",
     "task_of",
+    "worker_names",
 ]
 
 #: The cancel reason each signal stands for.
@@ -133,6 +135,24 @@ def check_fits(task: Task[..., Any], kwargs: dict[str, Any], target: str) -> Non
         task.signature.bind(**kwargs)
     except TypeError as error:
         raise InputError(f"--input does not fit {target}: {error}") from None
+
+
+def run_name(target: str) -> str:
+    """The task name a run records for ``FILE.py:TASK``: the file's name and the task's.
+
+    ``dir/agent.py:research`` records ``agent.py:research``, whatever directory it was typed
+    from, so that a worker given ``agent.py`` anywhere recognises the runs of its tasks (the
+    file's absolute path is kept separately, for ``resume``). A module spec is kept as typed.
+    """
+    file_part, _, attribute = target.rpartition(":")
+    if file_part.endswith(".py") or os.sep in file_part:
+        return f"{Path(file_part).name}:{attribute}"
+    return target
+
+
+def worker_names(file: str, module_tasks: dict[str, Task[..., Any]]) -> dict[str, Task[..., Any]]:
+    """The names under which runs of ``file``'s tasks are recorded (see :func:`run_name`)."""
+    return {run_name(f"{file}:{attribute}"): task for attribute, task in module_tasks.items()}
 
 
 def source_of(target: str, module_file: str | None) -> str | None:

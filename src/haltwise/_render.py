@@ -19,6 +19,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from ._check import CheckReport
 from ._outcome import Outcome, Retry, StepRecord
 from ._policy import CancelPolicy
 from ._records import RunSnapshot
@@ -141,6 +142,18 @@ class Screen:
         """
         for part in _summary(outcome, [note for note in notes if note]):
             self.console.print(part)
+
+    def findings(self, report: CheckReport) -> None:
+        """``check``: one line when the store is sound, else a table of the findings."""
+        if report.ok:
+            self.note(f"sound: {report.runs} runs, no findings")
+            return
+        table = Table(title=f"{len(report.findings)} findings in {report.runs} runs", box=None)
+        for column in ("run", "code", "message"):
+            table.add_column(column)
+        for finding in report.findings:
+            table.add_row(finding.run, finding.code, finding.message)
+        self.console.print(table)
 
     def runs(self, outcomes: Sequence[Outcome]) -> None:
         """A table of runs (``list``): id, task, state, reason, retry."""

@@ -324,6 +324,33 @@ class Runtime:
         for ctx in list(self._active.values()):
             await ctx.done.wait()
 
+    async def submit(
+        self,
+        task: Task[..., Any],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        task_id: str | None = None,
+        name: str | None = None,
+        source: str | None = None,
+    ) -> tuple[str, bool]:
+        """Record a ``pending`` run for a worker; return its id and whether it is new.
+
+        Nothing runs here. An id that exists is returned as it is, and nothing is recorded.
+        """
+        kwargs = dict(kwargs or {})
+        task.bind_inputs(args, kwargs)
+        inputs: dict[str, Any] = {"args": list(args), "kwargs": kwargs}
+        if source is not None:
+            inputs["source"] = source
+        run_id = task_id if task_id is not None else uuid.uuid4().hex
+        if not run_id:
+            raise InputError("task_id must be a non-empty string")
+        record, created = await self.store.create_run(
+            NewRun(id=run_id, task=name or task.name, inputs=inputs)
+        )
+        return record.id, created
+
     async def start_or_resume_child(
         self,
         task: Task[..., Any],
@@ -591,6 +618,18 @@ class Runtime:
     # -- the watcher: cross-process cancels and leases ----------------------------------------
 
     async def _watch(self) -> None:
+        """Deliver other processes' cancel requests and renew leases, until the runtime ends.
+
+        A store that is unreachable for a while (a lost database connection) is retried: the
+        runs go on meanwhile, and their own writes wait for the store.
+        """
+        while True:
+            try:
+                await self._watch_until_error()
+            except StoreError:
+                await anyio.sleep(0.5)
+
+    async def _watch_until_error(self) -> None:
         next_beat = 0.0
         while True:
             if not self._active:

@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 
-from ._exceptions import RunOwnedError, UnknownRunError
+from ._exceptions import RunOwnedError, StoreError, UnknownRunError
 from ._owner import owner_alive
 from ._runtime import Runtime, TaskHandle
 from ._states import State
@@ -52,8 +52,13 @@ class Worker:
     async def _loop(self, stop: anyio.Event) -> None:
         store = self.runtime.store
         while not stop.is_set():
-            await self.work_once()
-            await store.wait_for_change(POLL_INTERVAL)
+            try:
+                await self.work_once()
+                await store.wait_for_change(POLL_INTERVAL)
+            except StoreError:
+                # The store is unreachable for now (a lost connection): try again shortly.
+                # Runs held here go on; their writes wait for the store.
+                await anyio.sleep(POLL_INTERVAL)
 
     def _busy(self) -> int:
         self.handles = {

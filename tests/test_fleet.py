@@ -1,0 +1,666 @@
+"""A fleet of worker processes sharing one store, and what goes wrong around it.
+
+- Three workers (two on SQLite) work a few hundred submitted runs while this process cancels some
+  of them at random moments and one worker is killed with SIGKILL mid-way. Every run ends final
+  (a run the kill left with a non-idempotent step ``unknown`` ends ``failed`` with advice
+  ``reconcile``, and completes once resumed with ``assume_done``), no step runs twice unless the
+  contract says it runs again, no run is worked by two processes, and every cancel lands.
+- SIGTERM: a worker lets its ``finish`` step finish, hands the run over and exits 0; another
+  worker completes it without running that step again. A second signal exits at once.
+- A worker whose database connections are cut for a few seconds keeps going.
+
+The tools (fleet_agent.py) record every execution in a world directory, with the pid that ran
+it; the checks hold the journal against that record.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import psycopg
+import pytest
+
+import fleet_agent
+import haltwise
+from haltwise import Outcome, Retry, Runtime, State, StepStatus
+from haltwise._records import Owner, RunSnapshot
+from haltwise._store import NewRun
+
+WORKER = Path(__file__).with_name("fleet_worker.py")
+ACTIVE = (State.PENDING, State.RUNNING, State.CANCELLING)
+CANCEL_REASON = "fleet-test"
+#: the lease of the fleet's workers (seconds): short, so that nothing waits the default 15 s
+LEASE = 2.0
+
+
+# -- the fleet's processes and their record of the world ----------------------------------------
+
+
+class WorkerProcess:
+    """A fleet_worker.py process, started and serving once the constructor returns."""
+
+    def __init__(
+        self,
+        url: str,
+        world: Path,
+        *,
+        concurrency: int = 4,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.log = world.parent / f"worker-{time.monotonic_ns()}.log"
+        with open(self.log, "w") as stderr:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(WORKER), url, str(world), str(concurrency), str(LEASE)],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                env={**os.environ, **(env or {})},
+            )
+        self.pid = self.proc.pid
+        line = self.read_line()
+        assert line == f"ready {self.pid}", (line, self.stderr())
+
+    def read_line(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().strip()
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        """SIGKILL, and reap it: a zombie still counts as a live owner."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def stop(self, timeout: float = 30) -> None:
+        """SIGTERM and expect a clean hand-over: exit code 0."""
+        self.signal(signal.SIGTERM)
+        code = self.wait(timeout)
+        assert code == 0, (code, self.stderr())
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One line of the world's ``executions``: a tool body began (``start``) or returned."""
+
+    kind: str
+    run: str
+    index: int
+    pid: int
+
+
+def read_executions(world: Path) -> list[Execution]:
+    path = world / "executions"
+    if not path.exists():
+        return []
+    found = []
+    for line in path.read_text().splitlines():
+        kind, run, index, pid = line.split()
+        found.append(Execution(kind, run, int(index), int(pid)))
+    return found
+
+
+class ExecutionTail:
+    """Reads the executions a world gained since the last call (for watching a fleet live)."""
+
+    def __init__(self, world: Path) -> None:
+        self.path = world / "executions"
+        self.offset = 0
+        #: bodies begun and not yet returned, by pid: {pid: {(run, index)}}
+        self.open: defaultdict[int, set[tuple[str, int]]] = defaultdict(set)
+
+    def poll(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path) as handle:
+            handle.seek(self.offset)
+            chunk = handle.read()
+        complete = chunk[: chunk.rfind("\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            kind, run, index, pid = line.split()
+            if kind == "start":
+                self.open[int(pid)].add((run, int(index)))
+            else:
+                self.open[int(pid)].discard((run, int(index)))
+
+
+async def poll_world(
+    world: Path, found: Callable[[list[Execution]], bool], timeout: float, what: str
+) -> None:
+    """Wait until ``found(executions)`` holds, reading the world every few milliseconds."""
+    with anyio.move_on_after(timeout):
+        while not found(read_executions(world)):
+            await anyio.sleep(0.01)
+        return
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+# -- the journal ------------------------------------------------------------------------------
+
+
+async def submit(runtime: Runtime, ids: Iterable[str], task: str, *, steps: int | None) -> None:
+    for run_id in ids:
+        args: list[object] = [run_id] if steps is None else [run_id, steps]
+        await runtime.store.create_run(
+            NewRun(id=run_id, task=task, inputs={"args": args, "kwargs": {}})
+        )
+
+
+async def wait_settled(runtime: Runtime, ids: Iterable[str], timeout: float) -> None:
+    """Wait until none of ``ids`` is pending, running or cancelling."""
+    wanted = set(ids)
+    with anyio.move_on_after(timeout):
+        while True:
+            runs = [run for run in await runtime.store.list_runs() if run.id in wanted]
+            if not any(run.state in ACTIVE for run in runs):
+                return
+            await runtime.store.wait_for_change(0.2)
+    stuck = [
+        (run.id, run.state.value, run.owner.describe() if run.owner else None)
+        for run in await runtime.store.list_runs()
+        if run.id in wanted and run.state in ACTIVE
+    ]
+    raise AssertionError(f"{len(stuck)} runs still active after {timeout} s: {stuck[:10]}")
+
+
+async def load_all(url: str, ids: Iterable[str]) -> dict[str, RunSnapshot]:
+    async with Runtime(url) as runtime:
+        return {run_id: await runtime.store.load(run_id) for run_id in ids}
+
+
+def check_not_worked_twice(executions: list[Execution], *, handed_from: set[int]) -> None:
+    """No run was worked by two processes at once, nor went back to a process it left.
+
+    The processes that worked a run appear in ``executions`` as contiguous stretches; every one
+    but the last must be in ``handed_from`` (a killed or handed-over worker).
+    """
+    by_run: defaultdict[str, list[int]] = defaultdict(list)
+    for execution in executions:
+        by_run[execution.run].append(execution.pid)
+    for run, pids in by_run.items():
+        stretches = [pid for i, pid in enumerate(pids) if i == 0 or pids[i - 1] != pid]
+        assert len(stretches) == len(set(stretches)), f"{run} went back and forth: {stretches}"
+        assert set(stretches[:-1]) <= handed_from, f"{run} was worked by {stretches}"
+
+
+# -- the fleet test ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    workers: int
+    runs: int
+    cancels: int
+    steps: int = 5
+    #: how long each step's tool body takes (seconds)
+    step_delay: float = 0.004
+
+    @property
+    def run_seconds(self) -> float:
+        """About how long the tool bodies of one run take: cancels land within that of its start."""
+        return self.steps * self.step_delay
+
+
+@dataclass
+class FleetRecord:
+    """What happened around the fleet: the state each cancel request returned, and the kill."""
+
+    returned: dict[str, State]
+    victim: int
+    #: bodies the victim had begun and not finished when it was killed: {run: index}
+    in_flight: dict[str, int]
+
+
+async def cancel_at_random_moments(
+    runtime: Runtime, targets: list[str], scale: Scale, rng: random.Random
+) -> dict[str, State]:
+    """Cancel every run in ``targets``, each at a random moment, and return what cancel said.
+
+    A fifth, the last submitted (workers take runs in submission order), are cancelled within
+    the first 50 ms, while they are still pending; the others at a random moment within about
+    one run's time of the moment they were seen started (so most land while they run, some after
+    they completed).
+    """
+    returned: dict[str, State] = {}
+
+    async def cancel_after(run_id: str, delay: float) -> None:
+        await anyio.sleep(delay)  # the random moment itself
+        record = await runtime.cancel(run_id, reason=CANCEL_REASON)
+        returned[run_id] = record.state
+
+    by_age = sorted(targets)
+    early = by_age[-len(targets) // 5 :]
+    waiting = set(by_age) - set(early)
+    async with anyio.create_task_group() as group:
+        for run_id in early:
+            group.start_soon(cancel_after, run_id, rng.uniform(0, 0.05))
+        with anyio.move_on_after(60):
+            while waiting:
+                runs = {run.id: run for run in await runtime.store.list_runs()}
+                for run_id in sorted(waiting):
+                    if runs[run_id].state is not State.PENDING:
+                        waiting.discard(run_id)
+                        delay = rng.uniform(0, scale.run_seconds)
+                        group.start_soon(cancel_after, run_id, delay)
+                await anyio.sleep(0.005)  # the polling interval
+        if waiting:
+            stuck = [(run_id, runs[run_id].owner) for run_id in sorted(waiting)]
+            raise AssertionError(f"runs never started within 60 s: {stuck}")
+    return returned
+
+
+async def kill_mid_way(
+    runtime: Runtime, world: Path, victim: WorkerProcess, total: int
+) -> dict[str, int]:
+    """Once a third of the runs are final, SIGKILL ``victim``, preferably while it is in the
+    middle of a non-idempotent ``record`` step; return the bodies it left unfinished."""
+    tail = ExecutionTail(world)
+    with anyio.fail_after(60):
+        while sum(run.state.is_final for run in await runtime.store.list_runs()) < total // 3:
+            await runtime.store.wait_for_change(0.1)
+    with anyio.move_on_after(3):
+        while not any(index % 3 == 2 for _, index in tail.open[victim.pid]):
+            await anyio.sleep(0.001)
+            tail.poll()
+    victim.kill()
+    tail.poll()
+    return dict(tail.open[victim.pid])
+
+
+async def drive_fleet(
+    url: str, world: Path, scale: Scale, victim: WorkerProcess, rng: random.Random
+) -> FleetRecord:
+    ids = [f"run{i:03d}" for i in range(scale.runs)]
+    targets = rng.sample(ids, scale.cancels)
+    async with Runtime(url) as runtime:
+        in_flight: dict[str, int] = {}
+
+        async def killer() -> None:
+            in_flight.update(await kill_mid_way(runtime, world, victim, scale.runs))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(killer)
+            returned = await cancel_at_random_moments(runtime, targets, scale, rng)
+        await wait_settled(runtime, ids, timeout=60)
+    return FleetRecord(returned=returned, victim=victim.pid, in_flight=in_flight)
+
+
+async def reconcile(url: str, snapshots: Mapping[str, RunSnapshot]) -> list[str]:
+    """Resume every run the kill left ``failed`` for reconciling, as an operator would: its
+    ``record`` step did happen (assume_done). Return their ids."""
+    resumed = []
+    async with Runtime(url) as runtime:
+        for run_id, snapshot in snapshots.items():
+            if snapshot.run.state is not State.FAILED:
+                continue
+            unknown = [s.index for s in snapshot.steps if s.status is StepStatus.UNKNOWN]
+            handle = await runtime.resume(
+                run_id, assume_done={i: f"row-{i}" for i in unknown}, task=fleet_agent.job
+            )
+            outcome = await handle.outcome()
+            assert outcome.state is State.COMPLETED, outcome
+            resumed.append(run_id)
+    return resumed
+
+
+def check_fleet(
+    before: Mapping[str, RunSnapshot],
+    after: Mapping[str, RunSnapshot],
+    executions: list[Execution],
+    record: FleetRecord,
+    scale: Scale,
+) -> Counter[str]:
+    """Every promise of the fleet test, run by run; returns how the runs ended, for the report."""
+    starts = Counter((e.run, e.index) for e in executions if e.kind == "start")
+    dones = Counter((e.run, e.index) for e in executions if e.kind == "done")
+    check_not_worked_twice(executions, handed_from={record.victim})
+    # The last step the victim began in each run it worked: the kill may have come before that
+    # step's settlement was durable (mid-call, or just after the body returned).
+    last_by_victim = {e.run: e.index for e in executions if e.pid == record.victim}
+    tally: Counter[str] = Counter()
+    for run_id, snapshot in after.items():
+        run, first = snapshot.run, before[run_id].run
+        cancelled_as = record.returned.get(run_id)
+        left = last_by_victim.get(run_id)
+        left_tool = None if left is None else fleet_agent.JOB_TOOLS[left % 3]
+        tally[f"{first.state.value}, cancel said {cancelled_as}"] += 1
+        # The kill left a non-idempotent step mid-call: unknown, so the run needs reconciling.
+        if first.state is State.FAILED:
+            assert left_tool == "record", (run_id, left, first)
+            assert first.error is not None and first.error.type == "UnknownStepError", first
+            assert before[run_id].outcome().retry is Retry.RECONCILE
+        # Every cancel landed: recorded with its reason, and final as the request found the run.
+        if cancelled_as is None:
+            assert run.state is State.COMPLETED, (run_id, run)
+        elif cancelled_as is State.CANCELLED:  # it was still pending: nothing ran
+            assert run.state is State.CANCELLED and not snapshot.steps, (run_id, snapshot)
+            assert snapshot.outcome().retry is Retry.RESTART
+        elif cancelled_as is State.CANCELLING:  # it ran: cancelled, or returned before a checkpoint
+            assert run.state in (State.CANCELLED, State.COMPLETED), (run_id, run)
+        else:  # it was final already (completed, or failed by the kill and reconciled since)
+            assert cancelled_as in (State.COMPLETED, State.FAILED), (run_id, cancelled_as)
+            assert run.state is State.COMPLETED, (run_id, run)
+        if cancelled_as in (State.CANCELLED, State.CANCELLING):
+            assert run.reason == CANCEL_REASON, (run_id, run)
+        if run.state is State.COMPLETED:
+            assert run.result == fleet_agent.job_result(scale.steps), (run_id, run.result)
+            assert list(snapshot.partials) == [{"index": i} for i in range(scale.steps)]
+            assert all(s.status is StepStatus.COMMITTED for s in snapshot.steps), snapshot.steps
+        # No step ran more often than its journal says, and none ran twice unless the contract
+        # runs it again: only the step the kill cut short, if it is interruptible or idempotent.
+        for step in snapshot.steps:
+            key = (run_id, step.index)
+            assert starts[key] <= step.attempts, (key, starts[key], step)
+            again = 2 if step.index == left and left_tool in ("look", "charge") else 1
+            assert starts[key] <= again and dones[key] <= again, (key, starts[key], step)
+        journaled = {s.index for s in snapshot.steps}
+        assert {i for (r, i) in starts if r == run_id} <= journaled, "a body ran unjournaled"
+    assert len(record.returned) == scale.cancels, "a cancel request was lost"
+    return tally
+
+
+def check_charges(world: Path) -> None:
+    """Every execution of an idempotent step used the same key, across workers and kills."""
+    keys: defaultdict[tuple[str, str], set[str]] = defaultdict(set)
+    path = world / "charges"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        run, index, key = line.split()
+        keys[(run, index)].add(key)
+    changed = {step: found for step, found in keys.items() if len(found) > 1}
+    assert not changed, f"an idempotent step changed its key: {changed}"
+
+
+def run_fleet(url: str, tmp_path: Path, scale: Scale, seed: int) -> Counter[str]:
+    world = tmp_path / "world"
+    world.mkdir()
+    os.environ["FLEET_WORLD"] = str(world)  # for the tools the reconciling resume runs here
+    rng = random.Random(seed)
+    ids = [f"run{i:03d}" for i in range(scale.runs)]
+
+    async def submit_all() -> None:
+        async with Runtime(url) as runtime:
+            await submit(runtime, ids, "fleet:job", steps=scale.steps)
+
+    anyio.run(submit_all)
+    workers: list[WorkerProcess] = []
+    try:
+        env = {"FLEET_STEP_DELAY": str(scale.step_delay)}
+        workers = [WorkerProcess(url, world, env=env) for _ in range(scale.workers)]
+        record = anyio.run(drive_fleet, url, world, scale, workers[0], rng)
+        assert record.in_flight, "the victim was killed between runs, not mid-way"
+        before = anyio.run(load_all, url, ids)
+        anyio.run(reconcile, url, before)
+        for worker in workers[1:]:
+            worker.stop()
+    finally:
+        for worker in workers:
+            worker.kill()
+    after = anyio.run(load_all, url, ids)
+    tally = check_fleet(before, after, read_executions(world), record, scale)
+    check_charges(world)
+    returned = Counter(record.returned.values())
+    assert returned[State.CANCELLED] and returned[State.CANCELLING], returned
+    report = haltwise.verify_store(url)
+    assert report.ok, report.findings
+    return tally
+
+
+@pytest.fixture
+def fleet_world_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_fleet points FLEET_WORLD at its world; put the variable back afterwards."""
+    monkeypatch.setenv("FLEET_WORLD", ".")
+
+
+@pytest.mark.usefixtures("fleet_world_env")
+def test_fleet_of_three_on_postgres_survives_a_kill_and_random_cancels(
+    pg_url: str, tmp_path: Path
+) -> None:
+    tally = run_fleet(pg_url, tmp_path, Scale(workers=3, runs=300, cancels=50), seed=5)
+    print(dict(tally))
+
+
+@pytest.mark.usefixtures("fleet_world_env")
+def test_fleet_of_two_on_one_sqlite_file_survives_a_kill_and_random_cancels(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    scale = Scale(workers=2, runs=60, cancels=10, step_delay=0.01)
+    tally = run_fleet(sqlite_url, tmp_path, scale, seed=7)
+    print(dict(tally))
+
+
+# -- stopping a worker: hand-over on SIGTERM, exit at once on a second signal -----------------
+
+
+async def submit_runs(url: str, ids: Iterable[str], task: str, steps: int | None = None) -> None:
+    async with Runtime(url) as runtime:
+        await submit(runtime, ids, task, steps=steps)
+
+
+async def wait_outcome(url: str, run_id: str, timeout: float) -> Outcome:
+    async with Runtime(url) as runtime:
+        with anyio.fail_after(timeout):
+            return await runtime.outcome(run_id)
+
+
+async def status(url: str, run_id: str) -> Outcome:
+    async with Runtime(url) as runtime:
+        return await runtime.status(run_id)
+
+
+def began(index: int) -> Callable[[list[Execution]], bool]:
+    """A poll_world condition: the body of step ``index`` has begun."""
+    return lambda found: any(e.kind == "start" and e.index == index for e in found)
+
+
+@pytest.mark.usefixtures("fleet_world_env")
+def test_sigterm_lets_the_finish_step_finish_and_hands_the_run_over(
+    store_url: str, tmp_path: Path
+) -> None:
+    world = tmp_path / "world"
+    world.mkdir()
+    anyio.run(submit_runs, store_url, ["slow"], "fleet:slow")
+    first = WorkerProcess(store_url, world, env={"FLEET_SLOW_SECONDS": "1.0"})
+    try:
+        anyio.run(poll_world, world, began(1), 30, "the deliver step to begin")
+        sent = time.monotonic()
+        first.signal(signal.SIGTERM)
+        code = first.wait(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        first.kill()
+    assert code == 0, first.stderr()
+    # It waited for the finish step, within its grace, and began nothing after it.
+    assert took < 1.0 + 5, took
+    assert [(e.kind, e.index) for e in read_executions(world)] == [
+        ("start", 0), ("done", 0), ("start", 1), ("done", 1),
+    ]  # fmt: skip
+    handed = anyio.run(status, store_url, "slow")
+    assert handed.state is State.RUNNING and handed.reason is None, handed
+    assert [(s.status, s.attempts) for s in handed.steps] == [(StepStatus.COMMITTED, 1)] * 2
+    owner = anyio.run(load_all, store_url, ["slow"])["slow"].run.owner
+    assert owner is None, owner
+
+    second = WorkerProcess(store_url, world)
+    try:
+        outcome = anyio.run(wait_outcome, store_url, "slow", 10)
+        second.stop()
+    finally:
+        second.kill()
+    assert outcome.state is State.COMPLETED, outcome
+    assert outcome.result == [0, "delivered", 2]
+    executions = read_executions(world)
+    assert Counter((e.kind, e.index) for e in executions)[("start", 1)] == 1, "deliver ran twice"
+    assert [e.pid for e in executions if e.index == 2] == [second.pid] * 2
+    check_not_worked_twice(executions, handed_from={first.pid})
+    report = haltwise.verify_store(store_url)
+    assert report.ok, report.findings
+
+
+@pytest.mark.usefixtures("fleet_world_env")
+def test_a_second_signal_makes_a_worker_exit_at_once(store_url: str, tmp_path: Path) -> None:
+    world = tmp_path / "world"
+    world.mkdir()
+    anyio.run(submit_runs, store_url, ["slow"], "fleet:slow")
+    first = WorkerProcess(store_url, world, env={"FLEET_SLOW_SECONDS": "60"})
+    try:
+        anyio.run(poll_world, world, began(1), 30, "the deliver step to begin")
+        first.signal(signal.SIGTERM)
+        assert first.read_line() == "stopping"
+        sent = time.monotonic()
+        first.signal(signal.SIGINT)
+        code = first.wait(timeout=10)
+        took = time.monotonic() - sent
+    finally:
+        first.kill()
+    assert code == 128 + signal.SIGINT, (code, first.stderr())
+    assert took < 5, took  # not the 60 s the deliver step would take
+    # As after a crash: the step is left running by an owner that is gone ...
+    assert [f.code for f in haltwise.verify_store(store_url).findings] == ["orphaned-step"]
+    # ... and the worker that takes the run over may not run it again: reconcile.
+    second = WorkerProcess(store_url, world)
+    try:
+        outcome = anyio.run(wait_outcome, store_url, "slow", 10)
+        second.stop()
+    finally:
+        second.kill()
+    assert outcome.state is State.FAILED, outcome
+    assert outcome.error is not None and outcome.error.type == "UnknownStepError"
+    assert [s.status for s in outcome.steps] == [StepStatus.COMMITTED, StepStatus.UNKNOWN]
+    assert outcome.retry is Retry.RECONCILE
+    assert [(e.kind, e.index) for e in read_executions(world)] == [
+        ("start", 0), ("done", 0), ("start", 1),
+    ]  # fmt: skip
+    report = haltwise.verify_store(store_url)
+    assert report.ok, report.findings
+
+
+def dead_owner() -> Owner:
+    """The owner identity of a process that has exited (and been reaped)."""
+    code = "from haltwise._owner import new_owner; print(new_owner().to_json())"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Owner.from_json(done.stdout)
+
+
+@pytest.mark.usefixtures("fleet_world_env")
+def test_a_run_claimed_by_a_worker_that_died_before_starting_it_is_taken_over(
+    store_url: str, tmp_path: Path
+) -> None:
+    # A worker claims pending runs, then starts them: a kill in between leaves a pending run
+    # with a dead owner. The window is narrow; step into it by claiming for a dead process.
+    world = tmp_path / "world"
+    world.mkdir()
+
+    async def claim_for_the_dead() -> None:
+        async with Runtime(store_url) as runtime:
+            await submit(runtime, ["claimed"], "fleet:job", steps=3)
+            claimed = await runtime.store.claim_pending(
+                dead_owner(), ["fleet:job"], lease_until=time.time() + LEASE, limit=1
+            )
+            assert [run.id for run in claimed] == ["claimed"]
+
+    anyio.run(claim_for_the_dead)
+    worker = WorkerProcess(store_url, world)
+    try:
+        outcome = anyio.run(wait_outcome, store_url, "claimed", 10)
+        worker.stop()
+    finally:
+        worker.kill()
+    assert outcome.state is State.COMPLETED, outcome
+    assert outcome.result == fleet_agent.job_result(3)
+
+
+# -- a worker that loses its database connection ----------------------------------------------
+
+
+def cut_connections(server_dsn: str, application: str, seconds: float) -> int:
+    """Terminate every backend of ``application`` as it appears, for ``seconds``; return how
+    many were terminated."""
+    terminated = 0
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            rows = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                (application,),
+            ).fetchall()
+            terminated += sum(1 for (done,) in rows if done)
+            time.sleep(0.02)  # the outage is the point: keep cutting as it reconnects
+    return terminated
+
+
+@pytest.mark.usefixtures("fleet_world_env")
+def test_a_worker_that_loses_its_database_connection_goes_on(
+    pg_dsn: str, pg_url: str, tmp_path: Path
+) -> None:
+    world = tmp_path / "world"
+    world.mkdir()
+    first_batch = [f"a{i:02d}" for i in range(16)]
+    second_batch = [f"b{i:02d}" for i in range(8)]
+    anyio.run(submit_runs, pg_url, first_batch, "fleet:job", 5)
+    slow_steps = {"FLEET_STEP_DELAY": "0.05"}
+    victim = WorkerProcess(pg_url, world, env={**slow_steps, "PGAPPNAME": "fleet-victim"})
+    healthy = WorkerProcess(pg_url, world, concurrency=2, env=slow_steps)
+    try:
+        anyio.run(poll_world, world, lambda found: any(e.pid == victim.pid for e in found), 30,
+                  "the victim to begin a step")  # fmt: skip
+        terminated = cut_connections(pg_dsn, "fleet-victim", 3.0)
+        assert terminated > 0
+        assert victim.proc.poll() is None, f"the worker died: {victim.stderr()}"
+
+        async def settle_batches() -> None:
+            async with Runtime(pg_url) as runtime:
+                await wait_settled(runtime, first_batch, timeout=60)
+                # The healthy worker leaves; the victim must take the second batch alone.
+                await anyio.to_thread.run_sync(healthy.stop)
+                await submit(runtime, second_batch, "fleet:job", steps=5)
+                await wait_settled(runtime, second_batch, timeout=60)
+
+        anyio.run(settle_batches)
+        victim.stop()
+    finally:
+        healthy.kill()
+        victim.kill()
+    executions = read_executions(world)
+    # A run the outage cut short may move to the other worker, but never back and forth.
+    check_not_worked_twice(executions, handed_from={victim.pid, healthy.pid})
+    starts = Counter((e.run, e.index) for e in executions if e.kind == "start")
+    snapshots = anyio.run(load_all, pg_url, first_batch + second_batch)
+    for run_id, snapshot in snapshots.items():
+        run = snapshot.run
+        # A step cut short by the outage is settled as after a crash: a non-idempotent one
+        # leaves the run for reconciling; nothing is recorded as the task's own failure.
+        if run.state is State.FAILED:
+            assert run.error is not None and run.error.type == "UnknownStepError", run
+            continue
+        assert run.state is State.COMPLETED, run
+        for step in snapshot.steps:
+            assert starts[(run_id, step.index)] <= step.attempts, step
+            if step.tool == "record":
+                assert starts[(run_id, step.index)] == 1, ("record ran twice", run_id, step)
+    assert {e.pid for e in executions if e.run in second_batch} == {victim.pid}
+    report = haltwise.verify_store(pg_url)
+    assert report.ok, report.findings
