@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "demo-out"
+OUT = Path(os.environ.get("DEMO_OUT", ROOT / "demo-out")).resolve()
 AGENT = "examples/research_agent.py:research"
 RUN_ID = "demo"
 
@@ -50,10 +50,26 @@ def status() -> dict[str, Any]:
     return dict(json.loads(haltwise("status", RUN_ID, "--json").stdout))
 
 
+def peek() -> dict[str, Any] | None:
+    """The run as journaled now, read in this process (fast enough to poll), or None."""
+    import anyio
+
+    import haltwise as hw
+
+    async def read() -> dict[str, Any] | None:
+        async with hw.Runtime(env()["HALTWISE_STORE"]) as runtime:
+            try:
+                return (await runtime.status(RUN_ID)).to_json()
+            except hw.UnknownRunError:
+                return None
+
+    return anyio.run(read)
+
+
 def wait_recorded(timeout: float = 30.0) -> None:
     """Poll (with a deadline) until the run is in the store."""
     deadline = time.monotonic() + timeout
-    while haltwise("status", RUN_ID, "--json", check=False).returncode != 0:
+    while peek() is None:
         if time.monotonic() > deadline:
             sys.exit("the agent did not start in time")
         time.sleep(0.01)
@@ -71,7 +87,7 @@ def wait_until_mid_way(run: subprocess.Popen[str], timeout: float = 60.0) -> dic
     while time.monotonic() < deadline:
         if run.poll() is not None:
             sys.exit("the agent ended before the demo could cancel it")
-        current = status()
+        current = peek() or {"steps": []}
         if any(
             s["tool"] == "charge_summary_api" and s["status"] == "running" for s in current["steps"]
         ):

@@ -124,7 +124,7 @@ def save_note(text: str) -> int:
 async def charge_summary_api(text: str) -> str:
     """Have a paid API summarise the notes. The API deduplicates by idempotency key."""
     key = haltwise.idempotency_key()
-    await anyio.sleep(LATENCY)
+    await anyio.sleep(LATENCY * 4)  # a slow paid call: the demo cancels while it runs
     ledger = _world() / "ledger.jsonl"
     seen = ledger.read_text().splitlines() if ledger.exists() else []
     if not any(json.loads(line)["key"] == key for line in seen):

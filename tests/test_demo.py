@@ -1,0 +1,29 @@
+"""``make demo``'s script, run for real: it must show that nothing happened twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
+
+
+def test_the_demo_cancels_resumes_and_repeats_nothing(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(DEMO)],
+        env={**os.environ, "DEMO_OUT": str(tmp_path), "DEMO_LATENCY": "0.1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "exited 3" in done.stdout
+    world = tmp_path / "world"
+    ledger = [json.loads(line) for line in (world / "ledger.jsonl").read_text().splitlines()]
+    outbox = (world / "outbox.jsonl").read_text().splitlines()
+    assert len(ledger) == 1, "the paid API was charged once"
+    assert len(outbox) == 1, "the message was posted once"
+    assert "no charge or message happened twice" in done.stdout
