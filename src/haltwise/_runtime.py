@@ -10,15 +10,14 @@ import math
 import time
 import uuid
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 
+from ._ending import call_task, fail_refused, finish, settle_takeover
 from ._exceptions import (
-    Cancelled,
     HaltwiseError,
     InputError,
     InvalidTransitionError,
@@ -26,26 +25,17 @@ from ._exceptions import (
     RunOwnedError,
     StoreError,
     UnknownRunError,
-    UnknownStepError,
 )
-from ._outcome import ErrorInfo, Outcome
+from ._outcome import Outcome
 from ._owner import DEFAULT_LEASE, new_owner, owner_alive
 from ._records import RunRecord, RunSnapshot, dump_json
-from ._run import CURRENT_RUN, CURRENT_STEP, Probe, RunContext
+from ._run import Probe, RunContext
 from ._states import State, StepStatus
-from ._store import UNSET, LostOwnershipError, NewRun, Store, open_store
-from ._takeover import run_saga, settle_orphans
-from ._tool import TASKS, OnCancel, Task
+from ._store import LostOwnershipError, NewRun, Store, open_store
+from ._takeover import refuse_unknown
+from ._tool import TASKS, Task
 
 _ACTIVE = (State.PENDING, State.RUNNING, State.CANCELLING)
-
-
-@dataclass(frozen=True, slots=True)
-class _Ending:
-    """How the task function ended: returned ``value``, or raised ``error``."""
-
-    value: Any = None
-    error: BaseException | None = None
 
 
 class TaskHandle:
@@ -273,10 +263,10 @@ class Runtime:
         await self._take(snapshot)
         ctx = self._context(snapshot.run.id, task, snapshot, dict(done), again)
         try:
-            snapshot = await self._settle_takeover(ctx, snapshot)
-            self._refuse_unknown(snapshot, done, again)
+            snapshot = await settle_takeover(ctx, snapshot)
+            refuse_unknown(snapshot, done, again)
         except ResumeRefusedError as refused:
-            await self._fail_refused(ctx, snapshot, refused)
+            await fail_refused(ctx, snapshot, refused)
             raise
         return snapshot
 
@@ -436,46 +426,6 @@ class Runtime:
         if not claimed:
             raise RunOwnedError(run.id, "another process that took it over first")
 
-    async def _settle_takeover(self, ctx: RunContext, snapshot: RunSnapshot) -> RunSnapshot:
-        """Settle orphaned steps; a ``cancelling`` run is finished (``cancelled``), still ours."""
-        await settle_orphans(ctx, snapshot.steps)
-        if snapshot.run.state is State.CANCELLING:
-            ctx.forced = snapshot.run.force
-            await self._finish_cancel(ctx, cancel_error=None, release=False)
-        return await self.store.load(ctx.run_id)
-
-    def _refuse_unknown(
-        self, snapshot: RunSnapshot, done: Mapping[int, Any], again: frozenset[int]
-    ) -> None:
-        blocked = [
-            (step.index, step.tool)
-            for step in snapshot.steps
-            if step.status is StepStatus.UNKNOWN
-            and not step.idempotent
-            and step.index not in done
-            and step.index not in again
-        ]
-        if blocked:
-            raise ResumeRefusedError(snapshot.run.id, blocked)
-
-    async def _fail_refused(
-        self, ctx: RunContext, snapshot: RunSnapshot, refused: ResumeRefusedError
-    ) -> None:
-        """A refused resume leaves the run final and unowned, never half taken over."""
-        if snapshot.run.state is State.RUNNING:
-            index, tool = refused.steps[0]
-            await self.store.transition(
-                ctx.run_id,
-                State.FAILED,
-                expected={State.RUNNING},
-                error=ErrorInfo.of(UnknownStepError(ctx.run_id, index, tool)),
-                owner=None,
-                lease_until=None,
-                fence=ctx.fence,
-            )
-        else:
-            await self.store.release(ctx.run_id, ctx.fence)
-
     # -- driving a run --------------------------------------------------------------------------
 
     def _context(
@@ -514,10 +464,10 @@ class Runtime:
             async with anyio.create_task_group() as timers:
                 if deadline is not None:
                     timers.start_soon(self._deadline, ctx, deadline)
-                ending = await self._call_task(ctx, inputs)
+                ending = await call_task(ctx, inputs)
                 timers.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
-                await self._finish(ctx, ending)
+                await finish(ctx, ending)
         except LostOwnershipError:
             pass  # another process took the run over; it is theirs to finish
         except StoreError as error:
@@ -530,90 +480,9 @@ class Runtime:
             self._active.pop(ctx.run_id, None)
             ctx.done.set()
 
-    async def _call_task(self, ctx: RunContext, inputs: dict[str, Any]) -> _Ending:
-        token = CURRENT_RUN.set(ctx)
-        # A child run is launched from inside its parent's step: it must not inherit that step.
-        step_token = CURRENT_STEP.set(None)
-        try:
-            with anyio.CancelScope() as scope:
-                ctx.task_scope = scope
-                if ctx.forced:
-                    scope.cancel()
-                try:
-                    value = await ctx.task.fn(*inputs.get("args", ()), **inputs.get("kwargs", {}))
-                    return _Ending(value=value)
-                except anyio.get_cancelled_exc_class():
-                    ctx.forced = True
-                    raise
-                except BaseException as error:
-                    return _Ending(error=error)
-            return _Ending(error=Cancelled(ctx.cancel_reason or "user", task_id=ctx.run_id))
-        finally:
-            ctx.task_scope = None
-            CURRENT_STEP.reset(step_token)
-            CURRENT_RUN.reset(token)
-
     async def _deadline(self, ctx: RunContext, seconds: float) -> None:
         await anyio.sleep(seconds)
         await self.cancel(ctx.run_id, reason="deadline")
-
-    async def _finish(self, ctx: RunContext, ending: _Ending) -> None:
-        """Record the final state: the contract's rules on delivered cancels and failures."""
-        error = ctx.poison or ending.error
-        if ctx.handing_over and (ctx.delivered or error is not None) and ctx.poison is None:
-            await self.store.release(ctx.run_id, ctx.fence)
-            return
-        cancel_like = isinstance(error, Cancelled | anyio.get_cancelled_exc_class())
-        if ctx.delivered or ctx.forced or (ctx.cancel_reason is not None and error is not None):
-            await self._finish_cancel(ctx, cancel_error=None if cancel_like else error)
-            return
-        if error is not None:
-            await self._finish_failed(ctx, error)
-            return
-        try:
-            dump_json(ending.value, f"the result of task {ctx.task.name!r}")
-        except InputError as bad_result:
-            await self._finish_failed(ctx, bad_result)
-            return
-        await self.store.transition(
-            ctx.run_id,
-            State.COMPLETED,
-            expected={State.RUNNING, State.CANCELLING},
-            result=ending.value,
-            owner=None,
-            lease_until=None,
-            fence=ctx.fence,
-        )
-
-    async def _finish_failed(self, ctx: RunContext, error: BaseException) -> None:
-        try:
-            await self.store.transition(
-                ctx.run_id,
-                State.FAILED,
-                expected={State.RUNNING},
-                error=ErrorInfo.of(error),
-                owner=None,
-                lease_until=None,
-                fence=ctx.fence,
-            )
-        except InvalidTransitionError:
-            # A cancel was recorded meanwhile: a cancelling run never ends failed.
-            await self._finish_cancel(ctx, cancel_error=error)
-
-    async def _finish_cancel(
-        self, ctx: RunContext, cancel_error: BaseException | None, *, release: bool = True
-    ) -> None:
-        if ctx.task.on_cancel is OnCancel.COMPENSATE and not ctx.forced:
-            await run_saga(ctx, (await self.store.load(ctx.run_id)).steps)
-        await self.store.transition(
-            ctx.run_id,
-            State.CANCELLED,
-            expected={State.CANCELLING},
-            cancel_error=ErrorInfo.of(cancel_error) if cancel_error else None,
-            owner=None if release else UNSET,
-            lease_until=None if release else UNSET,
-            fence=ctx.fence,
-        )
 
     # -- the watcher: cross-process cancels and leases ----------------------------------------
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._exceptions import ResumeRefusedError
 from ._outcome import StepRecord
 from ._policy import CancelPolicy
+from ._records import RunSnapshot
 from ._run import RunContext
 from ._states import StepStatus
 from ._steps import compensate, settle
@@ -54,3 +56,18 @@ async def run_saga(run: RunContext, steps: Sequence[StepRecord]) -> None:
     for step in sorted(steps, key=lambda s: s.index, reverse=True):
         if step.status is StepStatus.COMMITTED and step_policy(step) is CancelPolicy.ROLLBACK:
             await settle(run, step.index, await compensate_journaled(run, step))
+
+
+def refuse_unknown(snapshot: RunSnapshot, done: Mapping[int, Any], again: frozenset[int]) -> None:
+    """Raise :class:`ResumeRefusedError` while an ``unknown`` step of a non-idempotent tool is
+    neither assumed done nor to be rerun (CONTRACT.md, "Tool policies")."""
+    blocked = [
+        (step.index, step.tool)
+        for step in snapshot.steps
+        if step.status is StepStatus.UNKNOWN
+        and not step.idempotent
+        and step.index not in done
+        and step.index not in again
+    ]
+    if blocked:
+        raise ResumeRefusedError(snapshot.run.id, blocked)

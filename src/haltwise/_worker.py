@@ -89,12 +89,16 @@ class Worker:
     async def _orphans(self) -> list[str]:
         store = self.runtime.store
         found = []
-        for state in (State.CANCELLING, State.RUNNING):
+        for state in (State.CANCELLING, State.RUNNING, State.PENDING):
             for run in await store.list_runs(state):
                 if run.task not in self.tasks or self.runtime.is_active(run.id):
                     continue
-                if run.owner is None or not owner_alive(run.owner, run.lease_until):
-                    found.append(run.id)
+                if run.owner is None:
+                    # Handed over (running), or never claimed (pending: claim_pending's job).
+                    if state is not State.PENDING:
+                        found.append(run.id)
+                elif not owner_alive(run.owner, run.lease_until):
+                    found.append(run.id)  # includes a pending run claimed by a worker that died
         return found
 
     async def _adopt(self, run_id: str) -> None:
