@@ -59,6 +59,7 @@ from ._rows import (
     event_from_row,
     run_from_row,
     step_from_row,
+    transition_fields,
 )
 from ._states import State, StepStatus
 from ._store import UNSET, LostOwnershipError, NewRun, StepStart, check_transition, plan_cancel
@@ -336,22 +337,15 @@ class PostgresStore:
         lease_until: float | None = UNSET,
         fence: str | None = None,
     ) -> RunRecord:
-        fields: dict[str, Any] = {"state": target.value}
-        if reason is not UNSET:
-            fields["reason"] = reason
-        if result is not UNSET:
-            fields["result"] = dump_json(result, "the task's result")
-        if error is not UNSET:
-            fields["error"] = error_to_text(error)
-        if cancel_error is not UNSET:
-            fields["cancel_error"] = error_to_text(cancel_error)
-        if owner is not UNSET:
-            fields["owner"] = owner.to_json() if owner else None
-            fields["owner_token"] = owner.token if owner else None
-        if lease_until is not UNSET:
-            fields["lease_until"] = lease_until
-        if target is State.RUNNING:
-            fields["force"] = False
+        fields = transition_fields(
+            target,
+            reason=reason,
+            result=result,
+            error=error,
+            cancel_error=cancel_error,
+            owner=owner,
+            lease_until=lease_until,
+        )
         allowed = frozenset(expected)
 
         async def op(conn: _Conn) -> RunRecord:
@@ -373,15 +367,7 @@ class PostgresStore:
         async def op(conn: _Conn) -> RunRecord:
             current = run_from_row(await _lock_run(conn, run_id))
             plan = plan_cancel(current.state, current.force, force)
-            fields: dict[str, Any] = {}
-            if plan.set_reason:
-                fields["reason"] = reason
-            if plan.set_force:
-                fields["force"] = True
-            if plan.target is not None:
-                fields["state"] = plan.target.value
-            if plan.release:
-                fields.update(owner=None, owner_token=None, lease_until=None)
+            fields = plan.fields(reason)
             if not fields:
                 return current
             now = time.time()

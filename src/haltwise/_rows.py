@@ -8,8 +8,9 @@ from typing import Any
 
 from ._outcome import ErrorInfo, StepRecord
 from ._policy import Effect
-from ._records import Event, Owner, RunRecord, load_json
+from ._records import Event, Owner, RunRecord, dump_json, load_json
 from ._states import State, StepStatus
+from ._store import UNSET
 
 SCHEMA_VERSION = 1
 
@@ -79,3 +80,36 @@ def event_from_row(row: Mapping[str, Any]) -> Event:
         reason=row["reason"],
         at=row["at"],
     )
+
+
+def transition_fields(
+    target: State,
+    *,
+    reason: Any,
+    result: Any,
+    error: Any,
+    cancel_error: Any,
+    owner: Any,
+    lease_until: Any,
+) -> dict[str, Any]:
+    """The run columns a :meth:`Store.transition` writes (arguments left ``UNSET`` are kept).
+
+    Entering ``running`` clears ``force``: a resumed run starts with no cancel pending.
+    """
+    fields: dict[str, Any] = {"state": target.value}
+    if reason is not UNSET:
+        fields["reason"] = reason
+    if result is not UNSET:
+        fields["result"] = dump_json(result, "the task's result")
+    if error is not UNSET:
+        fields["error"] = error_to_text(error)
+    if cancel_error is not UNSET:
+        fields["cancel_error"] = error_to_text(cancel_error)
+    if owner is not UNSET:
+        fields["owner"] = owner.to_json() if owner else None
+        fields["owner_token"] = owner.token if owner else None
+    if lease_until is not UNSET:
+        fields["lease_until"] = lease_until
+    if target is State.RUNNING:
+        fields["force"] = False
+    return fields

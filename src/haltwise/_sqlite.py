@@ -39,6 +39,7 @@ from ._rows import (
     event_from_row,
     run_from_row,
     step_from_row,
+    transition_fields,
 )
 from ._states import State, StepStatus
 from ._store import (
@@ -483,22 +484,15 @@ class SQLiteStore:
         lease_until: float | None = UNSET,
         fence: str | None = None,
     ) -> RunRecord:
-        fields: dict[str, Any] = {"state": target.value}
-        if reason is not UNSET:
-            fields["reason"] = reason
-        if result is not UNSET:
-            fields["result"] = dump_json(result, "the task's result")
-        if error is not UNSET:
-            fields["error"] = error_to_text(error)
-        if cancel_error is not UNSET:
-            fields["cancel_error"] = error_to_text(cancel_error)
-        if owner is not UNSET:
-            fields["owner"] = owner.to_json() if owner else None
-            fields["owner_token"] = owner.token if owner else None
-        if lease_until is not UNSET:
-            fields["lease_until"] = lease_until
-        if target is State.RUNNING:
-            fields["force"] = 0
+        fields = transition_fields(
+            target,
+            reason=reason,
+            result=result,
+            error=error,
+            cancel_error=cancel_error,
+            owner=owner,
+            lease_until=lease_until,
+        )
 
         def op(conn: sqlite3.Connection) -> RunRecord:
             current = _load_run(conn, run_id)
@@ -518,15 +512,7 @@ class SQLiteStore:
         def op(conn: sqlite3.Connection) -> RunRecord:
             current = _load_run(conn, run_id)
             plan = plan_cancel(current.state, current.force, force)
-            fields: dict[str, Any] = {}
-            if plan.set_reason:
-                fields["reason"] = reason
-            if plan.set_force:
-                fields["force"] = 1
-            if plan.target is not None:
-                fields["state"] = plan.target.value
-            if plan.release:
-                fields.update(owner=None, owner_token=None, lease_until=None)
+            fields = plan.fields(reason)
             if not fields:
                 return current
             now = time.time()

@@ -239,6 +239,19 @@ class CancelPlan:
         """A run cancelled before it began has no owner any more (final runs are unowned)."""
         return self.target is not None and self.target.is_final
 
+    def fields(self, reason: str) -> dict[str, Any]:
+        """The run columns to write; empty when the request changes nothing."""
+        fields: dict[str, Any] = {}
+        if self.set_reason:
+            fields["reason"] = reason
+        if self.set_force:
+            fields["force"] = True
+        if self.target is not None:
+            fields["state"] = self.target.value
+        if self.release:
+            fields.update(owner=None, owner_token=None, lease_until=None)
+        return fields
+
 
 def plan_cancel(current: State, current_force: bool, force: bool) -> CancelPlan:
     if current is State.PENDING:
