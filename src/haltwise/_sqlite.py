@@ -1,12 +1,10 @@
-"""The embedded default store: one SQLite file in WAL mode, written by one thread.
+"""The embedded default store: one SQLite file in WAL mode.
 
-Every operation is a short function of a connection, run by a single writer thread in the order
-it was submitted. The writer drains whatever is queued and commits it as one transaction (group
-commit), each operation inside its own savepoint so that one failing operation changes nothing
-while the others in its batch commit. A caller is resumed only after the commit that holds its
-operation returned, so each write is durable (``synchronous=FULL`` by default) when it returns.
-Several processes may share the file: ``BEGIN IMMEDIATE`` with a long busy timeout serialises
-writers, and WAL lets readers go on meanwhile.
+The SQL of every :class:`~haltwise._store.Store` operation lives here; how operations reach the
+database (one writer thread, group commit, the fast path, deferred settlements) lives in
+:mod:`haltwise._sqlite_writer`. Each write is durable (``synchronous=FULL`` by default) when its
+coroutine returns. Other processes' commits are noticed through ``PRAGMA data_version``, polled
+every 10 ms on a dedicated connection.
 
 URL: ``sqlite:///relative.db`` or ``sqlite:////absolute.db``; options ``?synchronous=normal``
 (survives a process crash, not a power loss) and ``?busy_timeout=SECONDS`` (default 60).
@@ -14,15 +12,11 @@ URL: ``sqlite:///relative.db`` or ``sqlite:////absolute.db``; options ``?synchro
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import queue
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from collections.abc import Collection
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -41,6 +35,7 @@ from ._rows import (
     step_from_row,
     transition_fields,
 )
+from ._sqlite_writer import Op, Writer, store_error
 from ._states import State, StepStatus
 from ._store import (
     UNSET,
@@ -50,6 +45,9 @@ from ._store import (
     check_transition,
     plan_cancel,
 )
+
+#: How often wait_for_change looks at PRAGMA data_version (seconds).
+_POLL_INTERVAL = 0.010
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS haltwise_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -80,34 +78,6 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id, seq);
 """
 
-_Op = Callable[[sqlite3.Connection], Any]
-_Deliver = Callable[[Any, BaseException | None], None]
-_MAX_BATCH = 512
-_POLL_INTERVAL = 0.010
-
-
-@dataclass(slots=True)
-class _Item:
-    op: _Op
-    write: bool
-    deliver: _Deliver
-    #: the op writes with at most one statement, so a failure leaves nothing to undo and it
-    #: needs no savepoint of its own in a batch (SQLite undoes a failed statement by itself)
-    atomic: bool = False
-
-
-@dataclass(slots=True)
-class _Waiter:
-    """Lets a thread (not the event loop) block on an operation's completion."""
-
-    done: threading.Event = field(default_factory=threading.Event)
-    value: Any = None
-    error: BaseException | None = None
-
-    def deliver(self, value: Any, error: BaseException | None) -> None:
-        self.value, self.error = value, error
-        self.done.set()
-
 
 def _parse_url(url: str) -> tuple[str, str, float]:
     parts = urlsplit(url)
@@ -128,38 +98,20 @@ def _parse_url(url: str) -> tuple[str, str, float]:
     return path, synchronous, busy_timeout
 
 
-def _store_error(path: str, error: sqlite3.Error) -> StoreError:
-    text = str(error)
-    if "not a database" in text or "malformed" in text:
-        return StoreError(f"{path} is not a haltwise store (not a SQLite database)")
-    return StoreError(f"store {path}: {text}")
-
-
 class SQLiteStore:
     """The SQLite journal (see the module docstring for its concurrency and durability)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.path, self.synchronous, self.busy_timeout = _parse_url(url)
-        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
-        self._writer: threading.Thread | None = None
+        self._writer = Writer(self.path, self.busy_timeout, self._connect, self._prepare)
         self._watch: sqlite3.Connection | None = None
         self._data_version = 0
-        # Settlements whose caller does not wait for durability: they ride along with the next
-        # operation's transaction (one commit for "settle step k" + "start step k+1").
-        self._deferred: list[_Item] = []
-        self._deferred_error: BaseException | None = None
-        # _lock guards _deferred and _pending (items queued or in the writer's hands);
-        # _conn_lock guards the one connection, used by the writer or by the fast path.
-        self._lock = threading.Lock()
-        self._conn_lock = threading.Lock()
-        self._pending = 0
-        self._conn: sqlite3.Connection | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
-        if self._writer is not None:
+        if self._writer.running:
             return
         try:
             directory = os.path.dirname(os.path.abspath(self.path))
@@ -168,24 +120,12 @@ class SQLiteStore:
             raise StoreError(
                 f"cannot create the store directory for {self.path}: {error}"
             ) from None
-        ready: _Waiter = _Waiter()
-        self._writer = threading.Thread(
-            target=self._writer_main, args=(ready,), name="haltwise-sqlite-writer", daemon=True
-        )
-        self._writer.start()
-        await anyio.to_thread.run_sync(ready.done.wait)
-        if ready.error is not None:
-            self._writer = None
-            raise ready.error
+        await self._writer.start()
         self._watch = self._connect()
         self._data_version = self._read_data_version()
 
     async def close(self) -> None:
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            self._flush_deferred()
-            self._queue.put(None)
-            await anyio.to_thread.run_sync(writer.join)
+        await self._writer.stop()
         if self._watch is not None:
             self._watch.close()
             self._watch = None
@@ -202,7 +142,7 @@ class SQLiteStore:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             return conn
         except sqlite3.Error as error:
-            raise _store_error(self.path, error) from None
+            raise store_error(self.path, error) from None
 
     def _prepare(self, conn: sqlite3.Connection) -> None:
         try:
@@ -234,209 +174,11 @@ class SQLiteStore:
         except sqlite3.Error as error:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            raise _store_error(self.path, error) from None
+            raise store_error(self.path, error) from None
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-
-    # -- executing operations --------------------------------------------------------------
-
-    def _writer_main(self, ready: _Waiter) -> None:
-        try:
-            conn = self._connect()
-            self._prepare(conn)
-            # Busy waits are done by _begin, so that the fast path can refuse to wait at all.
-            conn.execute("PRAGMA busy_timeout = 0")
-            self._conn = conn
-        except BaseException as error:
-            ready.deliver(None, error)
-            return
-        ready.deliver(None, None)
-        try:
-            while (item := self._queue.get()) is not None:
-                batch, stop = self._drain(item)
-                with self._conn_lock:
-                    outcomes = self._execute(batch, wait=True)
-                with self._lock:
-                    self._pending -= len(batch)
-                assert outcomes is not None
-                for queued, (value, failure) in zip(batch, outcomes, strict=True):
-                    queued.deliver(value, failure)
-                if stop:
-                    break
-        finally:
-            self._conn = None
-            conn.close()
-
-    def _drain(self, first: _Item) -> tuple[list[_Item], bool]:
-        batch = [first]
-        while len(batch) < _MAX_BATCH:
-            try:
-                more = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if more is None:
-                return batch, True
-            batch.append(more)
-        return batch, False
-
-    def _execute(
-        self, batch: list[_Item], *, wait: bool
-    ) -> list[tuple[Any, BaseException | None]] | None:
-        """Run ``batch`` in one transaction; None if the write lock is taken and not ``wait``.
-
-        Each operation runs in its own savepoint (when there are several), so one failing
-        changes nothing while the others commit. If the commit fails (a full disk, say),
-        every operation of the batch fails and nothing of it holds.
-        """
-        conn = self._conn
-        assert conn is not None
-        try:
-            if not self._begin(conn, any(item.write for item in batch), wait=wait):
-                return None
-            outcomes = [self._apply(conn, item, savepoint=True) for item in batch]
-            conn.execute("COMMIT")
-            return outcomes
-        except sqlite3.Error as error:
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-            return [(None, _store_error(self.path, error))] * len(batch)
-        except Exception as error:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            return [(None, error)] * len(batch)
-
-    def _apply(
-        self, conn: sqlite3.Connection, item: _Item, *, savepoint: bool
-    ) -> tuple[Any, BaseException | None]:
-        savepoint = savepoint and not item.atomic
-        if savepoint:
-            conn.execute("SAVEPOINT op")
-        try:
-            value = item.op(conn)
-        except Exception as error:
-            if not conn.in_transaction:
-                raise  # SQLite rolled the whole transaction back (I/O error, full disk)
-            if savepoint:
-                conn.execute("ROLLBACK TO op")
-                conn.execute("RELEASE op")
-            if isinstance(error, sqlite3.Error):
-                return None, _store_error(self.path, error)
-            return None, error
-        if savepoint:
-            conn.execute("RELEASE op")
-        return value, None
-
-    def _begin(self, conn: sqlite3.Connection, write: bool, *, wait: bool) -> bool:
-        """Open the transaction; False if another writer holds the lock and not ``wait``."""
-        deadline = time.monotonic() + self.busy_timeout
-        delay = 0.0005
-        while True:
-            try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                return True
-            except sqlite3.OperationalError as error:
-                if "locked" not in str(error) and "busy" not in str(error):
-                    raise
-                if not wait:
-                    return False
-                if time.monotonic() >= deadline:
-                    raise StoreError(
-                        f"store {self.path}: another writer held the database for more than "
-                        f"{self.busy_timeout:g} s"
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
-
-    # -- submitting operations ---------------------------------------------------------------
-
-    def _submit(self, item: _Item) -> tuple[bool, Any, BaseException | None]:
-        """Run ``item`` here and now if the store is idle, else hand it to the writer thread.
-
-        Returns ``(True, value, error)`` when it ran here. The fast path needs the writer idle
-        with nothing queued, so operations still commit in the order they were submitted; it
-        never waits for another process's lock (then the writer thread waits instead).
-        """
-        if self._writer is None:
-            raise StoreError(f"store {self.path} is not open")
-        error, self._deferred_error = self._deferred_error, None
-        if error is not None:
-            raise error
-        with self._lock:
-            batch, self._deferred = [*self._deferred, item], []
-            inline = self._pending == 0 and self._conn_lock.acquire(blocking=False)
-            if not inline:
-                self._enqueue(batch)
-                return False, None, None
-        try:
-            outcomes = self._execute(batch, wait=False)
-        finally:
-            self._conn_lock.release()
-        if outcomes is None:
-            with self._lock:
-                self._enqueue(batch)
-            return False, None, None
-        for earlier, (_, earlier_error) in zip(batch[:-1], outcomes, strict=False):
-            earlier.deliver(None, earlier_error)
-        value, error = outcomes[-1]
-        return True, value, error
-
-    def _enqueue(self, batch: list[_Item]) -> None:
-        """Queue ``batch`` for the writer; the caller holds ``self._lock``."""
-        self._pending += len(batch)
-        for queued in batch:
-            self._queue.put(queued)
-
-    def _flush_deferred(self) -> None:
-        with self._lock:
-            if self._deferred:
-                deferred, self._deferred = self._deferred, []
-                self._enqueue(deferred)
-
-    def _defer(self, op: _Op) -> None:
-        def deliver(value: Any, error: BaseException | None) -> None:
-            if error is not None:
-                self._deferred_error = error
-
-        with self._lock:
-            self._deferred.append(_Item(op, True, deliver, atomic=True))
-
-    async def _call(self, op: _Op, *, write: bool = True, atomic: bool = False) -> Any:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-
-        def settle(value: Any, error: BaseException | None) -> None:
-            if future.done():  # the waiter was cancelled; the operation still happened
-                return
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(value)
-
-        def deliver(value: Any, error: BaseException | None) -> None:
-            loop.call_soon_threadsafe(settle, value, error)
-
-        ran, value, error = self._submit(_Item(op, write, deliver, atomic or not write))
-        if not ran:
-            return await future
-        if error is not None:
-            raise error
-        return value
-
-    def call_blocking(self, op: _Op, *, write: bool = True, atomic: bool = False) -> Any:
-        """Run ``op`` and block this thread until it is committed (for ``emit``)."""
-        waiter = _Waiter()
-        ran, value, error = self._submit(_Item(op, write, waiter.deliver, atomic or not write))
-        if not ran:
-            waiter.done.wait()
-            value, error = waiter.value, waiter.error
-        if error is not None:
-            raise error
-        return value
 
     # -- the Store interface -----------------------------------------------------------------
 
@@ -467,7 +209,7 @@ class SQLiteStore:
                 _record_event(conn, run.id, None, run.state, None, now)
             return _load_run(conn, run.id), created
 
-        result: tuple[RunRecord, bool] = await self._call(op)
+        result: tuple[RunRecord, bool] = await self._writer.call(op)
         return result
 
     async def transition(
@@ -505,7 +247,7 @@ class SQLiteStore:
             _record_event(conn, run_id, current.state, target, event_reason, now)
             return _load_run(conn, run_id)
 
-        record: RunRecord = await self._call(op)
+        record: RunRecord = await self._writer.call(op)
         return record
 
     async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
@@ -521,7 +263,7 @@ class SQLiteStore:
                 _record_event(conn, run_id, current.state, plan.target, reason, now)
             return _load_run(conn, run_id)
 
-        record: RunRecord = await self._call(op)
+        record: RunRecord = await self._writer.call(op)
         return record
 
     async def claim(
@@ -536,7 +278,7 @@ class SQLiteStore:
             )
             return cursor.rowcount == 1
 
-        claimed: bool = await self._call(op)
+        claimed: bool = await self._writer.call(op)
         return claimed
 
     async def release(self, run_id: str, owner_token: str) -> None:
@@ -547,7 +289,7 @@ class SQLiteStore:
                 (run_id, owner_token),
             )
 
-        await self._call(op)
+        await self._writer.call(op)
 
     async def heartbeat(self, owner_token: str, lease_until: float) -> int:
         def op(conn: sqlite3.Connection) -> int:
@@ -556,7 +298,7 @@ class SQLiteStore:
             )
             return cursor.rowcount
 
-        count: int = await self._call(op)
+        count: int = await self._writer.call(op)
         return count
 
     async def claim_pending(
@@ -583,7 +325,7 @@ class SQLiteStore:
                 )
             return [_load_run(conn, run_id) for run_id in ids]
 
-        claimed: list[RunRecord] = await self._call(op)
+        claimed: list[RunRecord] = await self._writer.call(op)
         return claimed
 
     async def start_step(
@@ -626,7 +368,9 @@ class SQLiteStore:
             cancelling = run["state"] == State.CANCELLING.value
             return record, ((run["reason"] or "user", bool(run["force"])) if cancelling else None)
 
-        started: tuple[StepRecord, tuple[str, bool] | None] = await self._call(op, atomic=True)
+        started: tuple[StepRecord, tuple[str, bool] | None] = await self._writer.call(
+            op, atomic=True
+        )
         return started
 
     async def settle_step(
@@ -662,17 +406,17 @@ class SQLiteStore:
                 _check_fence(conn, run_id, fence)
 
         if durable:
-            await self._call(op, atomic=True)
+            await self._writer.call(op, atomic=True)
         else:
-            self._defer(op)
+            self._writer.defer(op)
 
     async def append_partial(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
-        await self._call(self._partial_op(run_id, seq, value, fence=fence), atomic=True)
+        await self._writer.call(self._partial_op(run_id, seq, value, fence=fence), atomic=True)
 
     def append_partial_blocking(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
-        self.call_blocking(self._partial_op(run_id, seq, value, fence=fence), atomic=True)
+        self._writer.call_blocking(self._partial_op(run_id, seq, value, fence=fence), atomic=True)
 
-    def _partial_op(self, run_id: str, seq: int, value: Any, *, fence: str) -> _Op:
+    def _partial_op(self, run_id: str, seq: int, value: Any, *, fence: str) -> Op:
         text = dump_json(value, "a partial result")
 
         def op(conn: sqlite3.Connection) -> None:
@@ -702,7 +446,7 @@ class SQLiteStore:
             )
             return RunSnapshot(run=run, steps=steps, partials=partials)
 
-        snapshot: RunSnapshot = await self._call(op, write=False)
+        snapshot: RunSnapshot = await self._writer.call(op, write=False)
         return snapshot
 
     async def list_runs(self, state: State | None = None) -> list[RunRecord]:
@@ -716,7 +460,7 @@ class SQLiteStore:
                 run_from_row(row) for row in conn.execute(sql + " ORDER BY created_at, id", args)
             ]
 
-        runs: list[RunRecord] = await self._call(op, write=False)
+        runs: list[RunRecord] = await self._writer.call(op, write=False)
         return runs
 
     async def partial_seqs(self) -> dict[str, list[int]]:
@@ -726,7 +470,7 @@ class SQLiteStore:
                 seqs.setdefault(row[0], []).append(row[1])
             return seqs
 
-        result: dict[str, list[int]] = await self._call(op, write=False)
+        result: dict[str, list[int]] = await self._writer.call(op, write=False)
         return result
 
     async def events(self, run_id: str | None = None) -> list[Event]:
@@ -738,7 +482,7 @@ class SQLiteStore:
                 args = (run_id,)
             return [event_from_row(row) for row in conn.execute(sql + " ORDER BY seq", args)]
 
-        events: list[Event] = await self._call(op, write=False)
+        events: list[Event] = await self._writer.call(op, write=False)
         return events
 
     async def cancel_requests(self, run_ids: Collection[str]) -> dict[str, tuple[str, bool]]:
@@ -759,15 +503,15 @@ class SQLiteStore:
 
         if not ids:
             return {}
-        found: dict[str, tuple[str, bool]] = await self._call(op, write=False)
+        found: dict[str, tuple[str, bool]] = await self._writer.call(op, write=False)
         return found
 
     async def wait_for_change(self, timeout: float) -> None:
         # PRAGMA data_version changes when any other connection commits. Polling it on a
-        # dedicated connection costs microseconds, so a 5 ms poll is cheap and never blocks.
+        # dedicated connection costs microseconds and never blocks.
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            self._flush_deferred()
+            self._writer.flush_deferred()
             await anyio.sleep(min(_POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
             version = self._read_data_version()
             if version != self._data_version:

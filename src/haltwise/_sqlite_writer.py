@@ -1,0 +1,311 @@
+"""The SQLite writer: one connection, one thread, group commit, and a fast path.
+
+Every operation is a short function of a connection, run in the order it was submitted. The
+writer thread drains whatever is queued and commits it as one transaction (group commit), each
+operation inside its own savepoint so that one failing operation changes nothing while the others
+in its batch commit. A caller is resumed only after the commit that holds its operation returned,
+so each write is durable (at the connection's ``synchronous`` setting) when it returns. When the
+writer is idle with nothing queued, an operation runs at once on the caller's thread instead (the
+fast path), without ever waiting for another process's lock. Several processes may share the
+file: ``BEGIN IMMEDIATE``, retried until the busy timeout, serialises writers, and WAL lets
+readers go on meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from ._exceptions import StoreError
+
+Op = Callable[[sqlite3.Connection], Any]
+_Deliver = Callable[[Any, BaseException | None], None]
+_MAX_BATCH = 512
+
+
+@dataclass(slots=True)
+class _Item:
+    op: Op
+    write: bool
+    deliver: _Deliver
+    #: the op writes with at most one statement, so a failure leaves nothing to undo and it
+    #: needs no savepoint of its own in a batch (SQLite undoes a failed statement by itself)
+    atomic: bool = False
+
+
+@dataclass(slots=True)
+class _Waiter:
+    """Lets a thread (not the event loop) block on an operation's completion."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    value: Any = None
+    error: BaseException | None = None
+
+    def deliver(self, value: Any, error: BaseException | None) -> None:
+        self.value, self.error = value, error
+        self.done.set()
+
+
+def store_error(path: str, error: sqlite3.Error) -> StoreError:
+    text = str(error)
+    if "not a database" in text or "malformed" in text:
+        return StoreError(f"{path} is not a haltwise store (not a SQLite database)")
+    return StoreError(f"store {path}: {text}")
+
+
+class Writer:
+    """Runs operations on one SQLite connection (see the module docstring)."""
+
+    def __init__(
+        self,
+        path: str,
+        busy_timeout: float,
+        connect: Callable[[], sqlite3.Connection],
+        prepare: Callable[[sqlite3.Connection], None],
+    ) -> None:
+        self.path = path
+        self.busy_timeout = busy_timeout
+        self._connect_fn = connect
+        self._prepare_fn = prepare
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        # Settlements whose caller does not wait for durability: they ride along with the next
+        # operation's transaction (one commit for "settle step k" + "start step k+1").
+        self._deferred: list[_Item] = []
+        self._deferred_error: BaseException | None = None
+        # _lock guards _deferred and _pending (items queued or in the writer's hands);
+        # conn_lock guards the one connection, used by the writer or by the fast path.
+        self._lock = threading.Lock()
+        self.conn_lock = threading.Lock()
+        self._pending = 0
+        self.conn: sqlite3.Connection | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    async def start(self) -> None:
+        """Open the connection (in the writer thread) and prepare it; raise what that raised."""
+        ready = _Waiter()
+        self._thread = threading.Thread(
+            target=self._main, args=(ready,), name="haltwise-sqlite-writer", daemon=True
+        )
+        self._thread.start()
+        await anyio.to_thread.run_sync(ready.done.wait)
+        if ready.error is not None:
+            self._thread = None
+            raise ready.error
+
+    async def stop(self) -> None:
+        """Commit what is deferred, let the queue drain, close the connection."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self.flush_deferred()
+            self._queue.put(None)
+            await anyio.to_thread.run_sync(thread.join)
+
+    # -- executing operations --------------------------------------------------------------
+
+    def _main(self, ready: _Waiter) -> None:
+        try:
+            conn = self._connect_fn()
+            self._prepare_fn(conn)
+            # Busy waits are done by _begin, so that the fast path can refuse to wait at all.
+            conn.execute("PRAGMA busy_timeout = 0")
+            self.conn = conn
+        except BaseException as error:
+            ready.deliver(None, error)
+            return
+        ready.deliver(None, None)
+        try:
+            while (item := self._queue.get()) is not None:
+                batch, stop = self._drain(item)
+                with self.conn_lock:
+                    outcomes = self._execute(batch, wait=True)
+                with self._lock:
+                    self._pending -= len(batch)
+                assert outcomes is not None
+                for queued, (value, failure) in zip(batch, outcomes, strict=True):
+                    queued.deliver(value, failure)
+                if stop:
+                    break
+        finally:
+            self.conn = None
+            conn.close()
+
+    def _drain(self, first: _Item) -> tuple[list[_Item], bool]:
+        batch = [first]
+        while len(batch) < _MAX_BATCH:
+            try:
+                more = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if more is None:
+                return batch, True
+            batch.append(more)
+        return batch, False
+
+    def _execute(
+        self, batch: list[_Item], *, wait: bool
+    ) -> list[tuple[Any, BaseException | None]] | None:
+        """Run ``batch`` in one transaction; None if the write lock is taken and not ``wait``.
+
+        Each operation runs in its own savepoint (when there are several), so one failing
+        changes nothing while the others commit. If the commit fails (a full disk, say),
+        every operation of the batch fails and nothing of it holds.
+        """
+        conn = self.conn
+        assert conn is not None
+        try:
+            if not self._begin(conn, any(item.write for item in batch), wait=wait):
+                return None
+            outcomes = [self._apply(conn, item, savepoint=True) for item in batch]
+            conn.execute("COMMIT")
+            return outcomes
+        except sqlite3.Error as error:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            return [(None, store_error(self.path, error))] * len(batch)
+        except Exception as error:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return [(None, error)] * len(batch)
+
+    def _apply(
+        self, conn: sqlite3.Connection, item: _Item, *, savepoint: bool
+    ) -> tuple[Any, BaseException | None]:
+        savepoint = savepoint and not item.atomic
+        if savepoint:
+            conn.execute("SAVEPOINT op")
+        try:
+            value = item.op(conn)
+        except Exception as error:
+            if not conn.in_transaction:
+                raise  # SQLite rolled the whole transaction back (I/O error, full disk)
+            if savepoint:
+                conn.execute("ROLLBACK TO op")
+                conn.execute("RELEASE op")
+            if isinstance(error, sqlite3.Error):
+                return None, store_error(self.path, error)
+            return None, error
+        if savepoint:
+            conn.execute("RELEASE op")
+        return value, None
+
+    def _begin(self, conn: sqlite3.Connection, write: bool, *, wait: bool) -> bool:
+        """Open the transaction; False if another writer holds the lock and not ``wait``."""
+        deadline = time.monotonic() + self.busy_timeout
+        delay = 0.0005
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                return True
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) and "busy" not in str(error):
+                    raise
+                if not wait:
+                    return False
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"store {self.path}: another writer held the database for more than "
+                        f"{self.busy_timeout:g} s"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+
+    # -- submitting operations ---------------------------------------------------------------
+
+    def _submit(self, item: _Item) -> tuple[bool, Any, BaseException | None]:
+        """Run ``item`` here and now if the store is idle, else hand it to the writer thread.
+
+        Returns ``(True, value, error)`` when it ran here. The fast path needs the writer idle
+        with nothing queued, so operations still commit in the order they were submitted; it
+        never waits for another process's lock (then the writer thread waits instead).
+        """
+        if self._thread is None:
+            raise StoreError(f"store {self.path} is not open")
+        error, self._deferred_error = self._deferred_error, None
+        if error is not None:
+            raise error
+        with self._lock:
+            batch, self._deferred = [*self._deferred, item], []
+            inline = self._pending == 0 and self.conn_lock.acquire(blocking=False)
+            if not inline:
+                self._enqueue(batch)
+                return False, None, None
+        try:
+            outcomes = self._execute(batch, wait=False)
+        finally:
+            self.conn_lock.release()
+        if outcomes is None:
+            with self._lock:
+                self._enqueue(batch)
+            return False, None, None
+        for earlier, (_, earlier_error) in zip(batch[:-1], outcomes, strict=False):
+            earlier.deliver(None, earlier_error)
+        value, error = outcomes[-1]
+        return True, value, error
+
+    def _enqueue(self, batch: list[_Item]) -> None:
+        """Queue ``batch`` for the writer; the caller holds ``self._lock``."""
+        self._pending += len(batch)
+        for queued in batch:
+            self._queue.put(queued)
+
+    def flush_deferred(self) -> None:
+        with self._lock:
+            if self._deferred:
+                deferred, self._deferred = self._deferred, []
+                self._enqueue(deferred)
+
+    def defer(self, op: Op) -> None:
+        def deliver(value: Any, error: BaseException | None) -> None:
+            if error is not None:
+                self._deferred_error = error
+
+        with self._lock:
+            self._deferred.append(_Item(op, True, deliver, atomic=True))
+
+    async def call(self, op: Op, *, write: bool = True, atomic: bool = False) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def settle(value: Any, error: BaseException | None) -> None:
+            if future.done():  # the waiter was cancelled; the operation still happened
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        def deliver(value: Any, error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(settle, value, error)
+
+        ran, value, error = self._submit(_Item(op, write, deliver, atomic or not write))
+        if not ran:
+            return await future
+        if error is not None:
+            raise error
+        return value
+
+    def call_blocking(self, op: Op, *, write: bool = True, atomic: bool = False) -> Any:
+        """Run ``op`` and block this thread until it is committed (for ``emit``)."""
+        waiter = _Waiter()
+        ran, value, error = self._submit(_Item(op, write, waiter.deliver, atomic or not write))
+        if not ran:
+            waiter.done.wait()
+            value, error = waiter.value, waiter.error
+        if error is not None:
+            raise error
+        return value
