@@ -6,6 +6,7 @@ sleeping: a tool announces it is in flight with ``entered``, and waits on ``rele
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import Counter
 from typing import Any
@@ -20,21 +21,31 @@ keys: dict[str, list[str]] = {}
 
 
 class Gate:
-    """An event usable from the event loop and from worker threads alike."""
+    """An event that can be set from any thread and waited for from the loop or a thread."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
     def set(self) -> None:
-        self._event.set()
+        with self._lock:
+            self._event.set()
+            waiters, self._waiters = self._waiters, []
+        for loop, event in waiters:
+            loop.call_soon_threadsafe(event.set)
 
     def is_set(self) -> bool:
         return self._event.is_set()
 
     async def wait(self, timeout: float = 10.0) -> None:
+        event = asyncio.Event()
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._waiters.append((asyncio.get_running_loop(), event))
         with anyio.fail_after(timeout):
-            while not self._event.is_set():
-                await anyio.sleep(0.001)
+            await event.wait()
 
     def wait_blocking(self, timeout: float = 10.0) -> bool:
         return self._event.wait(timeout)

@@ -617,6 +617,9 @@ class PostgresStore:
 
         return await self._run(op, read_only=True)
 
+    def set_concurrency(self, active_runs: int) -> None:
+        """Ignored: every operation already runs on a pooled connection of its own."""
+
     async def wait_for_change(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         if self._pool is not None and (self._listener is None or self._listener.done()):

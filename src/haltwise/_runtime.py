@@ -454,6 +454,7 @@ class Runtime:
         if self._task_group is None:
             raise HaltwiseError("use the Runtime as 'async with haltwise.Runtime(...) as rt:'")
         self._active[ctx.run_id] = ctx
+        self.store.set_concurrency(len(self._active))
         self._wake.set()
         self._task_group.start_soon(
             self._drive, ctx, inputs, deadline, name=f"haltwise run {ctx.run_id}"
@@ -478,6 +479,7 @@ class Runtime:
                 await self.store.release(ctx.run_id, ctx.fence)
         finally:
             self._active.pop(ctx.run_id, None)
+            self.store.set_concurrency(len(self._active))
             ctx.done.set()
 
     async def _deadline(self, ctx: RunContext, seconds: float) -> None:

@@ -486,25 +486,22 @@ class SQLiteStore:
         return events
 
     async def cancel_requests(self, run_ids: Collection[str]) -> dict[str, tuple[str, bool]]:
-        ids = list(run_ids)
-
-        def op(conn: sqlite3.Connection) -> dict[str, tuple[str, bool]]:
-            found: dict[str, tuple[str, bool]] = {}
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                marks = ", ".join("?" for _ in chunk)
-                for row in conn.execute(
-                    f"SELECT id, reason, force FROM runs WHERE state = 'cancelling' "
-                    f"AND id IN ({marks})",
-                    chunk,
-                ):
-                    found[row[0]] = (row[1] or "user", bool(row[2]))
-            return found
-
-        if not ids:
+        # Read on the watch connection, not through the writer: it must not wait behind a queue
+        # of writes, and with the state index it costs as much as there are cancelling runs.
+        wanted = set(run_ids)
+        if not wanted or self._watch is None:
             return {}
-        found: dict[str, tuple[str, bool]] = await self._writer.call(op, write=False)
-        return found
+        try:
+            rows = self._watch.execute(
+                "SELECT id, reason, force FROM runs WHERE state = 'cancelling'"
+            ).fetchall()
+        except sqlite3.Error as error:
+            raise store_error(self.path, error) from None
+        return {row[0]: (row[1] or "user", bool(row[2])) for row in rows if row[0] in wanted}
+
+    def set_concurrency(self, active_runs: int) -> None:
+        # One run: commit on the caller's thread (no thread hop). Several: group commit.
+        self._writer.fast_path = active_runs <= 1
 
     async def wait_for_change(self, timeout: float) -> None:
         # PRAGMA data_version changes when any other connection commits. Polling it on a

@@ -87,6 +87,10 @@ class Writer:
         self.conn_lock = threading.Lock()
         self._pending = 0
         self.conn: sqlite3.Connection | None = None
+        #: Whether an idle writer may run an operation on the caller's thread. Off while many
+        #: runs share the store: a commit done inline blocks the event loop, so the other runs
+        #: could not queue their writes to share it (no group commit).
+        self.fast_path = True
 
     @property
     def running(self) -> bool:
@@ -240,7 +244,11 @@ class Writer:
             raise error
         with self._lock:
             batch, self._deferred = [*self._deferred, item], []
-            inline = self._pending == 0 and self.conn_lock.acquire(blocking=False)
+            inline = (
+                self.fast_path
+                and self._pending == 0
+                and self.conn_lock.acquire(blocking=False)
+            )
             if not inline:
                 self._enqueue(batch)
                 return False, None, None

@@ -185,6 +185,12 @@ class Store(Protocol):
     async def cancel_requests(self, run_ids: Collection[str]) -> dict[str, tuple[str, bool]]:
         """Among ``run_ids``, those in ``cancelling``: ``{id: (reason, force)}``."""
 
+    def set_concurrency(self, active_runs: int) -> None:
+        """A hint: how many runs this process works on the store now.
+
+        A store may use it to favour latency when one run is active and batching when many are.
+        """
+
     async def wait_for_change(self, timeout: float) -> None:
         """Return when another connection may have committed something, or after ``timeout``."""
 
