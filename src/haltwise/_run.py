@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import uuid
+import os
+import random
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -20,6 +21,11 @@ if TYPE_CHECKING:
 
 
 Probe = Callable[[str, int], Awaitable[None]]
+
+#: Idempotency keys need to be unique, not secret: one generator seeded from the OS is enough
+#: (os.urandom per key costs a system call each time).
+_KEYS = random.Random(os.urandom(16))
+os.register_at_fork(after_in_child=lambda: _KEYS.seed(os.urandom(16)))
 
 
 @dataclass(eq=False)
@@ -102,7 +108,7 @@ class RunContext:
 
     def new_key(self, index: int) -> str:
         # A random part keeps keys distinct across stores that reuse the same run id.
-        return f"{self.run_id}:{index}:{uuid.uuid4().hex[:16]}"
+        return f"{self.run_id}:{index}:{_KEYS.getrandbits(64):016x}"
 
 
 @dataclass(eq=False)

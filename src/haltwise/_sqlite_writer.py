@@ -39,6 +39,8 @@ class _Item:
     #: the op writes with at most one statement, so a failure leaves nothing to undo and it
     #: needs no savepoint of its own in a batch (SQLite undoes a failed statement by itself)
     atomic: bool = False
+    #: for a caller on an event loop: its loop, and ``deliver`` runs there (batched wake-ups)
+    loop: asyncio.AbstractEventLoop | None = None
 
 
 @dataclass(slots=True)
@@ -59,6 +61,27 @@ def store_error(path: str, error: sqlite3.Error) -> StoreError:
     if "not a database" in text or "malformed" in text:
         return StoreError(f"{path} is not a haltwise store (not a SQLite database)")
     return StoreError(f"store {path}: {text}")
+
+
+def _deliver_all(batch: list[_Item], outcomes: list[tuple[Any, BaseException | None]]) -> None:
+    """Hand each operation its outcome: one wake-up per event loop for the whole batch."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Deliver, Any, BaseException | None]]]
+    by_loop = {}
+    for item, (value, error) in zip(batch, outcomes, strict=True):
+        if item.loop is None:
+            item.deliver(value, error)
+        else:
+            by_loop.setdefault(item.loop, []).append((item.deliver, value, error))
+    for loop, deliveries in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_run_deliveries, deliveries)
+        except RuntimeError:  # that loop is closed: nobody waits any more
+            pass
+
+
+def _run_deliveries(deliveries: list[tuple[_Deliver, Any, BaseException | None]]) -> None:
+    for deliver, value, error in deliveries:
+        deliver(value, error)
 
 
 class Writer:
@@ -137,8 +160,7 @@ class Writer:
                 with self._lock:
                     self._pending -= len(batch)
                 assert outcomes is not None
-                for queued, (value, failure) in zip(batch, outcomes, strict=True):
-                    queued.deliver(value, failure)
+                _deliver_all(batch, outcomes)
                 if stop:
                     break
         finally:
@@ -297,10 +319,7 @@ class Writer:
             else:
                 future.set_result(value)
 
-        def deliver(value: Any, error: BaseException | None) -> None:
-            loop.call_soon_threadsafe(settle, value, error)
-
-        ran, value, error = self._submit(_Item(op, write, deliver, atomic or not write))
+        ran, value, error = self._submit(_Item(op, write, settle, atomic or not write, loop))
         if not ran:
             return await future
         if error is not None:
