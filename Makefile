@@ -40,12 +40,22 @@ typecheck: install
 demo: install
 	$(BIN)/python examples/demo.py
 
-bench: install
-	@if [ -f bench/run_all.py ]; then \
-		$(BIN)/python bench/run_all.py; \
-	else \
-		echo "bench/run_all.py does not exist yet: no benchmarks to run"; \
-	fi
+# The benchmarks run in their own venv: the peers they compare haltwise with (DBOS Transact,
+# LangGraph's SQLite checkpointer) and matplotlib are never dependencies of the project. The
+# postgres extra is for the fleet benchmark (PostgreSQL beside SQLite).
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+BENCH_PACKAGES := dbos langgraph langgraph-checkpoint-sqlite matplotlib
+
+$(BENCH_VENV):
+	$(PYTHON) -m venv $(BENCH_VENV)
+
+$(BENCH_STAMP): pyproject.toml Makefile | $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q -e '.[postgres]' $(BENCH_PACKAGES)
+	touch $@
+
+bench: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python bench/run_all.py
 
 # Build and test leftovers; the venv stays (see distclean).
 clean:
