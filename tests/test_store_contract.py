@@ -550,15 +550,18 @@ async def test_wait_for_change_wakes_on_another_connection(store_url: str) -> No
         started = time.monotonic()
         async with anyio.create_task_group() as group:
             group.start_soon(write_soon)
-            await watcher.wait_for_change(20)
+            seen = await watcher.wait_for_change(20)
         assert time.monotonic() - started < 10
-        # a change committed before the call is reported at once
+        # a change committed before the call is reported at once to a caller that says what
+        # it saw last, and to every such caller (a second waiter does not consume it)
         await writer.request_cancel("r", "user", force=False)
         with anyio.fail_after(10):
             while (await watcher.load("r")).run.state is not State.CANCELLED:
                 await anyio.sleep(0.01)
         started = time.monotonic()
-        await watcher.wait_for_change(20)
+        first = await watcher.wait_for_change(20, since=seen)
+        second = await watcher.wait_for_change(20, since=seen)
+        assert first > seen and second == first
         assert time.monotonic() - started < 10
 
 

@@ -18,6 +18,7 @@ from ._exceptions import (
     InputError,
     InvalidTransitionError,
     ResumeRefusedError,
+    StoreError,
     UnknownStepError,
 )
 from ._outcome import ErrorInfo
@@ -65,6 +66,8 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
 async def finish(ctx: RunContext, ending: Ending) -> None:
     """Record the final state: the contract's rules on delivered cancels and failures."""
     error = ctx.poison or ending.error
+    if isinstance(error, StoreError):
+        raise error  # the journal failed under the task, not the task: as after a crash
     if ctx.handing_over and (ctx.delivered or error is not None) and ctx.poison is None:
         await ctx.store.release(ctx.run_id, ctx.fence)
         return

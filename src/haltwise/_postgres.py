@@ -138,7 +138,6 @@ class PostgresStore:
         self._listen_conn: _Conn | None = None
         self._listener: asyncio.Task[None] | None = None
         self._changes = 0  # notifications received so far
-        self._seen = 0  # ... of which wait_for_change has reported
         self._wake = asyncio.Event()
         self._inflight: set[asyncio.Task[Any]] = set()
         self._sync_lock = threading.Lock()
@@ -620,20 +619,20 @@ class PostgresStore:
     def set_concurrency(self, active_runs: int) -> None:
         """Ignored: every operation already runs on a pooled connection of its own."""
 
-    async def wait_for_change(self, timeout: float) -> None:
+    async def wait_for_change(self, timeout: float, since: int | None = None) -> int:
         deadline = time.monotonic() + timeout
         if self._pool is not None and (self._listener is None or self._listener.done()):
             with anyio.move_on_after(timeout):
                 await self._restart_listener()
         if self._listener is None:
             await anyio.sleep(max(0.0, deadline - time.monotonic()))
-            return
-        if self._changes == self._seen:
-            # A notification that arrived since the last return counts at once; otherwise wait.
+            return self._changes
+        if self._changes == (self._changes if since is None else since):
+            # Nothing new for this caller since it last looked: wait for a notification.
             wake = self._wake
             with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
                 await wake.wait()
-        self._seen = self._changes
+        return self._changes
 
     # -- the listener ------------------------------------------------------------------------
 

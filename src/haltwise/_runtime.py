@@ -502,12 +502,13 @@ class Runtime:
 
     async def _watch_until_error(self) -> None:
         next_beat = 0.0
+        seen: int | None = None
         while True:
             if not self._active:
                 self._wake = anyio.Event()
                 with anyio.move_on_after(self.lease / 3):
                     await self._wake.wait()
-            await self.store.wait_for_change(min(0.25, self.lease / 3))
+            seen = await self.store.wait_for_change(min(0.25, self.lease / 3), since=seen)
             if self._active:
                 requests = await self.store.cancel_requests(list(self._active))
                 for run_id, (reason, force) in requests.items():

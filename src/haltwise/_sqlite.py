@@ -107,6 +107,7 @@ class SQLiteStore:
         self._writer = Writer(self.path, self.busy_timeout, self._connect, self._prepare)
         self._watch: sqlite3.Connection | None = None
         self._data_version = 0
+        self._changes = 0  # changes of data_version seen by any waiter
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -503,17 +504,19 @@ class SQLiteStore:
         # One run: commit on the caller's thread (no thread hop). Several: group commit.
         self._writer.fast_path = active_runs <= 1
 
-    async def wait_for_change(self, timeout: float) -> None:
+    async def wait_for_change(self, timeout: float, since: int | None = None) -> int:
         # PRAGMA data_version changes when any other connection commits. Polling it on a
         # dedicated connection costs microseconds and never blocks.
+        start = self._changes if since is None else since
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while self._changes == start and time.monotonic() < deadline:
             self._writer.flush_deferred()
             await anyio.sleep(min(_POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
             version = self._read_data_version()
             if version != self._data_version:
                 self._data_version = version
-                return
+                self._changes += 1
+        return self._changes
 
     def _read_data_version(self) -> int:
         if self._watch is None:

@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._exceptions import Cancelled, InputError, NonDeterminismError, UnknownStepError
+from ._exceptions import (
+    Cancelled,
+    InputError,
+    NonDeterminismError,
+    StoreError,
+    UnknownStepError,
+)
 from ._outcome import ErrorInfo, StepRecord
 from ._policy import CancelPolicy
 from ._records import dump_json
@@ -170,6 +176,8 @@ class _Flight:
             except Cancelled:
                 if self.ctx.cancel_reason is None:
                     raise
+            except StoreError:
+                raise  # the journal failed, not the tool: the step stays as last journaled
             except anyio.get_cancelled_exc_class():
                 # Cancelled from outside the step: a forced cancel, or a shield's time ran out.
                 self.ctx.active_step = None

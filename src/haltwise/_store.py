@@ -191,8 +191,14 @@ class Store(Protocol):
         A store may use it to favour latency when one run is active and batching when many are.
         """
 
-    async def wait_for_change(self, timeout: float) -> None:
-        """Return when another connection may have committed something, or after ``timeout``."""
+    async def wait_for_change(self, timeout: float, since: int | None = None) -> int:
+        """Wait until another connection may have committed something, or ``timeout`` passed.
+
+        Returns the store's count of changes seen so far. A caller that passes back the count
+        it got last time (``since``) returns at once if changes came meanwhile, so several
+        waiters on one store (a worker and its runtime's watcher) each see every change.
+        Without ``since`` it waits for the next change.
+        """
 
 
 def store_url_from(url: str | None) -> str:

@@ -51,10 +51,11 @@ class Worker:
 
     async def _loop(self, stop: anyio.Event) -> None:
         store = self.runtime.store
+        seen: int | None = None
         while not stop.is_set():
             try:
                 await self.work_once()
-                await store.wait_for_change(POLL_INTERVAL)
+                seen = await store.wait_for_change(POLL_INTERVAL, since=seen)
             except StoreError:
                 # The store is unreachable for now (a lost connection): try again shortly.
                 # Runs held here go on; their writes wait for the store.
@@ -97,6 +98,8 @@ class Worker:
                     # Handed over (running), or never claimed (pending: claim_pending's job).
                     if state is not State.PENDING:
                         found.append(run.id)
+                elif run.owner.token == self.runtime.owner.token:
+                    found.append(run.id)  # ours, no longer worked: its journal failed under it
                 elif not owner_alive(run.owner, run.lease_until):
                     found.append(run.id)  # includes a pending run claimed by a worker that died
         return found
