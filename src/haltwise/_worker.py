@@ -22,6 +22,8 @@ from ._tool import Task
 
 #: How often (seconds) a worker looks for work when the store shows no change.
 POLL_INTERVAL = 0.5
+#: The least time (seconds) between two looks for runs whose owner is gone.
+ORPHAN_SCAN_INTERVAL = 0.25
 
 
 class Worker:
@@ -40,6 +42,7 @@ class Worker:
         self.tasks = dict(tasks)
         self.concurrency = concurrency
         self.handles: dict[str, TaskHandle] = {}
+        self._next_scan = 0.0
 
     async def serve(self, stop: anyio.Event) -> None:
         async with anyio.create_task_group() as group:
@@ -70,11 +73,18 @@ class Worker:
         return len(self.handles)
 
     async def work_once(self) -> None:
-        """Claim what there is room for: orphaned runs first, then pending ones."""
-        for run_id in await self._orphans():
-            if self._busy() >= self.concurrency:
-                return
-            await self._adopt(run_id)
+        """Claim what there is room for: orphaned runs first, then pending ones.
+
+        Looking for orphans reads every active run of the store, so it is done at most every
+        ``ORPHAN_SCAN_INTERVAL`` seconds; pending runs are claimed on every change.
+        """
+        now = time.monotonic()
+        if self._busy() < self.concurrency and now >= self._next_scan:
+            self._next_scan = now + ORPHAN_SCAN_INTERVAL
+            for run_id in await self._orphans():
+                if self._busy() >= self.concurrency:
+                    return
+                await self._adopt(run_id)
         free = self.concurrency - self._busy()
         if free <= 0:
             return
