@@ -52,6 +52,9 @@ def test_a_finish_step_finishes_and_a_worker_takes_over_on_postgres(env: PgEnv) 
     worker = env.popen("worker", "agent.py")
     env.wait_for("p2", "its finish step in flight", lambda s: step_is(s, 2, "running"))
     worker.send_signal(signal.SIGTERM)
+    assert worker.stderr is not None
+    while "handing over" not in (line := worker.stderr.readline()):
+        assert line, "the worker ended without handing over"
     env.release("send_email")
     assert worker.wait(timeout=PATIENCE) == 0
     held = env.status("p2")

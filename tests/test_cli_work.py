@@ -88,6 +88,9 @@ def test_a_worker_works_submitted_runs_and_hands_over_on_sigterm(env: Env) -> No
         env.wait_for(f"w{i}", "completed", lambda s: s["state"] == "completed")
     env.wait_for("held", "its finish step in flight", lambda s: step_is(s, 2, "running"))
     proc.send_signal(signal.SIGTERM)
+    assert proc.stderr is not None
+    while "handing over" not in (line := proc.stderr.readline()):
+        assert line, "the worker ended without handing over"
     env.release("send_email")  # the finish step finishes within its grace
     _, err = proc.communicate(timeout=PATIENCE)
     assert proc.returncode == 0, err

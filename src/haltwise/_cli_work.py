@@ -78,7 +78,12 @@ def worker_command(file: str, concurrency: int, store: str | None) -> int:
 
     async def main() -> int:
         async with Runtime(store) as runtime:
-            worker = Worker(runtime, worker_names(file, tasks), concurrency=concurrency)
+            worker = Worker(
+                runtime,
+                worker_names(file, tasks),
+                concurrency=concurrency,
+                on_hand_over=_say_handing_over,
+            )
             stop = anyio.Event()
             async with anyio.create_task_group() as group:
                 group.start_soon(_stop_on_signals, stop)
@@ -87,6 +92,10 @@ def worker_command(file: str, concurrency: int, store: str | None) -> int:
         return 0
 
     return run_async(main)
+
+
+def _say_handing_over(runs: int) -> None:
+    click.echo(f"haltwise: handing over {runs} run(s)", err=True)
 
 
 async def _stop_on_signals(stop: anyio.Event) -> None:

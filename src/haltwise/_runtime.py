@@ -308,11 +308,16 @@ class Runtime:
         then the run is released: it stays ``running`` with no owner, and another worker or a
         ``resume`` takes it over at once. A run that completes meanwhile is recorded completed.
         """
-        for ctx in list(self._active.values()):
-            ctx.handing_over = True
-            ctx.request_cancel("handover", force=False)
+        self.begin_hand_over()
         for ctx in list(self._active.values()):
             await ctx.done.wait()
+
+    def begin_hand_over(self) -> int:
+        """The first half of :meth:`hand_over`: tell every run here to stop; return how many."""
+        for ctx in self._active.values():
+            ctx.handing_over = True
+            ctx.request_cancel("handover", force=False)
+        return len(self._active)
 
     async def submit(
         self,

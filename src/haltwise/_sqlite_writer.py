@@ -17,7 +17,6 @@ import asyncio
 import queue
 import sqlite3
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,8 +144,6 @@ class Writer:
         try:
             conn = self._connect_fn()
             self._prepare_fn(conn)
-            # Busy waits are done by _begin, so that the fast path can refuse to wait at all.
-            conn.execute("PRAGMA busy_timeout = 0")
             self.conn = conn
         except BaseException as error:
             ready.deliver(None, error)
@@ -230,25 +227,30 @@ class Writer:
         return value, None
 
     def _begin(self, conn: sqlite3.Connection, write: bool, *, wait: bool) -> bool:
-        """Open the transaction; False if another writer holds the lock and not ``wait``."""
-        deadline = time.monotonic() + self.busy_timeout
-        delay = 0.0005
-        while True:
-            try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                return True
-            except sqlite3.OperationalError as error:
-                if "locked" not in str(error) and "busy" not in str(error):
-                    raise
-                if not wait:
-                    return False
-                if time.monotonic() >= deadline:
-                    raise StoreError(
-                        f"store {self.path}: another writer held the database for more than "
-                        f"{self.busy_timeout:g} s"
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
+        """Open the transaction; False if another writer holds the lock and not ``wait``.
+
+        Waiting is SQLite's own busy handler (the connection's busy timeout). The fast path
+        turns it off for its ``BEGIN`` alone: it must never block the event loop on another
+        process's lock, and hands the operation to the writer thread instead.
+        """
+        statement = "BEGIN IMMEDIATE" if write else "BEGIN"
+        if not wait:
+            conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            conn.execute(statement)
+            return True
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) and "busy" not in str(error):
+                raise
+            if not wait:
+                return False
+            raise StoreError(
+                f"store {self.path}: another writer held the database for more than "
+                f"{self.busy_timeout:g} s"
+            ) from None
+        finally:
+            if not wait:
+                conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
 
     # -- submitting operations ---------------------------------------------------------------
 

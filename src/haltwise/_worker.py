@@ -9,7 +9,7 @@ owner compare-and-set). Stopping a worker hands its runs over instead of cancell
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -34,13 +34,20 @@ class Worker:
     """
 
     def __init__(
-        self, runtime: Runtime, tasks: Mapping[str, Task[..., Any]], *, concurrency: int = 4
+        self,
+        runtime: Runtime,
+        tasks: Mapping[str, Task[..., Any]],
+        *,
+        concurrency: int = 4,
+        on_hand_over: Callable[[int], None] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.runtime = runtime
         self.tasks = dict(tasks)
         self.concurrency = concurrency
+        #: called with the number of runs being handed over, once they were told to stop
+        self.on_hand_over = on_hand_over
         self.handles: dict[str, TaskHandle] = {}
         self._next_scan = 0.0
 
@@ -50,6 +57,9 @@ class Worker:
             await stop.wait()
             group.cancel_scope.cancel()
         with anyio.CancelScope(shield=True):
+            stopping = self.runtime.begin_hand_over()
+            if self.on_hand_over is not None:
+                self.on_hand_over(stopping)
             await self.runtime.hand_over()
 
     async def _loop(self, stop: anyio.Event) -> None:
