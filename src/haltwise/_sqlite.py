@@ -146,6 +146,25 @@ class SQLiteStore:
             raise store_error(self.path, error) from None
 
     def _prepare(self, conn: sqlite3.Connection) -> None:
+        """Check or create the schema; retried while another process holds the file locked.
+
+        Several processes opening a new file at once race to switch it to WAL, and SQLite
+        answers that switch with "database is locked" at once, without its busy handler.
+        """
+        deadline = time.monotonic() + self.busy_timeout
+        delay = 0.005
+        while True:
+            try:
+                self._prepare_once(conn)
+                return
+            except StoreError as error:
+                locked = "locked" in str(error) or "busy" in str(error)
+                if not locked or time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+    def _prepare_once(self, conn: sqlite3.Connection) -> None:
         try:
             tables = {
                 row[0]
