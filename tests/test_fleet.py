@@ -284,6 +284,10 @@ async def kill_mid_way(
         while not any(index % 3 == 2 for _, index in tail.open[victim.pid]):
             await anyio.sleep(0.001)
             tail.poll()
+    with anyio.move_on_after(10):  # no record step came: any step in flight will do
+        while not tail.open[victim.pid]:
+            await anyio.sleep(0.001)
+            tail.poll()
     victim.kill()
     tail.poll()
     return dict(tail.open[victim.pid])
