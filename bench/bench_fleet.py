@@ -31,6 +31,7 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+from _cancel_target import wait_for_cancel
 from _report import header, median, percentile, table
 
 import haltwise
@@ -58,15 +59,6 @@ async def ten() -> int:
     for k in range(STEPS):
         await noop(k)
     return STEPS
-
-
-@haltwise.tool(cancel="interruptible", effect="read")
-async def wait_for_cancel(i: int) -> None:
-    print(f"entered {i}", flush=True)
-    try:
-        await anyio.sleep_forever()
-    finally:
-        print(f"stopped {i} {time.time():.6f}", flush=True)
 
 
 @haltwise.task(name="bench_fleet:wait")
