@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from _peer_haltwise import trivial_none, trivial_write
 from _report import header, median, table
 from bench_core import raw_loop
 
@@ -37,16 +38,6 @@ import haltwise
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 EFFECTS = ("none", "write")
-
-
-@haltwise.tool(cancel="interruptible", effect="none")
-async def trivial_none(i: int) -> int:
-    return i
-
-
-@haltwise.tool(cancel="interruptible", effect="write")
-async def trivial_write(i: int) -> int:
-    return i
 
 
 @haltwise.task(name="bench:scale")
