@@ -96,8 +96,19 @@ class RunSnapshot:
         )
 
 
+class JSONText(str):
+    """A value already serialised by :func:`dump_json`: a store writes it as it is."""
+
+    __slots__ = ()
+
+
 def dump_json(value: Any, what: str) -> str:
-    """Serialise ``value`` for the journal, or raise :class:`InputError` saying what it was."""
+    """Serialise ``value`` for the journal, or raise :class:`InputError` saying what it was.
+
+    A :class:`JSONText` is returned unchanged, so a value is never serialised twice.
+    """
+    if isinstance(value, JSONText):
+        return str(value)  # a plain str for the database drivers
     try:
         return json.dumps(value, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as error:

@@ -22,7 +22,7 @@ from ._exceptions import (
 )
 from ._outcome import ErrorInfo, StepRecord
 from ._policy import CancelPolicy
-from ._records import dump_json
+from ._records import JSONText, dump_json
 from ._run import CURRENT_STEP, RunContext, StepCancelHook, StepContext, current_run
 from ._states import StepStatus
 from ._store import StepStart
@@ -205,12 +205,12 @@ class _Flight:
     async def _commit(self, value: Any) -> Any:
         index = self.step.index
         try:
-            text = dump_json(value, f"the result of step {index} ({self.tool.name})")
+            text = JSONText(dump_json(value, f"the result of step {index} ({self.tool.name})"))
         except InputError as error:
             await settle(self.ctx, index, StepStatus.FAILED, error=ErrorInfo.of(error))
             raise
         durable = not self.tool.policy.may_defer_settle
-        await settle(self.ctx, index, StepStatus.COMMITTED, result=value, durable=durable)
+        await settle(self.ctx, index, StepStatus.COMMITTED, result=text, durable=durable)
         # Hand the task the journaled form, so that a replay sees exactly the same value.
         return json.loads(text)
 
