@@ -405,8 +405,9 @@ async def test_claim_pending_claims_each_run_once(store_url: str) -> None:
 async def test_start_step_returns_the_cancel_hint(store_url: str) -> None:
     async with opened(store_url) as store:
         await reach(store, "r", State.RUNNING)
-        record, hint = await store.start_step("r", step(0), fence=OWNER.token)
-        assert hint is None
+        attempts, hint = await store.start_step("r", step(0), fence=OWNER.token)
+        assert (attempts, hint) == (1, None)
+        record = (await store.load("r")).steps[0]
         assert (record.index, record.tool, record.status, record.attempts) == (
             0,
             "search",
@@ -417,6 +418,22 @@ async def test_start_step_returns_the_cancel_hint(store_url: str) -> None:
         assert (await store.start_step("r", step(1), fence=OWNER.token))[1] == ("deadline", False)
         await store.request_cancel("r", "user", force=True)
         assert (await store.start_step("r", step(2), fence=OWNER.token))[1] == ("deadline", True)
+
+
+async def test_step_writes_complete_in_a_cancelled_scope(store_url: str) -> None:
+    # The runtime relies on it: a cancel arriving while a step's start or settlement is being
+    # written must not leave the caller unsure whether it was journaled.
+    async with opened(store_url) as store:
+        await reach(store, "r", State.RUNNING)
+        store.set_concurrency(2)  # SQLite: through the writer thread, an awaited hand-off
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            started = await store.start_step("r", step(0), fence=OWNER.token)
+            await store.settle_step("r", 0, StepStatus.COMMITTED, result=7, fence=OWNER.token)
+            settled = True
+        assert started == (1, None) and settled
+        journaled = (await store.load("r")).steps[0]
+        assert (journaled.status, journaled.result) == (StepStatus.COMMITTED, 7)
 
 
 async def test_attempts_increment_and_a_restart_clears_the_result(store_url: str) -> None:
@@ -431,16 +448,19 @@ async def test_attempts_increment_and_a_restart_clears_the_result(store_url: str
             idempotency_key="r/0",
             args='{"args": ["x"], "kwargs": {}}',
         )
-        first, _ = await store.start_step("r", start, fence=OWNER.token)
-        assert first.attempts == 1
-        assert (first.cancel, first.effect, first.idempotent) == (None, Effect.WRITE, True)
-        assert first.idempotency_key == "r/0"
+        assert (await store.start_step("r", start, fence=OWNER.token))[0] == 1
         journaled = (await store.load("r")).steps[0]
+        assert (journaled.cancel, journaled.effect, journaled.idempotent) == (
+            None,
+            Effect.WRITE,
+            True,
+        )
         assert (journaled.idempotency_key, journaled.args) == ("r/0", {"args": ["x"], "kwargs": {}})
         failure = ErrorInfo(type="OSError", message="disk")
         await store.settle_step("r", 0, StepStatus.FAILED, error=failure, fence=OWNER.token)
         assert (await store.load("r")).steps[0].error == failure
-        second, _ = await store.start_step("r", start, fence=OWNER.token)
+        assert (await store.start_step("r", start, fence=OWNER.token))[0] == 2
+        second = (await store.load("r")).steps[0]
         assert (second.attempts, second.status, second.error) == (2, StepStatus.RUNNING, None)
         await store.settle_step("r", 0, StepStatus.COMMITTED, result=[1, "a"], fence=OWNER.token)
         settled = (await store.load("r")).steps[0]
@@ -449,7 +469,8 @@ async def test_attempts_increment_and_a_restart_clears_the_result(store_url: str
             [1, "a"],
             2,
         )
-        third, _ = await store.start_step("r", start, fence=OWNER.token)
+        assert (await store.start_step("r", start, fence=OWNER.token))[0] == 3
+        third = (await store.load("r")).steps[0]
         assert (third.attempts, third.result) == (3, None)
         await store.start_step("r", step(1), fence=OWNER.token)
         assert [s.index for s in (await store.load("r")).steps] == [0, 1]

@@ -49,7 +49,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from ._exceptions import SchemaVersionError, StoreError, UnknownRunError
-from ._outcome import ErrorInfo, StepRecord
+from ._outcome import ErrorInfo
 from ._records import Event, Owner, RunRecord, RunSnapshot, dump_json, load_json
 from ._rows import (
     RUN_COLUMNS,
@@ -446,16 +446,16 @@ class PostgresStore:
 
     async def start_step(
         self, run_id: str, step: StepStart, *, fence: str
-    ) -> tuple[StepRecord, tuple[str, bool] | None]:
-        async def op(conn: _Conn) -> tuple[StepRecord, tuple[str, bool] | None]:
+    ) -> tuple[int, tuple[str, bool] | None]:
+        async def op(conn: _Conn) -> tuple[int, tuple[str, bool] | None]:
             run = await _check_fence(conn, run_id, fence)
             cursor = await conn.execute(
-                f"INSERT INTO haltwise.steps AS s (run_id, idx, tool, cancel, effect, idempotent, "
-                f"status, attempts, idem_key, args, cleanup, started_at) "
-                f"VALUES (%s, %s, %s, %s, %s, %s, 'running', 1, %s, %s, %s, %s) "
-                f"ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', "
-                f"attempts = s.attempts + 1, result = NULL, error = NULL, args = excluded.args, "
-                f"started_at = excluded.started_at, settled_at = NULL RETURNING {STEP_COLUMNS}",
+                "INSERT INTO haltwise.steps AS s (run_id, idx, tool, cancel, effect, idempotent, "
+                "status, attempts, idem_key, args, cleanup, started_at) "
+                "VALUES (%s, %s, %s, %s, %s, %s, 'running', 1, %s, %s, %s, %s) "
+                "ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', "
+                "attempts = s.attempts + 1, result = NULL, error = NULL, args = excluded.args, "
+                "started_at = excluded.started_at, settled_at = NULL RETURNING s.attempts",
                 (
                     run_id,
                     step.index,
@@ -469,12 +469,14 @@ class PostgresStore:
                     time.time(),
                 ),
             )
-            record = step_from_row(_fetched(await cursor.fetchone()))
+            attempts: int = _fetched(await cursor.fetchone())["attempts"]
             if run["state"] != State.CANCELLING.value:
-                return record, None
-            return record, (run["reason"] or "user", bool(run["force"]))
+                return attempts, None
+            return attempts, (run["reason"] or "user", bool(run["force"]))
 
-        return await self._run(op)
+        with anyio.CancelScope(shield=True):  # see Store.start_step
+            started = await self._run(op)
+        return started
 
     async def settle_step(
         self,
@@ -502,7 +504,8 @@ class PostgresStore:
                 (status.value, result_text, error_to_text(error), time.time(), run_id, index),
             )
 
-        await self._run(op)
+        with anyio.CancelScope(shield=True):  # see Store.settle_step
+            await self._run(op)
 
     async def append_partial(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
         text = dump_json(value, "a partial result")

@@ -49,6 +49,8 @@ class RunContext:
     probe: Probe | None = None
 
     next_step: int = 0
+    #: monotonic time of the next schedule point between steps (see _steps.call_tool)
+    next_yield: float = 0.0
     #: step indexes an earlier attempt used for cleanup after its cancel: this attempt skips them
     cleanup_indexes: frozenset[int] = frozenset()
     next_partial: int = 0

@@ -79,6 +79,18 @@ CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id, seq);
 """
 
 
+_START_STEP = """
+INSERT INTO steps (run_id, idx, tool, cancel, effect, idempotent, status, attempts, idem_key,
+                   args, cleanup, started_at)
+SELECT ?, ?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?
+WHERE EXISTS (SELECT 1 FROM runs WHERE id = ? AND owner_token = ?)
+ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = attempts + 1,
+    result = NULL, error = NULL, args = excluded.args, started_at = excluded.started_at,
+    settled_at = NULL
+RETURNING attempts, (SELECT state = 'cancelling' FROM runs WHERE id = steps.run_id)
+"""
+
+
 def _parse_url(url: str) -> tuple[str, str, float]:
     parts = urlsplit(url)
     if parts.netloc not in ("", "localhost") or not parts.path or parts.path == "/":
@@ -350,16 +362,11 @@ class SQLiteStore:
 
     async def start_step(
         self, run_id: str, step: StepStart, *, fence: str
-    ) -> tuple[StepRecord, tuple[str, bool] | None]:
-        def op(conn: sqlite3.Connection) -> tuple[StepRecord, tuple[str, bool] | None]:
-            run = _check_fence(conn, run_id, fence)
-            (attempts,) = conn.execute(
-                "INSERT INTO steps (run_id, idx, tool, cancel, effect, idempotent, status, "
-                "attempts, idem_key, args, cleanup, started_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?) "
-                "ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', "
-                "attempts = attempts + 1, result = NULL, error = NULL, args = excluded.args, "
-                "started_at = excluded.started_at, settled_at = NULL RETURNING attempts",
+    ) -> tuple[int, tuple[str, bool] | None]:
+        def op(conn: sqlite3.Connection) -> tuple[int, tuple[str, bool] | None]:
+            # One statement: the fence check, the upsert and the run's cancel state together.
+            row = conn.execute(
+                _START_STEP,
                 (
                     run_id,
                     step.index,
@@ -371,25 +378,21 @@ class SQLiteStore:
                     step.args,
                     int(step.cleanup),
                     time.time(),
+                    run_id,
+                    fence,
                 ),
             ).fetchone()
-            record = StepRecord(
-                index=step.index,
-                tool=step.tool,
-                cancel=step.cancel,
-                effect=step.effect,
-                idempotent=step.idempotent,
-                status=StepStatus.RUNNING,
-                attempts=attempts,
-                idempotency_key=step.idempotency_key,
-                args=None if step.args is None else json.loads(step.args),
-                cleanup=step.cleanup,
-            )
-            cancelling = run["state"] == State.CANCELLING.value
-            return record, ((run["reason"] or "user", bool(run["force"])) if cancelling else None)
+            if row is None:
+                _check_fence(conn, run_id, fence)  # raises why: unknown run or lost ownership
+                raise StoreError(f"run {run_id!r}: step {step.index} could not be journaled")
+            attempts, cancelling = row
+            if not cancelling:
+                return attempts, None
+            run = _check_fence(conn, run_id, fence)
+            return attempts, (run["reason"] or "user", bool(run["force"]))
 
-        started: tuple[StepRecord, tuple[str, bool] | None] = await self._writer.call(
-            op, atomic=True
+        started: tuple[int, tuple[str, bool] | None] = await self._writer.call(
+            op, atomic=True, shield=True
         )
         return started
 
@@ -426,7 +429,7 @@ class SQLiteStore:
                 _check_fence(conn, run_id, fence)
 
         if durable:
-            await self._writer.call(op, atomic=True)
+            await self._writer.call(op, atomic=True, shield=True)
         else:
             self._writer.defer(op)
 

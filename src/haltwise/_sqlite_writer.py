@@ -109,6 +109,9 @@ class Writer:
         self.conn_lock = threading.Lock()
         self._pending = 0
         self.conn: sqlite3.Connection | None = None
+        # The connection's busy timeout as last set (ms): the fast path needs 0, the writer
+        # thread the full timeout, and a PRAGMA is paid only when the user switches.
+        self._busy_ms = int(busy_timeout * 1000)
         #: Whether an idle writer may run an operation on the caller's thread. Off while many
         #: runs share the store: a commit done inline blocks the event loop, so the other runs
         #: could not queue their writes to share it (no group commit).
@@ -230,14 +233,12 @@ class Writer:
         """Open the transaction; False if another writer holds the lock and not ``wait``.
 
         Waiting is SQLite's own busy handler (the connection's busy timeout). The fast path
-        turns it off for its ``BEGIN`` alone: it must never block the event loop on another
-        process's lock, and hands the operation to the writer thread instead.
+        turns it off: it must never block the event loop on another process's lock, and hands
+        the operation to the writer thread instead.
         """
-        statement = "BEGIN IMMEDIATE" if write else "BEGIN"
-        if not wait:
-            conn.execute("PRAGMA busy_timeout = 0")
+        self._set_busy_timeout(conn, int(self.busy_timeout * 1000) if wait else 0)
         try:
-            conn.execute(statement)
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             return True
         except sqlite3.OperationalError as error:
             if "locked" not in str(error) and "busy" not in str(error):
@@ -248,9 +249,11 @@ class Writer:
                 f"store {self.path}: another writer held the database for more than "
                 f"{self.busy_timeout:g} s"
             ) from None
-        finally:
-            if not wait:
-                conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+
+    def _set_busy_timeout(self, conn: sqlite3.Connection, milliseconds: int) -> None:
+        if self._busy_ms != milliseconds:
+            conn.execute(f"PRAGMA busy_timeout = {milliseconds}")
+            self._busy_ms = milliseconds
 
     # -- submitting operations ---------------------------------------------------------------
 
@@ -302,14 +305,22 @@ class Writer:
                 self._enqueue(deferred)
 
     def defer(self, op: Op) -> None:
-        def deliver(value: Any, error: BaseException | None) -> None:
-            if error is not None:
-                self._deferred_error = error
-
         with self._lock:
-            self._deferred.append(_Item(op, True, deliver, atomic=True))
+            self._deferred.append(_Item(op, True, self._deferred_done, atomic=True))
 
-    async def call(self, op: Op, *, write: bool = True, atomic: bool = False) -> Any:
+    def _deferred_done(self, value: Any, error: BaseException | None) -> None:
+        if error is not None:
+            self._deferred_error = error  # raised to the next caller of this writer
+
+    async def call(
+        self, op: Op, *, write: bool = True, atomic: bool = False, shield: bool = False
+    ) -> Any:
+        """Run ``op`` and return once it is committed.
+
+        With ``shield``, a cancel of the caller does not interrupt the wait for the writer
+        thread, so the caller always learns how the operation ended. Only that wait needs the
+        shield: run on the fast path, the operation has no point to be cancelled at.
+        """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
 
@@ -323,7 +334,10 @@ class Writer:
 
         ran, value, error = self._submit(_Item(op, write, settle, atomic or not write, loop))
         if not ran:
-            return await future
+            if not shield:
+                return await future
+            with anyio.CancelScope(shield=True):
+                return await future
         if error is not None:
             raise error
         return value

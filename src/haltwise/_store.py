@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ._exceptions import InvalidTransitionError, StoreError
-from ._outcome import ErrorInfo, StepRecord
+from ._outcome import ErrorInfo
 from ._policy import Effect
 from ._records import Event, Owner, RunRecord, RunSnapshot
 from ._states import State, StepStatus, is_allowed
@@ -135,12 +135,14 @@ class Store(Protocol):
 
     async def start_step(
         self, run_id: str, step: StepStart, *, fence: str
-    ) -> tuple[StepRecord, tuple[str, bool] | None]:
+    ) -> tuple[int, tuple[str, bool] | None]:
         """Journal that the step's tool body is about to run (status ``running``, attempts + 1).
 
-        Returns the step record and, if the run is ``cancelling`` in the store, its
-        ``(reason, force)``, read in the same transaction: a cancel recorded by another process
-        is then acted on before the tool body runs, at no extra cost.
+        Completes even if the caller is cancelled meanwhile (the store shields its own wait), so
+        the caller always knows whether the step is journaled. Returns the step's attempts and,
+        if the run is ``cancelling`` in the store, its ``(reason, force)``, read in the same
+        transaction: a cancel recorded by another process is then acted on before the tool body
+        runs, at no extra cost.
         """
 
     async def settle_step(
@@ -154,7 +156,8 @@ class Store(Protocol):
         fence: str,
         durable: bool = True,
     ) -> None:
-        """Record how a step ended.
+        """Record how a step ended; like :meth:`start_step`, completes even if the caller is
+        cancelled meanwhile.
 
         With ``durable=False`` the store may return before the write is durable, provided it
         commits the write before (or together with) the next operation of this store object and
