@@ -312,6 +312,11 @@ class Runtime:
         for ctx in list(self._active.values()):
             await ctx.done.wait()
 
+    @property
+    def active_runs(self) -> int:
+        """How many runs this runtime is working right now."""
+        return len(self._active)
+
     def begin_hand_over(self) -> int:
         """The first half of :meth:`hand_over`: tell every run here to stop; return how many."""
         for ctx in self._active.values():
@@ -467,11 +472,13 @@ class Runtime:
 
     async def _drive(self, ctx: RunContext, inputs: dict[str, Any], deadline: float | None) -> None:
         try:
-            async with anyio.create_task_group() as timers:
-                if deadline is not None:
-                    timers.start_soon(self._deadline, ctx, deadline)
+            if deadline is None:
                 ending = await call_task(ctx, inputs)
-                timers.cancel_scope.cancel()
+            else:
+                async with anyio.create_task_group() as timers:
+                    timers.start_soon(self._deadline, ctx, deadline)
+                    ending = await call_task(ctx, inputs)
+                    timers.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
                 await finish(ctx, ending)
         except LostOwnershipError:

@@ -16,7 +16,6 @@ import anyio
 
 from ._exceptions import (
     Cancelled,
-    InputError,
     NonDeterminismError,
     StoreError,
     UnknownStepError,
@@ -48,11 +47,14 @@ async def call_tool(tool: Tool[..., Any], args: tuple[Any, ...], kwargs: dict[st
         return tool.fn(*args, **kwargs)
     if run.probe is not None:
         await run.probe("before", run.peek_step())
-    # A schedule point between steps: the store's fast path may not yield at all, and other
-    # runs, the watcher and in-process cancel requests must get their turn. At most one per
-    # _YIELD_INTERVAL, as a run that yields at every step spends ~5% of a trivial step on it.
+    # A schedule point between steps, for other runs, the watcher and in-process cancel
+    # requests. Needed only where a step may not yield by itself: a replayed step, or the
+    # SQLite store's fast path (one run active). At most one per _YIELD_INTERVAL: a run that
+    # yields at every step spends ~5% of a trivial step on it.
     now = time.monotonic()
-    if now >= run.next_yield:
+    if now >= run.next_yield and (
+        run.runtime.active_runs <= 1 or run.peek_step() in run.journal
+    ):
         run.next_yield = now + _YIELD_INTERVAL
         await anyio.lowlevel.checkpoint()
     run.raise_if_cancelled()
@@ -179,6 +181,9 @@ class _Flight:
                     await self.ctx.probe("during", self.step.index)
                 with self.scope:
                     value = await self._invoke()
+                if not self.scope.cancelled_caught:
+                    # Outside the body's scope: a cancel arriving now finds the body done,
+                    # and the step commits (the cancel is delivered after it).
                     return await self._commit(value)
             except Cancelled:
                 if self.ctx.cancel_reason is None:
@@ -211,11 +216,8 @@ class _Flight:
 
     async def _commit(self, value: Any) -> Any:
         index = self.step.index
-        try:
-            text = JSONText(dump_json(value, f"the result of step {index} ({self.tool.name})"))
-        except InputError as error:
-            await settle(self.ctx, index, StepStatus.FAILED, error=ErrorInfo.of(error))
-            raise
+        # An unserialisable result raises InputError: run() settles the step failed.
+        text = JSONText(dump_json(value, f"the result of step {index} ({self.tool.name})"))
         durable = not self.tool.policy.may_defer_settle
         await settle(self.ctx, index, StepStatus.COMMITTED, result=text, durable=durable)
         # Hand the task the journaled form, so that a replay sees exactly the same value.
