@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -645,6 +646,28 @@ async def test_sqlite_file_with_foreign_tables(sqlite_url: str) -> None:
     with pytest.raises(StoreError, match="other tables"):
         await store.open()
     await store.close()
+
+
+async def test_sqlite_new_file_uses_small_pages_and_an_old_one_keeps_its_own(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    path = sqlite_url.removeprefix("sqlite:///")
+    async with opened(sqlite_url):
+        pass
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA page_size").fetchone()[0] == 1024
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    # A file created with another page size (by an earlier haltwise) is used as it is.
+    old = tmp_path / "old.db"
+    with contextlib.closing(sqlite3.connect(old)) as conn:
+        conn.execute("PRAGMA page_size = 4096")
+        conn.execute("VACUUM")
+    async with opened(f"sqlite:///{old}") as store:
+        await reach(store, "r", State.RUNNING)
+        await store.start_step("r", step(0), fence=OWNER.token)
+    with contextlib.closing(sqlite3.connect(old)) as conn:
+        assert conn.execute("PRAGMA page_size").fetchone()[0] == 4096
+        assert conn.execute("SELECT count(*) FROM steps").fetchone()[0] == 1
 
 
 # -- PostgreSQL specifics ------------------------------------------------------------------------

@@ -54,19 +54,25 @@ def run_from_row(row: Mapping[str, Any]) -> RunRecord:
     )
 
 
+#: value -> member, a dict lookup: calling the enum costs more, and a load converts every step
+_EFFECTS = {effect.value: effect for effect in Effect}
+_STEP_STATUSES = {status.value: status for status in StepStatus}
+
+
 def step_from_row(row: Mapping[str, Any]) -> StepRecord:
+    result, error, args = row["result"], row["error"], row["args"]
     return StepRecord(
         index=row["idx"],
         tool=row["tool"],
         cancel=row["cancel"],
-        effect=Effect(row["effect"]),
+        effect=_EFFECTS[row["effect"]],
         idempotent=bool(row["idempotent"]),
-        status=StepStatus(row["status"]),
+        status=_STEP_STATUSES[row["status"]],
         attempts=row["attempts"],
-        result=load_json(row["result"]),
-        error=error_from_text(row["error"]),
+        result=None if result is None else json.loads(result),
+        error=None if error is None else error_from_text(error),
         idempotency_key=row["idem_key"],
-        args=load_json(row["args"]),
+        args=None if args is None else json.loads(args),
         cleanup=bool(row["cleanup"]),
     )
 

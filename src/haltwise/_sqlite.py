@@ -46,6 +46,9 @@ from ._store import (
     plan_cancel,
 )
 
+#: The page size of a new store file (bytes).
+_PAGE_SIZE = 1024
+
 #: How often wait_for_change looks at PRAGMA data_version (seconds).
 _POLL_INTERVAL = 0.010
 
@@ -184,6 +187,11 @@ class SQLiteStore:
             }
             if tables and "haltwise_meta" not in tables:
                 raise StoreError(f"{self.path} is not a haltwise store (it holds other tables)")
+            if not tables:
+                # A new file: small pages, as a journal commits a few small rows at a time and
+                # the cost of a commit's sync grows with the bytes it writes (see
+                # docs/benchmarks.md). Only possible before the switch to WAL.
+                conn.execute(f"PRAGMA page_size = {_PAGE_SIZE}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute("BEGIN IMMEDIATE")

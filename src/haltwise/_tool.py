@@ -10,6 +10,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from ._exceptions import NotInTaskError, PolicyError
 from ._policy import CancelPolicy, Effect, ToolPolicy
+from ._steps import call_tool as _call_tool
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -39,9 +40,7 @@ class Tool(Generic[P, R]):
             TOOLS[name] = self
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
-        from ._steps import call_tool
-
-        return call_tool(self, args, kwargs)
+        return _call_tool(self, args, kwargs)
 
     @property
     def description(self) -> str:
