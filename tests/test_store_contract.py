@@ -491,6 +491,22 @@ async def test_a_settlement_that_need_not_be_durable_is_written_by_the_next_oper
         assert (settled.status, settled.result) == (StepStatus.COMMITTED, "x")
 
 
+async def test_a_settlement_that_need_not_be_durable_is_committed_while_the_store_waits(
+    store_url: str,
+) -> None:
+    # With no next write to ride with, it is committed within some tens of milliseconds (by the
+    # watcher's calls to wait_for_change), so that other processes see the step settled.
+    async with opened(store_url) as store, opened(store_url) as other:
+        await reach(store, "r", State.RUNNING)
+        await store.start_step("r", step(0), fence=OWNER.token)
+        await store.settle_step(
+            "r", 0, StepStatus.COMMITTED, result="x", fence=OWNER.token, durable=False
+        )
+        with anyio.fail_after(5):
+            while (await other.load("r")).steps[0].status is not StepStatus.COMMITTED:
+                await store.wait_for_change(0.05)
+
+
 async def test_append_partial_is_idempotent_per_seq(store_url: str) -> None:
     async with opened(store_url) as store:
         await reach(store, "r", State.RUNNING)

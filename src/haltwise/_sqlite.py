@@ -540,7 +540,7 @@ class SQLiteStore:
         start = self._changes if since is None else since
         deadline = time.monotonic() + timeout
         while self._changes == start and time.monotonic() < deadline:
-            self._writer.flush_deferred()
+            self._writer.flush_deferred(older_than=_POLL_INTERVAL)
             await anyio.sleep(min(_POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
             version = self._read_data_version()
             if version != self._data_version:

@@ -17,6 +17,7 @@ import asyncio
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,6 +103,8 @@ class Writer:
         # Settlements whose caller does not wait for durability: they ride along with the next
         # operation's transaction (one commit for "settle step k" + "start step k+1").
         self._deferred: list[_Item] = []
+        #: monotonic time when _deferred last became non-empty
+        self._deferred_since = 0.0
         self._deferred_error: BaseException | None = None
         # _lock guards _deferred and _pending (items queued or in the writer's hands);
         # conn_lock guards the one connection, used by the writer or by the fast path.
@@ -298,14 +301,18 @@ class Writer:
         for queued in batch:
             self._queue.put(queued)
 
-    def flush_deferred(self) -> None:
+    def flush_deferred(self, *, older_than: float = 0.0) -> None:
+        """Hand the deferred settlements to the writer thread, if any has waited ``older_than``
+        seconds: a run that writes again sooner takes them along in its own commit."""
         with self._lock:
-            if self._deferred:
+            if self._deferred and time.monotonic() - self._deferred_since >= older_than:
                 deferred, self._deferred = self._deferred, []
                 self._enqueue(deferred)
 
     def defer(self, op: Op) -> None:
         with self._lock:
+            if not self._deferred:
+                self._deferred_since = time.monotonic()
             self._deferred.append(_Item(op, True, self._deferred_done, atomic=True))
 
     def _deferred_done(self, value: Any, error: BaseException | None) -> None:
