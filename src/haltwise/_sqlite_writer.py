@@ -113,7 +113,7 @@ class Writer:
         self._pending = 0
         self.conn: sqlite3.Connection | None = None
         # The connection's busy timeout as last set (ms): the fast path needs 0, the writer
-        # thread the full timeout, and a PRAGMA is paid only when the user switches.
+        # thread the full timeout, and a PRAGMA is paid only on a switch between the two.
         self._busy_ms = int(busy_timeout * 1000)
         #: Whether an idle writer may run an operation on the caller's thread. Off while many
         #: runs share the store: a commit done inline blocks the event loop, so the other runs
