@@ -448,15 +448,13 @@ class PostgresStore:
         self, run_id: str, step: StepStart, *, fence: str
     ) -> tuple[int, tuple[str, bool] | None]:
         async def op(conn: _Conn) -> tuple[int, tuple[str, bool] | None]:
-            run = await _check_fence(conn, run_id, fence)
+            # One statement (one round trip): the fence check with its share lock, the upsert
+            # and the run's cancel state together.
             cursor = await conn.execute(
-                "INSERT INTO haltwise.steps AS s (run_id, idx, tool, cancel, effect, idempotent, "
-                "status, attempts, idem_key, args, cleanup, started_at) "
-                "VALUES (%s, %s, %s, %s, %s, %s, 'running', 1, %s, %s, %s, %s) "
-                "ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', "
-                "attempts = s.attempts + 1, result = NULL, error = NULL, args = excluded.args, "
-                "started_at = excluded.started_at, settled_at = NULL RETURNING s.attempts",
+                _START_STEP,
                 (
+                    run_id,
+                    fence,
                     run_id,
                     step.index,
                     step.tool,
@@ -469,10 +467,13 @@ class PostgresStore:
                     time.time(),
                 ),
             )
-            attempts: int = _fetched(await cursor.fetchone())["attempts"]
-            if run["state"] != State.CANCELLING.value:
-                return attempts, None
-            return attempts, (run["reason"] or "user", bool(run["force"]))
+            row = await cursor.fetchone()
+            if row is None:
+                await _check_fence(conn, run_id, fence)  # raises why: unknown run, lost owner
+                raise StoreError(f"run {run_id!r}: step {step.index} could not be journaled")
+            if row["state"] != State.CANCELLING.value:
+                return row["attempts"], None
+            return row["attempts"], (row["reason"] or "user", bool(row["force"]))
 
         with anyio.CancelScope(shield=True):  # see Store.start_step
             started = await self._run(op)
@@ -497,12 +498,21 @@ class PostgresStore:
                 # (of any session) or the WAL writer shortly after: a crash of this process loses
                 # nothing, a crash of the server at most the last few hundred milliseconds.
                 await conn.execute("SET LOCAL synchronous_commit = off")
-            await _check_fence(conn, run_id, fence)
-            await conn.execute(
-                "UPDATE haltwise.steps SET status = %s, result = %s, error = %s, settled_at = %s "
-                "WHERE run_id = %s AND idx = %s",
-                (status.value, result_text, error_to_text(error), time.time(), run_id, index),
+            cursor = await conn.execute(
+                _SETTLE_STEP,
+                (
+                    run_id,
+                    fence,
+                    status.value,
+                    result_text,
+                    error_to_text(error),
+                    time.time(),
+                    run_id,
+                    index,
+                ),
             )
+            if not cursor.rowcount:
+                await _check_fence(conn, run_id, fence)  # raises if the run is not ours
 
         with anyio.CancelScope(shield=True):  # see Store.settle_step
             await self._run(op)
@@ -717,6 +727,32 @@ async def _lock_run(conn: _Conn, run_id: str) -> DictRow:
     if row is None:
         raise UnknownRunError(run_id)
     return row
+
+
+#: start_step in one statement; the CTE share-locks the run's row, as _check_fence does
+_START_STEP = """
+WITH run AS (
+    SELECT state, reason, force FROM haltwise.runs
+    WHERE id = %s AND owner_token = %s FOR SHARE
+)
+INSERT INTO haltwise.steps AS s (run_id, idx, tool, cancel, effect, idempotent, status, attempts,
+                                 idem_key, args, cleanup, started_at)
+SELECT %s::text, %s::integer, %s::text, %s::text, %s::text, %s::boolean, 'running', 1,
+       %s::text, %s::text, %s::boolean, %s::double precision
+FROM run
+ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = s.attempts + 1,
+    result = NULL, error = NULL, args = excluded.args, started_at = excluded.started_at,
+    settled_at = NULL
+RETURNING s.attempts, (SELECT state FROM run) AS state, (SELECT reason FROM run) AS reason,
+    (SELECT force FROM run) AS force
+"""
+
+#: settle_step in one statement, fenced like _START_STEP
+_SETTLE_STEP = """
+WITH run AS (SELECT 1 FROM haltwise.runs WHERE id = %s AND owner_token = %s FOR SHARE)
+UPDATE haltwise.steps SET status = %s, result = %s, error = %s, settled_at = %s
+WHERE run_id = %s AND idx = %s AND EXISTS (SELECT 1 FROM run)
+"""
 
 
 async def _check_fence(conn: _Conn, run_id: str, fence: str) -> DictRow:
