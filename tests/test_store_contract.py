@@ -477,15 +477,20 @@ async def test_attempts_increment_and_a_restart_clears_the_result(store_url: str
         assert [s.index for s in (await store.load("r")).steps] == [0, 1]
 
 
+async def settle_without_durability(store: Store) -> None:
+    """Run ``r``, its step 0 started durably and settled ``committed`` with ``durable=False``."""
+    await reach(store, "r", State.RUNNING)
+    await store.start_step("r", step(0), fence=OWNER.token)
+    await store.settle_step(
+        "r", 0, StepStatus.COMMITTED, result="x", fence=OWNER.token, durable=False
+    )
+
+
 async def test_a_settlement_that_need_not_be_durable_is_written_by_the_next_operation(
     store_url: str,
 ) -> None:
     async with opened(store_url) as store, opened(store_url) as other:
-        await reach(store, "r", State.RUNNING)
-        await store.start_step("r", step(0), fence=OWNER.token)
-        await store.settle_step(
-            "r", 0, StepStatus.COMMITTED, result="x", fence=OWNER.token, durable=False
-        )
+        await settle_without_durability(store)
         await store.start_step("r", step(1), fence=OWNER.token)
         settled = (await other.load("r")).steps[0]
         assert (settled.status, settled.result) == (StepStatus.COMMITTED, "x")
@@ -497,11 +502,7 @@ async def test_a_settlement_that_need_not_be_durable_is_committed_while_the_stor
     # With no next write to ride with, it is committed within some tens of milliseconds (by the
     # watcher's calls to wait_for_change), so that other processes see the step settled.
     async with opened(store_url) as store, opened(store_url) as other:
-        await reach(store, "r", State.RUNNING)
-        await store.start_step("r", step(0), fence=OWNER.token)
-        await store.settle_step(
-            "r", 0, StepStatus.COMMITTED, result="x", fence=OWNER.token, durable=False
-        )
+        await settle_without_durability(store)
         with anyio.fail_after(5):
             while (await other.load("r")).steps[0].status is not StepStatus.COMMITTED:
                 await store.wait_for_change(0.05)

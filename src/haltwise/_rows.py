@@ -60,7 +60,7 @@ _STEP_STATUSES = {status.value: status for status in StepStatus}
 
 
 def step_from_row(row: Mapping[str, Any]) -> StepRecord:
-    result, error, args = row["result"], row["error"], row["args"]
+    result, args = row["result"], row["args"]
     return StepRecord(
         index=row["idx"],
         tool=row["tool"],
@@ -70,7 +70,7 @@ def step_from_row(row: Mapping[str, Any]) -> StepRecord:
         status=_STEP_STATUSES[row["status"]],
         attempts=row["attempts"],
         result=None if result is None else json.loads(result),
-        error=None if error is None else error_from_text(error),
+        error=error_from_text(row["error"]),
         idempotency_key=row["idem_key"],
         args=None if args is None else json.loads(args),
         cleanup=bool(row["cleanup"]),

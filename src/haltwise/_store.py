@@ -161,7 +161,8 @@ class Store(Protocol):
 
         With ``durable=False`` the store may return before the write is durable, provided it
         commits the write before (or together with) the next operation of this store object and
-        within some tens of milliseconds otherwise. A store may always treat it as ``True``.
+        otherwise within some tens of milliseconds of :meth:`wait_for_change` being called (the
+        runtime's watcher calls it all the time). A store may always treat it as ``True``.
         """
 
     async def append_partial(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
