@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import sys
 import tempfile
 import time
@@ -35,6 +36,7 @@ from _report import header, median, table
 from bench_core import raw_loop
 
 import haltwise
+from haltwise._sqlite import _PAGE_SIZE, _SCHEMA, _SETTLE_STEP, _START_STEP
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 EFFECTS = ("none", "write")
@@ -69,6 +71,40 @@ async def concurrent_runs(url: str, runs: int, steps_: int, effect: str) -> floa
     return runs * steps_ / elapsed
 
 
+def sql_alone(path: Path, runs: int, steps_: int) -> float:
+    """Steps per second of haltwise's own journal statements for ``runs`` runs, without its
+    runtime: step by step, for every run the previous step's settlement and the next step's
+    start, committed in batches of at most 256 runs (the store's group commit holds at most 512
+    operations). Same schema, statements, page size and settings (WAL + FULL) as the store."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(f"PRAGMA page_size = {_PAGE_SIZE}")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    for statement in filter(str.strip, _SCHEMA.split(";")):
+        conn.execute(statement)
+    ids = [f"run-{k}" for k in range(runs)]
+    conn.executemany(
+        "INSERT INTO runs (id, task, state, inputs, owner_token, created_at, updated_at) "
+        "VALUES (?, 'bench:scale', 'running', '{}', 'owner', 0, 0)",
+        [(run_id,) for run_id in ids],
+    )
+    start = time.perf_counter()
+    for i in range(steps_):
+        for first in range(0, runs, 256):
+            conn.execute("BEGIN IMMEDIATE")
+            for run_id in ids[first : first + 256]:
+                if i:
+                    settle = ("committed", str(i - 1), None, time.time(), run_id, i - 1)
+                    conn.execute(_SETTLE_STEP, (*settle, run_id, "owner"))
+                key = f"{run_id}:{i}:0123456789abcdef"
+                start_step = (run_id, i, "trivial_none", "interruptible", "none", 0, key)
+                conn.execute(_START_STEP, (*start_step, None, 0, time.time(), run_id, "owner"))
+            conn.execute("COMMIT")
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return runs * steps_ / elapsed
+
+
 def ceiling(base: Path, repeat: int, commits: int = 1000) -> float:
     """Commits per second of the raw one-INSERT-per-COMMIT loop (WAL + FULL), median."""
     return median([1 / raw_loop(base / f"ceiling-{r}.db", commits, "FULL") for r in range(repeat)])
@@ -87,6 +123,8 @@ def plot(report: dict[str, Any], path: Path) -> str:
     for effect, marker in zip(EFFECTS, ("o", "s"), strict=True):
         rates = [cell["median"] for cell in report["cells"][effect]]
         axes.plot(runs, rates, marker=marker, label=f'haltwise, effect="{effect}"')
+    alone = [cell["median"] for cell in report["cells"]["sql_alone"]]
+    axes.plot(runs, alone, marker="^", linestyle="-.", label="haltwise's SQL alone (no runtime)")
     roof = report["ceiling_steps_per_s"]
     axes.axhline(roof, color="grey", linestyle="--", label="one commit per step (raw sqlite3)")
     axes.axhline(10 * roof, color="grey", linestyle=":", label="10x that (the target at 1,000)")
@@ -136,6 +174,12 @@ def main() -> None:
                 for r in range(args.repeat)
             ]
             cells[effect].append({"runs": runs, "steps_per_s": rates, "median": median(rates)})
+        alone = [
+            sql_alone(base / f"sql-{runs}-{r}.db", runs, args.steps) for r in range(args.repeat)
+        ]
+        cells.setdefault("sql_alone", []).append(
+            {"runs": runs, "steps_per_s": alone, "median": median(alone)}
+        )
     report = {
         "command": " ".join(["python", *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -149,8 +193,8 @@ def main() -> None:
     rows = []
     for i, runs in enumerate(run_counts):
         row: list[object] = [f"{runs:,}", f"{runs * args.steps:,}"]
-        for effect in EFFECTS:
-            rate = cells[effect][i]["median"]
+        for column in (*EFFECTS, "sql_alone"):
+            rate = cells[column][i]["median"]
             row += [f"{rate:,.0f}", f"{rate / roof:.1f}x"]
         rows.append(row)
     print(
@@ -159,7 +203,12 @@ def main() -> None:
     )
     headers = ["runs", "steps", 'effect="none" steps/s', "x ceiling"]
     headers += ['effect="write" steps/s', "x ceiling"]
+    headers += ["haltwise's SQL alone, steps/s", "x ceiling"]
     print(table(headers, rows))
+    print(
+        "\n(SQL alone: the store's own statements for as many runs, batched as group commit"
+        " batches them, with no runtime: the rate the journal itself allows.)"
+    )
     at_most = cells["none"][-1]
     goal_met = at_most["median"] >= 10 * roof
     print(

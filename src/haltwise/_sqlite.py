@@ -93,6 +93,11 @@ ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = attempts 
 RETURNING attempts, (SELECT state = 'cancelling' FROM runs WHERE id = steps.run_id)
 """
 
+_SETTLE_STEP = """
+UPDATE steps SET status = ?, result = ?, error = ?, settled_at = ?
+WHERE run_id = ? AND idx = ? AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND owner_token = ?)
+"""
+
 
 def _parse_url(url: str) -> tuple[str, str, float]:
     parts = urlsplit(url)
@@ -419,9 +424,7 @@ class SQLiteStore:
 
         def op(conn: sqlite3.Connection) -> None:
             updated = conn.execute(
-                "UPDATE steps SET status = ?, result = ?, error = ?, settled_at = ? "
-                "WHERE run_id = ? AND idx = ? "
-                "AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND owner_token = ?)",
+                _SETTLE_STEP,
                 (
                     status.value,
                     result_text,
