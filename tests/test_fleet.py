@@ -208,6 +208,10 @@ def check_not_worked_twice(executions: list[Execution], *, handed_from: set[int]
 # -- the fleet test ---------------------------------------------------------------------------
 
 
+#: how long each tool body of the worker to be killed takes (seconds)
+VICTIM_STEP_DELAY = 0.05
+
+
 @dataclass(frozen=True, slots=True)
 class Scale:
     workers: int
@@ -417,7 +421,11 @@ def run_fleet(
     workers: list[WorkerProcess] = []
     try:
         env = {"FLEET_STEP_DELAY": str(scale.step_delay)}
-        workers = [WorkerProcess(url, world, env=env) for _ in range(scale.workers)]
+        # The victim's bodies last longer: one seen begun must still be running when the kill
+        # lands. A 4 ms body could end between the look and the kill (a kill between steps).
+        slow = {"FLEET_STEP_DELAY": str(max(scale.step_delay, VICTIM_STEP_DELAY))}
+        workers = [WorkerProcess(url, world, env=slow)]
+        workers += [WorkerProcess(url, world, env=env) for _ in range(scale.workers - 1)]
         record = anyio.run(drive_fleet, url, world, scale, workers[0], rng)
         assert record.in_flight, "the victim was killed between runs, not mid-way"
         before = anyio.run(load_all, url, ids)
