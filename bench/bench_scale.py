@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _peer_haltwise import trivial_none, trivial_write
+from _peer_haltwise import trivial_run
 from _report import header, median, table
 from bench_core import raw_loop
 
@@ -42,21 +42,12 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 EFFECTS = ("none", "write")
 
 
-@haltwise.task(name="bench:scale")
-async def steps(n: int, effect: str) -> int:
-    tool = trivial_none if effect == "none" else trivial_write
-    total = 0
-    for i in range(n):
-        total += await tool(i)
-    return total
-
-
 async def concurrent_runs(url: str, runs: int, steps_: int, effect: str) -> float:
     """Aggregate durable steps per second of ``runs`` runs started together."""
     failed: list[haltwise.Outcome] = []
 
     async def one(runtime: haltwise.Runtime, k: int) -> None:
-        handle = await runtime.start(steps, steps_, effect, task_id=f"run-{k}")
+        handle = await runtime.start(trivial_run, steps_, effect, task_id=f"run-{k}")
         outcome = await handle.outcome()
         if outcome.state is not haltwise.State.COMPLETED:
             failed.append(outcome)
