@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import anyio
@@ -55,6 +56,94 @@ async def test_a_database_locked_by_another_writer_is_waited_for(sqlite_url: str
     assert outcome.state is State.COMPLETED
     assert toolkit.calls["read_async"] == 1
     assert (await anyio.to_thread.run_sync(haltwise.verify_store, sqlite_url)).ok
+
+
+async def test_with_many_runs_a_locked_database_never_stalls_the_event_loop(
+    sqlite_url: str,
+) -> None:
+    # With several runs active their writes are committed on the event loop's own thread, a
+    # batch per loop iteration. Another process holding the lock must send the batch to the
+    # writer thread, which waits for it, instead of stalling the loop for as long as it is held.
+    path = sqlite_url.removeprefix("sqlite:///")
+    locked, unlock = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        locked.set()
+        unlock.wait(10)
+        conn.execute("COMMIT")
+        conn.close()
+
+    gaps: list[float] = []
+
+    async def tick(until: threading.Event) -> None:
+        last = time.monotonic()
+        while not until.is_set():
+            await anyio.sleep(0.005)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    async with haltwise.Runtime(sqlite_url) as rt:
+        handles = [
+            await rt.start(toolkit.one_step, "read_async", task_id=f"m{i}") for i in range(5)
+        ]
+        with anyio.fail_after(10):
+            while toolkit.calls["quick"] < len(handles):  # each run is at the gate
+                await anyio.sleep(0.01)
+        holder = threading.Thread(target=hold_the_lock)
+        holder.start()
+        await anyio.to_thread.run_sync(locked.wait)
+        toolkit.go_on.set()
+        toolkit.release.set()
+        async with anyio.create_task_group() as group:
+            group.start_soon(tick, unlock)
+            await anyio.sleep(1.0)  # the lock is held on purpose for a while
+            assert toolkit.calls["read_async"] == 0, "a tool body ran before its start was durable"
+            unlock.set()
+        outcomes = [await handle.outcome() for handle in handles]
+        holder.join()
+    assert {outcome.state for outcome in outcomes} == {State.COMPLETED}
+    assert toolkit.calls["read_async"] == len(handles)
+    assert max(gaps) < 0.5, f"the event loop stalled for {max(gaps):.2f} s"
+    assert (await anyio.to_thread.run_sync(haltwise.verify_store, sqlite_url)).ok
+
+
+@haltwise.tool(cancel="interruptible", effect="none")
+async def bump(i: int) -> int:
+    return i + 1
+
+
+@haltwise.task(name="test_faults:bumps")
+async def bumps(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += await bump(i)
+    return total
+
+
+async def test_many_runs_share_their_commits(sqlite_url: str) -> None:
+    # Group commit: 50 runs of 4 steps write 200 step starts (each durable before its body
+    # runs), and far fewer transactions, because the runs' writes are committed together.
+    runs, steps = 50, 4
+    async with haltwise.Runtime(sqlite_url) as rt:
+        commits = []  # write transactions
+        rt.store._writer.conn.set_trace_callback(  # type: ignore[attr-defined]
+            lambda sql: commits.append(sql) if sql == "BEGIN IMMEDIATE" else None
+        )
+        outcomes: list[haltwise.Outcome] = []
+
+        async def one(k: int) -> None:
+            handle = await rt.start(bumps, steps, task_id=f"g{k}")
+            outcomes.append(await handle.outcome())
+
+        async with anyio.create_task_group() as group:
+            for k in range(runs):
+                group.start_soon(one, k)
+    assert [outcome.result for outcome in outcomes] == [steps * (steps + 1) // 2] * runs
+    assert sum(len(o.steps) for o in outcomes) == runs * steps
+    assert len(commits) < runs, f"{len(commits)} commits for {runs * steps} steps"
 
 
 @haltwise.task(name="test_faults:chatty")

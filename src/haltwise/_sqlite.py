@@ -534,7 +534,8 @@ class SQLiteStore:
         return {row[0]: (row[1] or "user", bool(row[2])) for row in rows if row[0] in wanted}
 
     def set_concurrency(self, active_runs: int) -> None:
-        # One run: commit on the caller's thread (no thread hop). Several: group commit.
+        # One run: commit each write at once (no wait). Several: group commit, batched per
+        # iteration of the event loop (see _sqlite_writer).
         self._writer.fast_path = active_runs <= 1
 
     async def wait_for_change(self, timeout: float, since: int | None = None) -> int:

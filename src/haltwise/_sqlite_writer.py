@@ -1,12 +1,25 @@
-"""The SQLite writer: one connection, one thread, group commit, and a fast path.
+"""The SQLite writer: one connection, group commit, and three ways to reach it.
 
-Every operation is a short function of a connection, run in the order it was submitted. The
-writer thread drains whatever is queued and commits it as one transaction (group commit), each
-operation inside its own savepoint so that one failing operation changes nothing while the others
-in its batch commit. A caller is resumed only after the commit that holds its operation returned,
-so each write is durable (at the connection's ``synchronous`` setting) when it returns. When the
-writer is idle with nothing queued, an operation runs at once on the caller's thread instead (the
-fast path), without ever waiting for another process's lock. Several processes may share the
+Every operation is a short function of a connection, run in the order it was submitted, and
+committed together with whatever else is ready (group commit), each operation inside its own
+savepoint so that one failing operation changes nothing while the others in its batch commit. A
+caller is resumed only after the commit that holds its operation returned, so each write is
+durable (at the connection's ``synchronous`` setting) when it returns. An operation is run:
+
+- at once on the caller's thread (the fast path), when one run is active and the writer is idle;
+- with many runs active, in the event loop's batch: every operation submitted from the loop
+  during one iteration is committed together, on the loop's own thread, at the start of the
+  next one, after every task made ready by the previous batch has run up to its next write;
+- otherwise by the writer thread, which drains whatever is queued and commits it as one
+  transaction: for a caller that is not on an event loop (``emit`` from a tool's thread), and
+  whenever the other two find the database locked by another process.
+
+The fast path and the loop's batch never wait for another process's lock (they would block the
+event loop): they hand their operations to the writer thread instead, which waits up to the busy
+timeout. They run on the loop's thread, not the writer's, because the two threads share one GIL:
+a writer thread that releases the GIL for each statement waits, to get it back, for the loop to
+give it up (up to the interpreter's switch interval, 5 ms) whenever the loop is busy running the
+other runs, which it is exactly when there is a batch to commit. Several processes may share the
 file: ``BEGIN IMMEDIATE``, retried until the busy timeout, serialises writers, and WAL lets
 readers go on meanwhile.
 """
@@ -79,6 +92,13 @@ def _deliver_all(batch: list[_Item], outcomes: list[tuple[Any, BaseException | N
             pass
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def _run_deliveries(deliveries: list[tuple[_Deliver, Any, BaseException | None]]) -> None:
     for deliver, value, error in deliveries:
         deliver(value, error)
@@ -117,8 +137,14 @@ class Writer:
         self._busy_ms = int(busy_timeout * 1000)
         #: Whether an idle writer may run an operation on the caller's thread. Off while many
         #: runs share the store: a commit done inline blocks the event loop, so the other runs
-        #: could not queue their writes to share it (no group commit).
+        #: could not queue their writes to share it; they go to the loop's batch instead.
         self.fast_path = True
+        # The loop's batch: operations submitted from _batch_loop since its last flush, which
+        # is scheduled on that loop (or, while the writer thread has operations queued, waits
+        # for it to finish them: _batch_waits; the writer then schedules it).
+        self._loop_batch: list[_Item] = []
+        self._batch_loop: asyncio.AbstractEventLoop | None = None
+        self._batch_waits = False
 
     @property
     def running(self) -> bool:
@@ -140,7 +166,9 @@ class Writer:
         """Commit what is deferred, let the queue drain, close the connection."""
         thread, self._thread = self._thread, None
         if thread is not None:
-            self.flush_deferred()
+            with self._lock:  # what is left of the loop's batch goes to the writer thread
+                self._enqueue([*self._deferred, *self._loop_batch])
+                self._deferred, self._loop_batch = [], []
             self._queue.put(None)
             await anyio.to_thread.run_sync(thread.join)
 
@@ -162,6 +190,9 @@ class Writer:
                     outcomes = self._execute(batch, wait=True)
                 with self._lock:
                     self._pending -= len(batch)
+                    if not self._pending and self._batch_waits:
+                        self._batch_waits = False
+                        self._schedule_loop_batch()
                 assert outcomes is not None
                 _deliver_all(batch, outcomes)
                 if stop:
@@ -261,7 +292,8 @@ class Writer:
     # -- submitting operations ---------------------------------------------------------------
 
     def _submit(self, item: _Item) -> tuple[bool, Any, BaseException | None]:
-        """Run ``item`` here and now if the store is idle, else hand it to the writer thread.
+        """Run ``item`` here and now if the store is idle, else add it to the loop's batch or
+        hand it to the writer thread (see the module docstring).
 
         Returns ``(True, value, error)`` when it ran here. The fast path needs the writer idle
         with nothing queued, so operations still commit in the order they were submitted; it
@@ -273,6 +305,13 @@ class Writer:
         if error is not None:
             raise error
         with self._lock:
+            if not self.fast_path and item.loop is not None:
+                if self._batch_loop is None:
+                    self._batch_loop = item.loop
+                    self._schedule_loop_batch()
+                if self._batch_loop is item.loop:
+                    self._loop_batch.append(item)
+                    return False, None, None
             batch, self._deferred = [*self._deferred, item], []
             inline = (
                 self.fast_path
@@ -301,11 +340,52 @@ class Writer:
         for queued in batch:
             self._queue.put(queued)
 
-    def flush_deferred(self, *, older_than: float = 0.0) -> None:
-        """Hand the deferred settlements to the writer thread, if any has waited ``older_than``
-        seconds: a run that writes again sooner takes them along in its own commit."""
+    def _schedule_loop_batch(self) -> None:
+        """Have _batch_loop flush its batch; the caller holds ``self._lock``."""
+        assert self._batch_loop is not None
+        try:
+            self._batch_loop.call_soon_threadsafe(self._flush_loop_batch)
+        except RuntimeError:  # that loop is closed: nobody waits for its batch any more
+            self._batch_loop, self._loop_batch = None, []
+
+    def _flush_loop_batch(self) -> None:
+        """Commit the loop's batch (with the deferred settlements) on this, the loop's thread.
+
+        Scheduled once per batch, when its first operation is added; runs after every task that
+        was ready then. It waits while the writer thread has operations queued (they were
+        submitted first), and hands the batch to it if another process holds the lock.
+        """
         with self._lock:
-            if self._deferred and time.monotonic() - self._deferred_since >= older_than:
+            if self._pending:
+                self._batch_waits = True
+                return
+            batch = [*self._deferred, *self._loop_batch]
+            self._deferred, self._loop_batch, self._batch_loop = [], [], None
+            if not batch:
+                return  # stop() handed what was left to the writer thread
+        with self.conn_lock:
+            outcomes = self._execute(batch, wait=False)
+        if outcomes is None:
+            with self._lock:
+                self._enqueue(batch)
+            return
+        for item, (value, error) in zip(batch, outcomes, strict=True):
+            item.deliver(value, error)
+
+    def flush_deferred(self, *, older_than: float = 0.0) -> None:
+        """Commit the deferred settlements soon, if any has waited ``older_than`` seconds: a
+        run that writes again sooner takes them along in its own commit. Called from the event
+        loop, they go to its batch while many runs are active, else to the writer thread."""
+        with self._lock:
+            if not self._deferred or time.monotonic() - self._deferred_since < older_than:
+                return
+            if self._batch_loop is not None:
+                return  # the loop's next batch takes them along
+            loop = None if self.fast_path else _running_loop()
+            if loop is not None:
+                self._batch_loop = loop
+                self._schedule_loop_batch()
+            else:
                 deferred, self._deferred = self._deferred, []
                 self._enqueue(deferred)
 
