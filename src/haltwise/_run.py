@@ -113,14 +113,14 @@ class RunContext:
         return f"{self.run_id}:{index}:{_KEYS.getrandbits(64):016x}"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class StepCancelHook:
     """How the step in flight reacts to a (non-forced) cancel; set by the step executor."""
 
     on_cancel: Callable[[], None]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class StepContext:
     """What a tool body can ask about the step it runs as."""
 

@@ -48,12 +48,27 @@ _MAX_BATCH = 512
 class _Item:
     op: Op
     write: bool
-    deliver: _Deliver
+    #: who learns the outcome: a callback, or (for a caller on an event loop) a future of
+    #: ``loop``, set there (batched wake-ups)
+    deliver: _Deliver | None
     #: the op writes with at most one statement, so a failure leaves nothing to undo and it
     #: needs no savepoint of its own in a batch (SQLite undoes a failed statement by itself)
     atomic: bool = False
-    #: for a caller on an event loop: its loop, and ``deliver`` runs there (batched wake-ups)
     loop: asyncio.AbstractEventLoop | None = None
+    future: asyncio.Future[Any] | None = None
+
+    def hand(self, value: Any, error: BaseException | None) -> None:
+        """Give the operation's outcome to whoever waits for it (on the future's loop)."""
+        future = self.future
+        if future is None:
+            assert self.deliver is not None
+            self.deliver(value, error)
+        elif future.done():
+            pass  # its waiter was cancelled; the operation still happened
+        elif error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
 
 
 @dataclass(slots=True)
@@ -78,13 +93,13 @@ def store_error(path: str, error: sqlite3.Error) -> StoreError:
 
 def _deliver_all(batch: list[_Item], outcomes: list[tuple[Any, BaseException | None]]) -> None:
     """Hand each operation its outcome: one wake-up per event loop for the whole batch."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Deliver, Any, BaseException | None]]]
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Item, Any, BaseException | None]]]
     by_loop = {}
     for item, (value, error) in zip(batch, outcomes, strict=True):
         if item.loop is None:
-            item.deliver(value, error)
+            item.hand(value, error)
         else:
-            by_loop.setdefault(item.loop, []).append((item.deliver, value, error))
+            by_loop.setdefault(item.loop, []).append((item, value, error))
     for loop, deliveries in by_loop.items():
         try:
             loop.call_soon_threadsafe(_run_deliveries, deliveries)
@@ -99,9 +114,9 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def _run_deliveries(deliveries: list[tuple[_Deliver, Any, BaseException | None]]) -> None:
-    for deliver, value, error in deliveries:
-        deliver(value, error)
+def _run_deliveries(deliveries: list[tuple[_Item, Any, BaseException | None]]) -> None:
+    for item, value, error in deliveries:
+        item.hand(value, error)
 
 
 class Writer:
@@ -330,7 +345,7 @@ class Writer:
                 self._enqueue(batch)
             return False, None, None
         for earlier, (_, earlier_error) in zip(batch[:-1], outcomes, strict=False):
-            earlier.deliver(None, earlier_error)
+            earlier.hand(None, earlier_error)
         value, error = outcomes[-1]
         return True, value, error
 
@@ -370,7 +385,7 @@ class Writer:
                 self._enqueue(batch)
             return
         for item, (value, error) in zip(batch, outcomes, strict=True):
-            item.deliver(value, error)
+            item.hand(value, error)
 
     def flush_deferred(self, *, older_than: float = 0.0) -> None:
         """Commit the deferred settlements soon, if any has waited ``older_than`` seconds: a
@@ -410,16 +425,8 @@ class Writer:
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-
-        def settle(value: Any, error: BaseException | None) -> None:
-            if future.done():  # the waiter was cancelled; the operation still happened
-                return
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(value)
-
-        ran, value, error = self._submit(_Item(op, write, settle, atomic or not write, loop))
+        item = _Item(op, write, None, atomic or not write, loop, future)
+        ran, value, error = self._submit(item)
         if not ran:
             if not shield:
                 return await future

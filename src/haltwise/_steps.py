@@ -145,6 +145,8 @@ async def settle(
 class _Flight:
     """A tool body in flight, and how it reacts to a cancel according to its policy."""
 
+    __slots__ = ("args", "ctx", "kwargs", "policy", "scope", "step", "thread", "tool")
+
     def __init__(
         self,
         run: RunContext,
