@@ -687,6 +687,29 @@ async def test_sqlite_new_file_uses_small_pages_and_an_old_one_keeps_its_own(
         assert conn.execute("SELECT count(*) FROM steps").fetchone()[0] == 1
 
 
+async def test_sqlite_writes_run_on_the_loop_and_listings_never_do(sqlite_url: str) -> None:
+    # A step's writes are committed on the event loop's thread (one run: at once; many: in the
+    # loop's batch), so they pay no thread hop; a listing, whose cost grows with the store, is
+    # run by the writer thread in either case, so that it never holds up the event loop.
+    loop_thread = threading.get_ident()
+    ran_on: dict[str, set[bool]] = {"step": set(), "listing": set()}
+
+    def trace(sql: str) -> None:
+        sql = sql.strip()
+        kind = "step" if sql.startswith("INSERT INTO steps") else "listing"
+        if kind == "step" or sql.startswith("SELECT id, task"):
+            ran_on[kind].add(threading.get_ident() == loop_thread)
+
+    async with opened(sqlite_url) as store:
+        await reach(store, "r", State.RUNNING)
+        store._writer.conn.set_trace_callback(trace)  # type: ignore[attr-defined]
+        for index, active_runs in enumerate((1, 5)):
+            store.set_concurrency(active_runs)
+            await store.start_step("r", step(index), fence=OWNER.token)
+            assert [run.id for run in await store.list_runs()] == ["r"]
+    assert ran_on == {"step": {True}, "listing": {False}}
+
+
 # -- PostgreSQL specifics ------------------------------------------------------------------------
 
 

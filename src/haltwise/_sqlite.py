@@ -499,7 +499,7 @@ class SQLiteStore:
                 run_from_row(row) for row in conn.execute(sql + " ORDER BY created_at, id", args)
             ]
 
-        runs: list[RunRecord] = await self._writer.call(op, write=False)
+        runs: list[RunRecord] = await self._writer.call(op, write=False, bulk=True)
         return runs
 
     async def partial_seqs(self) -> dict[str, list[int]]:
@@ -509,7 +509,7 @@ class SQLiteStore:
                 seqs.setdefault(row[0], []).append(row[1])
             return seqs
 
-        result: dict[str, list[int]] = await self._writer.call(op, write=False)
+        result: dict[str, list[int]] = await self._writer.call(op, write=False, bulk=True)
         return result
 
     async def events(self, run_id: str | None = None) -> list[Event]:
@@ -521,7 +521,7 @@ class SQLiteStore:
                 args = (run_id,)
             return [event_from_row(row) for row in conn.execute(sql + " ORDER BY seq", args)]
 
-        events: list[Event] = await self._writer.call(op, write=False)
+        events: list[Event] = await self._writer.call(op, write=False, bulk=True)
         return events
 
     async def cancel_requests(self, run_ids: Collection[str]) -> dict[str, tuple[str, bool]]:

@@ -56,6 +56,9 @@ class _Item:
     atomic: bool = False
     loop: asyncio.AbstractEventLoop | None = None
     future: asyncio.Future[Any] | None = None
+    #: its cost grows with the store (a listing): run by the writer thread only, so that it
+    #: never holds up the event loop
+    bulk: bool = False
 
     def hand(self, value: Any, error: BaseException | None) -> None:
         """Give the operation's outcome to whoever waits for it (on the future's loop)."""
@@ -320,7 +323,7 @@ class Writer:
         if error is not None:
             raise error
         with self._lock:
-            if not self.fast_path and item.loop is not None:
+            if not self.fast_path and item.loop is not None and not item.bulk:
                 if self._batch_loop is None:
                     self._batch_loop = item.loop
                     self._schedule_loop_batch()
@@ -330,6 +333,7 @@ class Writer:
             batch, self._deferred = [*self._deferred, item], []
             inline = (
                 self.fast_path
+                and not item.bulk
                 and self._pending == 0
                 and self.conn_lock.acquire(blocking=False)
             )
@@ -415,17 +419,24 @@ class Writer:
             self._deferred_error = error  # raised to the next caller of this writer
 
     async def call(
-        self, op: Op, *, write: bool = True, atomic: bool = False, shield: bool = False
+        self,
+        op: Op,
+        *,
+        write: bool = True,
+        atomic: bool = False,
+        shield: bool = False,
+        bulk: bool = False,
     ) -> Any:
         """Run ``op`` and return once it is committed.
 
-        With ``shield``, a cancel of the caller does not interrupt the wait for the writer
-        thread, so the caller always learns how the operation ended. Only that wait needs the
-        shield: run on the fast path, the operation has no point to be cancelled at.
+        With ``shield``, a cancel of the caller does not interrupt the wait for the operation,
+        so the caller always learns how it ended. Only that wait needs the shield: run on the
+        fast path, the operation has no point to be cancelled at. A ``bulk`` operation (one
+        whose cost grows with the store) is always run by the writer thread.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        item = _Item(op, write, None, atomic or not write, loop, future)
+        item = _Item(op, write, None, atomic or not write, loop, future, bulk)
         ran, value, error = self._submit(item)
         if not ran:
             if not shield:
