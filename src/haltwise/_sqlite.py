@@ -50,6 +50,12 @@ from ._store import (
 #: The page size of a new store file (bytes).
 _PAGE_SIZE = 1024
 
+#: The page cache of the writer's connection (KiB; SQLite's default is 2 MiB). With many runs
+#: active a batch touches a page or more per run: a cache smaller than those pages re-reads
+#: them from the OS at every batch (measured: 5.3 read calls per step at 1,000 runs with the
+#: default, 1.2 with this). It only grows as pages are read, up to this bound.
+_CACHE_KIB = 16384
+
 #: How often wait_for_change looks at PRAGMA data_version (seconds).
 _POLL_INTERVAL = 0.010
 
@@ -225,6 +231,7 @@ class SQLiteStore:
                 conn.execute(f"PRAGMA page_size = {_PAGE_SIZE}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
             conn.execute("BEGIN IMMEDIATE")
             for statement in filter(str.strip, _SCHEMA.split(";")):
                 conn.execute(statement)
