@@ -6,7 +6,8 @@
    request -> the run recorded final there. Side by side: the same cancel in-process.
 2. ``haltwise cancel ID`` as a command (a new Python process each time), request -> final.
 3. CPU used by a process whose run waits idle in an interruptible tool, against a bare
-   asyncio process sleeping (the floor).
+   asyncio process sleeping (the floor) and one that only wakes every 10 ms, the watcher's
+   poll interval (what waking that often costs on this machine by itself).
 
 usage: python bench/bench_cross_process.py [--trials N] [--cli-trials N] [--idle-seconds S]
 """
@@ -84,6 +85,17 @@ def cli_cancels(url: str, trials: int) -> list[float]:
     return latencies
 
 
+#: What the watcher's poll costs by itself: an event loop that wakes every 10 ms (its interval)
+#: and does nothing else.
+_POLL_LOOP = """
+import asyncio
+async def poll():
+    while True:
+        await asyncio.sleep(0.010)
+asyncio.run(poll())
+"""
+
+
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
@@ -145,6 +157,11 @@ def main() -> None:
         args.idle_seconds,
         None,
     )
+    polling = idle_cpu(
+        [sys.executable, "-c", _POLL_LOOP],
+        args.idle_seconds,
+        None,
+    )
     print(f"CPU of an idle process over {args.idle_seconds:g} s:\n")
     print(
         table(
@@ -152,6 +169,7 @@ def main() -> None:
             [
                 ["a run waiting in an interruptible tool (watching for cancels)", f"{waiting:.2f}"],
                 ["baseline: bare asyncio.sleep", f"{floor:.2f}"],
+                ["baseline: a bare asyncio loop waking every 10 ms", f"{polling:.2f}"],
             ],
         )
     )
