@@ -6,8 +6,8 @@
    request -> the run recorded final there. Side by side: the same cancel in-process.
 2. ``haltwise cancel ID`` as a command (a new Python process each time), request -> final.
 3. CPU used by a process whose run waits idle in an interruptible tool, against a bare
-   asyncio process sleeping (the floor) and one that only wakes every 10 ms, the watcher's
-   poll interval (what waking that often costs on this machine by itself).
+   asyncio process sleeping (the floor) and one that only wakes as often as the watcher polls
+   (what waking that often costs on this machine by itself).
 
 usage: python bench/bench_cross_process.py [--trials N] [--cli-trials N] [--idle-seconds S]
 """
@@ -27,6 +27,7 @@ from _report import header, percentile, table
 from bench_core import cancel_latencies
 
 import haltwise
+from haltwise._sqlite import _POLL_INTERVAL
 
 HERE = Path(__file__).resolve().parent
 
@@ -85,13 +86,12 @@ def cli_cancels(url: str, trials: int) -> list[float]:
     return latencies
 
 
-#: What the watcher's poll costs by itself: an event loop that wakes every 10 ms (its interval)
-#: and does nothing else.
-_POLL_LOOP = """
+#: What the watcher's poll costs by itself: an event loop that wakes as often and does nothing.
+_POLL_LOOP = f"""
 import asyncio
 async def poll():
     while True:
-        await asyncio.sleep(0.010)
+        await asyncio.sleep({_POLL_INTERVAL})
 asyncio.run(poll())
 """
 
@@ -169,7 +169,10 @@ def main() -> None:
             [
                 ["a run waiting in an interruptible tool (watching for cancels)", f"{waiting:.2f}"],
                 ["baseline: bare asyncio.sleep", f"{floor:.2f}"],
-                ["baseline: a bare asyncio loop waking every 10 ms", f"{polling:.2f}"],
+                [
+                    f"baseline: a bare asyncio loop waking every {_POLL_INTERVAL * 1000:g} ms",
+                    f"{polling:.2f}",
+                ],
             ],
         )
     )
