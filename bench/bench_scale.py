@@ -198,8 +198,9 @@ def main() -> None:
     headers += ["haltwise's SQL alone, steps/s", "x ceiling"]
     print(table(headers, rows))
     print(
-        "\n(SQL alone: the store's own statements for as many runs, batched as group commit"
-        " batches them, with no runtime: the rate the journal itself allows.)"
+        "\n(SQL alone: the store's own step statements for as many runs, every run's in one"
+        " transaction per step as the event loop's batch commits them, with no runtime: the"
+        " rate the journal's statements allow.)"
     )
     at_most = cells["none"][-1]
     goal_met = at_most["median"] >= 10 * roof
