@@ -710,6 +710,30 @@ async def test_sqlite_writes_run_on_the_loop_and_listings_never_do(sqlite_url: s
     assert ran_on == {"step": {True}, "listing": {False}}
 
 
+async def test_sqlite_closing_commits_the_loops_pending_batch(sqlite_url: str) -> None:
+    # Writes waiting in the event loop's batch when the store closes are handed to the writer
+    # thread and committed: their callers learn the outcome, nothing hangs or is lost.
+    store = open_store(sqlite_url)
+    await store.open()
+    await reach(store, "r", State.RUNNING)
+    store.set_concurrency(2)
+    started: list[tuple[int, tuple[str, bool] | None]] = []
+
+    async def start(index: int) -> None:
+        started.append(await store.start_step("r", step(index), fence=OWNER.token))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            for index in range(3):
+                group.start_soon(start, index)
+            await anyio.lowlevel.checkpoint()  # they ran up to their writes; no flush yet
+            assert not started
+            await store.close()
+    assert started == [(1, None)] * 3
+    async with opened(sqlite_url) as again:
+        assert [s.index for s in (await again.load("r")).steps] == [0, 1, 2]
+
+
 # -- PostgreSQL specifics ------------------------------------------------------------------------
 
 
