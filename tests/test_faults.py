@@ -27,23 +27,24 @@ def _fresh_toolkit() -> None:
     toolkit.reset()
 
 
+def hold_the_write_lock(path: str, locked: threading.Event, unlock: threading.Event) -> None:
+    """Hold the file's write lock from another connection until ``unlock`` (at most 10 s)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    locked.set()
+    unlock.wait(10)
+    conn.execute("COMMIT")
+    conn.close()
+
+
 async def test_a_database_locked_by_another_writer_is_waited_for(sqlite_url: str) -> None:
     path = sqlite_url.removeprefix("sqlite:///")
     locked = threading.Event()
     unlock = threading.Event()
-
-    def hold_the_lock() -> None:
-        conn = sqlite3.connect(path, isolation_level=None)
-        conn.execute("BEGIN IMMEDIATE")
-        locked.set()
-        unlock.wait(10)
-        conn.execute("COMMIT")
-        conn.close()
-
     async with haltwise.Runtime(sqlite_url) as rt:
         handle = await rt.start(toolkit.one_step, "read_async", task_id="blocked")
         await toolkit.between.wait()
-        holder = threading.Thread(target=hold_the_lock)
+        holder = threading.Thread(target=hold_the_write_lock, args=(path, locked, unlock))
         holder.start()
         await anyio.to_thread.run_sync(locked.wait)
         toolkit.go_on.set()
@@ -66,15 +67,6 @@ async def test_with_many_runs_a_locked_database_never_stalls_the_event_loop(
     # writer thread, which waits for it, instead of stalling the loop for as long as it is held.
     path = sqlite_url.removeprefix("sqlite:///")
     locked, unlock = threading.Event(), threading.Event()
-
-    def hold_the_lock() -> None:
-        conn = sqlite3.connect(path, isolation_level=None)
-        conn.execute("BEGIN IMMEDIATE")
-        locked.set()
-        unlock.wait(10)
-        conn.execute("COMMIT")
-        conn.close()
-
     gaps: list[float] = []
 
     async def tick(until: threading.Event) -> None:
@@ -92,7 +84,7 @@ async def test_with_many_runs_a_locked_database_never_stalls_the_event_loop(
         with anyio.fail_after(10):
             while toolkit.calls["quick"] < len(handles):  # each run is at the gate
                 await anyio.sleep(0.01)
-        holder = threading.Thread(target=hold_the_lock)
+        holder = threading.Thread(target=hold_the_write_lock, args=(path, locked, unlock))
         holder.start()
         await anyio.to_thread.run_sync(locked.wait)
         toolkit.go_on.set()
