@@ -1,0 +1,57 @@
+"""One measurement for ``compare_revisions.py``, run in a fresh process against whichever
+haltwise ``PYTHONPATH`` points at; prints one number per fresh database.
+
+usage: python _measure_once.py scale RUNS EFFECT   (durable steps per second, 20-step runs)
+       python _measure_once.py sequential STEPS SYNCHRONOUS   (us per step, one run)
+
+Only haltwise's public API is used, so that any revision can be measured.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+
+import anyio
+from _peer_haltwise import trivial_run
+
+import haltwise
+
+DATABASES = 2
+
+
+async def scale(url: str, runs: int, effect: str) -> float:
+    async def one(runtime: haltwise.Runtime, k: int) -> None:
+        handle = await runtime.start(trivial_run, 20, effect, task_id=f"run-{k}")
+        if (await handle.outcome()).state is not haltwise.State.COMPLETED:
+            raise SystemExit(f"run {k} did not complete")
+
+    async with haltwise.Runtime(url) as runtime:
+        start = time.perf_counter()
+        async with anyio.create_task_group() as group:
+            for k in range(runs):
+                group.start_soon(one, runtime, k)
+        return runs * 20 / (time.perf_counter() - start)
+
+
+async def sequential(url: str, steps: int) -> float:
+    async with haltwise.Runtime(url) as runtime:
+        start = time.perf_counter()
+        handle = await runtime.start(trivial_run, steps, "none", task_id="sequential")
+        await handle.outcome()
+        return (time.perf_counter() - start) / steps * 1e6
+
+
+def main() -> None:
+    kind, size, setting = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    for _ in range(DATABASES):
+        path = f"{tempfile.mkdtemp(prefix='haltwise-compare-')}/journal.db"
+        if kind == "scale":
+            print(anyio.run(scale, f"sqlite:///{path}", size, setting))
+        else:
+            print(anyio.run(sequential, f"sqlite:///{path}?synchronous={setting}", size))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""The same measurements on an earlier revision of haltwise and on the working tree, side by side.
+
+Each measurement runs in a fresh process (``_measure_once.py``), alternating between the two
+source trees round after round, so that the machine's slow and fast spells fall on both alike;
+the table shows the medians. The earlier revision is checked out in a temporary git worktree
+(removed afterwards); the benchmark code itself is always the working tree's.
+
+usage: python bench/compare_revisions.py REV [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from _report import header, median, table
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+#: (what, kind, size, setting, unit): scale measures steps/s (higher is better), sequential
+#: us per step (lower is better)
+CASES = [
+    ("1,000 runs, effect=none", "scale", 1000, "none", "steps/s"),
+    ("1,000 runs, effect=write", "scale", 1000, "write", "steps/s"),
+    ("100 runs, effect=none", "scale", 100, "none", "steps/s"),
+    ("10 runs, effect=none", "scale", 10, "none", "steps/s"),
+    ("1 run, 1,000 steps, FULL", "sequential", 1000, "full", "us/step"),
+    ("1 run, 5,000 steps, NORMAL", "sequential", 5000, "normal", "us/step"),
+]
+
+
+def measure(source: Path, kind: str, size: int, setting: str) -> list[float]:
+    env = dict(os.environ, PYTHONPATH=str(source))
+    command = [sys.executable, str(HERE / "_measure_once.py"), kind, str(size), setting]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=HERE)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr}")
+    return [float(line) for line in done.stdout.split()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("rev", help="the earlier revision (anything git rev-parse takes)")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    rev = subprocess.run(
+        ["git", "rev-parse", "--short", args.rev], cwd=ROOT, capture_output=True, text=True
+    )
+    if rev.returncode:
+        raise SystemExit(f"not a revision: {args.rev}")
+    short = rev.stdout.strip()
+    worktree = Path(tempfile.mkdtemp(prefix="haltwise-rev-"))
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", "-q", str(worktree), short], cwd=ROOT, check=True
+    )
+    trees = {short: worktree / "src", "working tree": ROOT / "src"}
+    try:
+        results: dict[tuple[str, str], list[float]] = {}
+        for _ in range(args.rounds):
+            for what, kind, size, setting, _unit in CASES:
+                for name, source in trees.items():
+                    results.setdefault((what, name), []).extend(
+                        measure(source, kind, size, setting)
+                    )
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT)
+    print(header(f"haltwise at {short} against the working tree (SQLite, WAL)"))
+    print(f"{args.rounds} rounds, alternating, {2 * args.rounds} fresh databases per cell:\n")
+    rows = []
+    for what, _kind, _size, _setting, unit in CASES:
+        before, after = median(results[(what, short)]), median(results[(what, "working tree")])
+        change = after / before - 1
+        better = "higher" if unit == "steps/s" else "lower"
+        shown = f"{change:+.0%}" if abs(change) >= 0.005 else "0%"
+        rows.append(
+            [what, f"{unit} ({better} is better)", f"{before:,.1f}", f"{after:,.1f}", shown]
+        )
+    print(table(["case", "unit", short, "working tree", "change"], rows))
+
+
+if __name__ == "__main__":
+    main()
