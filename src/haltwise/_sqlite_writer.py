@@ -391,7 +391,7 @@ class Writer:
         for item, (value, error) in zip(batch, outcomes, strict=True):
             item.hand(value, error)
 
-    def flush_deferred(self, *, older_than: float = 0.0) -> None:
+    def flush_deferred(self, *, older_than: float) -> None:
         """Commit the deferred settlements soon, if any has waited ``older_than`` seconds: a
         run that writes again sooner takes them along in its own commit. Called from the event
         loop, they go to its batch while many runs are active, else to the writer thread."""
