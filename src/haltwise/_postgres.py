@@ -45,7 +45,7 @@ import anyio
 import psycopg
 from psycopg import errors
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from ._exceptions import SchemaVersionError, StoreError, UnknownRunError
@@ -556,11 +556,12 @@ class PostgresStore:
     async def load(self, run_id: str) -> RunSnapshot:
         async def op(conn: _Conn) -> RunSnapshot:
             run = await _load_run(conn, run_id)
-            cursor = await conn.execute(
-                f"SELECT {STEP_COLUMNS} FROM haltwise.steps WHERE run_id = %s ORDER BY idx",
-                (run_id,),
-            )
-            steps = tuple(step_from_row(row) for row in await cursor.fetchall())
+            async with conn.cursor(row_factory=tuple_row) as rows:  # step_from_row: by position
+                await rows.execute(
+                    f"SELECT {STEP_COLUMNS} FROM haltwise.steps WHERE run_id = %s ORDER BY idx",
+                    (run_id,),
+                )
+                steps = tuple(map(step_from_row, await rows.fetchall()))
             cursor = await conn.execute(
                 "SELECT value FROM haltwise.partials WHERE run_id = %s ORDER BY seq", (run_id,)
             )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._outcome import ErrorInfo, StepRecord
@@ -59,21 +59,28 @@ _EFFECTS = {effect.value: effect for effect in Effect}
 _STEP_STATUSES = {status.value: status for status in StepStatus}
 
 
-def step_from_row(row: Mapping[str, Any]) -> StepRecord:
-    result, args = row["result"], row["args"]
+def step_from_row(row: Sequence[Any]) -> StepRecord:
+    """A step from a row of ``STEP_COLUMNS``, in that order.
+
+    By position, not by name: a load converts every step of the run, and looking columns up by
+    name cost about a third of it.
+    """
+    index, tool, cancel, effect, idempotent, status, attempts, result, error, key, args, cleanup = (
+        row
+    )
     return StepRecord(
-        index=row["idx"],
-        tool=row["tool"],
-        cancel=row["cancel"],
-        effect=_EFFECTS[row["effect"]],
-        idempotent=bool(row["idempotent"]),
-        status=_STEP_STATUSES[row["status"]],
-        attempts=row["attempts"],
+        index=index,
+        tool=tool,
+        cancel=cancel,
+        effect=_EFFECTS[effect],
+        idempotent=bool(idempotent),
+        status=_STEP_STATUSES[status],
+        attempts=attempts,
         result=None if result is None else json.loads(result),
-        error=error_from_text(row["error"]),
-        idempotency_key=row["idem_key"],
+        error=error_from_text(error),
+        idempotency_key=key,
         args=None if args is None else json.loads(args),
-        cleanup=bool(row["cleanup"]),
+        cleanup=bool(cleanup),
     )
 
 

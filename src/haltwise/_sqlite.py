@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 import anyio
 
 from ._exceptions import SchemaVersionError, StoreError, UnknownRunError
-from ._outcome import ErrorInfo, StepRecord
+from ._outcome import ErrorInfo
 from ._records import Event, Owner, RunRecord, RunSnapshot, dump_json
 from ._rows import (
     RUN_COLUMNS,
@@ -268,10 +268,10 @@ class SQLiteStore:
 
         def op(conn: sqlite3.Connection) -> tuple[RunRecord, bool]:
             now = time.time()
-            cursor = conn.execute(
+            inserted = conn.execute(
                 "INSERT INTO runs (id, task, state, inputs, owner, owner_token, lease_until, "
                 "parent, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (id) DO NOTHING",
+                f"ON CONFLICT (id) DO NOTHING RETURNING {RUN_COLUMNS}",
                 (
                     run.id,
                     run.task,
@@ -284,11 +284,11 @@ class SQLiteStore:
                     now,
                     now,
                 ),
-            )
-            created = cursor.rowcount == 1
-            if created:
-                _record_event(conn, run.id, None, run.state, None, now)
-            return _load_run(conn, run.id), created
+            ).fetchone()
+            if inserted is None:
+                return _load_run(conn, run.id), False
+            _record_event(conn, run.id, None, run.state, None, now)
+            return run_from_row(inserted), True
 
         result: tuple[RunRecord, bool] = await self._writer.call(op)
         return result
@@ -319,14 +319,14 @@ class SQLiteStore:
 
         def op(conn: sqlite3.Connection) -> RunRecord:
             current = _load_run(conn, run_id)
-            if fence is not None:
-                _check_fence(conn, run_id, fence)
+            if fence is not None and (current.owner is None or current.owner.token != fence):
+                raise _lost(run_id)
             check_transition(run_id, current.state, target, expected)
             now = time.time()
-            _update_run(conn, run_id, {**fields, "updated_at": now})
+            record = _update_run(conn, run_id, {**fields, "updated_at": now})
             event_reason = fields.get("reason", current.reason)
             _record_event(conn, run_id, current.state, target, event_reason, now)
-            return _load_run(conn, run_id)
+            return record
 
         record: RunRecord = await self._writer.call(op)
         return record
@@ -339,10 +339,10 @@ class SQLiteStore:
             if not fields:
                 return current
             now = time.time()
-            _update_run(conn, run_id, {**fields, "updated_at": now})
+            record = _update_run(conn, run_id, {**fields, "updated_at": now})
             if plan.target is not None:
                 _record_event(conn, run_id, current.state, plan.target, reason, now)
-            return _load_run(conn, run_id)
+            return record
 
         record: RunRecord = await self._writer.call(op)
         return record
@@ -481,12 +481,12 @@ class SQLiteStore:
     async def load(self, run_id: str) -> RunSnapshot:
         def op(conn: sqlite3.Connection) -> RunSnapshot:
             run = _load_run(conn, run_id)
-            steps = tuple(
-                step_from_row(row)
-                for row in conn.execute(
-                    f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY idx", (run_id,)
-                )
+            rows = conn.cursor()
+            rows.row_factory = None  # plain tuples: step_from_row reads them by position
+            rows.execute(
+                f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY idx", (run_id,)
             )
+            steps = tuple(map(step_from_row, rows))
             partials = tuple(
                 json.loads(row[0])
                 for row in conn.execute(
@@ -586,13 +586,6 @@ def _load_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
     return run_from_row(row)
 
 
-def _load_step(conn: sqlite3.Connection, run_id: str, index: int) -> StepRecord:
-    row = conn.execute(
-        f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? AND idx = ?", (run_id, index)
-    ).fetchone()
-    return step_from_row(row)
-
-
 def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.Row:
     row: sqlite3.Row | None = conn.execute(
         "SELECT owner_token, state, reason, force FROM runs WHERE id = ?", (run_id,)
@@ -600,15 +593,22 @@ def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.R
     if row is None:
         raise UnknownRunError(run_id)
     if row["owner_token"] != fence:
-        raise LostOwnershipError(
-            f"run {run_id!r} is no longer held by this process", task_id=run_id
-        )
+        raise _lost(run_id)
     return row
 
 
-def _update_run(conn: sqlite3.Connection, run_id: str, fields: dict[str, Any]) -> None:
+def _lost(run_id: str) -> LostOwnershipError:
+    return LostOwnershipError(f"run {run_id!r} is no longer held by this process", task_id=run_id)
+
+
+def _update_run(conn: sqlite3.Connection, run_id: str, fields: dict[str, Any]) -> RunRecord:
+    """Write ``fields`` to the run's row (it exists) and return the run as updated."""
     assignments = ", ".join(f"{name} = ?" for name in fields)
-    conn.execute(f"UPDATE runs SET {assignments} WHERE id = ?", (*fields.values(), run_id))
+    row = conn.execute(
+        f"UPDATE runs SET {assignments} WHERE id = ? RETURNING {RUN_COLUMNS}",
+        (*fields.values(), run_id),
+    ).fetchone()
+    return run_from_row(row)
 
 
 def _record_event(
