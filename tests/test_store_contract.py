@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from haltwise._check import verify
 from haltwise._exceptions import (
     InvalidTransitionError,
     SchemaVersionError,
@@ -119,6 +120,22 @@ async def test_create_run_is_idempotent_on_id(store_url: str) -> None:
         assert not created
         assert again == first
         assert [e.target for e in await store.events("r")] == [State.PENDING]
+
+
+async def test_a_run_created_running_records_its_creation_and_its_start(store_url: str) -> None:
+    async with opened(store_url) as store:
+        record, created = await store.create_run(
+            NewRun(id="r", task="t", inputs={}, state=State.RUNNING, owner=OWNER)
+        )
+        assert created
+        assert record.state is State.RUNNING
+        assert record.owner == OWNER
+        events = await store.events("r")
+        assert [(e.source, e.target) for e in events] == [
+            (None, State.PENDING),
+            (State.PENDING, State.RUNNING),
+        ]
+        assert (await verify(store)).ok
         assert [run.id for run in await store.list_runs()] == ["r"]
 
 
@@ -1003,8 +1020,9 @@ async def test_completion_racing_a_cancel_ends_in_one_final_state(store_url: str
             assert sum(target.is_final for target in path) == 1, path
             key = "/".join(target.value for target in path)
             outcomes[key] = outcomes.get(key, 0) + 1
+    # A run created running has its creation as pending and its start as its first two events.
     assert set(outcomes) <= {
-        "running/completed",
-        "running/cancelling/completed",
-        "running/cancelling/cancelled",
+        "pending/running/completed",
+        "pending/running/cancelling/completed",
+        "pending/running/cancelling/cancelled",
     }, outcomes

@@ -316,7 +316,9 @@ class PostgresStore:
             )
             created = cursor.rowcount == 1
             if created:
-                await _record_event(conn, run.id, None, run.state, None, now)
+                await _record_event(conn, run.id, None, State.PENDING, None, now)
+                if run.state is not State.PENDING:
+                    await _record_event(conn, run.id, State.PENDING, run.state, None, now)
                 await _notify(conn, run.id)
             return await _load_run(conn, run.id), created
 

@@ -20,7 +20,6 @@ from ._ending import call_task, fail_refused, finish, settle_takeover
 from ._exceptions import (
     HaltwiseError,
     InputError,
-    InvalidTransitionError,
     ResumeRefusedError,
     RunOwnedError,
     StoreError,
@@ -168,10 +167,12 @@ class Runtime:
             raise InputError("task_id must be a non-empty string")
         if run_id in self._active:
             return TaskHandle(self, run_id)
+        # Created running, ours, in one transaction: no moment at which it is pending.
         new = NewRun(
             id=run_id,
             task=name or task.name,
             inputs=inputs,
+            state=State.RUNNING,
             owner=self.owner,
             lease_until=self._lease_until(),
             parent=parent,
@@ -179,12 +180,6 @@ class Runtime:
         _, created = await self.store.create_run(new)
         if not created:
             return TaskHandle(self, run_id)
-        try:
-            await self.store.transition(
-                run_id, State.RUNNING, expected={State.PENDING}, fence=self.owner.token
-            )
-        except (InvalidTransitionError, LostOwnershipError):
-            return TaskHandle(self, run_id)  # cancelled before it began: nothing runs
         ctx = self._context(run_id, task, None, {}, frozenset())
         ctx.probe = probe
         self._launch(ctx, inputs, deadline)

@@ -287,7 +287,9 @@ class SQLiteStore:
             ).fetchone()
             if inserted is None:
                 return _load_run(conn, run.id), False
-            _record_event(conn, run.id, None, run.state, None, now)
+            _record_event(conn, run.id, None, State.PENDING, None, now)
+            if run.state is not State.PENDING:
+                _record_event(conn, run.id, State.PENDING, run.state, None, now)
             return run_from_row(inserted), True
 
         result: tuple[RunRecord, bool] = await self._writer.call(op)

@@ -47,7 +47,12 @@ UNSET: Any = _Unset()
 
 @dataclass(frozen=True, slots=True)
 class NewRun:
-    """What :meth:`Store.create_run` records: a run in ``state`` (``pending`` or ``running``)."""
+    """What :meth:`Store.create_run` records: a run in ``state`` (``pending`` or ``running``).
+
+    A run created ``running`` (a runtime starting it at once) has two events, its creation as
+    ``pending`` and its start, recorded in the same transaction: its history reads as if it had
+    been created and then started, with no moment at which it was ``pending``.
+    """
 
     id: str
     task: str
