@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml | $(VENV)
 test: install
 	bash scripts/ensure-postgres.sh
 	$(BIN)/ruff check $(LINT_DIRS)
+	$(BIN)/ruff format --check $(LINT_DIRS)
 	$(BIN)/mypy
 	HALTWISE_PG_BIN="$$(bash scripts/ensure-postgres.sh)" HALTWISE_REQUIRE_POSTGRES=1 \
 	timeout --signal=INT --kill-after=30 $(TEST_TIMEOUT) \
@@ -33,6 +34,7 @@ test: install
 
 lint: install
 	$(BIN)/ruff check $(LINT_DIRS)
+	$(BIN)/ruff format --check $(LINT_DIRS)
 
 typecheck: install
 	$(BIN)/mypy

@@ -16,7 +16,7 @@ from test_cli import AGENT, PATIENCE, Env, error_line, step_is
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "examples" / "research_agent.py"
 
-BROKEN = '''
+BROKEN = """
 import anyio
 import haltwise
 from haltwise.testing import record_effect
@@ -37,7 +37,7 @@ async def look() -> int:
 async def pay() -> str:
     await look()
     return await charge(5)
-'''
+"""
 
 
 @pytest.fixture
@@ -57,8 +57,13 @@ def test_submit_prints_the_id_and_records_a_pending_run_once(env: Env) -> None:
     assert (again.returncode, again.stdout) == (0, "q1\n")
     runs = json.loads(env.hw("list", "--json").stdout)["runs"]
     assert runs == [
-        {"id": "q1", "task": "agent.py:flow", "state": "pending", "reason": None,
-         "retry": "restart"}
+        {
+            "id": "q1",
+            "task": "agent.py:flow",
+            "state": "pending",
+            "reason": None,
+            "retry": "restart",
+        }
     ]
     generated = env.hw("submit", "agent.py:flow", "--input", '{"policy": "finish"}')
     assert generated.returncode == 0 and len(generated.stdout.strip()) >= 16

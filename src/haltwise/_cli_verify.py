@@ -44,9 +44,7 @@ def check_command(as_json: bool, store: str | None) -> int:
 @click.option("--input", "input_json", metavar="JSON", help="A JSON object of keyword arguments.")
 @json_option
 @store_option
-def explore_command(
-    target: str, input_json: str | None, as_json: bool, store: str | None
-) -> int:
+def explore_command(target: str, input_json: str | None, as_json: bool, store: str | None) -> int:
     """Cancel the task at every checkpoint and in the middle of every step (plainly and with
     force), each in a scratch store, resume where the advice allows, and check the
     invariants. The --store is left untouched; the tools run for real. Exit 0 if all hold."""

@@ -272,4 +272,3 @@ def _instances(module: ModuleType, kind: type[_T]) -> list[_T]:
             seen.add(id(value))
             found.append(value)
     return found
-

@@ -52,9 +52,7 @@ async def call_tool(tool: Tool[..., Any], args: tuple[Any, ...], kwargs: dict[st
     # SQLite store's fast path (one run active). At most one per _YIELD_INTERVAL: a run that
     # yields at every step spends ~5% of a trivial step on it.
     now = time.monotonic()
-    if now >= run.next_yield and (
-        run.runtime.active_runs <= 1 or run.peek_step() in run.journal
-    ):
+    if now >= run.next_yield and (run.runtime.active_runs <= 1 or run.peek_step() in run.journal):
         run.next_yield = now + _YIELD_INTERVAL
         await anyio.lowlevel.checkpoint()
     run.raise_if_cancelled()
