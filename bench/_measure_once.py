@@ -3,6 +3,8 @@ haltwise ``PYTHONPATH`` points at; prints one number per fresh database.
 
 usage: python _measure_once.py scale RUNS EFFECT   (durable steps per second, 20-step runs)
        python _measure_once.py sequential STEPS SYNCHRONOUS   (us per step, one run)
+       python _measure_once.py runs RUNS EFFECT   (us per run of RUNS concurrent runs of no
+                                                   steps: a run's fixed costs)
 
 Only haltwise's public API is used, so that any revision can be measured.
 """
@@ -21,9 +23,11 @@ import haltwise
 DATABASES = 2
 
 
-async def scale(url: str, runs: int, effect: str) -> float:
+async def concurrent(url: str, runs: int, steps: int, effect: str) -> float:
+    """Seconds for ``runs`` runs of ``steps`` steps, started together, to be final."""
+
     async def one(runtime: haltwise.Runtime, k: int) -> None:
-        handle = await runtime.start(trivial_run, 20, effect, task_id=f"run-{k}")
+        handle = await runtime.start(trivial_run, steps, effect, task_id=f"run-{k}")
         if (await handle.outcome()).state is not haltwise.State.COMPLETED:
             raise SystemExit(f"run {k} did not complete")
 
@@ -32,7 +36,7 @@ async def scale(url: str, runs: int, effect: str) -> float:
         async with anyio.create_task_group() as group:
             for k in range(runs):
                 group.start_soon(one, runtime, k)
-        return runs * 20 / (time.perf_counter() - start)
+        return time.perf_counter() - start
 
 
 async def sequential(url: str, steps: int) -> float:
@@ -48,7 +52,9 @@ def main() -> None:
     for _ in range(DATABASES):
         path = f"{tempfile.mkdtemp(prefix='haltwise-compare-')}/journal.db"
         if kind == "scale":
-            print(anyio.run(scale, f"sqlite:///{path}", size, setting))
+            print(size * 20 / anyio.run(concurrent, f"sqlite:///{path}", size, 20, setting))
+        elif kind == "runs":
+            print(anyio.run(concurrent, f"sqlite:///{path}", size, 0, setting) / size * 1e6)
         else:
             print(anyio.run(sequential, f"sqlite:///{path}?synchronous={setting}", size))
 

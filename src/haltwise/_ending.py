@@ -22,7 +22,7 @@ from ._exceptions import (
     UnknownStepError,
 )
 from ._outcome import ErrorInfo
-from ._records import RunSnapshot, dump_json
+from ._records import JSONText, RunSnapshot, dump_json
 from ._run import CURRENT_RUN, CURRENT_STEP, RunContext
 from ._states import State
 from ._store import UNSET
@@ -79,7 +79,7 @@ async def finish(ctx: RunContext, ending: Ending) -> None:
         await finish_failed(ctx, error)
         return
     try:
-        dump_json(ending.value, f"the result of task {ctx.task.name!r}")
+        result = JSONText(dump_json(ending.value, f"the result of task {ctx.task.name!r}"))
     except InputError as bad_result:
         await finish_failed(ctx, bad_result)
         return
@@ -87,7 +87,7 @@ async def finish(ctx: RunContext, ending: Ending) -> None:
         ctx.run_id,
         State.COMPLETED,
         expected={State.RUNNING, State.CANCELLING},
-        result=ending.value,
+        result=result,  # serialised once: the store writes the text as it is
         owner=None,
         lease_until=None,
         fence=ctx.fence,
