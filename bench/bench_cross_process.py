@@ -27,7 +27,7 @@ from _report import header, percentile, table
 from bench_core import cancel_latencies
 
 import haltwise
-from haltwise._sqlite import _POLL_INTERVAL
+from haltwise._journal.sqlite import _POLL_INTERVAL
 
 HERE = Path(__file__).resolve().parent
 

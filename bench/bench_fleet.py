@@ -35,8 +35,8 @@ from _cancel_target import wait_for_cancel
 from _report import header, median, percentile, table
 
 import haltwise
-from haltwise._store import NewRun
-from haltwise._worker import Worker
+from haltwise._journal.store import NewRun
+from haltwise._runtime.worker import Worker
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # for _pg: the tests' throwaway PostgreSQL

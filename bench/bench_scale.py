@@ -36,7 +36,7 @@ from _report import header, median, table
 from bench_core import raw_loop
 
 import haltwise
-from haltwise._sqlite import _CACHE_KIB, _PAGE_SIZE, _SCHEMA, _SETTLE_STEP, _START_STEP
+from haltwise._journal.sqlite import _CACHE_KIB, _PAGE_SIZE, _SCHEMA, _SETTLE_STEP, _START_STEP
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 EFFECTS = ("none", "write")

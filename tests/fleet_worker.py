@@ -18,7 +18,7 @@ import anyio.abc
 
 import fleet_agent
 import haltwise
-from haltwise._worker import Worker
+from haltwise._runtime.worker import Worker
 
 
 async def _watch_signals(

@@ -16,9 +16,9 @@ from rich.console import Console
 
 import haltwise
 from haltwise import CancelPolicy, Effect, Tool
-from haltwise._audit import AuditReport, FindingCode, audit_tools
-from haltwise._loader import load_tools
-from haltwise._policy import ToolPolicy
+from haltwise._analysis.audit import AuditReport, FindingCode, audit_tools
+from haltwise._core.policy import ToolPolicy
+from haltwise._runtime.loader import load_tools
 
 
 def delete_note(text: str) -> None:

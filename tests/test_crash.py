@@ -16,7 +16,7 @@ import pytest
 
 import haltwise
 from haltwise import State, StepStatus
-from haltwise._loader import load_target
+from haltwise._runtime.loader import load_target
 
 AGENT = Path(__file__).with_name("crash_agent.py")
 STEPS = 30

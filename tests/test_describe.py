@@ -11,8 +11,8 @@ import pytest
 
 import haltwise
 from haltwise import Tool
-from haltwise._describe import SchemaError, describe, parameters_schema, tool_schema
-from haltwise._loader import load_tools
+from haltwise._runtime.describe import SchemaError, describe, parameters_schema, tool_schema
+from haltwise._runtime.loader import load_tools
 
 
 def delete_note(text: str) -> None:

@@ -21,8 +21,8 @@ from rich.console import Console
 import haltwise
 import haltwise.testing
 from haltwise import Effect, Outcome, Retry, State, StepRecord, StepStatus
-from haltwise._explore_checks import Baseline, Point, Trial, after_resume
-from haltwise._explore_render import render_rich
+from haltwise._analysis.explore_checks import Baseline, Point, Trial, after_resume
+from haltwise._analysis.explore_render import render_rich
 from haltwise.testing import (
     Execution,
     ExploreReport,

@@ -37,8 +37,8 @@ import pytest
 import fleet_agent
 import haltwise
 from haltwise import Outcome, Retry, Runtime, State, StepStatus
-from haltwise._records import Owner, RunSnapshot
-from haltwise._store import NewRun, Store, open_store
+from haltwise._core.records import Owner, RunSnapshot
+from haltwise._journal.store import NewRun, Store, open_store
 
 WORKER = Path(__file__).with_name("fleet_worker.py")
 ACTIVE = (State.PENDING, State.RUNNING, State.CANCELLING)
@@ -565,7 +565,7 @@ def test_a_second_signal_makes_a_worker_exit_at_once(store_url: str, tmp_path: P
 
 def dead_owner() -> Owner:
     """The owner identity of a process that has exited (and been reaped)."""
-    code = "from haltwise._owner import new_owner; print(new_owner().to_json())"
+    code = "from haltwise._journal.owner import new_owner; print(new_owner().to_json())"
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

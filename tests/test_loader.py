@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 
 from haltwise import HaltwiseError, Task, Tool
-from haltwise._loader import (
+from haltwise._runtime.loader import (
     LoadError,
     find_tools,
     load_module,

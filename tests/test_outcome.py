@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from haltwise import Effect, Outcome, Retry, State, StepRecord, StepStatus
-from haltwise._outcome import retry_advice
+from haltwise._core.outcome import retry_advice
 
 
 def step(status: StepStatus, effect: Effect = Effect.READ, idempotent: bool = False) -> StepRecord:

@@ -10,7 +10,7 @@ import pytest
 import haltwise
 import toolkit
 from haltwise import State
-from haltwise._states import TRANSITIONS
+from haltwise._core.states import TRANSITIONS
 
 pytestmark = pytest.mark.anyio
 

@@ -28,19 +28,19 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from haltwise._check import verify
-from haltwise._exceptions import (
+from haltwise._core.exceptions import (
     InvalidTransitionError,
     SchemaVersionError,
     StoreError,
     UnknownRunError,
 )
-from haltwise._outcome import ErrorInfo
-from haltwise._policy import Effect
-from haltwise._records import Event, Owner
-from haltwise._rows import SCHEMA_VERSION
-from haltwise._states import TRANSITIONS, State, StepStatus, is_allowed
-from haltwise._store import UNSET, LostOwnershipError, NewRun, StepStart, Store, open_store
+from haltwise._core.outcome import ErrorInfo
+from haltwise._core.policy import Effect
+from haltwise._core.records import Event, Owner
+from haltwise._core.states import TRANSITIONS, State, StepStatus, is_allowed
+from haltwise._journal.check import verify
+from haltwise._journal.rows import SCHEMA_VERSION
+from haltwise._journal.store import UNSET, LostOwnershipError, NewRun, StepStart, Store, open_store
 
 pytestmark = pytest.mark.anyio
 

@@ -43,18 +43,25 @@ from typing import Any
 
 import anyio
 
-from ._exceptions import HaltwiseError, InputError
-from ._explore_checks import Baseline, Point, Trial, after_cancel, after_resume, effect_counts
-from ._outcome import Outcome, Retry
-from ._recorder import EffectRecord as EffectRecord
-from ._recorder import Execution as Execution
-from ._recorder import Recorder as Recorder
-from ._recorder import record_effect as record_effect
-from ._recorder import tagged
-from ._run import current_run
-from ._runtime import Runtime
-from ._states import State, StepStatus
-from ._tool import Task
+from ._analysis.explore_checks import (
+    Baseline,
+    Point,
+    Trial,
+    after_cancel,
+    after_resume,
+    effect_counts,
+)
+from ._analysis.recorder import EffectRecord as EffectRecord
+from ._analysis.recorder import Execution as Execution
+from ._analysis.recorder import Recorder as Recorder
+from ._analysis.recorder import record_effect as record_effect
+from ._analysis.recorder import tagged
+from ._core.exceptions import HaltwiseError, InputError
+from ._core.outcome import Outcome, Retry
+from ._core.states import State, StepStatus
+from ._runtime.run_context import current_run
+from ._runtime.runtime import Runtime
+from ._runtime.tool import Task
 
 __all__ = [
     "EffectRecord",

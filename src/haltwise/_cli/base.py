@@ -1,0 +1,125 @@
+"""What every ``haltwise`` command shares: exit codes, the shared options, and the helpers.
+
+Every command returns its exit code: ``0`` completed (or the command did its job), ``1`` failed
+(and ``audit --strict`` with findings), ``3`` cancelled, ``2`` bad usage or bad input, said in one
+line on stderr (``haltwise: error: ...``) with no traceback. ``--json`` prints exactly one JSON
+object on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import anyio
+import click
+
+from .._core.outcome import Outcome
+from .._core.states import State
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Exit code of a run by its final state; a run still active exits 0 (``status``).
+EXIT_CODES = {State.COMPLETED: 0, State.FAILED: 1, State.CANCELLED: 3}
+#: Exit code for bad usage or bad input.
+USAGE = 2
+
+
+def exit_code(outcome: Outcome) -> int:
+    """The exit code for a run's outcome: completed 0, failed 1, cancelled 3, not final 0."""
+    return EXIT_CODES.get(outcome.state, 0)
+
+
+# -- shared options --------------------------------------------------------------------------
+
+
+def store_option(command: F) -> F:
+    """``--store URL``: default ``$HALTWISE_STORE``, else ``sqlite:///.haltwise/haltwise.db``."""
+    return click.option(
+        "--store",
+        metavar="URL",
+        default=None,
+        help="Store URL (sqlite:///PATH.db or postgresql://...); default $HALTWISE_STORE, "
+        "else sqlite:///.haltwise/haltwise.db.",
+    )(command)
+
+
+def json_option(command: F) -> F:
+    """``--json``: print exactly one JSON object on stdout, nothing else."""
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")(command)
+
+
+def deadline_option(command: F) -> F:
+    """``--deadline SECONDS``: cancel with reason ``deadline`` after that long."""
+    return click.option(
+        "--deadline",
+        type=float,
+        metavar="SECONDS",
+        help="Cancel the run (reason 'deadline') if it has not ended after this many seconds.",
+    )(command)
+
+
+def parse_assumed(
+    ctx: click.Context, param: click.Parameter, values: Sequence[str]
+) -> dict[int, Any]:
+    """``--assume-done STEP[=JSON]``: step index -> the result it is assumed to have had."""
+    assumed: dict[int, Any] = {}
+    for value in values:
+        index_text, equals, result_text = value.partition("=")
+        try:
+            index = int(index_text)
+        except ValueError:
+            raise click.BadParameter(
+                f"{value!r}: expected STEP or STEP=JSON, STEP a step number", ctx, param
+            ) from None
+        if index < 0:
+            raise click.BadParameter(f"{value!r}: a step number is >= 0", ctx, param)
+        try:
+            assumed[index] = json.loads(result_text) if equals else None
+        except json.JSONDecodeError as error:
+            raise click.BadParameter(
+                f"{value!r}: the result is not valid JSON ({error})", ctx, param
+            ) from None
+    return assumed
+
+
+# -- helpers shared by the commands ---------------------------------------------------------
+
+T = TypeVar("T")
+
+
+def run_async(main: Callable[[], Awaitable[T]]) -> T:
+    """Run ``main`` in a fresh event loop; an error from inside a task group comes out alone.
+
+    anyio wraps an exception raised inside a task group in an ``ExceptionGroup``; a group holding
+    a single exception is unwrapped so that a :class:`HaltwiseError` reaches :func:`run_cli`.
+    """
+    try:
+        return anyio.run(main)
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for error in group.exceptions:
+        found.extend(_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
+    return found
+
+
+def print_json(value: Any) -> None:
+    """The one JSON object of ``--json``, on one line of stdout."""
+    click.echo(json.dumps(value))
+
+
+def warn(text: str) -> None:
+    click.echo(f"haltwise: {text}", err=True)
+
+
+def fail(text: str) -> int:
+    click.echo(f"haltwise: error: {' '.join(text.split())}", err=True)
+    return USAGE

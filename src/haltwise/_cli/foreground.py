@@ -1,0 +1,212 @@
+"""A run worked in the foreground of ``haltwise run`` / ``resume``: signals, live view, checks.
+
+SIGINT (Ctrl-C) cancels the run with reason ``"user"``, SIGTERM with reason ``"shutdown"``; a
+second signal of either kind forces the cancel (``finish`` steps are not waited for, no
+compensation runs). The signal handlers are installed by :func:`signals_as_cancels` before the
+run starts, so a signal that arrives while it is starting is queued, not lost, and never turns
+into a ``KeyboardInterrupt``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from .._core.exceptions import HaltwiseError, InputError, RunOwnedError, UnknownRunError
+from .._core.outcome import Outcome
+from .._core.records import RunRecord
+from .._journal.owner import owner_alive
+from .._runtime.runtime import Runtime
+from .._runtime.tool import Task
+from .render import LiveView, Screen
+
+__all__ = [
+    "SIGNAL_REASONS",
+    "Foreground",
+    "check_fits",
+    "check_ours",
+    "existing_run",
+    "parse_input",
+    "run_name",
+    "signals_as_cancels",
+    "source_of",
+    "task_of",
+    "worker_names",
+]
+
+#: The cancel reason each signal stands for.
+SIGNAL_REASONS = {signal.SIGINT: "user", signal.SIGTERM: "shutdown"}
+#: How often the live view reads the journal (seconds).
+_REFRESH = 0.1
+
+
+class Foreground:
+    """Relays signals to one run of ``runtime`` and waits for its outcome.
+
+    Create it with :func:`signals_as_cancels`; call :meth:`follow` once the run has started.
+    """
+
+    def __init__(self, runtime: Runtime, received: AsyncIterator[int], *, quiet: bool) -> None:
+        self._runtime = runtime
+        self._received = received
+        self._quiet = quiet
+        self._run_id: str | None = None
+        self._count = 0
+
+    async def follow(self, run_id: str, screen: Screen) -> Outcome:
+        """Wait until run ``run_id`` (worked by this runtime) is final; show it live meanwhile."""
+        self._run_id = run_id
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._relay)
+            with screen.live() as view:
+                if screen.interactive:
+                    tasks.start_soon(self._refresh, run_id, view)
+                outcome = await self._runtime.outcome(run_id)
+            tasks.cancel_scope.cancel()
+        return outcome
+
+    async def _relay(self) -> None:
+        async for signum in self._received:
+            await self._on_signal(signum)
+
+    async def _on_signal(self, signum: int) -> None:
+        assert self._run_id is not None
+        self._count += 1
+        force = self._count > 1
+        reason = SIGNAL_REASONS.get(signal.Signals(signum), "user")
+        await self._runtime.cancel(self._run_id, reason=reason, force=force)
+        if not self._quiet:
+            _tell(
+                "cancel forced: stopping now"
+                if force
+                else f"cancelling ({reason}); send the signal again to force"
+            )
+
+    async def _refresh(self, run_id: str, view: LiveView) -> None:
+        while True:
+            view.show(await self._runtime.store.load(run_id))
+            await anyio.sleep(_REFRESH)
+
+
+@asynccontextmanager
+async def signals_as_cancels(runtime: Runtime, *, quiet: bool) -> AsyncIterator[Foreground]:
+    """Turn SIGINT/SIGTERM into cancels of the run the yielded :class:`Foreground` follows.
+
+    Signals received before :meth:`Foreground.follow` names the run are queued and acted on then.
+    ``quiet`` suppresses the one-line notes on stderr (for ``--json``).
+    """
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+        yield Foreground(runtime, received, quiet=quiet)
+
+
+def _tell(text: str) -> None:
+    print(f"haltwise: {text}", file=sys.stderr, flush=True)
+
+
+# -- what run and resume check before they start ---------------------------------------
+
+
+def parse_input(text: str | None) -> dict[str, Any]:
+    """``--input``: a JSON object of keyword arguments; raises :class:`InputError` otherwise."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InputError(f"--input is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise InputError(
+            f"--input must be a JSON object of keyword arguments, not {type(value).__name__}"
+        )
+    return value
+
+
+def check_fits(task: Task[..., Any], kwargs: dict[str, Any], target: str) -> None:
+    """Raise :class:`InputError` naming ``target`` if ``kwargs`` do not fit the task."""
+    try:
+        task.signature.bind(**kwargs)
+    except TypeError as error:
+        raise InputError(f"--input does not fit {target}: {error}") from None
+
+
+def run_name(target: str) -> str:
+    """The task name a run records for ``FILE.py:TASK``: the file's name and the task's.
+
+    ``dir/agent.py:research`` records ``agent.py:research``, whatever directory it was typed
+    from, so that a worker given ``agent.py`` anywhere recognises the runs of its tasks (the
+    file's absolute path is kept separately, for ``resume``). A module spec is kept as typed.
+    """
+    file_part, _, attribute = target.rpartition(":")
+    if file_part.endswith(".py") or os.sep in file_part:
+        return f"{Path(file_part).name}:{attribute}"
+    return target
+
+
+def worker_names(file: str, module_tasks: dict[str, Task[..., Any]]) -> dict[str, Task[..., Any]]:
+    """The names under which runs of ``file``'s tasks are recorded (see :func:`run_name`)."""
+    return {run_name(f"{file}:{attribute}"): task for attribute, task in module_tasks.items()}
+
+
+def source_of(target: str, module_file: str | None) -> str | None:
+    """The absolute path to record for ``resume`` when ``target`` names a file, else None."""
+    file_part = target.rpartition(":")[0]
+    if module_file is None or not (file_part.endswith(".py") or os.sep in file_part):
+        return None
+    return str(Path(module_file).resolve())
+
+
+def task_of(run: RunRecord) -> Task[..., Any]:
+    """Load the task of a journaled run: from its recorded source file, else its spec."""
+    from .._runtime.loader import load_target
+
+    source = run.inputs.get("source")
+    attribute = run.task.rpartition(":")[2]
+    spec = f"{source}:{attribute}" if isinstance(source, str) and attribute else run.task
+    _, task = load_target(spec)
+    if task is None:
+        raise InputError(f"run {run.id!r}: cannot tell its task from {run.task!r}")
+    return task
+
+
+async def existing_run(runtime: Runtime, task_id: str) -> Outcome | None:
+    """For ``run --id``: the outcome of a final run with that id, None if there is no such run.
+
+    Raises :class:`HaltwiseError` (exit 2) if the run exists and is not final, naming its owner.
+    """
+    try:
+        snapshot = await runtime.store.load(task_id)
+    except UnknownRunError:
+        return None
+    run = snapshot.run
+    if run.state.is_final:
+        return snapshot.outcome()
+    if run.owner is not None and owner_alive(run.owner, run.lease_until):
+        raise RunOwnedError(task_id, run.owner.describe())
+    raise HaltwiseError(_not_final_words(run), task_id=task_id)
+
+
+async def check_ours(runtime: Runtime, task_id: str) -> None:
+    """After ``start``: refuse to follow a run another process created meanwhile (same id)."""
+    run = (await runtime.store.load(task_id)).run
+    if run.owner is not None and run.owner.token != runtime.owner.token:
+        raise RunOwnedError(task_id, run.owner.describe())
+
+
+def _not_final_words(run: RunRecord) -> str:
+    if run.owner is None:
+        return (
+            f"run {run.id!r} exists and is {run.state}, waiting for a worker; "
+            f"run it here with: haltwise resume {run.id}"
+        )
+    return (
+        f"run {run.id!r} exists and is {run.state}, but its owner ({run.owner.describe()}) is "
+        f"gone; continue it with: haltwise resume {run.id}"
+    )

@@ -1,0 +1,292 @@
+"""What the command line shows a person: outcome summaries, run lists and the live view.
+
+The only module that knows ``rich``. Everything printed here is for people; ``--json`` output
+does not come through here. User data (tool names, partial results, error texts) is always
+printed literally, never read as rich markup. When stdout is not a terminal, rich prints no
+colour and :attr:`Screen.interactive` is false, so the command line shows no live view.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, final
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.spinner import Spinner
+from rich.table import Table
+from rich.text import Text
+
+from .._core.outcome import Outcome, Retry, StepRecord
+from .._core.policy import CancelPolicy
+from .._core.records import RunSnapshot
+from .._core.states import State, StepStatus
+from .._journal.check import CheckReport
+from .._runtime.tool import TOOLS
+
+if TYPE_CHECKING:
+    from .._analysis.audit import AuditReport
+
+__all__ = ["LiveView", "Screen", "cancelling_line", "retry_words"]
+
+#: How a partial result longer than this is cut in human output (the JSON keeps it whole).
+_PARTIAL_WIDTH = 200
+#: The live view shows the latest steps and partial results only, so that it fits a terminal.
+_LIVE_STEPS = 12
+_LIVE_PARTIALS = 5
+
+_STATE_STYLE = {
+    State.COMPLETED: "bold green",
+    State.FAILED: "bold red",
+    State.CANCELLED: "bold yellow",
+    State.CANCELLING: "yellow",
+}
+_STATUS_STYLE = {
+    StepStatus.COMMITTED: "green",
+    StepStatus.FAILED: "red",
+    StepStatus.UNKNOWN: "bold red",
+    StepStatus.INTERRUPTED: "yellow",
+    StepStatus.COMPENSATED: "yellow",
+}
+
+
+def retry_words(outcome: Outcome) -> str:
+    """The outcome's retry advice as a sentence a person can act on.
+
+    ``restart``: "safe to restart from scratch ..."; ``resume``: names the tools a restart would
+    repeat; ``reconcile``: names each ``unknown`` step and the resume options that settle it.
+    """
+    match outcome.retry:
+        case Retry.NONE:
+            return "none: the run completed"
+        case Retry.RESTART:
+            return "safe to restart from scratch (resuming is safe too)"
+        case Retry.RESUME:
+            repeated = _unique(
+                step.tool
+                for step in outcome.steps
+                if step.status is StepStatus.COMMITTED and step.effect.repeats_harm
+            )
+            return f"resume: restarting would repeat {', '.join(repeated)}"
+        case Retry.RECONCILE:
+            blocked = [
+                s for s in outcome.steps if s.status is StepStatus.UNKNOWN and not s.idempotent
+            ]
+            return "; ".join(
+                f"reconcile step {s.index} ({s.tool}) first: check whether it happened, then "
+                f"resume with --assume-done {s.index} or --rerun {s.index}"
+                for s in blocked
+            )
+
+
+def cancelling_line(snapshot: RunSnapshot) -> str | None:
+    """What a ``cancelling`` run is waiting for, in words; ``None`` if the run is not cancelling.
+
+    With a ``finish`` (or undeclared) step in flight: ``"cancelling: waiting for send_email
+    (finish, grace 30s)"``. The grace is known only when the tool is loaded in this process.
+    """
+    run = snapshot.run
+    if run.state is not State.CANCELLING:
+        return None
+    if run.force:
+        return "cancelling (forced): stopping now"
+    in_flight = [step for step in snapshot.steps if step.status is StepStatus.RUNNING]
+    if not in_flight:
+        return "cancelling: stopping at the next checkpoint"
+    step = in_flight[-1]
+    policy = CancelPolicy(step.cancel) if step.cancel else None
+    grace = _grace(step.tool)
+    match policy:
+        case CancelPolicy.INTERRUPTIBLE:
+            return f"cancelling: interrupting {step.tool}"
+        case CancelPolicy.ROLLBACK:
+            return f"cancelling: undoing {step.tool} (rollback{grace})"
+        case CancelPolicy.FINISH:
+            return f"cancelling: waiting for {step.tool} (finish{grace})"
+        case None:
+            return f"cancelling: waiting for {step.tool} (undeclared, so finish{grace})"
+
+
+def _grace(tool: str) -> str:
+    found = TOOLS.get(tool)
+    return f", grace {found.policy.grace:g}s" if found is not None else ""
+
+
+def _unique(names: Iterator[str] | Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(names))
+
+
+@final
+class Screen:
+    """Human output on stdout, through one rich console (colour only on a terminal)."""
+
+    def __init__(self) -> None:
+        self.console = Console(highlight=False)
+
+    @property
+    def interactive(self) -> bool:
+        """True if stdout is a terminal: only then is a live view shown."""
+        return self.console.is_terminal
+
+    def note(self, text: str) -> None:
+        """One plain line of text."""
+        self.console.print(Text(text))
+
+    def outcome(self, outcome: Outcome, *, notes: Sequence[str | None] = ()) -> None:
+        """The summary of a run: state, reason, result or error, steps, partials, retry advice.
+
+        ``notes`` are lines shown under the state, ``None`` entries skipped (``status`` says
+        there who holds an active run and what a cancelling run waits for).
+        """
+        for part in _summary(outcome, [note for note in notes if note]):
+            self.console.print(part)
+
+    def findings(self, report: CheckReport) -> None:
+        """``check``: one line when the store is sound, else a table of the findings."""
+        if report.ok:
+            self.note(f"sound: {report.runs} runs, no findings")
+            return
+        table = Table(title=f"{len(report.findings)} findings in {report.runs} runs", box=None)
+        for column in ("run", "code", "message"):
+            table.add_column(column)
+        for finding in report.findings:
+            table.add_row(finding.run, finding.code, finding.message)
+        self.console.print(table)
+
+    def runs(self, outcomes: Sequence[Outcome]) -> None:
+        """A table of runs (``list``): id, task, state, reason, retry."""
+        if not outcomes:
+            self.note("no runs")
+            return
+        table = Table(box=None, pad_edge=False)
+        for column in ("id", "task", "state", "reason", "retry"):
+            table.add_column(column, overflow="fold")
+        for outcome in outcomes:
+            table.add_row(
+                Text(outcome.id),
+                Text(outcome.task),
+                _state_text(outcome.state),
+                Text(outcome.reason or ""),
+                Text(outcome.retry.value if outcome.state.is_final else ""),
+            )
+        self.console.print(table)
+
+    def audit(self, report: AuditReport) -> None:
+        """The audit report's policy table and findings."""
+        report.render_rich(self.console)
+
+    @contextmanager
+    def live(self) -> Iterator[LiveView]:
+        """A live view of one run while it works; shows nothing unless :attr:`interactive`."""
+        view = LiveView()
+        if not self.interactive:
+            yield view
+            return
+        with Live(Text(""), console=self.console, refresh_per_second=10, transient=True) as live:
+            view.attach(live)
+            yield view
+
+
+@final
+class LiveView:
+    """The live lines of a run: one per step (spinner while running), partials, cancel waits."""
+
+    def __init__(self) -> None:
+        self._live: Live | None = None
+        self._spinners: dict[int, Spinner] = {}
+
+    def attach(self, live: Live) -> None:
+        self._live = live
+
+    def show(self, snapshot: RunSnapshot) -> None:
+        """Redraw from ``snapshot`` (does nothing when no live view is attached)."""
+        if self._live is not None:
+            self._live.update(self._render(snapshot))
+
+    def _render(self, snapshot: RunSnapshot) -> RenderableType:
+        run = snapshot.run
+        parts: list[RenderableType] = [
+            Text.assemble(("run ", "dim"), run.id, "  ", run.task, "  ", _state_text(run.state))
+        ]
+        steps, partials = snapshot.steps, snapshot.partials
+        if len(steps) > _LIVE_STEPS:
+            parts.append(Text(f"  ... {len(steps) - _LIVE_STEPS} earlier steps", style="dim"))
+        parts.extend(self._step_line(step) for step in steps[-_LIVE_STEPS:])
+        if len(partials) > _LIVE_PARTIALS:
+            parts.append(Text(f"  ... {len(partials) - _LIVE_PARTIALS} earlier partials", "dim"))
+        for value in partials[-_LIVE_PARTIALS:]:
+            parts.append(Text.assemble(("  partial ", "dim"), _partial_text(value)))
+        waiting = cancelling_line(snapshot)
+        if waiting is not None:
+            parts.append(Text(waiting, style="yellow"))
+        return Group(*parts)
+
+    def _step_line(self, step: StepRecord) -> RenderableType:
+        # A running step's line starts with a spinner; the others are indented to match it.
+        line = Text.assemble(f"{step.index:>3} ", (step.tool, "bold"), f"  {_policy_words(step)}  ")
+        if step.status is StepStatus.RUNNING:
+            spinner = self._spinners.setdefault(step.index, Spinner("dots", style="cyan"))
+            spinner.text = line
+            return spinner
+        line.append(step.status.value, style=_STATUS_STYLE.get(step.status, ""))
+        return Text("  ") + line
+
+
+def _summary(outcome: Outcome, notes: Sequence[str]) -> Iterator[RenderableType]:
+    head = Text.assemble(("run ", "dim"), outcome.id, "  ", outcome.task)
+    yield head
+    state = Text.assemble("state: ", _state_text(outcome.state))
+    if outcome.reason:
+        state.append(f" (reason: {outcome.reason})")
+    yield state
+    for note in notes:
+        yield Text(note)
+    if outcome.state is State.COMPLETED:
+        yield Text.assemble("result: ", _partial_text(outcome.result))
+    if outcome.error is not None:
+        yield Text(f"error: {outcome.error.type}: {outcome.error.message}", style="red")
+    if outcome.cancel_error is not None:
+        error = outcome.cancel_error
+        yield Text(f"raised while cancelling: {error.type}: {error.message}")
+    yield _steps_table(outcome.steps) if outcome.steps else Text("steps: none")
+    if outcome.partials:
+        yield Text(f"partials ({len(outcome.partials)}):")
+        for value in outcome.partials:
+            yield Text.assemble("  ", _partial_text(value))
+    if outcome.state.is_final:
+        yield Text.assemble(("retry: ", "bold"), retry_words(outcome))
+    else:
+        yield Text("retry: the run is still active")
+
+
+def _steps_table(steps: Sequence[StepRecord]) -> Table:
+    table = Table(title="steps", title_justify="left")
+    for column in ("#", "tool", "policy", "effect", "status", "attempts"):
+        table.add_column(column, overflow="fold", justify="right" if column == "#" else "left")
+    for step in steps:
+        table.add_row(
+            str(step.index),
+            Text(step.tool),
+            _policy_words(step),
+            step.effect.value + (", idempotent" if step.idempotent else ""),
+            Text(step.status.value, style=_STATUS_STYLE.get(step.status, "")),
+            str(step.attempts),
+        )
+    return table
+
+
+def _policy_words(step: StepRecord) -> str:
+    return step.cancel if step.cancel else "undeclared (finish)"
+
+
+def _state_text(state: State) -> Text:
+    return Text(state.value, style=_STATE_STYLE.get(state, ""))
+
+
+def _partial_text(value: Any) -> Text:
+    text = json.dumps(value, ensure_ascii=False)
+    if len(text) > _PARTIAL_WIDTH:
+        text = text[: _PARTIAL_WIDTH - 1] + "…"
+    return Text(text)

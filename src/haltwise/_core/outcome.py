@@ -1,0 +1,130 @@
+"""Outcomes, step records and the retry-advice rule (CONTRACT.md, "Outcome and retry advice")."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from .policy import Effect
+from .states import State, StepStatus
+
+
+class Retry(StrEnum):
+    """What the caller should do next with a run that did not complete."""
+
+    #: the run completed; nothing to retry
+    NONE = "none"
+    #: a step is ``unknown`` and its tool is not idempotent: someone must check the world first
+    RECONCILE = "reconcile"
+    #: a committed step wrote or reached outside: restarting from scratch would repeat it
+    RESUME = "resume"
+    #: nothing would be repeated: starting over is safe (so is resuming)
+    RESTART = "restart"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """An exception as the journal keeps it: its type name and its text."""
+
+    type: str
+    message: str
+
+    @classmethod
+    def of(cls, error: BaseException) -> ErrorInfo:
+        return cls(type=type(error).__name__, message=str(error))
+
+    def to_json(self) -> dict[str, str]:
+        return {"type": self.type, "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step (one tool call) as journaled.
+
+    ``cancel`` is ``None`` for a tool with no declared policy. ``attempts`` counts how many times
+    the tool body was started for this step, over every attempt and resume of the run.
+    ``idempotency_key`` is the same for this step in every attempt.
+    """
+
+    index: int
+    tool: str
+    cancel: str | None
+    effect: Effect
+    idempotent: bool
+    status: StepStatus
+    attempts: int
+    result: Any = None
+    error: ErrorInfo | None = None
+    idempotency_key: str = ""
+    #: the call's arguments ``{"args": [...], "kwargs": {...}}``, journaled for rollback tools
+    args: Any = None
+    #: made after a cancel was delivered (cleanup inside ``haltwise.shield``): part of that
+    #: cancellation, so a resume does not replay it and numbers its own steps around it
+    cleanup: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "tool": self.tool,
+            "cancel": self.cancel,
+            "effect": self.effect.value,
+            "idempotent": self.idempotent,
+            "status": self.status.value,
+            "attempts": self.attempts,
+        }
+
+
+def retry_advice(state: State, steps: Sequence[StepRecord]) -> Retry:
+    """The contract's retry rule: the first of none, reconcile, resume, restart that applies."""
+    if state is State.COMPLETED:
+        return Retry.NONE
+    if any(s.status is StepStatus.UNKNOWN and not s.idempotent for s in steps):
+        return Retry.RECONCILE
+    if any(s.status is StepStatus.COMMITTED and s.effect.repeats_harm for s in steps):
+        return Retry.RESUME
+    return Retry.RESTART
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The state of a run with everything a caller needs to decide what to do next.
+
+    ``result`` is set only for ``completed`` runs and ``error`` only for ``failed`` ones.
+    ``cancel_error`` is what the task raised while it was being cancelled, if anything.
+    ``reason`` says why it stopped early (``"user"``, ``"deadline"``, ``"shutdown"``,
+    ``"parent"`` or the caller's text), ``None`` if nobody asked it to stop.
+    """
+
+    id: str
+    task: str
+    state: State
+    reason: str | None = None
+    result: Any = None
+    error: ErrorInfo | None = None
+    cancel_error: ErrorInfo | None = None
+    partials: tuple[Any, ...] = ()
+    steps: tuple[StepRecord, ...] = field(default=())
+
+    @property
+    def retry(self) -> Retry:
+        """Retry advice, derived from the state and the steps (never stored separately)."""
+        return retry_advice(self.state, self.steps)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` object of the command line."""
+        data: dict[str, Any] = {
+            "id": self.id,
+            "task": self.task,
+            "state": self.state.value,
+            "reason": self.reason,
+            "retry": self.retry.value,
+            "result": self.result,
+            "error": self.error.to_json() if self.error else None,
+            "partials": list(self.partials),
+            "steps": [step.to_json() for step in self.steps],
+        }
+        if self.cancel_error is not None:
+            data["cancel_error"] = self.cancel_error.to_json()
+        return data

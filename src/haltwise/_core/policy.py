@@ -1,0 +1,135 @@
+"""Tool cancel policies and effects: what a cancel in the middle of a tool call does."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum, StrEnum
+from typing import Any, TypeVar
+
+from .exceptions import PolicyError
+
+#: Seconds a ``finish`` (or undeclared) call may run on after a cancel, and a compensation may take.
+DEFAULT_GRACE = 30.0
+
+
+class CancelPolicy(StrEnum):
+    """What a cancel does to a call that is in flight (CONTRACT.md, "Tool policies")."""
+
+    #: interrupted at once (async: at its next await; plain: may poll ``cancel_requested()``)
+    INTERRUPTIBLE = "interruptible"
+    #: shielded and allowed to finish within ``grace``; its result is journaled
+    FINISH = "finish"
+    #: interrupted, then ``compensate(*args, **kwargs)`` runs, shielded, within ``grace``
+    ROLLBACK = "rollback"
+
+
+class Effect(StrEnum):
+    """What a tool does to the world; drives retry advice and ``audit``."""
+
+    NONE = "none"
+    READ = "read"
+    WRITE = "write"
+    #: reaches outside: a paid API, an e-mail, a queue
+    EXTERNAL = "external"
+
+    @property
+    def repeats_harm(self) -> bool:
+        """True if running the call twice may do something twice (``write``/``external``)."""
+        return self in (Effect.WRITE, Effect.EXTERNAL)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPolicy:
+    """The declared (or defaulted) policy of one tool.
+
+    ``cancel`` is ``None`` when the tool declared none: it then *behaves* as
+    :attr:`CancelPolicy.FINISH` (see :attr:`effective_cancel`) and ``audit`` reports the gap.
+    ``effect_declared`` is False when ``effect`` is the cautious default, ``external``.
+    """
+
+    cancel: CancelPolicy | None = None
+    effect: Effect = Effect.EXTERNAL
+    idempotent: bool = False
+    compensate: Callable[..., Any] | None = None
+    grace: float = DEFAULT_GRACE
+    effect_declared: bool = False
+    grace_declared: bool = False
+
+    @property
+    def effective_cancel(self) -> CancelPolicy:
+        """The behaviour on cancel: the declared policy, ``finish`` when undeclared."""
+        return self.cancel if self.cancel is not None else CancelPolicy.FINISH
+
+    @property
+    def may_defer_settle(self) -> bool:
+        """Whether the runtime may go on before this tool's committed settlement is durable.
+
+        True when losing the settlement in a crash is harmless: the step is then seen as
+        crashed mid-call, and a step that only reads, or is idempotent, simply runs again.
+        """
+        return not self.effect.repeats_harm or self.idempotent
+
+    @classmethod
+    def declare(
+        cls,
+        *,
+        name: str,
+        cancel: str | CancelPolicy | None,
+        effect: str | Effect | None,
+        idempotent: bool,
+        compensate: Callable[..., Any] | None,
+        grace: float | None,
+    ) -> ToolPolicy:
+        """Validate the arguments of ``@haltwise.tool`` and build the policy.
+
+        Raises :class:`PolicyError` (naming the tool) for an unknown ``cancel=`` or ``effect=``,
+        ``rollback`` without ``compensate``, a non-callable ``compensate``, or a grace that is
+        negative, not a number, or not finite.
+        """
+        cancel_policy = None if cancel is None else _parse(CancelPolicy, cancel, "cancel", name)
+        effect_value = Effect.EXTERNAL if effect is None else _parse(Effect, effect, "effect", name)
+        if compensate is not None and not callable(compensate):
+            raise PolicyError(f"tool {name!r}: compensate= must be callable", tool=name)
+        if cancel_policy is CancelPolicy.ROLLBACK and compensate is None:
+            raise PolicyError(
+                f"tool {name!r}: cancel='rollback' needs compensate=, the function that undoes it",
+                tool=name,
+            )
+        if not isinstance(idempotent, bool):
+            raise PolicyError(f"tool {name!r}: idempotent= must be True or False", tool=name)
+        return cls(
+            cancel=cancel_policy,
+            effect=effect_value,
+            idempotent=idempotent,
+            compensate=compensate,
+            grace=_parse_grace(grace, name),
+            effect_declared=effect is not None,
+            grace_declared=grace is not None,
+        )
+
+
+_E = TypeVar("_E", bound=Enum)
+
+
+def _parse(enum: type[_E], value: object, option: str, name: str) -> _E:
+    try:
+        return enum(value)
+    except ValueError:
+        allowed = ", ".join(repr(member.value) for member in enum)
+        raise PolicyError(
+            f"tool {name!r}: unknown {option}={value!r}; expected one of {allowed}", tool=name
+        ) from None
+
+
+def _parse_grace(grace: float | None, name: str) -> float:
+    if grace is None:
+        return DEFAULT_GRACE
+    if isinstance(grace, bool) or not isinstance(grace, int | float):
+        raise PolicyError(f"tool {name!r}: grace= must be a number of seconds", tool=name)
+    if not 0 <= grace < float("inf"):
+        raise PolicyError(
+            f"tool {name!r}: grace= must be a finite number of seconds >= 0, not {grace}",
+            tool=name,
+        )
+    return float(grace)

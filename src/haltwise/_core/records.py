@@ -1,0 +1,119 @@
+"""Records the journal hands back: runs, owners, events and snapshots (frozen, no I/O)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .exceptions import InputError
+from .outcome import ErrorInfo, Outcome, StepRecord
+from .states import State
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who is working a run: a process on a host, identified beyond pid reuse.
+
+    ``token`` is unique per runtime instance and is what the store compares (fencing);
+    ``pid``, ``host`` and ``started`` (the process start time, from the OS) let another process on
+    the same host tell at once whether the owner is still alive.
+    """
+
+    token: str
+    host: str
+    pid: int
+    started: float
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on {self.host}"
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"token": self.token, "host": self.host, "pid": self.pid, "started": self.started}
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Owner:
+        data = json.loads(text)
+        return cls(
+            token=data["token"], host=data["host"], pid=int(data["pid"]), started=data["started"]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """One run as journaled (without its steps and partial results)."""
+
+    id: str
+    task: str
+    state: State
+    inputs: dict[str, Any]
+    reason: str | None = None
+    force: bool = False
+    result: Any = None
+    error: ErrorInfo | None = None
+    cancel_error: ErrorInfo | None = None
+    owner: Owner | None = None
+    lease_until: float | None = None
+    parent: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One recorded transition of a run (``source`` is ``None`` for the run's creation)."""
+
+    run_id: str
+    seq: int
+    source: State | None
+    target: State
+    reason: str | None
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    """A run with its steps (by index) and partial results (in order), read in one transaction."""
+
+    run: RunRecord
+    steps: tuple[StepRecord, ...]
+    partials: tuple[Any, ...]
+
+    def outcome(self) -> Outcome:
+        run = self.run
+        return Outcome(
+            id=run.id,
+            task=run.task,
+            state=run.state,
+            reason=run.reason,
+            result=run.result if run.state is State.COMPLETED else None,
+            error=run.error if run.state is State.FAILED else None,
+            cancel_error=run.cancel_error,
+            partials=self.partials,
+            steps=self.steps,
+        )
+
+
+class JSONText(str):
+    """A value already serialised by :func:`dump_json`: a store writes it as it is."""
+
+    __slots__ = ()
+
+
+def dump_json(value: Any, what: str) -> str:
+    """Serialise ``value`` for the journal, or raise :class:`InputError` saying what it was.
+
+    A :class:`JSONText` is returned unchanged, so a value is never serialised twice.
+    """
+    if isinstance(value, JSONText):
+        return str(value)  # a plain str for the database drivers
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise InputError(f"{what} is not JSON-serialisable: {error}") from None
+
+
+def load_json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)

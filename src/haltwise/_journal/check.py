@@ -1,0 +1,140 @@
+"""The integrity check behind ``haltwise check``: does the journal keep the contract's promises?"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from .._core.records import Event, RunRecord
+from .._core.states import State, StepStatus, is_allowed
+from .owner import owner_alive
+from .store import Store, open_store
+
+_ACTIVE = (State.PENDING, State.RUNNING, State.CANCELLING)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One broken promise in a store: which run, a stable ``code``, and a readable message."""
+
+    run: str
+    code: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"run": self.run, "code": self.code, "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    """The result of :func:`verify`: ``ok`` when there are no findings."""
+
+    runs: int
+    findings: tuple[Finding, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "runs": self.runs, "findings": [f.to_json() for f in self.findings]}
+
+
+async def verify(store: Store) -> CheckReport:
+    """Check every run of an open store.
+
+    Findings (``code``): ``bad-creation`` (the first event is not the run's creation),
+    ``bad-transition`` (an event the state table forbids, or one that does not start where the
+    previous ended), ``state-mismatch`` (the run's state is not where its events end),
+    ``orphaned-step`` (a step left ``running`` with no live owner: the run awaits takeover),
+    ``owned-final-run`` (a final run still has an owner), ``step-gap`` (step indexes are not
+    0..n-1) and ``partial-gap`` (partial results are not numbered 0..n-1).
+    """
+    runs = await store.list_runs()
+    events_by_run: dict[str, list[Event]] = {}
+    for event in await store.events():
+        events_by_run.setdefault(event.run_id, []).append(event)
+    partial_seqs = await store.partial_seqs()
+    findings: list[Finding] = []
+    for run in runs:
+        findings.extend(_check_events(run, events_by_run.get(run.id, [])))
+        findings.extend(_check_partials(run.id, partial_seqs.get(run.id, [])))
+        findings.extend(await _check_steps(store, run))
+    return CheckReport(runs=len(runs), findings=tuple(findings))
+
+
+def verify_store(url: str | None = None) -> CheckReport:
+    """Open the store at ``url`` (default as everywhere: ``$HALTWISE_STORE``, else the default
+    SQLite file), run :func:`verify` and close it. Blocking."""
+
+    async def main() -> CheckReport:
+        store = open_store(url)
+        await store.open()
+        try:
+            return await verify(store)
+        finally:
+            await store.close()
+
+    return anyio.run(main)
+
+
+def _check_events(run: RunRecord, events: Sequence[Event]) -> Iterator[Finding]:
+    if not events or events[0].source is not None or events[0].target is not State.PENDING:
+        yield Finding(run.id, "bad-creation", "the first event is not the run's creation")
+        return
+    for before, event in itertools.pairwise(events):
+        if event.source is not before.target or event.source is None:
+            yield Finding(
+                run.id,
+                "bad-transition",
+                f"event {event.seq} starts at {event.source} but the run was {before.target}",
+            )
+        elif not is_allowed(event.source, event.target):
+            yield Finding(
+                run.id,
+                "bad-transition",
+                f"event {event.seq}: {event.source} -> {event.target} is not allowed",
+            )
+    if events[-1].target is not run.state:
+        yield Finding(
+            run.id,
+            "state-mismatch",
+            f"the run is {run.state} but its events end at {events[-1].target}",
+        )
+
+
+def _check_partials(run_id: str, seqs: Sequence[int]) -> Iterator[Finding]:
+    if list(seqs) != list(range(len(seqs))):
+        yield Finding(run_id, "partial-gap", f"partial results are numbered {list(seqs)}")
+
+
+async def _check_steps(store: Store, run: RunRecord) -> list[Finding]:
+    findings: list[Finding] = []
+    if run.state.is_final and run.owner is not None:
+        findings.append(
+            Finding(
+                run.id, "owned-final-run", f"{run.state} but still owned by {run.owner.describe()}"
+            )
+        )
+    steps = (await store.load(run.id)).steps
+    indexes = [step.index for step in steps]
+    if indexes != list(range(len(indexes))):
+        findings.append(Finding(run.id, "step-gap", f"step indexes are {indexes}"))
+    live = (
+        run.owner is not None and run.state in _ACTIVE and owner_alive(run.owner, run.lease_until)
+    )
+    for step in steps:
+        if step.status is StepStatus.RUNNING and not live:
+            findings.append(
+                Finding(
+                    run.id,
+                    "orphaned-step",
+                    f"step {step.index} ({step.tool}) was left running by an owner that is "
+                    "gone; resume or a worker will settle it",
+                )
+            )
+    return findings

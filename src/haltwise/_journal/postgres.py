@@ -1,0 +1,801 @@
+"""The PostgreSQL store: one journal shared by processes on several machines.
+
+The tables live in a schema named ``haltwise`` (created if missing), so the store can share a
+database with an application's own tables; the schema holds the same tables and columns as the
+SQLite store, plus ``haltwise_meta`` with the ``schema_version``. A schema ``haltwise`` that
+holds other tables and no ``haltwise_meta`` is refused, as is a newer schema version.
+
+Every operation is one transaction on a pooled connection (psycopg 3, ``autocommit`` off only
+inside an explicit transaction) and is committed when its coroutine returns (and durable, with
+the server's ``synchronous_commit``; a step settled with ``durable=False`` is committed with it
+off, so it is flushed by the next durable commit or the WAL writer). A caller that is
+cancelled while waiting stops waiting, but its operation still completes or rolls back whole, as
+with the SQLite store. Transitions and cancel requests lock the run row (``SELECT ... FOR
+UPDATE``), check the table and write the new state and its event in the same transaction, so a
+cancel racing a completion ends in exactly one final state. Fenced writes hold a share lock on
+the run row until they commit, so a takeover (which locks the row for update) cannot slip in
+between the fence check and the write. Workers claim pending runs with ``FOR UPDATE SKIP
+LOCKED``. Deadlocks and serialisation failures are retried a few times.
+
+Every transaction that changes a run row also sends ``NOTIFY haltwise_changes`` (payload: the
+run id); a dedicated connection ``LISTEN``\\ s, so :meth:`PostgresStore.wait_for_change`
+returns as soon as a change is committed anywhere, or after its timeout if the listener is down.
+
+:meth:`PostgresStore.append_partial_blocking` uses its own synchronous connection, guarded by a
+lock, and takes no row lock: it may be called from the event-loop thread while that thread is
+blocked, and must never wait for a transaction the blocked loop would have to finish. Its fence
+is therefore checked against the last committed owner (a takeover committing at the same instant
+may see one more partial result, which a replay would write identically anyway).
+
+URL: ``postgresql://user:password@host:port/dbname`` (or ``postgres://``), with any libpq
+parameters. Error messages name the host and database, never the password.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, TypeVar
+
+import anyio
+import psycopg
+from psycopg import errors
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import DictRow, dict_row, tuple_row
+from psycopg_pool import AsyncConnectionPool
+
+from .._core.exceptions import SchemaVersionError, StoreError, UnknownRunError
+from .._core.outcome import ErrorInfo
+from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json, load_json
+from .._core.states import State, StepStatus
+from .rows import (
+    RUN_COLUMNS,
+    SCHEMA_VERSION,
+    STEP_COLUMNS,
+    error_to_text,
+    event_from_row,
+    run_from_row,
+    step_from_row,
+    transition_fields,
+)
+from .store import UNSET, LostOwnershipError, NewRun, StepStart, check_transition, plan_cancel
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS haltwise.haltwise_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS haltwise.runs (
+    id TEXT PRIMARY KEY, task TEXT NOT NULL, state TEXT NOT NULL, inputs TEXT NOT NULL,
+    reason TEXT, force BOOLEAN NOT NULL DEFAULT FALSE, result TEXT, error TEXT,
+    cancel_error TEXT, owner TEXT, owner_token TEXT, lease_until DOUBLE PRECISION, parent TEXT,
+    created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_by_state ON haltwise.runs (state);
+CREATE INDEX IF NOT EXISTS runs_by_owner ON haltwise.runs (owner_token);
+CREATE TABLE IF NOT EXISTS haltwise.steps (
+    run_id TEXT NOT NULL, idx INTEGER NOT NULL, tool TEXT NOT NULL, cancel TEXT,
+    effect TEXT NOT NULL, idempotent BOOLEAN NOT NULL, status TEXT NOT NULL,
+    attempts INTEGER NOT NULL, result TEXT, error TEXT, idem_key TEXT NOT NULL, args TEXT,
+    cleanup BOOLEAN NOT NULL DEFAULT FALSE,
+    started_at DOUBLE PRECISION NOT NULL, settled_at DOUBLE PRECISION,
+    PRIMARY KEY (run_id, idx)
+);
+CREATE TABLE IF NOT EXISTS haltwise.partials (
+    run_id TEXT NOT NULL, seq INTEGER NOT NULL, value TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE IF NOT EXISTS haltwise.events (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, run_id TEXT NOT NULL, source TEXT,
+    target TEXT NOT NULL, reason TEXT, at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_run ON haltwise.events (run_id, seq)
+"""
+
+_CHANNEL = "haltwise_changes"
+#: advisory lock key that serialises schema creation between processes opening the store at once
+_SCHEMA_LOCK = 0x68616C74
+_POOL_MAX = 10
+_CONNECT_TIMEOUT = 10
+_RETRIES = 5
+
+_T = TypeVar("_T")
+_Conn = psycopg.AsyncConnection[DictRow]
+
+
+def _redacted(url: str) -> str:
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def _describe(url: str) -> str:
+    """``host:port/dbname`` of a libpq URL (never its password), for messages."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error:
+        return _redacted(url)
+    host = params.get("host") or params.get("hostaddr") or "localhost"
+    return f"{host}:{params.get('port') or 5432}/{params.get('dbname') or params.get('user') or ''}"
+
+
+def _one_line(error: BaseException, url: str) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    text = text.replace(url, _redacted(url))
+    with contextlib.suppress(psycopg.Error):
+        password = conninfo_to_dict(url).get("password")
+        if password:
+            text = text.replace(str(password), "***")
+    return text
+
+
+class PostgresStore:
+    """The PostgreSQL journal (see the module docstring for its locking and notifications)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._where = _describe(url)
+        self._pool: AsyncConnectionPool[_Conn] | None = None
+        self._listen_conn: _Conn | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._changes = 0  # notifications received so far
+        self._wake = asyncio.Event()
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._sync_lock = threading.Lock()
+        self._sync_conn: psycopg.Connection[DictRow] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        try:
+            conninfo_to_dict(self.url)
+        except psycopg.Error as error:
+            text = _one_line(error, self.url)
+            raise StoreError(
+                f"unusable PostgreSQL store URL {_redacted(self.url)!r}: {text}"
+            ) from None
+        conn = await self._connect()
+        try:
+            await self._prepare(conn)
+            await conn.execute(f"LISTEN {_CHANNEL}")
+        except psycopg.Error as error:
+            await conn.close()
+            raise self._error(error) from None
+        except BaseException:
+            await conn.close()
+            raise
+        self._start_listener(conn)
+        pool: AsyncConnectionPool[_Conn] = AsyncConnectionPool(
+            self.url,
+            connection_class=psycopg.AsyncConnection[DictRow],
+            kwargs={"autocommit": True, "row_factory": dict_row},
+            min_size=1,
+            max_size=_POOL_MAX,
+            open=False,
+            name="haltwise",
+        )
+        try:
+            await pool.open(wait=True, timeout=_CONNECT_TIMEOUT)
+        except psycopg.Error as error:
+            await pool.close()
+            await self._stop_listener()
+            raise self._error(error, connecting=True) from None
+        self._pool = pool
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+        if pool is not None:
+            await pool.close()
+        await self._stop_listener()
+        with self._sync_lock:
+            if self._sync_conn is not None:
+                self._sync_conn.close()
+                self._sync_conn = None
+
+    async def _connect(self) -> _Conn:
+        try:
+            return await psycopg.AsyncConnection.connect(
+                self.url, autocommit=True, row_factory=dict_row, **self._connect_options()
+            )
+        except psycopg.Error as error:
+            raise self._error(error, connecting=True) from None
+
+    def _connect_options(self) -> dict[str, Any]:
+        return {} if "connect_timeout" in self.url else {"connect_timeout": _CONNECT_TIMEOUT}
+
+    async def _prepare(self, conn: _Conn) -> None:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            cursor = await conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'haltwise'"
+            )
+            tables = {row["table_name"] for row in await cursor.fetchall()}
+            if tables and "haltwise_meta" not in tables:
+                raise StoreError(
+                    f"{self._where} is not a haltwise store (its schema haltwise holds other "
+                    "tables)"
+                )
+            if "haltwise_meta" in tables:
+                cursor = await conn.execute(
+                    "SELECT value FROM haltwise.haltwise_meta WHERE key = 'schema_version'"
+                )
+                row = await cursor.fetchone()
+                if row is not None and int(row["value"]) > SCHEMA_VERSION:
+                    raise SchemaVersionError(
+                        f"{self._where} has schema version {row['value']}; this haltwise reads "
+                        f"up to {SCHEMA_VERSION}: upgrade haltwise"
+                    )
+                if row is not None and int(row["value"]) == SCHEMA_VERSION:
+                    return
+            # Checked first because CREATE SCHEMA IF NOT EXISTS needs a privilege even when the
+            # schema exists.
+            cursor = await conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'haltwise'")
+            if await cursor.fetchone() is None:
+                await conn.execute("CREATE SCHEMA haltwise")
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                await conn.execute(statement)
+            await conn.execute(
+                "INSERT INTO haltwise.haltwise_meta (key, value) VALUES ('schema_version', %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(SCHEMA_VERSION),),
+            )
+
+    def _error(self, error: psycopg.Error, *, connecting: bool = False) -> StoreError:
+        text = _one_line(error, self.url)
+        if connecting:
+            return StoreError(f"cannot connect to the PostgreSQL store {self._where}: {text}")
+        return StoreError(f"store {self._where}: {text}")
+
+    # -- running operations ------------------------------------------------------------------
+
+    async def _run(self, op: Callable[[_Conn], Awaitable[_T]], *, read_only: bool = False) -> _T:
+        pool = self._pool
+        if pool is None:
+            raise StoreError(f"store {self._where} is not open")
+        # The operation runs in its own task: a caller cancelled while waiting stops waiting,
+        # and the transaction still commits or rolls back whole (as in the SQLite store).
+        task = asyncio.ensure_future(self._transact(pool, op, read_only))
+        self._inflight.add(task)
+        task.add_done_callback(self._forget)
+        return await asyncio.shield(task)
+
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        self._inflight.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: its caller may have stopped waiting
+
+    async def _transact(
+        self,
+        pool: AsyncConnectionPool[_Conn],
+        op: Callable[[_Conn], Awaitable[_T]],
+        read_only: bool,
+    ) -> _T:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                async with pool.connection() as conn, conn.transaction():
+                    if read_only:
+                        # one snapshot for every statement of the read (e.g. a run and its steps)
+                        await conn.execute(
+                            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+                        )
+                    return await op(conn)
+            except (errors.DeadlockDetected, errors.SerializationFailure) as error:
+                if attempt >= _RETRIES:
+                    raise self._error(error) from None
+            except psycopg.Error as error:
+                raise self._error(error) from None
+
+    # -- the Store interface -----------------------------------------------------------------
+
+    async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
+        inputs = dump_json(run.inputs, "the task inputs")
+
+        async def op(conn: _Conn) -> tuple[RunRecord, bool]:
+            now = time.time()
+            cursor = await conn.execute(
+                "INSERT INTO haltwise.runs (id, task, state, inputs, owner, owner_token, "
+                "lease_until, parent, created_at, updated_at) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                (
+                    run.id,
+                    run.task,
+                    run.state.value,
+                    inputs,
+                    run.owner.to_json() if run.owner else None,
+                    run.owner.token if run.owner else None,
+                    run.lease_until,
+                    run.parent,
+                    now,
+                    now,
+                ),
+            )
+            created = cursor.rowcount == 1
+            if created:
+                await _record_event(conn, run.id, None, State.PENDING, None, now)
+                if run.state is not State.PENDING:
+                    await _record_event(conn, run.id, State.PENDING, run.state, None, now)
+                await _notify(conn, run.id)
+            return await _load_run(conn, run.id), created
+
+        return await self._run(op)
+
+    async def transition(
+        self,
+        run_id: str,
+        target: State,
+        *,
+        expected: Collection[State],
+        reason: str | None = UNSET,
+        result: Any = UNSET,
+        error: ErrorInfo | None = UNSET,
+        cancel_error: ErrorInfo | None = UNSET,
+        owner: Owner | None = UNSET,
+        lease_until: float | None = UNSET,
+        fence: str | None = None,
+    ) -> RunRecord:
+        fields = transition_fields(
+            target,
+            reason=reason,
+            result=result,
+            error=error,
+            cancel_error=cancel_error,
+            owner=owner,
+            lease_until=lease_until,
+        )
+        allowed = frozenset(expected)
+
+        async def op(conn: _Conn) -> RunRecord:
+            row = await _lock_run(conn, run_id)
+            if fence is not None and row["owner_token"] != fence:
+                raise _lost(run_id)
+            current = run_from_row(row)
+            check_transition(run_id, current.state, target, allowed)
+            now = time.time()
+            record = await _update_run(conn, run_id, {**fields, "updated_at": now})
+            event_reason = fields.get("reason", current.reason)
+            await _record_event(conn, run_id, current.state, target, event_reason, now)
+            await _notify(conn, run_id)
+            return record
+
+        return await self._run(op)
+
+    async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
+        async def op(conn: _Conn) -> RunRecord:
+            current = run_from_row(await _lock_run(conn, run_id))
+            plan = plan_cancel(current.state, current.force, force)
+            fields = plan.fields(reason)
+            if not fields:
+                return current
+            now = time.time()
+            record = await _update_run(conn, run_id, {**fields, "updated_at": now})
+            if plan.target is not None:
+                await _record_event(conn, run_id, current.state, plan.target, reason, now)
+            await _notify(conn, run_id)
+            return record
+
+        return await self._run(op)
+
+    async def claim(
+        self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None
+    ) -> bool:
+        async def op(conn: _Conn) -> bool:
+            row = await _lock_run(conn, run_id)
+            if row["owner_token"] != expected_owner:
+                return False
+            await conn.execute(
+                "UPDATE haltwise.runs SET owner = %s, owner_token = %s, lease_until = %s, "
+                "updated_at = %s WHERE id = %s",
+                (owner.to_json(), owner.token, lease_until, time.time(), run_id),
+            )
+            await _notify(conn, run_id)
+            return True
+
+        return await self._run(op)
+
+    async def release(self, run_id: str, owner_token: str) -> None:
+        async def op(conn: _Conn) -> None:
+            cursor = await conn.execute(
+                "UPDATE haltwise.runs SET owner = NULL, owner_token = NULL, lease_until = NULL "
+                "WHERE id = %s AND owner_token = %s",
+                (run_id, owner_token),
+            )
+            if cursor.rowcount:
+                await _notify(conn, run_id)
+
+        await self._run(op)
+
+    async def heartbeat(self, owner_token: str, lease_until: float) -> int:
+        async def op(conn: _Conn) -> int:
+            cursor = await conn.execute(
+                "UPDATE haltwise.runs SET lease_until = %s WHERE owner_token = %s",
+                (lease_until, owner_token),
+            )
+            return cursor.rowcount
+
+        return await self._run(op)
+
+    async def claim_pending(
+        self, owner: Owner, tasks: Collection[str], *, lease_until: float, limit: int
+    ) -> list[RunRecord]:
+        task_list = sorted(tasks)
+        if not task_list or limit <= 0:
+            return []
+
+        async def op(conn: _Conn) -> list[RunRecord]:
+            # SKIP LOCKED: concurrent claimers take disjoint runs instead of queueing on a row;
+            # a row another claimer took meanwhile fails the re-checked WHERE and is left out.
+            cursor = await conn.execute(
+                f"UPDATE haltwise.runs SET owner = %s, owner_token = %s, lease_until = %s "
+                f"WHERE id IN (SELECT id FROM haltwise.runs WHERE state = 'pending' "
+                f"AND owner_token IS NULL AND task = ANY(%s) ORDER BY created_at, id LIMIT %s "
+                f"FOR UPDATE SKIP LOCKED) RETURNING {RUN_COLUMNS}",
+                (owner.to_json(), owner.token, lease_until, task_list, limit),
+            )
+            runs = sorted(
+                (run_from_row(row) for row in await cursor.fetchall()),
+                key=lambda run: (run.created_at, run.id),
+            )
+            for run in runs:
+                await _notify(conn, run.id)
+            return runs
+
+        return await self._run(op)
+
+    async def start_step(
+        self, run_id: str, step: StepStart, *, fence: str
+    ) -> tuple[int, tuple[str, bool] | None]:
+        async def op(conn: _Conn) -> tuple[int, tuple[str, bool] | None]:
+            # One statement (one round trip): the fence check with its share lock, the upsert
+            # and the run's cancel state together.
+            cursor = await conn.execute(
+                _START_STEP,
+                (
+                    run_id,
+                    fence,
+                    run_id,
+                    step.index,
+                    step.tool,
+                    step.cancel,
+                    step.effect.value,
+                    step.idempotent,
+                    step.idempotency_key,
+                    step.args,
+                    step.cleanup,
+                    time.time(),
+                ),
+            )
+            row = await cursor.fetchone()
+            if row is None:
+                await _check_fence(conn, run_id, fence)  # raises why: unknown run, lost owner
+                raise StoreError(f"run {run_id!r}: step {step.index} could not be journaled")
+            if row["state"] != State.CANCELLING.value:
+                return row["attempts"], None
+            return row["attempts"], (row["reason"] or "user", bool(row["force"]))
+
+        with anyio.CancelScope(shield=True):  # see Store.start_step
+            started = await self._run(op)
+        return started
+
+    async def settle_step(
+        self,
+        run_id: str,
+        index: int,
+        status: StepStatus,
+        *,
+        result: Any = None,
+        error: ErrorInfo | None = None,
+        fence: str,
+        durable: bool = True,
+    ) -> None:
+        result_text = None if result is None else dump_json(result, f"step {index}'s result")
+
+        async def op(conn: _Conn) -> None:
+            if not durable:
+                # Committed and visible at once, flushed to disk by the next synchronous commit
+                # (of any session) or the WAL writer shortly after: a crash of this process loses
+                # nothing, a crash of the server at most the last few hundred milliseconds.
+                await conn.execute("SET LOCAL synchronous_commit = off")
+            cursor = await conn.execute(
+                _SETTLE_STEP,
+                (
+                    run_id,
+                    fence,
+                    status.value,
+                    result_text,
+                    error_to_text(error),
+                    time.time(),
+                    run_id,
+                    index,
+                ),
+            )
+            if not cursor.rowcount:
+                await _check_fence(conn, run_id, fence)  # raises if the run is not ours
+
+        with anyio.CancelScope(shield=True):  # see Store.settle_step
+            await self._run(op)
+
+    async def append_partial(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
+        text = dump_json(value, "a partial result")
+
+        async def op(conn: _Conn) -> None:
+            await _check_fence(conn, run_id, fence)
+            await conn.execute(_INSERT_PARTIAL, (run_id, seq, text))
+
+        await self._run(op)
+
+    def append_partial_blocking(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
+        text = dump_json(value, "a partial result")
+        if self._pool is None:
+            raise StoreError(f"store {self._where} is not open")
+        with self._sync_lock:
+            try:
+                if self._sync_conn is None or self._sync_conn.closed:
+                    self._sync_conn = psycopg.Connection.connect(
+                        self.url, autocommit=True, row_factory=dict_row, **self._connect_options()
+                    )
+                conn = self._sync_conn
+                with conn.transaction():
+                    # No row lock here (see the module docstring): the last committed owner.
+                    row = conn.execute(
+                        "SELECT owner_token FROM haltwise.runs WHERE id = %s", (run_id,)
+                    ).fetchone()
+                    if row is None:
+                        raise UnknownRunError(run_id)
+                    if row["owner_token"] != fence:
+                        raise _lost(run_id)
+                    conn.execute(_INSERT_PARTIAL, (run_id, seq, text))
+            except psycopg.Error as error:
+                if self._sync_conn is not None and self._sync_conn.broken:
+                    self._sync_conn.close()
+                    self._sync_conn = None
+                raise self._error(error) from None
+
+    async def load(self, run_id: str) -> RunSnapshot:
+        async def op(conn: _Conn) -> RunSnapshot:
+            run = await _load_run(conn, run_id)
+            async with conn.cursor(row_factory=tuple_row) as rows:  # step_from_row: by position
+                await rows.execute(
+                    f"SELECT {STEP_COLUMNS} FROM haltwise.steps WHERE run_id = %s ORDER BY idx",
+                    (run_id,),
+                )
+                steps = tuple(map(step_from_row, await rows.fetchall()))
+            cursor = await conn.execute(
+                "SELECT value FROM haltwise.partials WHERE run_id = %s ORDER BY seq", (run_id,)
+            )
+            partials = tuple(load_json(row["value"]) for row in await cursor.fetchall())
+            return RunSnapshot(run=run, steps=steps, partials=partials)
+
+        return await self._run(op, read_only=True)
+
+    async def list_runs(self, state: State | None = None) -> list[RunRecord]:
+        async def op(conn: _Conn) -> list[RunRecord]:
+            if state is None:
+                cursor = await conn.execute(
+                    f"SELECT {RUN_COLUMNS} FROM haltwise.runs ORDER BY created_at, id"
+                )
+            else:
+                cursor = await conn.execute(
+                    f"SELECT {RUN_COLUMNS} FROM haltwise.runs WHERE state = %s "
+                    f"ORDER BY created_at, id",
+                    (state.value,),
+                )
+            return [run_from_row(row) for row in await cursor.fetchall()]
+
+        return await self._run(op, read_only=True)
+
+    async def partial_seqs(self) -> dict[str, list[int]]:
+        async def op(conn: _Conn) -> dict[str, list[int]]:
+            cursor = await conn.execute(
+                "SELECT run_id, seq FROM haltwise.partials ORDER BY run_id, seq"
+            )
+            seqs: dict[str, list[int]] = {}
+            for row in await cursor.fetchall():
+                seqs.setdefault(row["run_id"], []).append(row["seq"])
+            return seqs
+
+        return await self._run(op, read_only=True)
+
+    async def events(self, run_id: str | None = None) -> list[Event]:
+        async def op(conn: _Conn) -> list[Event]:
+            columns = "seq, run_id, source, target, reason, at"
+            if run_id is None:
+                cursor = await conn.execute(f"SELECT {columns} FROM haltwise.events ORDER BY seq")
+            else:
+                cursor = await conn.execute(
+                    f"SELECT {columns} FROM haltwise.events WHERE run_id = %s ORDER BY seq",
+                    (run_id,),
+                )
+            return [event_from_row(row) for row in await cursor.fetchall()]
+
+        return await self._run(op, read_only=True)
+
+    async def cancel_requests(self, run_ids: Collection[str]) -> dict[str, tuple[str, bool]]:
+        ids = list(run_ids)
+        if not ids:
+            return {}
+
+        async def op(conn: _Conn) -> dict[str, tuple[str, bool]]:
+            cursor = await conn.execute(
+                "SELECT id, reason, force FROM haltwise.runs "
+                "WHERE state = 'cancelling' AND id = ANY(%s)",
+                (ids,),
+            )
+            return {
+                row["id"]: (row["reason"] or "user", bool(row["force"]))
+                for row in await cursor.fetchall()
+            }
+
+        return await self._run(op, read_only=True)
+
+    def set_concurrency(self, active_runs: int) -> None:
+        """Ignored: every operation already runs on a pooled connection of its own."""
+
+    async def wait_for_change(self, timeout: float, since: int | None = None) -> int:
+        deadline = time.monotonic() + timeout
+        if self._pool is not None and (self._listener is None or self._listener.done()):
+            with anyio.move_on_after(timeout):
+                await self._restart_listener()
+        if self._listener is None:
+            await anyio.sleep(max(0.0, deadline - time.monotonic()))
+            return self._changes
+        if self._changes == (self._changes if since is None else since):
+            # Nothing new for this caller since it last looked: wait for a notification.
+            wake = self._wake
+            with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+                await wake.wait()
+        return self._changes
+
+    # -- the listener ------------------------------------------------------------------------
+
+    def _start_listener(self, conn: _Conn) -> None:
+        self._listen_conn = conn
+        self._wake = asyncio.Event()  # bound to the loop that runs the listener
+        self._listener = asyncio.get_running_loop().create_task(
+            self._listen(conn), name="haltwise-postgres-listener"
+        )
+
+    async def _listen(self, conn: _Conn) -> None:
+        try:
+            async for _ in conn.notifies():
+                self._changed()
+        except psycopg.Error:
+            pass  # the server went away: wait_for_change reopens the listener
+        finally:
+            self._changed()  # whatever happened meanwhile is unknown: let waiters look
+
+    def _changed(self) -> None:
+        self._changes += 1
+        wake, self._wake = self._wake, asyncio.Event()
+        wake.set()
+
+    async def _restart_listener(self) -> None:
+        await self._stop_listener()
+        try:
+            conn = await self._connect()
+            await conn.execute(f"LISTEN {_CHANNEL}")
+        except (StoreError, psycopg.Error):
+            return  # wait_for_change falls back to its timeout until the server is back
+        self._start_listener(conn)
+
+    async def _stop_listener(self) -> None:
+        listener, self._listener = self._listener, None
+        conn, self._listen_conn = self._listen_conn, None
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
+                await listener
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
+
+
+# -- SQL helpers ------------------------------------------------------------------------------
+
+_INSERT_PARTIAL = (
+    "INSERT INTO haltwise.partials (run_id, seq, value) VALUES (%s, %s, %s) "
+    "ON CONFLICT (run_id, seq) DO NOTHING"
+)
+
+
+def _fetched(row: DictRow | None) -> DictRow:
+    if row is None:  # pragma: no cover - RETURNING of an INSERT always yields a row
+        raise StoreError("the store returned no row")
+    return row
+
+
+def _lost(run_id: str) -> LostOwnershipError:
+    return LostOwnershipError(f"run {run_id!r} is no longer held by this process", task_id=run_id)
+
+
+async def _load_run(conn: _Conn, run_id: str) -> RunRecord:
+    cursor = await conn.execute(f"SELECT {RUN_COLUMNS} FROM haltwise.runs WHERE id = %s", (run_id,))
+    row = await cursor.fetchone()
+    if row is None:
+        raise UnknownRunError(run_id)
+    return run_from_row(row)
+
+
+async def _lock_run(conn: _Conn, run_id: str) -> DictRow:
+    """The run's row with its owner token, locked until the transaction ends."""
+    cursor = await conn.execute(
+        f"SELECT {RUN_COLUMNS}, owner_token FROM haltwise.runs WHERE id = %s FOR UPDATE",
+        (run_id,),
+    )
+    row = await cursor.fetchone()
+    if row is None:
+        raise UnknownRunError(run_id)
+    return row
+
+
+#: start_step in one statement; the CTE share-locks the run's row, as _check_fence does
+_START_STEP = """
+WITH run AS (
+    SELECT state, reason, force FROM haltwise.runs
+    WHERE id = %s AND owner_token = %s FOR SHARE
+)
+INSERT INTO haltwise.steps AS s (run_id, idx, tool, cancel, effect, idempotent, status, attempts,
+                                 idem_key, args, cleanup, started_at)
+SELECT %s::text, %s::integer, %s::text, %s::text, %s::text, %s::boolean, 'running', 1,
+       %s::text, %s::text, %s::boolean, %s::double precision
+FROM run
+ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = s.attempts + 1,
+    result = NULL, error = NULL, args = excluded.args, started_at = excluded.started_at,
+    settled_at = NULL
+RETURNING s.attempts, (SELECT state FROM run) AS state, (SELECT reason FROM run) AS reason,
+    (SELECT force FROM run) AS force
+"""
+
+#: settle_step in one statement, fenced like _START_STEP
+_SETTLE_STEP = """
+WITH run AS (SELECT 1 FROM haltwise.runs WHERE id = %s AND owner_token = %s FOR SHARE)
+UPDATE haltwise.steps SET status = %s, result = %s, error = %s, settled_at = %s
+WHERE run_id = %s AND idx = %s AND EXISTS (SELECT 1 FROM run)
+"""
+
+
+async def _check_fence(conn: _Conn, run_id: str, fence: str) -> DictRow:
+    """Raise :class:`LostOwnershipError` unless ``fence`` holds the run; share-lock its row."""
+    cursor = await conn.execute(
+        "SELECT owner_token, state, reason, force FROM haltwise.runs WHERE id = %s FOR SHARE",
+        (run_id,),
+    )
+    row = await cursor.fetchone()
+    if row is None:
+        raise UnknownRunError(run_id)
+    if row["owner_token"] != fence:
+        raise _lost(run_id)
+    return row
+
+
+async def _update_run(conn: _Conn, run_id: str, fields: dict[str, Any]) -> RunRecord:
+    assignments = ", ".join(f"{name} = %s" for name in fields)
+    cursor = await conn.execute(
+        f"UPDATE haltwise.runs SET {assignments} WHERE id = %s RETURNING {RUN_COLUMNS}",
+        (*fields.values(), run_id),
+    )
+    return run_from_row(_fetched(await cursor.fetchone()))
+
+
+async def _record_event(
+    conn: _Conn,
+    run_id: str,
+    source: State | None,
+    target: State,
+    reason: str | None,
+    at: float,
+) -> None:
+    await conn.execute(
+        "INSERT INTO haltwise.events (run_id, source, target, reason, at) "
+        "VALUES (%s, %s, %s, %s, %s)",
+        (run_id, source.value if source else None, target.value, reason, at),
+    )
+
+
+async def _notify(conn: _Conn, run_id: str) -> None:
+    # Delivered at commit, and only if the transaction commits.
+    await conn.execute("SELECT pg_notify(%s, %s)", (_CHANNEL, run_id[:1000]))

@@ -1,0 +1,627 @@
+"""The embedded default store: one SQLite file in WAL mode.
+
+The SQL of every :class:`~haltwise._store.Store` operation lives here; how operations reach the
+database (group commit, the fast path, the writer thread, deferred settlements) lives in
+:mod:`haltwise._sqlite_writer`. Each write is durable (``synchronous=FULL`` by default) when its
+coroutine returns. Other processes' commits are noticed through ``PRAGMA data_version``, polled
+every 15 ms on a dedicated connection.
+
+URL: ``sqlite:///relative.db`` or ``sqlite:////absolute.db``; options ``?synchronous=normal``
+(survives a process crash, not a power loss) and ``?busy_timeout=SECONDS`` (default 60).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Collection
+from functools import partial
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import anyio
+
+from .._core.exceptions import SchemaVersionError, StoreError, UnknownRunError
+from .._core.outcome import ErrorInfo
+from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json
+from .._core.states import State, StepStatus
+from .rows import (
+    RUN_COLUMNS,
+    SCHEMA_VERSION,
+    STEP_COLUMNS,
+    error_to_text,
+    event_from_row,
+    run_from_row,
+    step_from_row,
+    transition_fields,
+)
+from .sqlite_writer import Op, Writer, store_error
+from .store import (
+    UNSET,
+    LostOwnershipError,
+    NewRun,
+    StepStart,
+    check_transition,
+    plan_cancel,
+)
+
+#: The page size of a new store file (bytes).
+_PAGE_SIZE = 1024
+
+#: The page cache of the writer's connection (KiB; SQLite's default is 2 MiB). With many runs
+#: active a batch touches a page or more per run: a cache smaller than those pages re-reads
+#: them from the OS at every batch (measured: 5.3 read calls per step at 1,000 runs with the
+#: default, 1.2 with this). It only grows as pages are read, up to this bound.
+_CACHE_KIB = 16384
+
+#: How often wait_for_change looks at PRAGMA data_version (seconds): the bound on noticing a
+#: cancel from another process, against the CPU an idle process spends waking up (on the CI's
+#: kind of VM a wake-up costs ~100-200 us of CPU, and reading data_version ~30 us more: at
+#: 10 ms an idle run used 2.1-3.0% of a core, over issue 4's 2%).
+_POLL_INTERVAL = 0.015
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS haltwise_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY, task TEXT NOT NULL, state TEXT NOT NULL, inputs TEXT NOT NULL,
+    reason TEXT, force INTEGER NOT NULL DEFAULT 0, result TEXT, error TEXT, cancel_error TEXT,
+    owner TEXT, owner_token TEXT, lease_until REAL, parent TEXT,
+    created_at REAL NOT NULL, updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_by_state ON runs (state);
+CREATE INDEX IF NOT EXISTS runs_by_owner ON runs (owner_token);
+CREATE TABLE IF NOT EXISTS steps (
+    run_id TEXT NOT NULL, idx INTEGER NOT NULL, tool TEXT NOT NULL, cancel TEXT,
+    effect TEXT NOT NULL, idempotent INTEGER NOT NULL, status TEXT NOT NULL,
+    attempts INTEGER NOT NULL, result TEXT, error TEXT, idem_key TEXT NOT NULL, args TEXT,
+    cleanup INTEGER NOT NULL DEFAULT 0,
+    started_at REAL NOT NULL, settled_at REAL,
+    PRIMARY KEY (run_id, idx)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS partials (
+    run_id TEXT NOT NULL, seq INTEGER NOT NULL, value TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, source TEXT,
+    target TEXT NOT NULL, reason TEXT, at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id, seq);
+"""
+
+
+_START_STEP = """
+INSERT INTO steps (run_id, idx, tool, cancel, effect, idempotent, status, attempts, idem_key,
+                   args, cleanup, started_at)
+SELECT ?, ?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?
+WHERE EXISTS (SELECT 1 FROM runs WHERE id = ? AND owner_token = ?)
+ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = attempts + 1,
+    result = NULL, error = NULL, args = excluded.args, started_at = excluded.started_at,
+    settled_at = NULL
+RETURNING attempts, (SELECT state = 'cancelling' FROM runs WHERE id = steps.run_id)
+"""
+
+_SETTLE_STEP = """
+UPDATE steps SET status = ?, result = ?, error = ?, settled_at = ?
+WHERE run_id = ? AND idx = ? AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND owner_token = ?)
+"""
+
+
+# Step writes are partials of these, not closures: fewer objects for the garbage collector to
+# track per step while it waits for its batch (measurable with a thousand runs waiting).
+
+
+def _start_step(
+    parameters: tuple[Any, ...], conn: sqlite3.Connection
+) -> tuple[int, tuple[str, bool] | None]:
+    # One statement: the fence check, the upsert and the run's cancel state together.
+    row = conn.execute(_START_STEP, parameters).fetchone()
+    run_id, fence = parameters[-2:]
+    if row is None:
+        _check_fence(conn, run_id, fence)  # raises why: unknown run or lost ownership
+        raise StoreError(f"run {run_id!r}: step {parameters[1]} could not be journaled")
+    attempts, cancelling = row
+    if not cancelling:
+        return attempts, None
+    run = _check_fence(conn, run_id, fence)
+    return attempts, (run["reason"] or "user", bool(run["force"]))
+
+
+def _settle_step(parameters: tuple[Any, ...], conn: sqlite3.Connection) -> None:
+    if not conn.execute(_SETTLE_STEP, parameters).rowcount:
+        _check_fence(conn, parameters[-2], parameters[-1])
+
+
+def _parse_url(url: str) -> tuple[str, str, float]:
+    parts = urlsplit(url)
+    if parts.netloc not in ("", "localhost") or not parts.path or parts.path == "/":
+        raise StoreError(f"unusable SQLite store URL {url!r}: expected sqlite:///PATH.db")
+    # sqlite:///rel.db -> "/rel.db" -> "rel.db"; sqlite:////abs.db -> "//abs.db" -> "/abs.db"
+    path = parts.path[1:]
+    options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    synchronous = options.pop("synchronous", "full").upper()
+    if synchronous not in ("FULL", "NORMAL", "EXTRA", "OFF"):
+        raise StoreError(f"unusable SQLite store URL {url!r}: synchronous={synchronous.lower()}")
+    try:
+        busy_timeout = float(options.pop("busy_timeout", "60"))
+    except ValueError:
+        raise StoreError(f"unusable SQLite store URL {url!r}: busy_timeout") from None
+    if options:
+        raise StoreError(f"unusable SQLite store URL {url!r}: unknown option {next(iter(options))}")
+    return path, synchronous, busy_timeout
+
+
+class SQLiteStore:
+    """The SQLite journal (see the module docstring for its concurrency and durability)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.path, self.synchronous, self.busy_timeout = _parse_url(url)
+        self._writer = Writer(self.path, self.busy_timeout, self._connect, self._prepare)
+        self._watch: sqlite3.Connection | None = None
+        self._data_version = 0
+        self._changes = 0  # changes of data_version seen by any waiter
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._writer.running:
+            return
+        try:
+            directory = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(directory, exist_ok=True)
+        except OSError as error:
+            raise StoreError(
+                f"cannot create the store directory for {self.path}: {error}"
+            ) from None
+        await self._writer.start()
+        self._watch = self._connect()
+        self._data_version = self._read_data_version()
+
+    async def close(self) -> None:
+        await self._writer.stop()
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            return conn
+        except sqlite3.Error as error:
+            raise store_error(self.path, error) from None
+
+    def _prepare(self, conn: sqlite3.Connection) -> None:
+        """Check or create the schema; retried while another process holds the file locked.
+
+        Several processes opening a new file at once race to switch it to WAL, and SQLite
+        answers that switch with "database is locked" at once, without its busy handler.
+        """
+        deadline = time.monotonic() + self.busy_timeout
+        delay = 0.005
+        while True:
+            try:
+                self._prepare_once(conn)
+                return
+            except StoreError as error:
+                locked = "locked" in str(error) or "busy" in str(error)
+                if not locked or time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+    def _prepare_once(self, conn: sqlite3.Connection) -> None:
+        try:
+            tables = {
+                row[0]
+                for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+            if tables and "haltwise_meta" not in tables:
+                raise StoreError(f"{self.path} is not a haltwise store (it holds other tables)")
+            if not tables:
+                # A new file: small pages, as a journal commits a few small rows at a time and
+                # the cost of a commit's sync grows with the bytes it writes (see
+                # docs/benchmarks.md). Only possible before the switch to WAL.
+                conn.execute(f"PRAGMA page_size = {_PAGE_SIZE}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
+            conn.execute("BEGIN IMMEDIATE")
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                conn.execute(statement)
+            row = conn.execute(
+                "SELECT value FROM haltwise_meta WHERE key = 'schema_version'"
+            ).fetchone()
+            if row is None:
+                conn.execute(
+                    "INSERT INTO haltwise_meta (key, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+            elif int(row[0]) > SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"{self.path} has schema version {row[0]}; this haltwise reads up to "
+                    f"{SCHEMA_VERSION}: upgrade haltwise"
+                )
+            conn.execute("COMMIT")
+        except sqlite3.Error as error:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise store_error(self.path, error) from None
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    # -- the Store interface -----------------------------------------------------------------
+
+    async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
+        inputs = dump_json(run.inputs, "the task inputs")
+
+        def op(conn: sqlite3.Connection) -> tuple[RunRecord, bool]:
+            now = time.time()
+            inserted = conn.execute(
+                "INSERT INTO runs (id, task, state, inputs, owner, owner_token, lease_until, "
+                "parent, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                f"ON CONFLICT (id) DO NOTHING RETURNING {RUN_COLUMNS}",
+                (
+                    run.id,
+                    run.task,
+                    run.state.value,
+                    inputs,
+                    run.owner.to_json() if run.owner else None,
+                    run.owner.token if run.owner else None,
+                    run.lease_until,
+                    run.parent,
+                    now,
+                    now,
+                ),
+            ).fetchone()
+            if inserted is None:
+                return _load_run(conn, run.id), False
+            _record_event(conn, run.id, None, State.PENDING, None, now)
+            if run.state is not State.PENDING:
+                _record_event(conn, run.id, State.PENDING, run.state, None, now)
+            return run_from_row(inserted), True
+
+        result: tuple[RunRecord, bool] = await self._writer.call(op)
+        return result
+
+    async def transition(
+        self,
+        run_id: str,
+        target: State,
+        *,
+        expected: Collection[State],
+        reason: str | None = UNSET,
+        result: Any = UNSET,
+        error: ErrorInfo | None = UNSET,
+        cancel_error: ErrorInfo | None = UNSET,
+        owner: Owner | None = UNSET,
+        lease_until: float | None = UNSET,
+        fence: str | None = None,
+    ) -> RunRecord:
+        fields = transition_fields(
+            target,
+            reason=reason,
+            result=result,
+            error=error,
+            cancel_error=cancel_error,
+            owner=owner,
+            lease_until=lease_until,
+        )
+
+        def op(conn: sqlite3.Connection) -> RunRecord:
+            current = _load_run(conn, run_id)
+            if fence is not None and (current.owner is None or current.owner.token != fence):
+                raise _lost(run_id)
+            check_transition(run_id, current.state, target, expected)
+            now = time.time()
+            record = _update_run(conn, run_id, {**fields, "updated_at": now})
+            event_reason = fields.get("reason", current.reason)
+            _record_event(conn, run_id, current.state, target, event_reason, now)
+            return record
+
+        record: RunRecord = await self._writer.call(op)
+        return record
+
+    async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
+        def op(conn: sqlite3.Connection) -> RunRecord:
+            current = _load_run(conn, run_id)
+            plan = plan_cancel(current.state, current.force, force)
+            fields = plan.fields(reason)
+            if not fields:
+                return current
+            now = time.time()
+            record = _update_run(conn, run_id, {**fields, "updated_at": now})
+            if plan.target is not None:
+                _record_event(conn, run_id, current.state, plan.target, reason, now)
+            return record
+
+        record: RunRecord = await self._writer.call(op)
+        return record
+
+    async def claim(
+        self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None
+    ) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            _load_run(conn, run_id)
+            cursor = conn.execute(
+                "UPDATE runs SET owner = ?, owner_token = ?, lease_until = ?, updated_at = ? "
+                "WHERE id = ? AND owner_token IS ?",
+                (owner.to_json(), owner.token, lease_until, time.time(), run_id, expected_owner),
+            )
+            return cursor.rowcount == 1
+
+        claimed: bool = await self._writer.call(op)
+        return claimed
+
+    async def release(self, run_id: str, owner_token: str) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE runs SET owner = NULL, owner_token = NULL, lease_until = NULL "
+                "WHERE id = ? AND owner_token = ?",
+                (run_id, owner_token),
+            )
+
+        await self._writer.call(op)
+
+    async def heartbeat(self, owner_token: str, lease_until: float) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            cursor = conn.execute(
+                "UPDATE runs SET lease_until = ? WHERE owner_token = ?", (lease_until, owner_token)
+            )
+            return cursor.rowcount
+
+        count: int = await self._writer.call(op)
+        return count
+
+    async def claim_pending(
+        self, owner: Owner, tasks: Collection[str], *, lease_until: float, limit: int
+    ) -> list[RunRecord]:
+        task_list = sorted(tasks)
+
+        def op(conn: sqlite3.Connection) -> list[RunRecord]:
+            if not task_list or limit <= 0:
+                return []
+            marks = ", ".join("?" for _ in task_list)
+            ids = [
+                row[0]
+                for row in conn.execute(
+                    f"SELECT id FROM runs WHERE state = 'pending' AND owner_token IS NULL "
+                    f"AND task IN ({marks}) ORDER BY created_at, id LIMIT ?",
+                    (*task_list, limit),
+                )
+            ]
+            for run_id in ids:
+                conn.execute(
+                    "UPDATE runs SET owner = ?, owner_token = ?, lease_until = ? WHERE id = ?",
+                    (owner.to_json(), owner.token, lease_until, run_id),
+                )
+            return [_load_run(conn, run_id) for run_id in ids]
+
+        claimed: list[RunRecord] = await self._writer.call(op)
+        return claimed
+
+    async def start_step(
+        self, run_id: str, step: StepStart, *, fence: str
+    ) -> tuple[int, tuple[str, bool] | None]:
+        parameters = (
+            run_id,
+            step.index,
+            step.tool,
+            step.cancel,
+            step.effect.value,
+            int(step.idempotent),
+            step.idempotency_key,
+            step.args,
+            int(step.cleanup),
+            time.time(),
+            run_id,
+            fence,
+        )
+        started: tuple[int, tuple[str, bool] | None] = await self._writer.call(
+            partial(_start_step, parameters), atomic=True, shield=True
+        )
+        return started
+
+    async def settle_step(
+        self,
+        run_id: str,
+        index: int,
+        status: StepStatus,
+        *,
+        result: Any = None,
+        error: ErrorInfo | None = None,
+        fence: str,
+        durable: bool = True,
+    ) -> None:
+        result_text = None if result is None else dump_json(result, f"step {index}'s result")
+        parameters = (
+            status.value,
+            result_text,
+            error_to_text(error),
+            time.time(),
+            run_id,
+            index,
+            run_id,
+            fence,
+        )
+        op = partial(_settle_step, parameters)
+        if durable:
+            await self._writer.call(op, atomic=True, shield=True)
+        else:
+            self._writer.defer(op)
+
+    async def append_partial(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
+        await self._writer.call(self._partial_op(run_id, seq, value, fence=fence), atomic=True)
+
+    def append_partial_blocking(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
+        self._writer.call_blocking(self._partial_op(run_id, seq, value, fence=fence), atomic=True)
+
+    def _partial_op(self, run_id: str, seq: int, value: Any, *, fence: str) -> Op:
+        text = dump_json(value, "a partial result")
+
+        def op(conn: sqlite3.Connection) -> None:
+            _check_fence(conn, run_id, fence)
+            conn.execute(
+                "INSERT INTO partials (run_id, seq, value) VALUES (?, ?, ?) "
+                "ON CONFLICT (run_id, seq) DO NOTHING",
+                (run_id, seq, text),
+            )
+
+        return op
+
+    async def load(self, run_id: str) -> RunSnapshot:
+        def op(conn: sqlite3.Connection) -> RunSnapshot:
+            run = _load_run(conn, run_id)
+            rows = conn.cursor()
+            rows.row_factory = None  # plain tuples: step_from_row reads them by position
+            rows.execute(
+                f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY idx", (run_id,)
+            )
+            steps = tuple(map(step_from_row, rows))
+            partials = tuple(
+                json.loads(row[0])
+                for row in conn.execute(
+                    "SELECT value FROM partials WHERE run_id = ? ORDER BY seq", (run_id,)
+                )
+            )
+            return RunSnapshot(run=run, steps=steps, partials=partials)
+
+        snapshot: RunSnapshot = await self._writer.call(op, write=False)
+        return snapshot
+
+    async def list_runs(self, state: State | None = None) -> list[RunRecord]:
+        def op(conn: sqlite3.Connection) -> list[RunRecord]:
+            sql = f"SELECT {RUN_COLUMNS} FROM runs"
+            args: tuple[Any, ...] = ()
+            if state is not None:
+                sql += " WHERE state = ?"
+                args = (state.value,)
+            return [
+                run_from_row(row) for row in conn.execute(sql + " ORDER BY created_at, id", args)
+            ]
+
+        runs: list[RunRecord] = await self._writer.call(op, write=False, bulk=True)
+        return runs
+
+    async def partial_seqs(self) -> dict[str, list[int]]:
+        def op(conn: sqlite3.Connection) -> dict[str, list[int]]:
+            seqs: dict[str, list[int]] = {}
+            for row in conn.execute("SELECT run_id, seq FROM partials ORDER BY run_id, seq"):
+                seqs.setdefault(row[0], []).append(row[1])
+            return seqs
+
+        result: dict[str, list[int]] = await self._writer.call(op, write=False, bulk=True)
+        return result
+
+    async def events(self, run_id: str | None = None) -> list[Event]:
+        def op(conn: sqlite3.Connection) -> list[Event]:
+            sql = "SELECT seq, run_id, source, target, reason, at FROM events"
+            args: tuple[Any, ...] = ()
+            if run_id is not None:
+                sql += " WHERE run_id = ?"
+                args = (run_id,)
+            return [event_from_row(row) for row in conn.execute(sql + " ORDER BY seq", args)]
+
+        events: list[Event] = await self._writer.call(op, write=False, bulk=True)
+        return events
+
+    async def cancel_requests(self, run_ids: Collection[str]) -> dict[str, tuple[str, bool]]:
+        # Read on the watch connection, not through the writer: it must not wait behind a queue
+        # of writes, and with the state index it costs as much as there are cancelling runs.
+        wanted = set(run_ids)
+        if not wanted or self._watch is None:
+            return {}
+        try:
+            rows = self._watch.execute(
+                "SELECT id, reason, force FROM runs WHERE state = 'cancelling'"
+            ).fetchall()
+        except sqlite3.Error as error:
+            raise store_error(self.path, error) from None
+        return {row[0]: (row[1] or "user", bool(row[2])) for row in rows if row[0] in wanted}
+
+    def set_concurrency(self, active_runs: int) -> None:
+        # One run: commit each write at once (no wait). Several: group commit, batched per
+        # iteration of the event loop (see _sqlite_writer).
+        self._writer.fast_path = active_runs <= 1
+
+    async def wait_for_change(self, timeout: float, since: int | None = None) -> int:
+        # PRAGMA data_version changes when any other connection commits. Polling it on a
+        # dedicated connection costs microseconds and never blocks.
+        start = self._changes if since is None else since
+        deadline = time.monotonic() + timeout
+        while self._changes == start and time.monotonic() < deadline:
+            self._writer.flush_deferred(older_than=_POLL_INTERVAL)
+            await anyio.sleep(min(_POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
+            version = self._read_data_version()
+            if version != self._data_version:
+                self._data_version = version
+                self._changes += 1
+        return self._changes
+
+    def _read_data_version(self) -> int:
+        if self._watch is None:
+            return 0
+        try:
+            return int(self._watch.execute("PRAGMA data_version").fetchone()[0])
+        except sqlite3.Error:
+            return self._data_version
+
+
+# -- SQL helpers run by the writer thread ------------------------------------------------------
+
+
+def _load_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
+    row = conn.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if row is None:
+        raise UnknownRunError(run_id)
+    return run_from_row(row)
+
+
+def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.Row:
+    row: sqlite3.Row | None = conn.execute(
+        "SELECT owner_token, state, reason, force FROM runs WHERE id = ?", (run_id,)
+    ).fetchone()
+    if row is None:
+        raise UnknownRunError(run_id)
+    if row["owner_token"] != fence:
+        raise _lost(run_id)
+    return row
+
+
+def _lost(run_id: str) -> LostOwnershipError:
+    return LostOwnershipError(f"run {run_id!r} is no longer held by this process", task_id=run_id)
+
+
+def _update_run(conn: sqlite3.Connection, run_id: str, fields: dict[str, Any]) -> RunRecord:
+    """Write ``fields`` to the run's row (it exists) and return the run as updated."""
+    assignments = ", ".join(f"{name} = ?" for name in fields)
+    row = conn.execute(
+        f"UPDATE runs SET {assignments} WHERE id = ? RETURNING {RUN_COLUMNS}",
+        (*fields.values(), run_id),
+    ).fetchone()
+    return run_from_row(row)
+
+
+def _record_event(
+    conn: sqlite3.Connection,
+    run_id: str,
+    source: State | None,
+    target: State,
+    reason: str | None,
+    at: float,
+) -> None:
+    conn.execute(
+        "INSERT INTO events (run_id, source, target, reason, at) VALUES (?, ?, ?, ?, ?)",
+        (run_id, source.value if source else None, target.value, reason, at),
+    )

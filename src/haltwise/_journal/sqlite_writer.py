@@ -1,0 +1,459 @@
+"""The SQLite writer: one connection, group commit, and three ways to reach it.
+
+Every operation is a short function of a connection, run in the order it was submitted, and
+committed together with whatever else is ready (group commit), each operation inside its own
+savepoint so that one failing operation changes nothing while the others in its batch commit. A
+caller is resumed only after the commit that holds its operation returned, so each write is
+durable (at the connection's ``synchronous`` setting) when it returns. An operation is run:
+
+- at once on the caller's thread (the fast path), when one run is active and the writer is idle;
+- with many runs active, in the event loop's batch: every operation submitted from the loop
+  during one iteration is committed together, on the loop's own thread, at the start of the
+  next one, after every task made ready by the previous batch has run up to its next write;
+- otherwise by the writer thread, which drains whatever is queued and commits it as one
+  transaction: for a caller that is not on an event loop (``emit`` from a tool's thread), and
+  whenever the other two find the database locked by another process.
+
+The fast path and the loop's batch never wait for another process's lock (they would block the
+event loop): they hand their operations to the writer thread instead, which waits up to the busy
+timeout. They run on the loop's thread, not the writer's, because the two threads share one GIL:
+a writer thread that releases the GIL for each statement waits, to get it back, for the loop to
+give it up (up to the interpreter's switch interval, 5 ms) whenever the loop is busy running the
+other runs, which it is exactly when there is a batch to commit. Several processes may share the
+file: ``BEGIN IMMEDIATE``, retried until the busy timeout, serialises writers, and WAL lets
+readers go on meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from .._core.exceptions import StoreError
+
+Op = Callable[[sqlite3.Connection], Any]
+_Deliver = Callable[[Any, BaseException | None], None]
+_MAX_BATCH = 512
+
+
+@dataclass(slots=True)
+class _Item:
+    op: Op
+    write: bool
+    #: who learns the outcome: a callback, or (for a caller on an event loop) a future of
+    #: ``loop``, set there (batched wake-ups)
+    deliver: _Deliver | None
+    #: the op writes with at most one statement, so a failure leaves nothing to undo and it
+    #: needs no savepoint of its own in a batch (SQLite undoes a failed statement by itself)
+    atomic: bool = False
+    loop: asyncio.AbstractEventLoop | None = None
+    future: asyncio.Future[Any] | None = None
+    #: its cost grows with the store (a listing): run by the writer thread only, so that it
+    #: never holds up the event loop
+    bulk: bool = False
+
+    def hand(self, value: Any, error: BaseException | None) -> None:
+        """Give the operation's outcome to whoever waits for it (on the future's loop)."""
+        future = self.future
+        if future is None:
+            assert self.deliver is not None
+            self.deliver(value, error)
+        elif future.done():
+            pass  # its waiter was cancelled; the operation still happened
+        elif error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+
+@dataclass(slots=True)
+class _Waiter:
+    """Lets a thread (not the event loop) block on an operation's completion."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    value: Any = None
+    error: BaseException | None = None
+
+    def deliver(self, value: Any, error: BaseException | None) -> None:
+        self.value, self.error = value, error
+        self.done.set()
+
+
+def store_error(path: str, error: sqlite3.Error) -> StoreError:
+    text = str(error)
+    if "not a database" in text or "malformed" in text:
+        return StoreError(f"{path} is not a haltwise store (not a SQLite database)")
+    return StoreError(f"store {path}: {text}")
+
+
+def _deliver_all(batch: list[_Item], outcomes: list[tuple[Any, BaseException | None]]) -> None:
+    """Hand each operation its outcome: one wake-up per event loop for the whole batch."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Item, Any, BaseException | None]]]
+    by_loop = {}
+    for item, (value, error) in zip(batch, outcomes, strict=True):
+        if item.loop is None:
+            item.hand(value, error)
+        else:
+            by_loop.setdefault(item.loop, []).append((item, value, error))
+    for loop, deliveries in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_run_deliveries, deliveries)
+        except RuntimeError:  # that loop is closed: nobody waits any more
+            pass
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _run_deliveries(deliveries: list[tuple[_Item, Any, BaseException | None]]) -> None:
+    for item, value, error in deliveries:
+        item.hand(value, error)
+
+
+class Writer:
+    """Runs operations on one SQLite connection (see the module docstring)."""
+
+    def __init__(
+        self,
+        path: str,
+        busy_timeout: float,
+        connect: Callable[[], sqlite3.Connection],
+        prepare: Callable[[sqlite3.Connection], None],
+    ) -> None:
+        self.path = path
+        self.busy_timeout = busy_timeout
+        self._connect_fn = connect
+        self._prepare_fn = prepare
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        # Settlements whose caller does not wait for durability: they ride along with the next
+        # operation's transaction (one commit for "settle step k" + "start step k+1").
+        self._deferred: list[_Item] = []
+        #: monotonic time when _deferred last became non-empty
+        self._deferred_since = 0.0
+        self._deferred_error: BaseException | None = None
+        # _lock guards _deferred and _pending (items queued or in the writer's hands);
+        # conn_lock guards the one connection, used by the writer or by the fast path.
+        self._lock = threading.Lock()
+        self.conn_lock = threading.Lock()
+        self._pending = 0
+        self.conn: sqlite3.Connection | None = None
+        # The connection's busy timeout as last set (ms): the fast path needs 0, the writer
+        # thread the full timeout, and a PRAGMA is paid only on a switch between the two.
+        self._busy_ms = int(busy_timeout * 1000)
+        #: Whether an idle writer may run an operation on the caller's thread. Off while many
+        #: runs share the store: a commit done inline blocks the event loop, so the other runs
+        #: could not queue their writes to share it; they go to the loop's batch instead.
+        self.fast_path = True
+        # The loop's batch: operations submitted from _batch_loop since its last flush, which
+        # is scheduled on that loop (or, while the writer thread has operations queued, waits
+        # for it to finish them: _batch_waits; the writer then schedules it).
+        self._loop_batch: list[_Item] = []
+        self._batch_loop: asyncio.AbstractEventLoop | None = None
+        self._batch_waits = False
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    async def start(self) -> None:
+        """Open the connection (in the writer thread) and prepare it; raise what that raised."""
+        ready = _Waiter()
+        self._thread = threading.Thread(
+            target=self._main, args=(ready,), name="haltwise-sqlite-writer", daemon=True
+        )
+        self._thread.start()
+        await anyio.to_thread.run_sync(ready.done.wait)
+        if ready.error is not None:
+            self._thread = None
+            raise ready.error
+
+    async def stop(self) -> None:
+        """Commit what is deferred, let the queue drain, close the connection."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            with self._lock:  # what is left of the loop's batch goes to the writer thread
+                self._enqueue([*self._deferred, *self._loop_batch])
+                self._deferred, self._loop_batch = [], []
+            self._queue.put(None)
+            await anyio.to_thread.run_sync(thread.join)
+
+    # -- executing operations --------------------------------------------------------------
+
+    def _main(self, ready: _Waiter) -> None:
+        try:
+            conn = self._connect_fn()
+            self._prepare_fn(conn)
+            self.conn = conn
+        except BaseException as error:
+            ready.deliver(None, error)
+            return
+        ready.deliver(None, None)
+        try:
+            while (item := self._queue.get()) is not None:
+                batch, stop = self._drain(item)
+                with self.conn_lock:
+                    outcomes = self._execute(batch, wait=True)
+                with self._lock:
+                    self._pending -= len(batch)
+                    if not self._pending and self._batch_waits:
+                        self._batch_waits = False
+                        self._schedule_loop_batch()
+                assert outcomes is not None
+                _deliver_all(batch, outcomes)
+                if stop:
+                    break
+        finally:
+            self.conn = None
+            conn.close()
+
+    def _drain(self, first: _Item) -> tuple[list[_Item], bool]:
+        batch = [first]
+        while len(batch) < _MAX_BATCH:
+            try:
+                more = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if more is None:
+                return batch, True
+            batch.append(more)
+        return batch, False
+
+    def _execute(
+        self, batch: list[_Item], *, wait: bool
+    ) -> list[tuple[Any, BaseException | None]] | None:
+        """Run ``batch`` in one transaction; None if the write lock is taken and not ``wait``.
+
+        Each operation runs in its own savepoint (when there are several), so one failing
+        changes nothing while the others commit. If the commit fails (a full disk, say),
+        every operation of the batch fails and nothing of it holds.
+        """
+        conn = self.conn
+        assert conn is not None
+        try:
+            if not self._begin(conn, any(item.write for item in batch), wait=wait):
+                return None
+            outcomes = [self._apply(conn, item, savepoint=True) for item in batch]
+            conn.execute("COMMIT")
+            return outcomes
+        except sqlite3.Error as error:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            return [(None, store_error(self.path, error))] * len(batch)
+        except Exception as error:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return [(None, error)] * len(batch)
+
+    def _apply(
+        self, conn: sqlite3.Connection, item: _Item, *, savepoint: bool
+    ) -> tuple[Any, BaseException | None]:
+        savepoint = savepoint and not item.atomic
+        if savepoint:
+            conn.execute("SAVEPOINT op")
+        try:
+            value = item.op(conn)
+        except Exception as error:
+            if not conn.in_transaction:
+                raise  # SQLite rolled the whole transaction back (I/O error, full disk)
+            if savepoint:
+                conn.execute("ROLLBACK TO op")
+                conn.execute("RELEASE op")
+            if isinstance(error, sqlite3.Error):
+                return None, store_error(self.path, error)
+            return None, error
+        if savepoint:
+            conn.execute("RELEASE op")
+        return value, None
+
+    def _begin(self, conn: sqlite3.Connection, write: bool, *, wait: bool) -> bool:
+        """Open the transaction; False if another writer holds the lock and not ``wait``.
+
+        Waiting is SQLite's own busy handler (the connection's busy timeout). The fast path
+        turns it off: it must never block the event loop on another process's lock, and hands
+        the operation to the writer thread instead.
+        """
+        self._set_busy_timeout(conn, int(self.busy_timeout * 1000) if wait else 0)
+        try:
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            return True
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) and "busy" not in str(error):
+                raise
+            if not wait:
+                return False
+            raise StoreError(
+                f"store {self.path}: another writer held the database for more than "
+                f"{self.busy_timeout:g} s"
+            ) from None
+
+    def _set_busy_timeout(self, conn: sqlite3.Connection, milliseconds: int) -> None:
+        if self._busy_ms != milliseconds:
+            conn.execute(f"PRAGMA busy_timeout = {milliseconds}")
+            self._busy_ms = milliseconds
+
+    # -- submitting operations ---------------------------------------------------------------
+
+    def _submit(self, item: _Item) -> tuple[bool, Any, BaseException | None]:
+        """Run ``item`` here and now if the store is idle, else add it to the loop's batch or
+        hand it to the writer thread (see the module docstring).
+
+        Returns ``(True, value, error)`` when it ran here. The fast path needs the writer idle
+        with nothing queued, so operations still commit in the order they were submitted; it
+        never waits for another process's lock (then the writer thread waits instead).
+        """
+        if self._thread is None:
+            raise StoreError(f"store {self.path} is not open")
+        error, self._deferred_error = self._deferred_error, None
+        if error is not None:
+            raise error
+        with self._lock:
+            if not self.fast_path and item.loop is not None and not item.bulk:
+                if self._batch_loop is None:
+                    self._batch_loop = item.loop
+                    self._schedule_loop_batch()
+                if self._batch_loop is item.loop:
+                    self._loop_batch.append(item)
+                    return False, None, None
+            batch, self._deferred = [*self._deferred, item], []
+            inline = (
+                self.fast_path
+                and not item.bulk
+                and self._pending == 0
+                and self.conn_lock.acquire(blocking=False)
+            )
+            if not inline:
+                self._enqueue(batch)
+                return False, None, None
+        try:
+            outcomes = self._execute(batch, wait=False)
+        finally:
+            self.conn_lock.release()
+        if outcomes is None:
+            with self._lock:
+                self._enqueue(batch)
+            return False, None, None
+        for earlier, (_, earlier_error) in zip(batch[:-1], outcomes, strict=False):
+            earlier.hand(None, earlier_error)
+        value, error = outcomes[-1]
+        return True, value, error
+
+    def _enqueue(self, batch: list[_Item]) -> None:
+        """Queue ``batch`` for the writer; the caller holds ``self._lock``."""
+        self._pending += len(batch)
+        for queued in batch:
+            self._queue.put(queued)
+
+    def _schedule_loop_batch(self) -> None:
+        """Have _batch_loop flush its batch; the caller holds ``self._lock``."""
+        assert self._batch_loop is not None
+        try:
+            self._batch_loop.call_soon_threadsafe(self._flush_loop_batch)
+        except RuntimeError:  # that loop is closed: nobody waits for its batch any more
+            self._batch_loop, self._loop_batch = None, []
+
+    def _flush_loop_batch(self) -> None:
+        """Commit the loop's batch (with the deferred settlements) on this, the loop's thread.
+
+        Scheduled once per batch, when its first operation is added; runs after every task that
+        was ready then. It waits while the writer thread has operations queued (they were
+        submitted first), and hands the batch to it if another process holds the lock.
+        """
+        with self._lock:
+            if self._pending:
+                self._batch_waits = True
+                return
+            batch = [*self._deferred, *self._loop_batch]
+            self._deferred, self._loop_batch, self._batch_loop = [], [], None
+            if not batch:
+                return  # stop() handed what was left to the writer thread
+        with self.conn_lock:
+            outcomes = self._execute(batch, wait=False)
+        if outcomes is None:
+            with self._lock:
+                self._enqueue(batch)
+            return
+        for item, (value, error) in zip(batch, outcomes, strict=True):
+            item.hand(value, error)
+
+    def flush_deferred(self, *, older_than: float) -> None:
+        """Commit the deferred settlements soon, if any has waited ``older_than`` seconds: a
+        run that writes again sooner takes them along in its own commit. Called from the event
+        loop, they go to its batch while many runs are active, else to the writer thread."""
+        with self._lock:
+            if not self._deferred or time.monotonic() - self._deferred_since < older_than:
+                return
+            if self._batch_loop is not None:
+                return  # the loop's next batch takes them along
+            loop = None if self.fast_path else _running_loop()
+            if loop is not None:
+                self._batch_loop = loop
+                self._schedule_loop_batch()
+            else:
+                deferred, self._deferred = self._deferred, []
+                self._enqueue(deferred)
+
+    def defer(self, op: Op) -> None:
+        with self._lock:
+            if not self._deferred:
+                self._deferred_since = time.monotonic()
+            self._deferred.append(_Item(op, True, self._deferred_done, atomic=True))
+
+    def _deferred_done(self, value: Any, error: BaseException | None) -> None:
+        if error is not None:
+            self._deferred_error = error  # raised to the next caller of this writer
+
+    async def call(
+        self,
+        op: Op,
+        *,
+        write: bool = True,
+        atomic: bool = False,
+        shield: bool = False,
+        bulk: bool = False,
+    ) -> Any:
+        """Run ``op`` and return once it is committed.
+
+        With ``shield``, a cancel of the caller does not interrupt the wait for the operation,
+        so the caller always learns how it ended. Only that wait needs the shield: run on the
+        fast path, the operation has no point to be cancelled at. A ``bulk`` operation (one
+        whose cost grows with the store) is always run by the writer thread.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        item = _Item(op, write, None, atomic or not write, loop, future, bulk)
+        ran, value, error = self._submit(item)
+        if not ran:
+            if not shield:
+                return await future
+            with anyio.CancelScope(shield=True):
+                return await future
+        if error is not None:
+            raise error
+        return value
+
+    def call_blocking(self, op: Op, *, write: bool = True, atomic: bool = False) -> Any:
+        """Run ``op`` and block this thread until it is committed (for ``emit``)."""
+        waiter = _Waiter()
+        ran, value, error = self._submit(_Item(op, write, waiter.deliver, atomic or not write))
+        if not ran:
+            waiter.done.wait()
+            value, error = waiter.value, waiter.error
+        if error is not None:
+            raise error
+        return value

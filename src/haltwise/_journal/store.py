@@ -1,0 +1,284 @@
+"""The journal interface: the few operations a store must offer, and the URL -> store factory.
+
+The runtime talks only to :class:`Store`; it never writes SQL. Every write is durable when its
+coroutine returns (committed with the store's durable setting). Writes that concern a run being
+worked take ``fence``: the owner token the caller believes holds the run. The store refuses the
+write with :class:`~haltwise.LostOwnershipError` if the run's owner changed meanwhile, so a
+process that lost a run (lease expired, taken over) can never write into it again.
+
+Two rules every store keeps, because the runtime relies on them:
+
+- A write whose caller is cancelled while waiting still happens (or fails) as a whole; the
+  caller just stops waiting. The runtime shields the writes it must see through.
+- A write made with ``durable=False`` (see :meth:`Store.settle_step`) that later fails is
+  reported by raising its error from the next operation made on the same store object.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .._core.exceptions import InvalidTransitionError, StoreError
+from .._core.outcome import ErrorInfo
+from .._core.policy import Effect
+from .._core.records import Event, Owner, RunRecord, RunSnapshot
+from .._core.states import State, StepStatus, is_allowed
+
+DEFAULT_STORE_URL = "sqlite:///.haltwise/haltwise.db"
+#: Environment variable naming the store when none is given.
+STORE_ENV = "HALTWISE_STORE"
+
+
+class LostOwnershipError(StoreError):
+    """A write was fenced off: another owner holds the run now."""
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: Sentinel for "leave this field as it is" where ``None`` already means "clear it".
+UNSET: Any = _Unset()
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    """What :meth:`Store.create_run` records: a run in ``state`` (``pending`` or ``running``).
+
+    A run created ``running`` (a runtime starting it at once) has two events, its creation as
+    ``pending`` and its start, recorded in the same transaction: its history reads as if it had
+    been created and then started, with no moment at which it was ``pending``.
+    """
+
+    id: str
+    task: str
+    inputs: dict[str, Any]
+    state: State = State.PENDING
+    owner: Owner | None = None
+    lease_until: float | None = None
+    parent: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepStart:
+    """The journal entry written before a tool body runs."""
+
+    index: int
+    tool: str
+    cancel: str | None
+    effect: Effect
+    idempotent: bool
+    idempotency_key: str
+    #: the call's arguments as JSON ``{"args": [...], "kwargs": {...}}``, kept for rollback
+    #: tools so that a compensation can run after a crash; ``None`` for other tools
+    args: str | None = None
+    #: called after a cancel was delivered (cleanup in a shield): not replayed on resume
+    cleanup: bool = False
+
+
+class Store(Protocol):
+    """A durable journal of runs, steps, partial results and transitions."""
+
+    url: str
+
+    async def open(self) -> None:
+        """Connect and create or check the schema. Raises :class:`StoreError` if unusable."""
+
+    async def close(self) -> None:
+        """Release connections. Idempotent."""
+
+    async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
+        """Record ``run`` unless its id exists; return the stored record and whether it is new."""
+
+    async def transition(
+        self,
+        run_id: str,
+        target: State,
+        *,
+        expected: Collection[State],
+        reason: str | None = UNSET,
+        result: Any = UNSET,
+        error: ErrorInfo | None = UNSET,
+        cancel_error: ErrorInfo | None = UNSET,
+        owner: Owner | None = UNSET,
+        lease_until: float | None = UNSET,
+        fence: str | None = None,
+    ) -> RunRecord:
+        """Compare-and-set the run's state to ``target`` and record the event, in one transaction.
+
+        Succeeds only if the current state is in ``expected`` and the table allows
+        ``current -> target``; otherwise raises :class:`~haltwise.InvalidTransitionError` and
+        changes nothing. Fields left ``UNSET`` keep their value.
+        """
+
+    async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
+        """Record a cancel request atomically and return the run as it is afterwards.
+
+        ``pending`` -> ``cancelled``; ``running`` -> ``cancelling`` with ``reason`` and ``force``;
+        ``cancelling`` keeps its reason and only gains ``force``; a final run is left as it is.
+        """
+
+    async def claim(
+        self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None
+    ) -> bool:
+        """Make ``owner`` the run's owner if the current owner token is ``expected_owner``."""
+
+    async def release(self, run_id: str, owner_token: str) -> None:
+        """Clear the run's owner if it is ``owner_token``."""
+
+    async def heartbeat(self, owner_token: str, lease_until: float) -> int:
+        """Extend the lease of every run ``owner_token`` holds; return how many."""
+
+    async def claim_pending(
+        self, owner: Owner, tasks: Collection[str], *, lease_until: float, limit: int
+    ) -> list[RunRecord]:
+        """Claim up to ``limit`` unowned ``pending`` runs of ``tasks`` (for workers)."""
+
+    async def start_step(
+        self, run_id: str, step: StepStart, *, fence: str
+    ) -> tuple[int, tuple[str, bool] | None]:
+        """Journal that the step's tool body is about to run (status ``running``, attempts + 1).
+
+        Completes even if the caller is cancelled meanwhile (the store shields its own wait), so
+        the caller always knows whether the step is journaled. Returns the step's attempts and,
+        if the run is ``cancelling`` in the store, its ``(reason, force)``, read in the same
+        transaction: a cancel recorded by another process is then acted on before the tool body
+        runs, at no extra cost.
+        """
+
+    async def settle_step(
+        self,
+        run_id: str,
+        index: int,
+        status: StepStatus,
+        *,
+        result: Any = None,
+        error: ErrorInfo | None = None,
+        fence: str,
+        durable: bool = True,
+    ) -> None:
+        """Record how a step ended; like :meth:`start_step`, completes even if the caller is
+        cancelled meanwhile.
+
+        With ``durable=False`` the store may return before the write is durable, provided it
+        commits the write before (or together with) the next operation of this store object and
+        otherwise within some tens of milliseconds of :meth:`wait_for_change` being called (the
+        runtime's watcher calls it all the time). A store may always treat it as ``True``.
+        """
+
+    async def append_partial(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
+        """Record the ``seq``-th partial result (0-based); a replayed seq is left unchanged."""
+
+    def append_partial_blocking(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
+        """:meth:`append_partial` for synchronous callers (``emit``): blocks until durable.
+
+        Callable from the event-loop thread and from worker threads alike.
+        """
+
+    async def load(self, run_id: str) -> RunSnapshot:
+        """The run with its steps and partials. Raises :class:`~haltwise.UnknownRunError`."""
+
+    async def list_runs(self, state: State | None = None) -> list[RunRecord]:
+        """All runs (optionally in one state), oldest first."""
+
+    async def partial_seqs(self) -> dict[str, list[int]]:
+        """Every run's partial-result sequence numbers, ascending (for ``check``)."""
+
+    async def events(self, run_id: str | None = None) -> list[Event]:
+        """Recorded transitions, of one run or all, in order."""
+
+    async def cancel_requests(self, run_ids: Collection[str]) -> dict[str, tuple[str, bool]]:
+        """Among ``run_ids``, those in ``cancelling``: ``{id: (reason, force)}``."""
+
+    def set_concurrency(self, active_runs: int) -> None:
+        """A hint: how many runs this process works on the store now.
+
+        A store may use it to favour latency when one run is active and batching when many are.
+        """
+
+    async def wait_for_change(self, timeout: float, since: int | None = None) -> int:
+        """Wait until another connection may have committed something, or ``timeout`` passed.
+
+        Returns the store's count of changes seen so far. A caller that passes back the count
+        it got last time (``since``) returns at once if changes came meanwhile, so several
+        waiters on one store (a worker and its runtime's watcher) each see every change.
+        Without ``since`` it waits for the next change.
+        """
+
+
+def store_url_from(url: str | None) -> str:
+    """The store URL to use: ``url``, else ``$HALTWISE_STORE``, else the default SQLite file."""
+    return url or os.environ.get(STORE_ENV) or DEFAULT_STORE_URL
+
+
+def open_store(url: str | None = None) -> Store:
+    """Build (not yet open) the store for ``url`` (see :func:`store_url_from`).
+
+    ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db`` and ``postgresql://...``
+    (or ``postgres://``) are understood; anything else raises :class:`StoreError`.
+    """
+    resolved = store_url_from(url)
+    if resolved.startswith("sqlite://"):
+        from .sqlite import SQLiteStore
+
+        return SQLiteStore(resolved)
+    if resolved.startswith(("postgresql://", "postgres://")):
+        try:
+            from .postgres import PostgresStore
+        except ImportError as error:
+            raise StoreError(
+                f"the PostgreSQL store needs psycopg: pip install 'haltwise[postgres]' ({error})"
+            ) from None
+        return PostgresStore(resolved)
+    raise StoreError(
+        f"unusable store URL {resolved!r}: expected sqlite:///PATH.db or postgresql://..."
+    )
+
+
+def check_transition(
+    run_id: str, current: State, target: State, expected: Collection[State]
+) -> None:
+    """Raise :class:`InvalidTransitionError` unless ``current -> target`` may happen now."""
+    if current not in expected or not is_allowed(current, target):
+        raise InvalidTransitionError(run_id, current.value, target.value)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelPlan:
+    """What a cancel request does to a run in a given state (see :meth:`Store.request_cancel`)."""
+
+    target: State | None  # the state to move to, None to stay
+    set_reason: bool
+    set_force: bool
+
+    @property
+    def release(self) -> bool:
+        """A run cancelled before it began has no owner any more (final runs are unowned)."""
+        return self.target is not None and self.target.is_final
+
+    def fields(self, reason: str) -> dict[str, Any]:
+        """The run columns to write; empty when the request changes nothing."""
+        fields: dict[str, Any] = {}
+        if self.set_reason:
+            fields["reason"] = reason
+        if self.set_force:
+            fields["force"] = True
+        if self.target is not None:
+            fields["state"] = self.target.value
+        if self.release:
+            fields.update(owner=None, owner_token=None, lease_until=None)
+        return fields
+
+
+def plan_cancel(current: State, current_force: bool, force: bool) -> CancelPlan:
+    if current is State.PENDING:
+        return CancelPlan(State.CANCELLED, set_reason=True, set_force=force)
+    if current is State.RUNNING:
+        return CancelPlan(State.CANCELLING, set_reason=True, set_force=force)
+    if current is State.CANCELLING and force and not current_force:
+        return CancelPlan(None, set_reason=False, set_force=True)
+    return CancelPlan(None, set_reason=False, set_force=False)

@@ -1,0 +1,157 @@
+"""How a run ends: the contract's rules on delivered cancels, failures and takeovers.
+
+A run that was delivered a cancel ends ``cancelled`` whatever its task function then does; a
+run that is ``cancelling`` never ends ``failed`` (the error is kept as ``cancel_error``); a
+failure racing a cancel request ends ``cancelled`` too. Every final transition also releases
+the run (final runs have no owner).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from .._core.exceptions import (
+    Cancelled,
+    InputError,
+    InvalidTransitionError,
+    ResumeRefusedError,
+    StoreError,
+    UnknownStepError,
+)
+from .._core.outcome import ErrorInfo
+from .._core.records import JSONText, RunSnapshot, dump_json
+from .._core.states import State
+from .._journal.store import UNSET
+from .run_context import CURRENT_RUN, CURRENT_STEP, RunContext
+from .takeover import run_saga, settle_orphans
+from .tool import OnCancel
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How the task function ended: returned ``value``, or raised ``error``."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+
+async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
+    """Run the task function in the run's own cancel scope (what a forced cancel cancels)."""
+    token = CURRENT_RUN.set(ctx)
+    # A child run is launched from inside its parent's step: it must not inherit that step.
+    step_token = CURRENT_STEP.set(None)
+    try:
+        with anyio.CancelScope() as scope:
+            ctx.task_scope = scope
+            if ctx.forced:
+                scope.cancel()
+            try:
+                value = await ctx.task.fn(*inputs.get("args", ()), **inputs.get("kwargs", {}))
+                return Ending(value=value)
+            except anyio.get_cancelled_exc_class():
+                ctx.forced = True
+                raise
+            except BaseException as error:
+                return Ending(error=error)
+        return Ending(error=Cancelled(ctx.cancel_reason or "user", task_id=ctx.run_id))
+    finally:
+        ctx.task_scope = None
+        CURRENT_STEP.reset(step_token)
+        CURRENT_RUN.reset(token)
+
+
+async def finish(ctx: RunContext, ending: Ending) -> None:
+    """Record the final state: the contract's rules on delivered cancels and failures."""
+    error = ctx.poison or ending.error
+    if isinstance(error, StoreError):
+        raise error  # the journal failed under the task, not the task: as after a crash
+    if ctx.handing_over and (ctx.delivered or error is not None) and ctx.poison is None:
+        await ctx.store.release(ctx.run_id, ctx.fence)
+        return
+    cancel_like = isinstance(error, Cancelled | anyio.get_cancelled_exc_class())
+    if ctx.delivered or ctx.forced or (ctx.cancel_reason is not None and error is not None):
+        await finish_cancel(ctx, cancel_error=None if cancel_like else error)
+        return
+    if error is not None:
+        await finish_failed(ctx, error)
+        return
+    try:
+        result = JSONText(dump_json(ending.value, f"the result of task {ctx.task.name!r}"))
+    except InputError as bad_result:
+        await finish_failed(ctx, bad_result)
+        return
+    await ctx.store.transition(
+        ctx.run_id,
+        State.COMPLETED,
+        expected={State.RUNNING, State.CANCELLING},
+        result=result,  # serialised once: the store writes the text as it is
+        owner=None,
+        lease_until=None,
+        fence=ctx.fence,
+    )
+
+
+async def finish_failed(ctx: RunContext, error: BaseException) -> None:
+    """Record ``failed``, or ``cancelled`` if a cancel request won the race."""
+    try:
+        await ctx.store.transition(
+            ctx.run_id,
+            State.FAILED,
+            expected={State.RUNNING},
+            error=ErrorInfo.of(error),
+            owner=None,
+            lease_until=None,
+            fence=ctx.fence,
+        )
+    except InvalidTransitionError:
+        # A cancel was recorded meanwhile: a cancelling run never ends failed.
+        await finish_cancel(ctx, cancel_error=error)
+
+
+async def finish_cancel(
+    ctx: RunContext, cancel_error: BaseException | None, *, release: bool = True
+) -> None:
+    """Run the saga if the task asks for one (not after a forced cancel), record ``cancelled``.
+
+    ``release=False`` keeps the run owned (a resume that finishes a cancel, then continues).
+    """
+    if ctx.task.on_cancel is OnCancel.COMPENSATE and not ctx.forced:
+        await run_saga(ctx, (await ctx.store.load(ctx.run_id)).steps)
+    await ctx.store.transition(
+        ctx.run_id,
+        State.CANCELLED,
+        expected={State.CANCELLING},
+        cancel_error=ErrorInfo.of(cancel_error) if cancel_error else None,
+        owner=None if release else UNSET,
+        lease_until=None if release else UNSET,
+        fence=ctx.fence,
+    )
+
+
+async def settle_takeover(ctx: RunContext, snapshot: RunSnapshot) -> RunSnapshot:
+    """Settle orphaned steps; a ``cancelling`` run is finished (``cancelled``), still ours."""
+    await settle_orphans(ctx, snapshot.steps)
+    if snapshot.run.state is State.CANCELLING:
+        ctx.forced = snapshot.run.force
+        await finish_cancel(ctx, cancel_error=None, release=False)
+    return await ctx.store.load(ctx.run_id)
+
+
+async def fail_refused(ctx: RunContext, snapshot: RunSnapshot, refused: ResumeRefusedError) -> None:
+    """A refused resume leaves the run final and unowned, never half taken over."""
+    if snapshot.run.state is State.RUNNING:
+        index, tool = refused.steps[0]
+        await ctx.store.transition(
+            ctx.run_id,
+            State.FAILED,
+            expected={State.RUNNING},
+            error=ErrorInfo.of(UnknownStepError(ctx.run_id, index, tool)),
+            owner=None,
+            lease_until=None,
+            fence=ctx.fence,
+        )
+    else:
+        await ctx.store.release(ctx.run_id, ctx.fence)

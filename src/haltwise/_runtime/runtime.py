@@ -1,0 +1,557 @@
+"""The runtime: starts, drives, cancels and resumes runs against a store.
+
+It knows no store by name (only the :class:`~haltwise._store.Store` interface) and no terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import uuid
+from collections.abc import Collection, Mapping
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from .._core.exceptions import (
+    HaltwiseError,
+    InputError,
+    ResumeRefusedError,
+    RunOwnedError,
+    StoreError,
+    UnknownRunError,
+)
+from .._core.outcome import Outcome
+from .._core.records import RunRecord, RunSnapshot, dump_json
+from .._core.states import State, StepStatus
+from .._journal.owner import DEFAULT_LEASE, new_owner, owner_alive
+from .._journal.store import LostOwnershipError, NewRun, Store, open_store
+from .ending import call_task, fail_refused, finish, settle_takeover
+from .run_context import Probe, RunContext
+from .takeover import refuse_unknown
+from .tool import TASKS, Task
+
+_ACTIVE = (State.PENDING, State.RUNNING, State.CANCELLING)
+
+
+class TaskHandle:
+    """A handle on one run, by id; valid whether or not this runtime is working the run."""
+
+    def __init__(self, runtime: Runtime, task_id: str) -> None:
+        self._runtime = runtime
+        self.id = task_id
+
+    async def cancel(self, reason: str = "user", *, force: bool = False) -> None:
+        """Request a cancel; returns once the request is durable, not when the run stopped.
+
+        ``force=True`` stops at once: ``finish`` steps are not waited for and no compensation
+        runs (the in-flight step becomes ``unknown``, an interruptible one ``interrupted``).
+        Cancelling a run that is already final does nothing.
+        """
+        await self._runtime.cancel(self.id, reason=reason, force=force)
+
+    async def outcome(self) -> Outcome:
+        """Wait until the run is in a final state and return its outcome."""
+        return await self._runtime.outcome(self.id)
+
+    async def status(self) -> Outcome:
+        """The run as it is now (possibly not final), without waiting."""
+        return await self._runtime.status(self.id)
+
+    def __repr__(self) -> str:
+        return f"<haltwise.TaskHandle {self.id}>"
+
+
+class Runtime:
+    """Runs tasks against a store. Use as ``async with haltwise.Runtime(url) as rt:``.
+
+    ``store`` is a URL (``sqlite:///path.db``, ``postgresql://...``); ``None`` means
+    ``$HALTWISE_STORE``, else ``sqlite:///.haltwise/haltwise.db``. ``lease`` is how long
+    another host must wait, without a heartbeat from this process, before taking its runs over.
+
+    Leaving the ``async with`` block cancels the runs still active here with reason
+    ``"shutdown"`` (each settling by its policies) and waits for them to end.
+    """
+
+    def __init__(self, store: str | Store | None = None, *, lease: float = DEFAULT_LEASE) -> None:
+        self.store: Store = open_store(store) if store is None or isinstance(store, str) else store
+        self.lease = lease
+        self.owner = new_owner()
+        self._active: dict[str, RunContext] = {}
+        #: runs whose journal could not be written: their outcome() raises this error once
+        self._broken: dict[str, StoreError] = {}
+        self._task_group: TaskGroup | None = None
+        self._wake = anyio.Event()
+
+    async def __aenter__(self) -> Runtime:
+        await self.store.open()
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        self._task_group.start_soon(self._watch)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        task_group = self._task_group
+        assert task_group is not None, "Runtime used without async with"
+        try:
+            with anyio.CancelScope(shield=True):
+                for run_id in list(self._active):
+                    await self.cancel(run_id, reason="shutdown")
+                for run in list(self._active.values()):
+                    await run.done.wait()
+            task_group.cancel_scope.cancel()
+            # The block's own exception propagates as it is, not wrapped in an ExceptionGroup.
+            await task_group.__aexit__(None, None, None)
+            return None
+        finally:
+            self._task_group = None
+            with anyio.CancelScope(shield=True):
+                await self.store.close()
+
+    # -- public operations ---------------------------------------------------------------------
+
+    async def start(
+        self,
+        task: Task[..., Any],
+        /,
+        *args: Any,
+        task_id: str | None = None,
+        deadline: float | None = None,
+        **kwargs: Any,
+    ) -> TaskHandle:
+        """Start a run of ``task(*args, **kwargs)`` and return its handle at once.
+
+        The run is durable (``running``) when this returns. If ``task_id`` already exists, no
+        second run starts: the handle of the existing run is returned. ``deadline`` (seconds)
+        cancels the run with reason ``"deadline"`` if it has not ended by then; it covers this
+        start only. Raises :class:`~haltwise.InputError` if the arguments do not fit the task or
+        are not JSON-serialisable.
+        """
+        return await self.start_named(task, args, kwargs, task_id=task_id, deadline=deadline)
+
+    async def start_named(
+        self,
+        task: Task[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        task_id: str | None = None,
+        deadline: float | None = None,
+        name: str | None = None,
+        source: str | None = None,
+        probe: Probe | None = None,
+        parent: str | None = None,
+    ) -> TaskHandle:
+        """:meth:`start` with explicit arguments, the name the run records (the CLI's
+        ``FILE.py:TASK``) and the absolute path of the file that defines the task (kept in the
+        run's inputs as ``"source"``, so that ``resume`` can load it from any directory).
+        ``probe`` is for :mod:`haltwise.testing`: awaited at every cancel point of the run."""
+        if not isinstance(task, Task):
+            raise InputError(f"{task!r} is not a @haltwise.task")
+        task.bind_inputs(args, kwargs)
+        inputs: dict[str, Any] = {"args": list(args), "kwargs": kwargs}
+        if source is not None:
+            inputs["source"] = source
+        dump_json(inputs, f"the inputs of task {task.name!r}")
+        _check_deadline(deadline)
+        run_id = task_id if task_id is not None else uuid.uuid4().hex
+        if not run_id or not isinstance(run_id, str):
+            raise InputError("task_id must be a non-empty string")
+        if run_id in self._active:
+            return TaskHandle(self, run_id)
+        # Created running, ours, in one transaction: no moment at which it is pending.
+        new = NewRun(
+            id=run_id,
+            task=name or task.name,
+            inputs=inputs,
+            state=State.RUNNING,
+            owner=self.owner,
+            lease_until=self._lease_until(),
+            parent=parent,
+        )
+        _, created = await self.store.create_run(new)
+        if not created:
+            return TaskHandle(self, run_id)
+        ctx = self._context(run_id, task, None, {}, frozenset())
+        ctx.probe = probe
+        self._launch(ctx, inputs, deadline)
+        return TaskHandle(self, run_id)
+
+    async def resume(
+        self,
+        task_id: str,
+        *,
+        deadline: float | None = None,
+        assume_done: Mapping[int, Any] | None = None,
+        rerun: Collection[int] | None = None,
+        task: Task[..., Any] | None = None,
+        probe: Probe | None = None,
+    ) -> TaskHandle:
+        """Continue run ``task_id`` from its journal; return its handle once it is running again.
+
+        A ``completed`` run runs nothing. A run whose owner died is taken over: its orphaned
+        steps are settled by their policies and, if it was ``cancelling``, the cancel is finished
+        (``cancelled``, saga included) before it resumes. Refuses with
+        :class:`~haltwise.RunOwnedError` while a live owner holds it, and with
+        :class:`~haltwise.ResumeRefusedError` while an ``unknown`` step of a non-idempotent tool
+        is not covered by ``assume_done`` (``{index: result}``: it happened, replay this result)
+        or ``rerun`` (indexes to run again). ``task`` defaults to the task registered under the
+        run's recorded name.
+        """
+        _check_deadline(deadline)
+        done = dict(assume_done or {})
+        again = frozenset(rerun or ())
+        if task_id in self._active:
+            raise RunOwnedError(task_id, f"this runtime ({self.owner.describe()})")
+        snapshot = await self.store.load(task_id)
+        run = snapshot.run
+        if run.state is State.COMPLETED:
+            return TaskHandle(self, task_id)
+        the_task = task or TASKS.get(run.task)
+        if the_task is None:
+            raise HaltwiseError(
+                f"run {task_id!r} is of task {run.task!r}, which is not loaded in this process",
+                task_id=task_id,
+            )
+        _check_step_indexes(task_id, snapshot, done, again)
+        snapshot = await self._take_over(snapshot, the_task, done, again)
+        return await self._continue(snapshot, the_task, done, again, deadline, probe)
+
+    async def adopt(self, task_id: str, task: Task[..., Any]) -> TaskHandle | None:
+        """Take over a run for a worker: a ``pending`` run, or one whose owner is gone.
+
+        Unlike :meth:`resume`, a ``cancelling`` run is only finished (recorded ``cancelled``),
+        and a run with an ``unknown`` step that may not run again is recorded ``failed`` with
+        error type ``UnknownStepError``; both return None. A final run returns None too.
+        Raises :class:`~haltwise.RunOwnedError` if a live owner holds it or another process
+        took it first.
+        """
+        snapshot = await self.store.load(task_id)
+        if snapshot.run.state.is_final:
+            return None
+        was_cancelling = snapshot.run.state is State.CANCELLING
+        try:
+            snapshot = await self._take_over(snapshot, task, {}, frozenset())
+        except ResumeRefusedError:
+            return None
+        if was_cancelling:
+            await self.store.release(task_id, self.owner.token)
+            return None
+        return await self._continue(snapshot, task, {}, frozenset(), None, None)
+
+    async def _take_over(
+        self,
+        snapshot: RunSnapshot,
+        task: Task[..., Any],
+        done: Mapping[int, Any],
+        again: frozenset[int],
+    ) -> RunSnapshot:
+        """Own the run, settle what its last owner left, refuse on unresolved unknown steps."""
+        await self._take(snapshot)
+        ctx = self._context(snapshot.run.id, task, snapshot, dict(done), again)
+        try:
+            snapshot = await settle_takeover(ctx, snapshot)
+            refuse_unknown(snapshot, done, again)
+        except ResumeRefusedError as refused:
+            await fail_refused(ctx, snapshot, refused)
+            raise
+        return snapshot
+
+    async def _continue(
+        self,
+        snapshot: RunSnapshot,
+        task: Task[..., Any],
+        done: dict[int, Any],
+        again: frozenset[int],
+        deadline: float | None,
+        probe: Probe | None,
+    ) -> TaskHandle:
+        """Record the caller's word on unknown steps, go back to ``running`` and launch."""
+        task_id = snapshot.run.id
+        fence = self.owner.token
+        for index, result in done.items():
+            await self.store.settle_step(
+                task_id, index, StepStatus.COMMITTED, result=result, fence=fence
+            )
+        if snapshot.run.state is not State.RUNNING:
+            await self.store.transition(
+                task_id,
+                State.RUNNING,
+                expected={State.PENDING, State.CANCELLED, State.FAILED},
+                reason=None,
+                fence=fence,
+            )
+        snapshot = await self.store.load(task_id)
+        ctx = self._context(task_id, task, snapshot, done, again)
+        ctx.probe = probe
+        self._launch(ctx, snapshot.run.inputs, deadline)
+        return TaskHandle(self, task_id)
+
+    async def hand_over(self) -> None:
+        """Stop working every run here without cancelling it (a worker's SIGTERM).
+
+        Each in-flight step settles by its policy as for a cancel (interruptible steps are
+        interrupted, finish steps finish within their grace, rollback steps are compensated),
+        then the run is released: it stays ``running`` with no owner, and another worker or a
+        ``resume`` takes it over at once. A run that completes meanwhile is recorded completed.
+        """
+        self.begin_hand_over()
+        for ctx in list(self._active.values()):
+            await ctx.done.wait()
+
+    @property
+    def active_runs(self) -> int:
+        """How many runs this runtime is working right now."""
+        return len(self._active)
+
+    def begin_hand_over(self) -> int:
+        """The first half of :meth:`hand_over`: tell every run here to stop; return how many."""
+        for ctx in self._active.values():
+            ctx.handing_over = True
+            ctx.request_cancel("handover", force=False)
+        return len(self._active)
+
+    async def submit(
+        self,
+        task: Task[..., Any],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        task_id: str | None = None,
+        name: str | None = None,
+        source: str | None = None,
+    ) -> tuple[str, bool]:
+        """Record a ``pending`` run for a worker; return its id and whether it is new.
+
+        Nothing runs here. An id that exists is returned as it is, and nothing is recorded.
+        """
+        kwargs = dict(kwargs or {})
+        task.bind_inputs(args, kwargs)
+        inputs: dict[str, Any] = {"args": list(args), "kwargs": kwargs}
+        if source is not None:
+            inputs["source"] = source
+        run_id = task_id if task_id is not None else uuid.uuid4().hex
+        if not run_id:
+            raise InputError("task_id must be a non-empty string")
+        record, created = await self.store.create_run(
+            NewRun(id=run_id, task=name or task.name, inputs=inputs)
+        )
+        return record.id, created
+
+    async def start_or_resume_child(
+        self,
+        task: Task[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        child_id: str,
+        parent: str,
+    ) -> TaskHandle:
+        """Start child run ``child_id`` of ``parent``, or pick it up where it stopped."""
+        if child_id in self._active:
+            return TaskHandle(self, child_id)
+        try:
+            snapshot = await self.store.load(child_id)
+        except UnknownRunError:
+            return await self.start_named(task, args, kwargs, task_id=child_id, parent=parent)
+        if snapshot.run.state is State.COMPLETED:
+            return TaskHandle(self, child_id)
+        return await self.resume(child_id, task=task)
+
+    async def cancel(self, task_id: str, *, reason: str = "user", force: bool = False) -> RunRecord:
+        """Record a cancel request for ``task_id`` (any process may hold the run).
+
+        Returns the run as it is right after the request: ``cancelled`` for a ``pending`` run,
+        ``cancelling`` for a running one, unchanged for a final one. Raises
+        :class:`~haltwise.UnknownRunError` for an unknown id.
+        """
+        if not isinstance(reason, str) or not reason:
+            raise InputError("a cancel reason must be a non-empty string")
+        record = await self.store.request_cancel(task_id, reason, force=force)
+        ctx = self._active.get(task_id)
+        if ctx is not None and record.state is State.CANCELLING:
+            ctx.request_cancel(record.reason or reason, force=record.force)
+        return record
+
+    async def status(self, task_id: str) -> Outcome:
+        """The run's outcome as journaled now (its state may not be final)."""
+        return (await self.store.load(task_id)).outcome()
+
+    async def outcome(self, task_id: str) -> Outcome:
+        """Wait for the run to reach a final state and return its outcome."""
+        ctx = self._active.get(task_id)
+        if ctx is not None:
+            await ctx.done.wait()
+        broken = self._broken.pop(task_id, None)
+        if broken is not None:
+            raise StoreError(
+                f"run {task_id!r} stopped because its journal could not be written ({broken}); "
+                "its last durable state stands: resume it once the store is usable",
+                task_id=task_id,
+            )
+        while True:
+            snapshot = await self.store.load(task_id)
+            if snapshot.run.state.is_final:
+                return snapshot.outcome()
+            await self.store.wait_for_change(0.5)
+
+    def is_active(self, task_id: str) -> bool:
+        """Whether this runtime is working run ``task_id`` right now."""
+        return task_id in self._active
+
+    def handle(self, task_id: str) -> TaskHandle:
+        """A handle on run ``task_id`` (not checked until used)."""
+        return TaskHandle(self, task_id)
+
+    # -- ownership and takeover ----------------------------------------------------------------
+
+    def _lease_until(self) -> float:
+        return time.time() + self.lease
+
+    async def _take(self, snapshot: RunSnapshot) -> None:
+        run = snapshot.run
+        owner = run.owner
+        if owner is not None and owner.token == self.owner.token:
+            return  # claimed for us already (a worker's claim_pending)
+        if owner is not None and run.state in _ACTIVE and owner_alive(owner, run.lease_until):
+            raise RunOwnedError(run.id, owner.describe())
+        claimed = await self.store.claim(
+            run.id,
+            self.owner,
+            lease_until=self._lease_until(),
+            expected_owner=owner.token if owner else None,
+        )
+        if not claimed:
+            raise RunOwnedError(run.id, "another process that took it over first")
+
+    # -- driving a run --------------------------------------------------------------------------
+
+    def _context(
+        self,
+        run_id: str,
+        task: Task[..., Any],
+        snapshot: RunSnapshot | None,
+        assume_done: dict[int, Any],
+        rerun: frozenset[int],
+    ) -> RunContext:
+        steps = snapshot.steps if snapshot else ()
+        return RunContext(
+            run_id=run_id,
+            task=task,
+            runtime=self,
+            store=self.store,
+            fence=self.owner.token,
+            journal={step.index: step for step in steps if not step.cleanup},
+            cleanup_indexes=frozenset(step.index for step in steps if step.cleanup),
+            journaled_partials=len(snapshot.partials) if snapshot else 0,
+            assume_done=assume_done,
+            rerun=rerun,
+        )
+
+    def _launch(self, ctx: RunContext, inputs: dict[str, Any], deadline: float | None) -> None:
+        if self._task_group is None:
+            raise HaltwiseError("use the Runtime as 'async with haltwise.Runtime(...) as rt:'")
+        self._active[ctx.run_id] = ctx
+        self.store.set_concurrency(len(self._active))
+        self._wake.set()
+        self._task_group.start_soon(
+            self._drive, ctx, inputs, deadline, name=f"haltwise run {ctx.run_id}"
+        )
+
+    async def _drive(self, ctx: RunContext, inputs: dict[str, Any], deadline: float | None) -> None:
+        try:
+            if deadline is None:
+                ending = await call_task(ctx, inputs)
+            else:
+                async with anyio.create_task_group() as timers:
+                    timers.start_soon(self._deadline, ctx, deadline)
+                    ending = await call_task(ctx, inputs)
+                    timers.cancel_scope.cancel()
+            with anyio.CancelScope(shield=True):
+                await finish(ctx, ending)
+        except LostOwnershipError:
+            pass  # another process took the run over; it is theirs to finish
+        except StoreError as error:
+            # The journal could not be written (a full disk, a lost database). Its last
+            # durable state stands, exactly as after a crash: a later resume takes it over.
+            self._broken[ctx.run_id] = error
+            with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+                await self.store.release(ctx.run_id, ctx.fence)
+        finally:
+            self._active.pop(ctx.run_id, None)
+            self.store.set_concurrency(len(self._active))
+            ctx.done.set()
+
+    async def _deadline(self, ctx: RunContext, seconds: float) -> None:
+        await anyio.sleep(seconds)
+        await self.cancel(ctx.run_id, reason="deadline")
+
+    # -- the watcher: cross-process cancels and leases ----------------------------------------
+
+    async def _watch(self) -> None:
+        """Deliver other processes' cancel requests and renew leases, until the runtime ends.
+
+        A store that is unreachable for a while (a lost database connection) is retried: the
+        runs go on meanwhile, and their own writes wait for the store.
+        """
+        while True:
+            try:
+                await self._watch_until_error()
+            except StoreError:
+                await anyio.sleep(0.5)
+
+    async def _watch_until_error(self) -> None:
+        next_beat = 0.0
+        seen: int | None = None
+        while True:
+            if not self._active:
+                self._wake = anyio.Event()
+                with anyio.move_on_after(self.lease / 3):
+                    await self._wake.wait()
+            seen = await self.store.wait_for_change(min(0.25, self.lease / 3), since=seen)
+            if self._active:
+                requests = await self.store.cancel_requests(list(self._active))
+                for run_id, (reason, force) in requests.items():
+                    ctx = self._active.get(run_id)
+                    if ctx is not None and (
+                        ctx.cancel_reason is None or (force and not ctx.forced)
+                    ):
+                        ctx.request_cancel(reason, force=force)
+            if time.time() >= next_beat:
+                next_beat = time.time() + self.lease / 3
+                await self.store.heartbeat(self.owner.token, self._lease_until())
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is None:
+        return
+    if isinstance(deadline, bool) or not isinstance(deadline, int | float):
+        raise InputError("deadline must be a number of seconds")
+    if not deadline > 0 or math.isinf(deadline):
+        raise InputError(f"deadline must be a finite number of seconds > 0, not {deadline}")
+
+
+def _check_step_indexes(
+    task_id: str, snapshot: RunSnapshot, done: Mapping[int, Any], again: frozenset[int]
+) -> None:
+    known = {step.index: step for step in snapshot.steps}
+    for index in (*done, *again):
+        if index not in known:
+            raise InputError(f"run {task_id!r} has no step {index}", task_id=task_id)
+        if known[index].status is StepStatus.COMMITTED:
+            raise InputError(
+                f"run {task_id!r}: step {index} ({known[index].tool}) is already committed",
+                task_id=task_id,
+            )
+    both = set(done) & again
+    if both:
+        raise InputError(f"step {min(both)} cannot be both assumed done and rerun", task_id=task_id)
+    for index in done:
+        dump_json(done[index], f"the assumed result of step {index}")

@@ -1,0 +1,73 @@
+"""Settling what a run's previous attempt left behind: orphaned steps, sagas, the final state."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._core.exceptions import ResumeRefusedError
+from .._core.outcome import StepRecord
+from .._core.policy import CancelPolicy
+from .._core.records import RunSnapshot
+from .._core.states import StepStatus
+from .run_context import RunContext
+from .steps import compensate, settle
+from .tool import TOOLS
+
+
+def step_policy(step: StepRecord) -> CancelPolicy:
+    """The behaviour a journaled step was started under (undeclared behaves as ``finish``)."""
+    return CancelPolicy(step.cancel) if step.cancel else CancelPolicy.FINISH
+
+
+def orphan_status(step: StepRecord) -> StepStatus | None:
+    """What a step left ``running`` by a dead owner becomes, or None for "compensate first"."""
+    policy = step_policy(step)
+    if policy is CancelPolicy.INTERRUPTIBLE:
+        return StepStatus.INTERRUPTED
+    if policy is CancelPolicy.ROLLBACK:
+        return None
+    return StepStatus.UNKNOWN
+
+
+async def compensate_journaled(run: RunContext, step: StepRecord) -> StepStatus:
+    """Run the compensation of a journaled rollback step with its journaled arguments."""
+    tool = TOOLS.get(step.tool)
+    call: Any = step.args
+    if tool is None or not isinstance(call, dict):
+        return StepStatus.UNKNOWN
+    done = await compensate(run, tool, tuple(call.get("args", ())), dict(call.get("kwargs", {})))
+    return StepStatus.COMPENSATED if done else StepStatus.UNKNOWN
+
+
+async def settle_orphans(run: RunContext, steps: Sequence[StepRecord]) -> None:
+    """Settle every step a dead owner left ``running``, by its policy (CONTRACT.md)."""
+    for step in steps:
+        if step.status is not StepStatus.RUNNING:
+            continue
+        status = orphan_status(step)
+        if status is None:
+            status = await compensate_journaled(run, step)
+        await settle(run, step.index, status)
+
+
+async def run_saga(run: RunContext, steps: Sequence[StepRecord]) -> None:
+    """``on_cancel="compensate"``: undo committed rollback steps, newest first."""
+    for step in sorted(steps, key=lambda s: s.index, reverse=True):
+        if step.status is StepStatus.COMMITTED and step_policy(step) is CancelPolicy.ROLLBACK:
+            await settle(run, step.index, await compensate_journaled(run, step))
+
+
+def refuse_unknown(snapshot: RunSnapshot, done: Mapping[int, Any], again: frozenset[int]) -> None:
+    """Raise :class:`ResumeRefusedError` while an ``unknown`` step of a non-idempotent tool is
+    neither assumed done nor to be rerun (CONTRACT.md, "Tool policies")."""
+    blocked = [
+        (step.index, step.tool)
+        for step in snapshot.steps
+        if step.status is StepStatus.UNKNOWN
+        and not step.idempotent
+        and step.index not in done
+        and step.index not in again
+    ]
+    if blocked:
+        raise ResumeRefusedError(snapshot.run.id, blocked)

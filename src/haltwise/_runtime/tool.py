@@ -1,0 +1,215 @@
+"""``@haltwise.tool`` and ``@haltwise.task``: the declarations the runtime acts on."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Coroutine
+from enum import StrEnum
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from .._core.exceptions import NotInTaskError, PolicyError
+from .._core.policy import CancelPolicy, Effect, ToolPolicy
+from .steps import call_tool as _call_tool
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+#: Every tool decorated in this process, by name: compensations after a takeover find them here.
+TOOLS: dict[str, Tool[..., Any]] = {}
+
+
+class Tool(Generic[P, R]):
+    """A function (async or plain) with a cancel policy; calling it inside a task is a step.
+
+    Calling a tool always returns an awaitable, also for a plain function: inside a running task
+    the call is journaled as the next step and executed under its policy (a plain function in a
+    worker thread); outside a task it simply runs the function, which is handy for testing it.
+    """
+
+    def __init__(
+        self, fn: Callable[P, Any], policy: ToolPolicy, name: str, *, register: bool = True
+    ) -> None:
+        self.fn = fn
+        self.policy = policy
+        self.name = name
+        self.is_async = inspect.iscoroutinefunction(fn)
+        functools.update_wrapper(self, fn)
+        if register:
+            TOOLS[name] = self
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
+        return _call_tool(self, args, kwargs)
+
+    @property
+    def description(self) -> str:
+        """The docstring plus one sentence on what a cancel does to a call (for the model)."""
+        from .describe import describe
+
+        return describe(self)
+
+    def schema(self, format: str = "openai") -> dict[str, Any]:
+        """A JSON schema of the parameters, as OpenAI function calling (``"openai"``) or MCP
+        ``tools/list`` (``"mcp"``, with hints derived from ``effect`` and ``idempotent``) want it.
+        """
+        from .describe import tool_schema
+
+        return tool_schema(self, format=format)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        cancel = self.policy.cancel.value if self.policy.cancel else "undeclared"
+        return f"<haltwise.Tool {self.name} cancel={cancel} effect={self.policy.effect.value}>"
+
+
+class OnCancel(StrEnum):
+    """What a task does with its committed steps when it is cancelled."""
+
+    #: committed steps stay committed (the default)
+    KEEP = "keep"
+    #: compensate every committed ``rollback`` step, in reverse order (a saga)
+    COMPENSATE = "compensate"
+
+
+#: Every task decorated in this process, by name (what a run records as its ``task``).
+TASKS: dict[str, Task[..., Any]] = {}
+
+
+class Task(Generic[P, R]):
+    """An async function whose runs are journaled, cancellable and resumable.
+
+    Start it with :meth:`haltwise.Runtime.start` or :func:`haltwise.run`. Awaited inside another
+    task's run, it runs as a child run ``PARENT_ID/STEP_INDEX``: one step of the parent,
+    journaled and resumed with it, cancelled (reason ``"parent"``) when the parent is. Called
+    outside any run it raises :class:`~haltwise.NotInTaskError`.
+    """
+
+    def __init__(self, fn: Callable[P, Awaitable[R]], on_cancel: OnCancel, name: str) -> None:
+        self.fn = fn
+        self.on_cancel = on_cancel
+        self.name = name
+        self.signature = inspect.signature(fn)
+        self._as_step: Tool[..., Any] | None = None
+        functools.update_wrapper(self, fn)
+        TASKS[name] = self
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
+        from .task_api import current_run
+
+        if current_run() is None:
+            raise NotInTaskError(
+                f"task {self.name!r} was called directly; start it with Runtime.start() "
+                "or haltwise.run()"
+            )
+        if self._as_step is None:
+            from .children import child_step
+
+            self._as_step = child_step(self)
+        return self._as_step(*args, **kwargs)
+
+    def bind_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Raise :class:`~haltwise.InputError` if the arguments do not fit the task's parameters."""
+        from .._core.exceptions import InputError
+
+        try:
+            self.signature.bind(*args, **kwargs)
+        except TypeError as error:
+            raise InputError(f"task {self.name!r}: {error}") from None
+
+    def __repr__(self) -> str:
+        return f"<haltwise.Task {self.name} on_cancel={self.on_cancel.value}>"
+
+
+@overload
+def tool(fn: Callable[P, Awaitable[R]], /) -> Tool[P, R]: ...
+@overload
+def tool(fn: Callable[P, R], /) -> Tool[P, R]: ...
+@overload
+def tool(
+    *,
+    cancel: str | CancelPolicy | None = None,
+    effect: str | Effect | None = None,
+    idempotent: bool = False,
+    compensate: Callable[..., Any] | None = None,
+    grace: float | None = None,
+    name: str | None = None,
+) -> Callable[[Callable[P, Any]], Tool[P, Any]]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    cancel: str | CancelPolicy | None = None,
+    effect: str | Effect | None = None,
+    idempotent: bool = False,
+    compensate: Callable[..., Any] | None = None,
+    grace: float | None = None,
+    name: str | None = None,
+) -> Any:
+    """Declare a tool and its cancel policy (CONTRACT.md, "Tool policies").
+
+    ``cancel``: ``"interruptible"``, ``"finish"`` or ``"rollback"``; left out, the tool behaves
+    as ``"finish"`` and ``audit`` reports it. ``effect``: ``"none"``, ``"read"``, ``"write"`` or
+    ``"external"`` (the default, the cautious assumption). ``idempotent=True`` promises that a
+    second call with the same :func:`haltwise.idempotency_key` is harmless. ``compensate`` (needed
+    by ``rollback``) is called with the same arguments as the tool, shielded, within ``grace``
+    seconds (default 30). Bad declarations raise :class:`~haltwise.PolicyError` here, at once.
+    """
+
+    def decorate(function: Callable[..., Any]) -> Tool[..., Any]:
+        if not callable(function):
+            raise PolicyError(f"@haltwise.tool needs a function, not {function!r}")
+        tool_name = name or function.__name__
+        policy = ToolPolicy.declare(
+            name=tool_name,
+            cancel=cancel,
+            effect=effect,
+            idempotent=idempotent,
+            compensate=compensate,
+            grace=grace,
+        )
+        return Tool(function, policy, tool_name)
+
+    return decorate if fn is None else decorate(fn)
+
+
+@overload
+def task(fn: Callable[P, Awaitable[R]], /) -> Task[P, R]: ...
+@overload
+def task(
+    *, on_cancel: str | OnCancel = "keep", name: str | None = None
+) -> Callable[[Callable[P, Awaitable[R]]], Task[P, R]]: ...
+
+
+def task(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    on_cancel: str | OnCancel = OnCancel.KEEP,
+    name: str | None = None,
+) -> Any:
+    """Declare an async function as a task: its runs are journaled, cancellable and resumable.
+
+    ``on_cancel="keep"`` (default) leaves committed steps committed when the run is cancelled;
+    ``"compensate"`` runs the compensations of its committed ``rollback`` steps in reverse order.
+    A task that is not an ``async def`` raises :class:`~haltwise.PolicyError`. Its ``name``
+    (default ``module:qualname``) is what runs record and what ``resume`` looks it up by.
+    """
+    try:
+        policy = OnCancel(on_cancel)
+    except ValueError:
+        raise PolicyError(
+            f"unknown on_cancel={on_cancel!r}; expected 'keep' or 'compensate'"
+        ) from None
+
+    def decorate(function: Callable[..., Any]) -> Task[..., Any]:
+        if not inspect.iscoroutinefunction(function):
+            label = getattr(function, "__name__", function)
+            raise PolicyError(
+                f"@haltwise.task needs an async function; {label!r} is not one (write 'async def')"
+            )
+        task_name = name or f"{function.__module__}:{function.__qualname__}"
+        return Task(function, policy, task_name)
+
+    return decorate if fn is None else decorate(fn)

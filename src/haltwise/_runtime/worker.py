@@ -1,0 +1,134 @@
+"""A worker: works pending runs of its tasks and takes over runs whose owner is gone.
+
+Several workers, in several processes or on several machines, can share one store: a pending
+run is claimed by exactly one of them (the store's ``claim_pending`` is atomic; on PostgreSQL
+``FOR UPDATE SKIP LOCKED``), and a run whose owner died is taken over by exactly one (an
+owner compare-and-set). Stopping a worker hands its runs over instead of cancelling them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio
+
+from .._core.exceptions import RunOwnedError, StoreError, UnknownRunError
+from .._core.states import State
+from .._journal.owner import owner_alive
+from .runtime import Runtime, TaskHandle
+from .tool import Task
+
+#: How often (seconds) a worker looks for work when the store shows no change.
+POLL_INTERVAL = 0.5
+#: The least time (seconds) between two looks for runs whose owner is gone.
+ORPHAN_SCAN_INTERVAL = 0.25
+
+
+class Worker:
+    """Works the runs of ``tasks`` (a mapping from the names runs record to the tasks).
+
+    At most ``concurrency`` runs at a time. :meth:`serve` returns once ``stop`` is set and
+    every run it holds has been handed over (see :meth:`Runtime.hand_over`).
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        tasks: Mapping[str, Task[..., Any]],
+        *,
+        concurrency: int = 4,
+        on_hand_over: Callable[[int], None] | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.runtime = runtime
+        self.tasks = dict(tasks)
+        self.concurrency = concurrency
+        #: called with the number of runs being handed over, once they were told to stop
+        self.on_hand_over = on_hand_over
+        self.handles: dict[str, TaskHandle] = {}
+        self._next_scan = 0.0
+
+    async def serve(self, stop: anyio.Event) -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._loop, stop)
+            await stop.wait()
+            group.cancel_scope.cancel()
+        with anyio.CancelScope(shield=True):
+            stopping = self.runtime.begin_hand_over()
+            if self.on_hand_over is not None:
+                self.on_hand_over(stopping)
+            await self.runtime.hand_over()
+
+    async def _loop(self, stop: anyio.Event) -> None:
+        store = self.runtime.store
+        seen: int | None = None
+        while not stop.is_set():
+            try:
+                await self.work_once()
+                seen = await store.wait_for_change(POLL_INTERVAL, since=seen)
+            except StoreError:
+                # The store is unreachable for now (a lost connection): try again shortly.
+                # Runs held here go on; their writes wait for the store.
+                await anyio.sleep(POLL_INTERVAL)
+
+    def _busy(self) -> int:
+        self.handles = {
+            run_id: handle
+            for run_id, handle in self.handles.items()
+            if self.runtime.is_active(run_id)
+        }
+        return len(self.handles)
+
+    async def work_once(self) -> None:
+        """Claim what there is room for: orphaned runs first, then pending ones.
+
+        Looking for orphans reads every active run of the store, so it is done at most every
+        ``ORPHAN_SCAN_INTERVAL`` seconds; pending runs are claimed on every change.
+        """
+        now = time.monotonic()
+        if self._busy() < self.concurrency and now >= self._next_scan:
+            self._next_scan = now + ORPHAN_SCAN_INTERVAL
+            for run_id in await self._orphans():
+                if self._busy() >= self.concurrency:
+                    return
+                await self._adopt(run_id)
+        free = self.concurrency - self._busy()
+        if free <= 0:
+            return
+        claimed = await self.runtime.store.claim_pending(
+            self.runtime.owner,
+            self.tasks,
+            lease_until=time.time() + self.runtime.lease,
+            limit=free,
+        )
+        for record in claimed:
+            await self._adopt(record.id)
+
+    async def _orphans(self) -> list[str]:
+        store = self.runtime.store
+        found = []
+        for state in (State.CANCELLING, State.RUNNING, State.PENDING):
+            for run in await store.list_runs(state):
+                if run.task not in self.tasks or self.runtime.is_active(run.id):
+                    continue
+                if run.owner is None:
+                    # Handed over (running), or never claimed (pending: claim_pending's job).
+                    if state is not State.PENDING:
+                        found.append(run.id)
+                elif run.owner.token == self.runtime.owner.token:
+                    found.append(run.id)  # ours, no longer worked: its journal failed under it
+                elif not owner_alive(run.owner, run.lease_until):
+                    found.append(run.id)  # includes a pending run claimed by a worker that died
+        return found
+
+    async def _adopt(self, run_id: str) -> None:
+        try:
+            snapshot = await self.runtime.store.load(run_id)
+            handle = await self.runtime.adopt(run_id, self.tasks[snapshot.run.task])
+        except (RunOwnedError, UnknownRunError):
+            return  # another worker was quicker
+        if handle is not None:
+            self.handles[run_id] = handle

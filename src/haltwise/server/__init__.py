@@ -1,0 +1,4 @@
+"""``haltwise serve``: the HTTP API and the live dashboard.
+
+See CONTRACT.md, "HTTP API and dashboard".
+"""
