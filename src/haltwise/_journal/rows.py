@@ -13,8 +13,6 @@ from .._core.records import Event, Owner, RunRecord, dump_json
 from .._core.states import State, StepStatus
 from .store import UNSET
 
-SCHEMA_VERSION = 1
-
 RUN_COLUMNS = (
     "id, task, state, inputs, reason, force, result, error, cancel_error, owner, lease_until, "
     "parent, created_at, updated_at"
@@ -289,15 +287,6 @@ def event_from_row(row: Mapping[str, Any]) -> Event:
         "events", str(row["run_id"]), where, _EVENT_CHECKS, [row[name] for name in _EVENT_NAMES]
     )
     return Event(**dict(zip(_EVENT_NAMES, values, strict=True)))
-
-
-def schema_version_from(value: Any) -> int:
-    """The stored ``schema_version``; :class:`CorruptRowError` if it is not a number."""
-    try:
-        return int(_text(value))
-    except _BAD_VALUE:
-        problem = f"column value: {value!r} is not a number"[:_PROBLEM_WIDTH]
-        raise CorruptRowError([BadRow("haltwise_meta", "", "schema_version", problem)]) from None
 
 
 def read_all(parse: Callable[[Any], _T], rows: Iterable[Any]) -> list[_T]:
