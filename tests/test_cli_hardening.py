@@ -132,7 +132,9 @@ def test_control_characters_from_the_journal_are_escaped(env: Env) -> None:
     ran = env.hw("run", "agent.py:flow", "--input", '{"policy": "interruptible"}', "--id", run_id)
     assert ran.returncode == 0, ran.stderr
     pending = f"p{ESCAPES}"
-    submitted = env.hw("submit", "agent.py:flow", "--input", '{"policy": "finish"}', "--id", pending)
+    submitted = env.hw(
+        "submit", "agent.py:flow", "--input", '{"policy": "finish"}', "--id", pending
+    )
     assert submitted.returncode == 0, submitted.stderr
     cancelled = env.hw("cancel", pending, "--reason", f"why{ESCAPES}")
     assert cancelled.returncode == 0, cancelled.stderr

@@ -15,7 +15,7 @@ import click
 
 from .. import __version__
 from .._core.exceptions import HaltwiseError, UnknownRunError
-from . import runs, verify, work
+from . import mcp, runs, verify, work
 from .base import USAGE, fail, store_in_use
 
 __all__ = ["cli", "main", "run_cli"]
@@ -42,6 +42,7 @@ for _command in (
     work.worker_command,
     verify.check_command,
     verify.explore_command,
+    mcp.mcp_command,
 ):
     cli.add_command(_command)
 
