@@ -9,7 +9,6 @@ into a ``KeyboardInterrupt``.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -22,11 +21,12 @@ import anyio
 
 from .._core.exceptions import HaltwiseError, InputError, RunOwnedError, UnknownRunError
 from .._core.outcome import Outcome
-from .._core.records import RunRecord
+from .._core.records import RunRecord, parse_json_text
 from .._journal.owner import owner_alive
 from .._runtime.runtime import Runtime
 from .._runtime.tool import Task
 from .render import LiveView, Screen
+from .sources import trusted_spec
 
 __all__ = [
     "SIGNAL_REASONS",
@@ -118,10 +118,7 @@ def parse_input(text: str | None) -> dict[str, Any]:
     """``--input``: a JSON object of keyword arguments; raises :class:`InputError` otherwise."""
     if text is None:
         return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise InputError(f"--input is not valid JSON: {error}") from None
+    value = parse_json_text(text, "--input")
     if not isinstance(value, dict):
         raise InputError(
             f"--input must be a JSON object of keyword arguments, not {type(value).__name__}"
@@ -163,14 +160,13 @@ def source_of(target: str, module_file: str | None) -> str | None:
     return str(Path(module_file).resolve())
 
 
-def task_of(run: RunRecord) -> Task[..., Any]:
-    """Load the task of a journaled run: from its recorded source file, else its spec."""
+def task_of(run: RunRecord, file: str | None = None, *, moved: bool = False) -> Task[..., Any]:
+    """Load the task of a journaled run: from ``file`` if the caller named one, else from the
+    file the journal names if it lies in the current project, else from its module name (see
+    :mod:`.sources` for what is refused)."""
     from .._runtime.loader import load_target
 
-    source = run.inputs.get("source")
-    attribute = run.task.rpartition(":")[2]
-    spec = f"{source}:{attribute}" if isinstance(source, str) and attribute else run.task
-    _, task = load_target(spec)
+    _, task = load_target(trusted_spec(run, file, moved=moved))
     if task is None:
         raise InputError(f"run {run.id!r}: cannot tell its task from {run.task!r}")
     return task
