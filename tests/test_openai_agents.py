@@ -1,0 +1,230 @@
+"""haltwise inside the OpenAI Agents SDK, with the SDK's own offline ``ScriptedModel``.
+
+The agent's model is ``JournaledModel(ScriptedModel(...))`` and its tools are the kit's haltwise
+tools through ``function_tool``. A resume gets a *new* scripted model holding only the turns the
+journal does not have: had the model been asked again for a journaled turn, the script would
+answer the wrong turn (or raise ``UnexpectedModelCall``), and ``calls`` counts every request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from agents import Agent, RunConfig, Runner
+from agents.result import RunResultStreaming
+from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+
+import fw_kit
+import haltwise
+from fw_kit import GATED, Kit, statuses
+from haltwise.integrations.openai_agents import (
+    JournaledModel,
+    close_dangling,
+    function_tool,
+    run_streamed,
+)
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = RunConfig(tracing_disabled=True)
+
+
+class Script:
+    """The scripted model the next run's agent talks to, and the streamed results it made."""
+
+    model = ScriptedModel([])
+    streams: list[RunResultStreaming] = []
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    fw_kit.reset()
+    Script.streams = []
+
+
+def make_agent() -> Agent[Any]:
+    return Agent(
+        name="shopper",
+        instructions="Buy what the user asks for.",
+        model=JournaledModel(Script.model),
+        tools=[function_tool(tool) for tool in fw_kit.ALL_TOOLS],
+    )
+
+
+@haltwise.task
+async def shop(prompt: str) -> Any:
+    result = await Runner.run(make_agent(), prompt, run_config=CONFIG)
+    return result.final_output
+
+
+@haltwise.task
+async def shop_streamed(prompt: str) -> Any:
+    result = run_streamed(make_agent(), prompt, run_config=CONFIG)
+    Script.streams.append(result)
+    async for _ in result.stream_events():
+        pass
+    return result.final_output
+
+
+def turns(policy: str) -> list[Any]:
+    """lookup, then the gated tool of ``policy``, then the answer."""
+    gated, args = GATED[policy]
+    return [
+        [function_call("lookup", {"item": "tea"}, call_id="c1")],
+        [function_call(gated.name, args, call_id="c2")],
+        [assistant_message("bought tea")],
+    ]
+
+
+async def test_a_normal_run_is_one_step_per_model_request_and_tool_call(sqlite_url: str) -> None:
+    for gate in Kit.release.values():
+        gate.set()
+    Script.model = ScriptedModel(turns("finish"))
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        outcome = await (await runtime.start(shop, "buy tea", task_id="n1")).outcome()
+    assert outcome.state is haltwise.State.COMPLETED, outcome
+    assert outcome.result == "bought tea"
+    assert statuses(outcome) == [
+        ("model", "committed"),
+        ("lookup", "committed"),
+        ("model", "committed"),
+        ("charge", "committed"),
+        ("model", "committed"),
+    ]
+    assert Kit.effects == {"lookup": 1, "charge": 1}
+    assert len(Script.model.calls) == 3
+    # the tool's result reached the model as the tool returned it
+    last_input = Script.model.calls[2].input
+    outputs = [item for item in last_input if item.get("type") == "function_call_output"]
+    assert [o["output"] for o in outputs] == ["tea costs 5", "charged 5"]
+
+
+def test_function_tool_has_a_strict_schema_and_the_policy_in_its_description() -> None:
+    tool = function_tool(fw_kit.charge)
+    assert tool.name == "charge"
+    assert tool.strict_json_schema
+    assert tool.params_json_schema["required"] == ["amount"]
+    assert tool.params_json_schema["additionalProperties"] is False
+    assert tool.description.startswith("Charge the card.")
+    assert "cancel" in tool.description.lower()
+
+
+@pytest.mark.parametrize("policy", sorted(GATED))
+async def test_a_haltwise_cancel_inside_each_policys_tool_then_resume(
+    sqlite_url: str, policy: str
+) -> None:
+    gated, _ = GATED[policy]
+    Script.model = ScriptedModel(turns(policy))
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        handle = await runtime.start(shop, "buy tea", task_id="p1")
+        await Kit.entered[gated.name].wait(timeout=fw_kit.PATIENCE)
+        await handle.cancel(reason="user")
+        Kit.release[gated.name].set()  # a finish call may end now; others were interrupted
+        cancelled = await handle.outcome()
+        assert cancelled.state is haltwise.State.CANCELLED, cancelled
+        assert cancelled.reason == "user"
+        assert statuses(cancelled) == [
+            ("model", "committed"),
+            ("lookup", "committed"),
+            ("model", "committed"),
+            (gated.name, fw_kit.CANCELLED_STATUS[policy]),
+        ]
+        Script.model = ScriptedModel([[assistant_message("bought tea")]])
+        resumed = await (await runtime.resume("p1")).outcome()
+    assert resumed.state is haltwise.State.COMPLETED, resumed
+    assert resumed.result == "bought tea"
+    assert len(Script.model.calls) == 1  # journaled turns were not asked again
+    assert Kit.effects == {"lookup": 1, gated.name: 1}
+    assert Kit.undone == ({"reserve": 1} if policy == "rollback" else {})
+    assert statuses(resumed)[-2:] == [(gated.name, "committed"), ("model", "committed")]
+
+
+async def test_a_cancel_while_the_model_is_answering_lands_at_once(sqlite_url: str) -> None:
+    answering = fw_kit.Gate()
+    never = fw_kit.Gate()
+
+    async def slow_answer(call: Any) -> Any:
+        answering.set()
+        await never.wait(timeout=fw_kit.PATIENCE)
+        return [assistant_message("too late")]
+
+    Script.model = ScriptedModel([ModelStep.respond(slow_answer)])
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        handle = await runtime.start(shop, "buy tea", task_id="m1")
+        await answering.wait(timeout=fw_kit.PATIENCE)
+        await handle.cancel(reason="user")
+        outcome = await handle.outcome()
+        assert outcome.state is haltwise.State.CANCELLED
+        assert statuses(outcome) == [("model", "interrupted")]
+        Script.model = ScriptedModel([[assistant_message("bought tea")]])
+        resumed = await (await runtime.resume("m1")).outcome()
+    assert resumed.result == "bought tea"
+    assert len(Script.model.calls) == 1
+
+
+async def test_parallel_tool_calls_cancelled_mid_way(sqlite_url: str) -> None:
+    Script.model = ScriptedModel(
+        [
+            [
+                function_call("lookup", {"item": "tea"}, call_id="p-lookup"),
+                function_call("charge", {"amount": 5}, call_id="p-charge"),
+                function_call("browse", {"item": "tea"}, call_id="p-browse"),
+            ],
+            [assistant_message("bought tea")],
+        ]
+    )
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        handle = await runtime.start(shop, "buy tea", task_id="par")
+        await Kit.entered["charge"].wait(timeout=fw_kit.PATIENCE)
+        await Kit.entered["browse"].wait(timeout=fw_kit.PATIENCE)
+        await handle.cancel(reason="user")
+        Kit.release["charge"].set()
+        cancelled = await handle.outcome()
+        assert cancelled.state is haltwise.State.CANCELLED, cancelled
+        assert sorted(statuses(cancelled)) == [
+            ("browse", "interrupted"),
+            ("charge", "committed"),
+            ("lookup", "committed"),
+            ("model", "committed"),
+        ]
+        Kit.release["browse"].set()
+        Script.model = ScriptedModel([[assistant_message("bought tea")]])
+        resumed = await (await runtime.resume("par")).outcome()
+    assert resumed.result == "bought tea"
+    assert Kit.effects == {"lookup": 1, "charge": 1, "browse": 1}
+    assert len(Script.model.calls) == 1
+
+
+async def test_the_sdks_own_cancel_is_a_haltwise_cancel_and_finish_is_honoured(
+    sqlite_url: str,
+) -> None:
+    Script.model = ScriptedModel(turns("finish"))
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        handle = await runtime.start(shop_streamed, "buy tea", task_id="own")
+        await Kit.entered["charge"].wait(timeout=fw_kit.PATIENCE)
+        Script.streams[0].cancel()  # the SDK's own immediate cancel
+        Kit.release["charge"].set()
+        outcome = await handle.outcome()
+    assert outcome.state is haltwise.State.CANCELLED, outcome
+    assert outcome.reason == "host"
+    assert statuses(outcome)[-1] == ("charge", "committed")
+    assert Kit.effects == {"lookup": 1, "charge": 1}
+    # the conversation the SDK kept: every call has a result, the committed one its own
+    items = close_dangling(Script.streams[0].to_input_list(), outcome)
+    outputs = {i["call_id"]: i["output"] for i in items if i.get("type") == "function_call_output"}
+    calls = [i["call_id"] for i in items if i.get("type") == "function_call"]
+    assert set(outputs) == set(calls) == {"c1", "c2"}
+    assert outputs["c2"] == "charged 5"
+
+
+def test_close_dangling_says_what_became_of_an_unfinished_call() -> None:
+    items: list[Any] = [
+        {"role": "user", "content": "buy"},
+        {"type": "function_call", "call_id": "x1", "name": "browse", "arguments": "{}"},
+    ]
+    fixed = close_dangling(items)
+    assert fixed[-1]["type"] == "function_call_output"
+    assert fixed[-1]["call_id"] == "x1"
+    assert fixed[-1]["output"].startswith("[haltwise] interrupted")
+    assert close_dangling(fixed) == fixed  # nothing left to close
