@@ -31,6 +31,7 @@ __all__ = [
     "MissingExtraError",
     "call_id",
     "cancel_run_for_host",
+    "journaled",
     "model_request",
     "require",
 ]
@@ -90,26 +91,33 @@ async def model_request(ask: Callable[[], Awaitable[T]], *, name: str = MODEL_ST
     rebuild it): a resume returns the journaled value and does not ask the model again. Outside a
     task it just calls ``ask``.
     """
+    return await journaled(ask, name=name, cancel="interruptible", effect="read")
+
+
+async def journaled(fn: Callable[[], Awaitable[T]], *, name: str, **policy: Any) -> T:
+    """``await fn()`` as one step named ``name`` with the ``@haltwise.tool`` keywords ``policy``
+    (``haltwise.step``); ``fn`` returns a JSON value, which a replay returns without calling it."""
     step = getattr(haltwise, "step", None)
     if step is not None:
-        value: T = await step(ask, name=name, cancel="interruptible", effect="read")
+        value: T = await step(fn, name=name, **policy)
         return value
     # Until haltwise.step is on main (issue 14): the same step through a tool of that name.
-    return await _request_tool(name)(ask)  # type: ignore[no-any-return]
+    return await _step_tool(name, policy)(fn)  # type: ignore[no-any-return]
 
 
-_REQUEST_TOOLS: dict[str, haltwise.Tool[..., Any]] = {}
+_STEP_TOOLS: dict[tuple[str, str], haltwise.Tool[..., Any]] = {}
 
 
-def _request_tool(name: str) -> haltwise.Tool[..., Any]:
-    found = _REQUEST_TOOLS.get(name)
+def _step_tool(name: str, policy: dict[str, Any]) -> haltwise.Tool[..., Any]:
+    key = (name, repr(sorted(policy.items())))
+    found = _STEP_TOOLS.get(key)
     if found is None:
 
         async def request(ask: Callable[[], Awaitable[Any]]) -> Any:
             return await ask()
 
-        found = haltwise.tool(cancel="interruptible", effect="read", name=name)(request)
-        _REQUEST_TOOLS[name] = found
+        found = haltwise.tool(name=name, **policy)(request)
+        _STEP_TOOLS[key] = found
     return found
 
 

@@ -6,9 +6,11 @@ conversation but not their results. Sent to a model as it is, such a conversatio
 charge is made twice. The adapters close every such call: a committed call gets its journaled
 result, any other one a text saying what became of it.
 
-What a call became is read from the run's outcome (its steps carry the call id they were made
-under) and, for calls this process saw commit, from a bounded in-process record kept by the
-adapters' tool wrappers (so that a conversation reused in the same process needs no outcome).
+What a call became is read from a run's outcome (its steps carry the call id they were made
+under): the outcome the caller passes, and, inside a task, the current run's own journal; plus,
+for calls this process saw commit, a bounded in-process record kept by the adapters' tool
+wrappers. (Reading the current run's journal goes through the run context: the public API has no
+read of a run from inside it.)
 """
 
 from __future__ import annotations
@@ -17,9 +19,20 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+
 import haltwise
 
-__all__ = ["SettledCall", "remember_committed", "settled_calls", "unsettled_text"]
+from .._runtime.run_context import current_run
+
+__all__ = [
+    "SettledCall",
+    "current_run_outcome",
+    "remember_committed",
+    "remember_from_journal",
+    "settled_calls",
+    "unsettled_text",
+]
 
 #: How many committed calls the in-process record keeps (the oldest are forgotten first).
 _RECORD_SIZE = 10_000
@@ -42,15 +55,34 @@ def remember_committed(call_id: str, result: Any) -> None:
         _COMMITTED.popitem(last=False)
 
 
-def settled_calls(outcome: haltwise.Outcome | None = None) -> dict[str, SettledCall]:
-    """Every call id known to have settled, from ``outcome``'s steps and the in-process record."""
+async def current_run_outcome() -> haltwise.Outcome | None:
+    """The current run as journaled now (inside a task), else ``None``."""
+    run = current_run()
+    if run is None:
+        return None
+    return (await run.store.load(run.run_id)).outcome()
+
+
+async def remember_from_journal(call_id: str) -> None:
+    """Record ``call_id``'s journaled result if it committed (after a cancel the framework made:
+    a ``finish`` call may have committed although the wrapper sees only the cancel)."""
+    with anyio.CancelScope(shield=True):
+        outcome = await current_run_outcome()
+    call = settled_calls(outcome).get(call_id)
+    if call is not None and call.status is haltwise.StepStatus.COMMITTED:
+        remember_committed(call_id, call.result)
+
+
+def settled_calls(*outcomes: haltwise.Outcome | None) -> dict[str, SettledCall]:
+    """Every call id known to have settled, from the outcomes' steps and the in-process record."""
     known = {
         cid: SettledCall(haltwise.StepStatus.COMMITTED, value) for cid, value in _COMMITTED.items()
     }
-    for step in outcome.steps if outcome is not None else ():
-        cid = getattr(step, "call_id", None)
-        if cid is not None:
-            known[cid] = SettledCall(step.status, step.result)
+    for outcome in outcomes:
+        for step in outcome.steps if outcome is not None else ():
+            cid = getattr(step, "call_id", None)
+            if cid is not None:
+                known[cid] = SettledCall(step.status, step.result)
     return known
 
 

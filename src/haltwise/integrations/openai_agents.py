@@ -54,7 +54,12 @@ from pydantic import TypeAdapter  # noqa: E402
 import haltwise  # noqa: E402
 
 from ._common import MODEL_STEP, call_id, cancel_run_for_host, model_request  # noqa: E402
-from ._conversation import remember_committed, settled_calls, unsettled_text  # noqa: E402
+from ._conversation import (  # noqa: E402
+    remember_committed,
+    remember_from_journal,
+    settled_calls,
+    unsettled_text,
+)
 
 __all__ = ["JournaledModel", "close_dangling", "function_tool", "run_streamed"]
 
@@ -82,7 +87,11 @@ def function_tool(tool: haltwise.Tool[..., Any]) -> FunctionTool:
         try:
             with call_id(ctx.tool_call_id):
                 value = await tool(*args, **kwargs)
+        except haltwise.Cancelled:
+            await remember_from_journal(ctx.tool_call_id)
+            raise
         except asyncio.CancelledError:
+            await remember_from_journal(ctx.tool_call_id)
             await cancel_run_for_host()
             raise
         except haltwise.HaltwiseError:
