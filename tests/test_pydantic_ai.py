@@ -193,7 +193,7 @@ async def test_parallel_tool_calls_cancelled_mid_way(sqlite_url: str) -> None:
     assert len(Script.requests) == 1
 
 
-async def test_the_frameworks_own_cancel_is_a_haltwise_cancel_and_a_reused_history_does_not_charge_twice(
+async def test_own_cancel_is_a_haltwise_cancel_and_a_reused_history_does_not_charge_twice(
     sqlite_url: str,
 ) -> None:
     Script.load(turns("finish"))
