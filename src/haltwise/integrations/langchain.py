@@ -103,13 +103,13 @@ def tool(haltwise_tool: haltwise.Tool[..., Any]) -> BaseTool:
 
 def _arguments(target: haltwise.Tool[..., Any]) -> type[pydantic.BaseModel]:
     """A pydantic model of the tool's keyword arguments, plus the injected tool-call id."""
-    hints = typing.get_type_hints(target.fn)
+    hints = typing.get_type_hints(target)
     fields: dict[str, Any] = {
         name: (
             hints.get(name, Any),
             ... if param.default is inspect.Parameter.empty else param.default,
         )
-        for name, param in inspect.signature(target.fn).parameters.items()
+        for name, param in inspect.signature(target).parameters.items()
         if param.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     }
     fields["tool_call_id"] = (Annotated[str, InjectedToolCallId], ...)

@@ -75,7 +75,7 @@ def function_tool(tool: haltwise.Tool[..., Any]) -> FunctionTool:
     step is made.
     """
     schema = function_schema(
-        tool.fn, name_override=tool.name, description_override=tool.description
+        tool, name_override=tool.name, description_override=tool.description
     )
 
     async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:

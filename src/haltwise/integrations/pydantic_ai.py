@@ -84,16 +84,16 @@ def tool(haltwise_tool: haltwise.Tool[..., Any]) -> Tool[Any]:
             remember_committed(ctx.tool_call_id, value)
         return value
 
-    signature = inspect.signature(target.fn)
+    signature = inspect.signature(target)
     context = inspect.Parameter(
         "ctx", inspect.Parameter.POSITIONAL_ONLY, annotation=RunContext[Any]
     )
     invoke.__signature__ = signature.replace(  # type: ignore[attr-defined]
         parameters=[context, *signature.parameters.values()]
     )
-    invoke.__annotations__ = {"ctx": RunContext[Any], **typing.get_type_hints(target.fn)}
+    invoke.__annotations__ = {"ctx": RunContext[Any], **typing.get_type_hints(target)}
     invoke.__name__ = invoke.__qualname__ = target.name
-    invoke.__doc__ = target.fn.__doc__
+    invoke.__doc__ = target.__doc__
     return Tool(invoke, takes_ctx=True, name=target.name, description=target.description)
 
 
