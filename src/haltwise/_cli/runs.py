@@ -36,6 +36,7 @@ from .foreground import (
     task_of,
 )
 from .render import Screen, cancelling_line
+from .signals import RELAY
 from .sources import journaled_file
 
 
@@ -62,6 +63,7 @@ def run_command(
     """
     from .._runtime.loader import load_target
 
+    RELAY.install()  # from now on a signal is queued for the run, never a KeyboardInterrupt
     kwargs = parse_input(input_json)
     module, task = load_target(target)
     if task is None:
@@ -192,6 +194,7 @@ def resume_command(
     a file outside it runs only if named as FILE.py (the journal alone never decides what
     runs), and a FILE.py other than the journal's only with --moved.
     """
+    RELAY.install()  # from now on a signal is queued for the run, never a KeyboardInterrupt
 
     async def main() -> int:
         async with Runtime(store) as runtime:
