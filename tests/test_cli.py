@@ -525,8 +525,8 @@ def test_resume_after_cancel_does_not_repeat_committed_steps(env: Env) -> None:
     env.release("think")
     elsewhere = env.root / "elsewhere"
     elsewhere.mkdir()
-    resumed = subprocess.run(  # from another directory: the task is found by its source path
-        [sys.executable, "-m", "haltwise", "resume", "r1", "--json"],
+    resumed = subprocess.run(  # from outside the project: the file must be named
+        [sys.executable, "-m", "haltwise", "resume", "r1", "../agent.py", "--json"],
         cwd=elsewhere,
         env=env.environ(),
         text=True,
@@ -775,7 +775,9 @@ def test_store_that_is_not_a_haltwise_store(env: Env) -> None:
     blocker = env.root / "file.txt"
     blocker.write_text("a file, not a directory")
     bad_path = f"sqlite:///{blocker}/sub/store.db"
-    assert "cannot create" in error_line(env.hw("status", "x", "--store", bad_path))
+    assert "cannot create" in error_line(env.hw("cancel", "x", "--store", bad_path))
+    # a command that only reads creates nothing, and says where it looked
+    assert "there is no store at" in error_line(env.hw("status", "x", "--store", bad_path))
 
 
 def test_default_store_is_under_the_current_directory(env: Env) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .._core.exceptions import InputError
+from .._core.exceptions import HaltwiseError, InputError
 from .._core.outcome import Outcome
 from .._core.records import RunRecord
 from .._core.states import State
@@ -19,7 +19,9 @@ from .base import (
     json_option,
     parse_assumed,
     print_json,
+    reading,
     run_async,
+    store_in_use,
     store_option,
     warn,
 )
@@ -34,6 +36,8 @@ from .foreground import (
     task_of,
 )
 from .render import Screen, cancelling_line
+from .signals import RELAY
+from .sources import journaled_file
 
 
 @click.command("run")
@@ -59,6 +63,7 @@ def run_command(
     """
     from .._runtime.loader import load_target
 
+    RELAY.install()  # from now on a signal is queued for the run, never a KeyboardInterrupt
     kwargs = parse_input(input_json)
     module, task = load_target(target)
     if task is None:
@@ -128,13 +133,19 @@ def status_command(task_id: str, as_json: bool, store: str | None) -> int:
     """Show run ID: state, steps, partial results and retry advice."""
 
     async def main() -> int:
-        async with Runtime(store) as runtime:
-            snapshot = await runtime.store.load(task_id)
+        async with reading(store) as journal:
+            if journal is None:
+                raise HaltwiseError(f"no run with id {task_id!r}: there is no store at {where()}")
+            snapshot = await journal.load(task_id)
         outcome = snapshot.outcome()
         if as_json:
             print_json(outcome.to_json())
         else:
-            notes = (_owner_words(snapshot.run), cancelling_line(snapshot))
+            notes = (
+                _source_words(snapshot.run),
+                _owner_words(snapshot.run),
+                cancelling_line(snapshot),
+            )
             Screen().outcome(outcome, notes=notes)
         return 0
 
@@ -143,6 +154,12 @@ def status_command(task_id: str, as_json: bool, store: str | None) -> int:
 
 @click.command("resume")
 @click.argument("task_id", metavar="ID")
+@click.argument("file", metavar="[FILE.py]", required=False)
+@click.option(
+    "--moved",
+    is_flag=True,
+    help="FILE.py is where the run's file moved to: load it although the journal names another.",
+)
 @click.option(
     "--assume-done",
     "assume_done",
@@ -163,20 +180,28 @@ def status_command(task_id: str, as_json: bool, store: str | None) -> int:
 @store_option
 def resume_command(
     task_id: str,
+    file: str | None,
+    moved: bool,
     assume_done: dict[int, Any],
     rerun: Sequence[int],
     deadline: float | None,
     as_json: bool,
     store: str | None,
 ) -> int:
-    """Continue run ID from its journal, in the foreground (signals as for 'run')."""
+    """Continue run ID from its journal, in the foreground (signals as for 'run').
+
+    The task is loaded from the file the journal names if that lies in the current project;
+    a file outside it runs only if named as FILE.py (the journal alone never decides what
+    runs), and a FILE.py other than the journal's only with --moved.
+    """
+    RELAY.install()  # from now on a signal is queued for the run, never a KeyboardInterrupt
 
     async def main() -> int:
         async with Runtime(store) as runtime:
             snapshot = await runtime.store.load(task_id)
             if snapshot.run.state is State.COMPLETED:
                 return _report(snapshot.outcome(), as_json)
-            task = task_of(snapshot.run)
+            task = task_of(snapshot.run, file, moved=moved)
             async with signals_as_cancels(runtime, quiet=as_json) as foreground:
                 handle = await runtime.resume(
                     task_id,
@@ -202,14 +227,18 @@ def resume_command(
 def list_command(state: str | None, as_json: bool, store: str | None) -> int:
     """List the runs in the store, oldest first."""
 
-    async def main() -> list[Outcome]:
-        async with Runtime(store) as runtime:
-            runs = await runtime.store.list_runs(State(state) if state else None)
-            return [(await runtime.store.load(run.id)).outcome() for run in runs]
+    async def main() -> list[Outcome] | None:
+        async with reading(store) as journal:
+            if journal is None:
+                return None  # nothing has run with this store yet: reading creates none
+            runs = await journal.list_runs(State(state) if state else None)
+            return [(await journal.load(run.id)).outcome() for run in runs]
 
     outcomes = run_async(main)
     if as_json:
-        print_json({"runs": [_run_row(outcome) for outcome in outcomes]})
+        print_json({"runs": [_run_row(outcome) for outcome in outcomes or ()]})
+    elif outcomes is None:
+        Screen().note(f"no runs: there is no store at {where()}")
     else:
         Screen().runs(outcomes)
     return 0
@@ -276,6 +305,11 @@ def _run_row(outcome: Outcome) -> dict[str, Any]:
     }
 
 
+def where() -> str:
+    """The store the command looked in, for a message."""
+    return store_in_use() or "the default place"
+
+
 def _owner_gone(run: RunRecord) -> str | None:
     """``"its owner (pid ...) is gone"`` for an active run whose owner died, else None."""
     if run.state.is_final or run.owner is None:
@@ -283,6 +317,12 @@ def _owner_gone(run: RunRecord) -> str | None:
     if owner_alive(run.owner, run.lease_until):
         return None
     return f"its owner ({run.owner.describe()}) is gone"
+
+
+def _source_words(run: RunRecord) -> str | None:
+    """The line ``status`` shows about the file ``resume`` would load the task from."""
+    named = journaled_file(run)
+    return f"source: {named}" if named is not None else None
 
 
 def _owner_words(run: RunRecord) -> str | None:

@@ -84,18 +84,15 @@ class ToolPolicy:
         """Validate the arguments of ``@haltwise.tool`` and build the policy.
 
         Raises :class:`PolicyError` (naming the tool) for an unknown ``cancel=`` or ``effect=``,
-        ``rollback`` without ``compensate``, a non-callable ``compensate``, or a grace that is
-        negative, not a number, or not finite.
+        a non-callable ``compensate``, or a grace that is negative, not a number, or not
+        finite. ``rollback`` without ``compensate`` is accepted: ``audit`` reports it
+        (``rollback-without-compensate``), and a call cancelled mid-way, having nothing to undo
+        it, becomes ``unknown``.
         """
         cancel_policy = None if cancel is None else _parse(CancelPolicy, cancel, "cancel", name)
         effect_value = Effect.EXTERNAL if effect is None else _parse(Effect, effect, "effect", name)
         if compensate is not None and not callable(compensate):
             raise PolicyError(f"tool {name!r}: compensate= must be callable", tool=name)
-        if cancel_policy is CancelPolicy.ROLLBACK and compensate is None:
-            raise PolicyError(
-                f"tool {name!r}: cancel='rollback' needs compensate=, the function that undoes it",
-                tool=name,
-            )
         if not isinstance(idempotent, bool):
             raise PolicyError(f"tool {name!r}: idempotent= must be True or False", tool=name)
         return cls(

@@ -158,6 +158,7 @@ class Runtime:
             raise InputError(f"{task!r} is not a @haltwise.task")
         task.bind_inputs(args, kwargs)
         inputs: dict[str, Any] = {"args": list(args), "kwargs": kwargs}
+        source = source or task.source
         if source is not None:
             inputs["source"] = source
         dump_json(inputs, f"the inputs of task {task.name!r}")
@@ -336,6 +337,7 @@ class Runtime:
         kwargs = dict(kwargs or {})
         task.bind_inputs(args, kwargs)
         inputs: dict[str, Any] = {"args": list(args), "kwargs": kwargs}
+        source = source or task.source
         if source is not None:
             inputs["source"] = source
         run_id = task_id if task_id is not None else uuid.uuid4().hex
