@@ -74,9 +74,7 @@ def function_tool(tool: haltwise.Tool[..., Any]) -> FunctionTool:
     Arguments that do not fit the schema are answered with a model-visible error text and no
     step is made.
     """
-    schema = function_schema(
-        tool, name_override=tool.name, description_override=tool.description
-    )
+    schema = function_schema(tool, name_override=tool.name, description_override=tool.description)
 
     async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
         try:
