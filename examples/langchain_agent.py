@@ -12,10 +12,10 @@ e-mail (``cancel="finish"``) once.
 
 from __future__ import annotations
 
-import tempfile
 from typing import Any
 
 import anyio
+from _cancel_and_resume import cancel_and_resume
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage
@@ -74,21 +74,10 @@ async def research(topic: str) -> str:
     return str(state["messages"][-1].content)
 
 
-def show(outcome: haltwise.Outcome) -> None:
-    steps = ", ".join(f"{s.tool}:{s.status.value}" for s in outcome.steps)
-    print(f"{outcome.state.value} (reason {outcome.reason}, retry {outcome.retry.value}): {steps}")
-
-
 async def main() -> None:
-    store = f"sqlite:///{tempfile.mkdtemp()}/haltwise.db"
-    async with haltwise.Runtime(store) as runtime:
-        handle = await runtime.start(research, "auroras", task_id="auroras")
-        await searching.wait()
-        await handle.cancel(reason="user")  # while the search runs
-        show(await handle.outcome())
-        # The first answer is journaled: the resumed agent's model only has the other two.
-        resumed = await (await runtime.resume("auroras")).outcome()
-        show(resumed)
+    # cancelled while the search runs; the first answer is journaled, so the resumed agent's
+    # model only has the other two
+    resumed = await cancel_and_resume(research, "auroras", in_flight=searching)
     print(f"result: {resumed.result!r}")
     assert SENT == ["3 articles about auroras"], SENT
     print("e-mail sent once")

@@ -12,9 +12,8 @@ once.
 
 from __future__ import annotations
 
-import tempfile
-
 import anyio
+from _cancel_and_resume import cancel_and_resume
 from agents import Agent, RunConfig, Runner
 from agents.testing import ScriptedModel, assistant_message, function_call
 
@@ -62,21 +61,13 @@ async def buy(item: str) -> str:
     return str(result.final_output)
 
 
-def show(outcome: haltwise.Outcome) -> None:
-    steps = ", ".join(f"{s.tool}:{s.status.value}" for s in outcome.steps)
-    print(f"{outcome.state.value} (reason {outcome.reason}, retry {outcome.retry.value}): {steps}")
+def last_answer_only() -> None:
+    Script.model = ScriptedModel([[assistant_message("Bought tea for 5 EUR.")]])
 
 
 async def main() -> None:
-    store = f"sqlite:///{tempfile.mkdtemp()}/haltwise.db"
-    async with haltwise.Runtime(store) as runtime:
-        handle = await runtime.start(buy, "tea", task_id="buy-tea")
-        await paying.wait()
-        await handle.cancel(reason="user")  # while the card is being charged
-        show(await handle.outcome())
-        Script.model = ScriptedModel([[assistant_message("Bought tea for 5 EUR.")]])
-        resumed = await (await runtime.resume("buy-tea")).outcome()
-        show(resumed)
+    # cancelled while the card is being charged
+    resumed = await cancel_and_resume(buy, "tea", in_flight=paying, between=last_answer_only)
     print(f"result: {resumed.result!r}; model asked again {len(Script.model.calls)} time(s)")
     assert CHARGES == [5], CHARGES
     print("charged once")

@@ -12,9 +12,8 @@ ends with exactly one reservation standing.
 
 from __future__ import annotations
 
-import tempfile
-
 import anyio
+from _cancel_and_resume import cancel_and_resume
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -66,23 +65,15 @@ async def book(city: str) -> str:
     return (await agent.run(f"Book a room in {city}")).output
 
 
-def show(outcome: haltwise.Outcome) -> None:
-    steps = ", ".join(f"{s.tool}:{s.status.value}" for s in outcome.steps)
-    print(f"{outcome.state.value} (reason {outcome.reason}, retry {outcome.retry.value}): {steps}")
+def rooms_held() -> None:
+    print(f"rooms held after the cancel: {ROOMS}")
+    asked.clear()
 
 
 async def main() -> None:
-    store = f"sqlite:///{tempfile.mkdtemp()}/haltwise.db"
-    async with haltwise.Runtime(store) as runtime:
-        handle = await runtime.start(book, "Lyon", task_id="book-lyon")
-        await reserving.wait()
-        await handle.cancel(reason="user")  # while the room is being reserved
-        show(await handle.outcome())
-        print(f"rooms held after the cancel: {ROOMS}")
-        before = len(asked)
-        resumed = await (await runtime.resume("book-lyon")).outcome()
-        show(resumed)
-    print(f"result: {resumed.result!r}; model asked again {len(asked) - before} time(s)")
+    # cancelled while the room is being reserved
+    resumed = await cancel_and_resume(book, "Lyon", in_flight=reserving, between=rooms_held)
+    print(f"result: {resumed.result!r}; model asked again {len(asked)} time(s)")
     assert ROOMS == ["Hotel Central, Lyon"], ROOMS
     print("one reservation standing")
 

@@ -102,3 +102,71 @@ CANCELLED_STATUS = {
 }
 #: how often the gated tool's effect happened after a cancel and a resume, per policy
 EFFECTS_AFTER_RESUME = {"interruptible": 1, "finish": 1, "rollback": 1}
+
+
+# -- the scenarios every framework test runs, with the framework's own script ---------------------
+
+#: the steps of the normal run: lookup, then charge, then the answer
+NORMAL_STEPS = [
+    ("model", "committed"),
+    ("lookup", "committed"),
+    ("model", "committed"),
+    ("charge", "committed"),
+    ("model", "committed"),
+]
+
+
+async def normal_run(store: str, task: haltwise.Task[..., Any]) -> haltwise.Outcome:
+    """Run ``task("buy tea")`` with every gate open: one step per model request and tool call."""
+    for gate in Kit.release.values():
+        gate.set()
+    async with haltwise.Runtime(store) as runtime:
+        outcome = await (await runtime.start(task, "buy tea", task_id="n1")).outcome()
+    assert outcome.state is haltwise.State.COMPLETED, outcome
+    assert outcome.result == "bought tea"
+    assert statuses(outcome) == NORMAL_STEPS
+    assert Kit.effects == {"lookup": 1, "charge": 1}
+    return outcome
+
+
+async def cancel_in_tool_then_resume(
+    store: str, task: haltwise.Task[..., Any], policy: str, last_answer_only: Callable[[], None]
+) -> haltwise.Outcome:
+    """Cancel inside the gated tool of ``policy``, then resume with ``last_answer_only()``'s
+    script (only the final answer): the tool settles by its policy, nothing is repeated."""
+    gated, _ = GATED[policy]
+    async with haltwise.Runtime(store) as runtime:
+        handle = await runtime.start(task, "buy tea", task_id="p1")
+        await Kit.entered[gated.name].wait(timeout=PATIENCE)
+        await handle.cancel(reason="user")
+        Kit.release[gated.name].set()  # a finish call may end now; the others were interrupted
+        cancelled = await handle.outcome()
+        assert cancelled.state is haltwise.State.CANCELLED, cancelled
+        assert cancelled.reason == "user"
+        assert statuses(cancelled) == [*NORMAL_STEPS[:3], (gated.name, CANCELLED_STATUS[policy])]
+        last_answer_only()
+        resumed = await (await runtime.resume("p1")).outcome()
+    assert resumed.state is haltwise.State.COMPLETED, resumed
+    assert resumed.result == "bought tea"
+    assert Kit.effects == {"lookup": 1, gated.name: 1}
+    assert Kit.undone == ({"reserve": 1} if policy == "rollback" else {})
+    assert statuses(resumed)[-2:] == [(gated.name, "committed"), ("model", "committed")]
+    return resumed
+
+
+async def cancel_while_answering(
+    store: str, task: haltwise.Task[..., Any], answering: Gate, last_answer_only: Callable[[], None]
+) -> haltwise.Outcome:
+    """Cancel while the model is answering (``answering`` set by the script): it lands at once;
+    the resume asks the model (``last_answer_only()``'s script) again."""
+    async with haltwise.Runtime(store) as runtime:
+        handle = await runtime.start(task, "buy tea", task_id="m1")
+        await answering.wait(timeout=PATIENCE)
+        await handle.cancel(reason="user")
+        outcome = await handle.outcome()
+        assert outcome.state is haltwise.State.CANCELLED
+        assert statuses(outcome) == [("model", "interrupted")]
+        last_answer_only()
+        resumed = await (await runtime.resume("m1")).outcome()
+    assert resumed.result == "bought tea"
+    return resumed

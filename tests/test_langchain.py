@@ -20,7 +20,7 @@ from langchain_core.outputs import ChatResult
 
 import fw_kit
 import haltwise
-from fw_kit import GATED, Kit, statuses
+from fw_kit import GATED, Kit
 from haltwise.integrations.langchain import HaltwiseMiddleware, close_dangling, tool
 
 pytestmark = pytest.mark.anyio
@@ -101,21 +101,8 @@ def turns(policy: str) -> list[AIMessage]:
 
 
 async def test_a_normal_run_is_one_step_per_model_call_and_tool_call(sqlite_url: str) -> None:
-    for gate in Kit.release.values():
-        gate.set()
     load(turns("finish"))
-    async with haltwise.Runtime(sqlite_url) as runtime:
-        outcome = await (await runtime.start(shop, "buy tea", task_id="n1")).outcome()
-    assert outcome.state is haltwise.State.COMPLETED, outcome
-    assert outcome.result == "bought tea"
-    assert statuses(outcome) == [
-        ("model", "committed"),
-        ("lookup", "committed"),
-        ("model", "committed"),
-        ("charge", "committed"),
-        ("model", "committed"),
-    ]
-    assert Kit.effects == {"lookup": 1, "charge": 1}
+    await fw_kit.normal_run(sqlite_url, shop)
     assert len(Script.requests) == 3
     last = Script.requests[-1]
     assert [m.content for m in last if isinstance(m, ToolMessage)] == ["tea costs 5", "charged 5"]
@@ -130,44 +117,24 @@ def test_tool_is_a_structured_tool_with_the_tools_schema() -> None:
     assert list(schema["properties"]) == ["amount"]  # the call id is injected, not asked for
 
 
+def last_answer_only() -> None:
+    Script.hold = None
+    load([AIMessage(content="bought tea")])
+
+
 @pytest.mark.parametrize("policy", sorted(GATED))
 async def test_a_haltwise_cancel_inside_each_policys_tool_then_resume(
     sqlite_url: str, policy: str
 ) -> None:
-    gated, _ = GATED[policy]
     load(turns(policy))
-    async with haltwise.Runtime(sqlite_url) as runtime:
-        handle = await runtime.start(shop, "buy tea", task_id="p1")
-        await Kit.entered[gated.name].wait(timeout=fw_kit.PATIENCE)
-        await handle.cancel(reason="user")
-        Kit.release[gated.name].set()
-        cancelled = await handle.outcome()
-        assert cancelled.state is haltwise.State.CANCELLED, cancelled
-        assert cancelled.reason == "user"
-        assert statuses(cancelled)[-1] == (gated.name, fw_kit.CANCELLED_STATUS[policy])
-        load([AIMessage(content="bought tea")])
-        resumed = await (await runtime.resume("p1")).outcome()
-    assert resumed.state is haltwise.State.COMPLETED, resumed
-    assert resumed.result == "bought tea"
-    assert len(Script.requests) == 1
-    assert Kit.effects == {"lookup": 1, gated.name: 1}
-    assert Kit.undone == ({"reserve": 1} if policy == "rollback" else {})
+    await fw_kit.cancel_in_tool_then_resume(sqlite_url, shop, policy, last_answer_only)
+    assert len(Script.requests) == 1  # journaled turns were not asked again
 
 
 async def test_a_cancel_while_the_model_is_answering_lands_at_once(sqlite_url: str) -> None:
     load([AIMessage(content="too late")])
     Script.hold = fw_kit.Gate()
-    async with haltwise.Runtime(sqlite_url) as runtime:
-        handle = await runtime.start(shop, "buy tea", task_id="m1")
-        await Script.answering.wait(timeout=fw_kit.PATIENCE)
-        await handle.cancel(reason="user")
-        outcome = await handle.outcome()
-        assert outcome.state is haltwise.State.CANCELLED
-        assert statuses(outcome) == [("model", "interrupted")]
-        Script.hold = None
-        load([AIMessage(content="bought tea")])
-        resumed = await (await runtime.resume("m1")).outcome()
-    assert resumed.result == "bought tea"
+    await fw_kit.cancel_while_answering(sqlite_url, shop, Script.answering, last_answer_only)
     assert len(Script.requests) == 1
 
 

@@ -17,7 +17,7 @@ from agents.testing import ModelStep, ScriptedModel, assistant_message, function
 
 import fw_kit
 import haltwise
-from fw_kit import GATED, Kit, statuses
+from fw_kit import GATED
 from haltwise.integrations.openai_agents import (
     JournaledModel,
     close_dangling,
@@ -78,21 +78,8 @@ def turns(policy: str) -> list[Any]:
 
 
 async def test_a_normal_run_is_one_step_per_model_request_and_tool_call(sqlite_url: str) -> None:
-    for gate in Kit.release.values():
-        gate.set()
     Script.model = ScriptedModel(turns("finish"))
-    async with haltwise.Runtime(sqlite_url) as runtime:
-        outcome = await (await runtime.start(shop, "buy tea", task_id="n1")).outcome()
-    assert outcome.state is haltwise.State.COMPLETED, outcome
-    assert outcome.result == "bought tea"
-    assert statuses(outcome) == [
-        ("model", "committed"),
-        ("lookup", "committed"),
-        ("model", "committed"),
-        ("charge", "committed"),
-        ("model", "committed"),
-    ]
-    assert Kit.effects == {"lookup": 1, "charge": 1}
+    await fw_kit.normal_run(sqlite_url, shop)
     assert len(Script.model.calls) == 3
     # the tool's result reached the model as the tool returned it
     last_input = Script.model.calls[2].input
@@ -110,34 +97,17 @@ def test_function_tool_has_a_strict_schema_and_the_policy_in_its_description() -
     assert "cancel" in tool.description.lower()
 
 
+def last_answer_only() -> None:
+    Script.model = ScriptedModel([[assistant_message("bought tea")]])
+
+
 @pytest.mark.parametrize("policy", sorted(GATED))
 async def test_a_haltwise_cancel_inside_each_policys_tool_then_resume(
     sqlite_url: str, policy: str
 ) -> None:
-    gated, _ = GATED[policy]
     Script.model = ScriptedModel(turns(policy))
-    async with haltwise.Runtime(sqlite_url) as runtime:
-        handle = await runtime.start(shop, "buy tea", task_id="p1")
-        await Kit.entered[gated.name].wait(timeout=fw_kit.PATIENCE)
-        await handle.cancel(reason="user")
-        Kit.release[gated.name].set()  # a finish call may end now; others were interrupted
-        cancelled = await handle.outcome()
-        assert cancelled.state is haltwise.State.CANCELLED, cancelled
-        assert cancelled.reason == "user"
-        assert statuses(cancelled) == [
-            ("model", "committed"),
-            ("lookup", "committed"),
-            ("model", "committed"),
-            (gated.name, fw_kit.CANCELLED_STATUS[policy]),
-        ]
-        Script.model = ScriptedModel([[assistant_message("bought tea")]])
-        resumed = await (await runtime.resume("p1")).outcome()
-    assert resumed.state is haltwise.State.COMPLETED, resumed
-    assert resumed.result == "bought tea"
+    await fw_kit.cancel_in_tool_then_resume(sqlite_url, shop, policy, last_answer_only)
     assert len(Script.model.calls) == 1  # journaled turns were not asked again
-    assert Kit.effects == {"lookup": 1, gated.name: 1}
-    assert Kit.undone == ({"reserve": 1} if policy == "rollback" else {})
-    assert statuses(resumed)[-2:] == [(gated.name, "committed"), ("model", "committed")]
 
 
 async def test_a_cancel_while_the_model_is_answering_lands_at_once(sqlite_url: str) -> None:
@@ -150,16 +120,7 @@ async def test_a_cancel_while_the_model_is_answering_lands_at_once(sqlite_url: s
         return [assistant_message("too late")]
 
     Script.model = ScriptedModel([ModelStep.respond(slow_answer)])
-    async with haltwise.Runtime(sqlite_url) as runtime:
-        handle = await runtime.start(shop, "buy tea", task_id="m1")
-        await answering.wait(timeout=fw_kit.PATIENCE)
-        await handle.cancel(reason="user")
-        outcome = await handle.outcome()
-        assert outcome.state is haltwise.State.CANCELLED
-        assert statuses(outcome) == [("model", "interrupted")]
-        Script.model = ScriptedModel([[assistant_message("bought tea")]])
-        resumed = await (await runtime.resume("m1")).outcome()
-    assert resumed.result == "bought tea"
+    await fw_kit.cancel_while_answering(sqlite_url, shop, answering, last_answer_only)
     assert len(Script.model.calls) == 1
 
 

@@ -25,7 +25,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import fw_kit
 import haltwise
-from fw_kit import GATED, Kit, statuses
+from fw_kit import GATED
 from haltwise.integrations.pydantic_ai import JournaledModel, close_dangling, tool
 
 pytestmark = pytest.mark.anyio
@@ -92,21 +92,8 @@ def turns(policy: str) -> list[ModelResponse]:
 
 
 async def test_a_normal_run_is_one_step_per_request_and_tool_call(sqlite_url: str) -> None:
-    for gate in Kit.release.values():
-        gate.set()
     Script.load(turns("finish"))
-    async with haltwise.Runtime(sqlite_url) as runtime:
-        outcome = await (await runtime.start(shop, "buy tea", task_id="n1")).outcome()
-    assert outcome.state is haltwise.State.COMPLETED, outcome
-    assert outcome.result == "bought tea"
-    assert statuses(outcome) == [
-        ("model", "committed"),
-        ("lookup", "committed"),
-        ("model", "committed"),
-        ("charge", "committed"),
-        ("model", "committed"),
-    ]
-    assert Kit.effects == {"lookup": 1, "charge": 1}
+    await fw_kit.normal_run(sqlite_url, shop)
     assert len(Script.requests) == 3
 
 
@@ -119,44 +106,24 @@ def test_tool_keeps_the_parameters_and_the_policy_description() -> None:
     assert definition.description.startswith("Charge the card.")
 
 
+def last_answer_only() -> None:
+    Script.hold = None
+    Script.load([text("bought tea")])
+
+
 @pytest.mark.parametrize("policy", sorted(GATED))
 async def test_a_haltwise_cancel_inside_each_policys_tool_then_resume(
     sqlite_url: str, policy: str
 ) -> None:
-    gated, _ = GATED[policy]
     Script.load(turns(policy))
-    async with haltwise.Runtime(sqlite_url) as runtime:
-        handle = await runtime.start(shop, "buy tea", task_id="p1")
-        await Kit.entered[gated.name].wait(timeout=fw_kit.PATIENCE)
-        await handle.cancel(reason="user")
-        Kit.release[gated.name].set()
-        cancelled = await handle.outcome()
-        assert cancelled.state is haltwise.State.CANCELLED, cancelled
-        assert cancelled.reason == "user"
-        assert statuses(cancelled)[-1] == (gated.name, fw_kit.CANCELLED_STATUS[policy])
-        Script.load([text("bought tea")])
-        resumed = await (await runtime.resume("p1")).outcome()
-    assert resumed.state is haltwise.State.COMPLETED, resumed
-    assert resumed.result == "bought tea"
-    assert len(Script.requests) == 1
-    assert Kit.effects == {"lookup": 1, gated.name: 1}
-    assert Kit.undone == ({"reserve": 1} if policy == "rollback" else {})
+    await fw_kit.cancel_in_tool_then_resume(sqlite_url, shop, policy, last_answer_only)
+    assert len(Script.requests) == 1  # journaled turns were not asked again
 
 
 async def test_a_cancel_while_the_model_is_answering_lands_at_once(sqlite_url: str) -> None:
     Script.load([text("too late")])
     Script.hold = fw_kit.Gate()
-    async with haltwise.Runtime(sqlite_url) as runtime:
-        handle = await runtime.start(shop, "buy tea", task_id="m1")
-        await Script.answering.wait(timeout=fw_kit.PATIENCE)
-        await handle.cancel(reason="user")
-        outcome = await handle.outcome()
-        assert outcome.state is haltwise.State.CANCELLED
-        assert statuses(outcome) == [("model", "interrupted")]
-        Script.hold = None
-        Script.load([text("bought tea")])
-        resumed = await (await runtime.resume("m1")).outcome()
-    assert resumed.result == "bought tea"
+    await fw_kit.cancel_while_answering(sqlite_url, shop, Script.answering, last_answer_only)
     assert len(Script.requests) == 1
 
 

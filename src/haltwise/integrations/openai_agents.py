@@ -36,19 +36,15 @@ from ._common import require
 
 require("openai_agents", "agents", "openai-agents")
 
-from agents import Agent, FunctionTool, Model, ModelResponse, ModelSettings, Runner  # noqa: E402
-from agents.agent_output import AgentOutputSchemaBase  # noqa: E402
+from agents import Agent, FunctionTool, Model, ModelResponse, Runner  # noqa: E402
 from agents.function_schema import function_schema  # noqa: E402
-from agents.handoffs import Handoff  # noqa: E402
 from agents.items import TResponseInputItem, TResponseOutputItem, TResponseStreamEvent  # noqa: E402
-from agents.models.interface import ModelTracing  # noqa: E402
 from agents.result import RunResultStreaming  # noqa: E402
 from agents.stream_events import StreamEvent  # noqa: E402
-from agents.tool import Tool, default_tool_error_function  # noqa: E402
+from agents.tool import default_tool_error_function  # noqa: E402
 from agents.tool_context import ToolContext  # noqa: E402
 from agents.usage import Usage  # noqa: E402
 from openai.types.responses import Response, ResponseCompletedEvent  # noqa: E402
-from openai.types.responses.response_prompt_param import ResponsePromptParam  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 
 import haltwise  # noqa: E402
@@ -123,65 +119,23 @@ class JournaledModel(Model):
         self.model = model
         self.name = name
 
-    async def get_response(
-        self,
-        system_instructions: str | None,
-        input: str | list[TResponseInputItem],
-        model_settings: ModelSettings,
-        tools: list[Tool],
-        output_schema: AgentOutputSchemaBase | None,
-        handoffs: list[Handoff],
-        tracing: ModelTracing,
-        *,
-        previous_response_id: str | None,
-        conversation_id: str | None,
-        prompt: ResponsePromptParam | None,
-    ) -> ModelResponse:
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        """``Model.get_response`` (same parameters), as a step; its input closed first."""
+        args, kwargs = _closed_input(args, kwargs)
+
         async def ask() -> dict[str, Any]:
-            response = await self.model.get_response(
-                system_instructions,
-                close_dangling(input),
-                model_settings,
-                tools,
-                output_schema,
-                handoffs,
-                tracing,
-                previous_response_id=previous_response_id,
-                conversation_id=conversation_id,
-                prompt=prompt,
-            )
-            return _dump_response(response)
+            return _dump_response(await self.model.get_response(*args, **kwargs))
 
         return _load_response(await self._journaled(ask))
 
     async def stream_response(
-        self,
-        system_instructions: str | None,
-        input: str | list[TResponseInputItem],
-        model_settings: ModelSettings,
-        tools: list[Tool],
-        output_schema: AgentOutputSchemaBase | None,
-        handoffs: list[Handoff],
-        tracing: ModelTracing,
-        *,
-        previous_response_id: str | None,
-        conversation_id: str | None,
-        prompt: ResponsePromptParam | None,
+        self, *args: Any, **kwargs: Any
     ) -> AsyncIterator[TResponseStreamEvent]:
+        """``Model.stream_response`` (same parameters), as a step journaled at completion."""
+        args, kwargs = _closed_input(args, kwargs)
+
         async def ask() -> dict[str, Any]:
-            stream = self.model.stream_response(
-                system_instructions,
-                close_dangling(input),
-                model_settings,
-                tools,
-                output_schema,
-                handoffs,
-                tracing,
-                previous_response_id=previous_response_id,
-                conversation_id=conversation_id,
-                prompt=prompt,
-            )
-            return await _completed_response(stream)
+            return await _completed_response(self.model.stream_response(*args, **kwargs))
 
         completed = Response.model_validate(await self._journaled(ask))
         yield ResponseCompletedEvent(
@@ -197,6 +151,18 @@ class JournaledModel(Model):
 
     async def close(self) -> None:
         await self.model.close()
+
+
+def _closed_input(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The request's arguments with its ``input`` (the second parameter) passed through
+    :func:`close_dangling`."""
+    if "input" in kwargs:
+        return args, {**kwargs, "input": close_dangling(kwargs["input"])}
+    if len(args) > 1:
+        return (args[0], close_dangling(args[1]), *args[2:]), kwargs
+    return args, kwargs
 
 
 async def _completed_response(stream: AsyncIterator[TResponseStreamEvent]) -> dict[str, Any]:
