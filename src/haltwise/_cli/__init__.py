@@ -15,7 +15,7 @@ import click
 
 from .. import __version__
 from .._core.exceptions import HaltwiseError
-from . import runs, verify, work
+from . import runs, verbs, verify, work
 from .base import USAGE, fail
 
 __all__ = ["cli", "main", "run_cli"]
@@ -38,6 +38,8 @@ for _command in (
     runs.resume_command,
     runs.list_command,
     runs.audit_command,
+    verbs.pause_command,
+    verbs.unpause_command,
     work.submit_command,
     work.worker_command,
     verify.check_command,

@@ -10,11 +10,11 @@ from typing import Any
 import anyio
 
 from .._core.records import Event, RunRecord
-from .._core.states import State, StepStatus, is_allowed
+from .._core.states import ACTIVE_STATES, State, StepStatus, is_allowed
 from .owner import owner_alive
 from .store import Store, open_store
 
-_ACTIVE = (State.PENDING, State.RUNNING, State.CANCELLING)
+_ACTIVE = ACTIVE_STATES
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,8 @@ async def verify(store: Store) -> CheckReport:
     ``bad-transition`` (an event the state table forbids, or one that does not start where the
     previous ended), ``state-mismatch`` (the run's state is not where its events end),
     ``orphaned-step`` (a step left ``running`` with no live owner: the run awaits takeover),
-    ``owned-final-run`` (a final run still has an owner), ``step-gap`` (step indexes are not
+    ``owned-final-run`` (a final run still has an owner), ``step-running-while-paused`` (a
+    ``paused`` run with a step in flight), ``step-gap`` (step indexes are not
     0..n-1) and ``partial-gap`` (partial results are not numbered 0..n-1).
     """
     runs = await store.list_runs()
@@ -128,7 +129,16 @@ async def _check_steps(store: Store, run: RunRecord) -> list[Finding]:
         run.owner is not None and run.state in _ACTIVE and owner_alive(run.owner, run.lease_until)
     )
     for step in steps:
-        if step.status is StepStatus.RUNNING and not live:
+        if step.status is StepStatus.RUNNING and run.state is State.PAUSED:
+            findings.append(
+                Finding(
+                    run.id,
+                    "step-running-while-paused",
+                    f"step {step.index} ({step.tool}) is running but the run is paused; a run "
+                    "pauses only once its steps in flight have ended",
+                )
+            )
+        elif step.status is StepStatus.RUNNING and not live:
             findings.append(
                 Finding(
                     run.id,

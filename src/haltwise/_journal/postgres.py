@@ -62,7 +62,17 @@ from .rows import (
     step_from_row,
     transition_fields,
 )
-from .store import UNSET, LostOwnershipError, NewRun, StepStart, check_transition, plan_cancel
+from .store import (
+    UNSET,
+    LostOwnershipError,
+    NewRun,
+    PauseSignal,
+    StepStart,
+    check_transition,
+    plan_cancel,
+    plan_pause,
+    plan_unpause,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS haltwise.haltwise_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -70,10 +80,12 @@ CREATE TABLE IF NOT EXISTS haltwise.runs (
     id TEXT PRIMARY KEY, task TEXT NOT NULL, state TEXT NOT NULL, inputs TEXT NOT NULL,
     reason TEXT, force BOOLEAN NOT NULL DEFAULT FALSE, result TEXT, error TEXT,
     cancel_error TEXT, owner TEXT, owner_token TEXT, lease_until DOUBLE PRECISION, parent TEXT,
-    created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL
+    created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL,
+    pause BOOLEAN NOT NULL DEFAULT FALSE
 );
 CREATE INDEX IF NOT EXISTS runs_by_state ON haltwise.runs (state);
 CREATE INDEX IF NOT EXISTS runs_by_owner ON haltwise.runs (owner_token);
+CREATE INDEX IF NOT EXISTS runs_pausing ON haltwise.runs (id) WHERE pause;
 CREATE TABLE IF NOT EXISTS haltwise.steps (
     run_id TEXT NOT NULL, idx INTEGER NOT NULL, tool TEXT NOT NULL, cancel TEXT,
     effect TEXT NOT NULL, idempotent BOOLEAN NOT NULL, status TEXT NOT NULL,
@@ -354,9 +366,9 @@ class PostgresStore:
             if fence is not None and row["owner_token"] != fence:
                 raise _lost(run_id)
             current = run_from_row(row)
-            check_transition(run_id, current.state, target, allowed)
+            implied = check_transition(run_id, current, target, allowed)
             now = time.time()
-            record = await _update_run(conn, run_id, {**fields, "updated_at": now})
+            record = await _update_run(conn, run_id, {**fields, **implied, "updated_at": now})
             event_reason = fields.get("reason", current.reason)
             await _record_event(conn, run_id, current.state, target, event_reason, now)
             await _notify(conn, run_id)
@@ -379,6 +391,55 @@ class PostgresStore:
             return record
 
         return await self._run(op)
+
+    async def request_pause(self, run_id: str) -> RunRecord:
+        async def op(conn: _Conn) -> RunRecord:
+            current = run_from_row(await _lock_run(conn, run_id))
+            fields = plan_pause(current)
+            if not fields:
+                return current
+            record = await _update_run(conn, run_id, {**fields, "updated_at": time.time()})
+            await _notify(conn, run_id)
+            return record
+
+        return await self._run(op)
+
+    async def request_unpause(self, run_id: str) -> RunRecord:
+        async def op(conn: _Conn) -> RunRecord:
+            current = run_from_row(await _lock_run(conn, run_id))
+            target, fields = plan_unpause(current)
+            if not fields:
+                return current
+            now = time.time()
+            record = await _update_run(conn, run_id, {**fields, "updated_at": now})
+            if target is not None:
+                await _record_event(conn, run_id, current.state, target, current.reason, now)
+            await _notify(conn, run_id)
+            return record
+
+        return await self._run(op)
+
+    async def pause_signals(
+        self, run_ids: Collection[str], *, watched: Collection[str]
+    ) -> dict[str, PauseSignal]:
+        ids = list(run_ids)
+        if not ids:
+            return {}
+
+        async def op(conn: _Conn) -> dict[str, PauseSignal]:
+            cursor = await conn.execute(
+                "SELECT id, state, pause, reason, force FROM haltwise.runs "
+                "WHERE id = ANY(%s) AND (pause OR id = ANY(%s))",
+                (ids, list(watched)),
+            )
+            return {
+                row["id"]: PauseSignal(
+                    State(row["state"]), bool(row["pause"]), row["reason"], bool(row["force"])
+                )
+                for row in await cursor.fetchall()
+            }
+
+        return await self._run(op, read_only=True)
 
     async def claim(
         self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None

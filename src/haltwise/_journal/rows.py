@@ -16,7 +16,7 @@ SCHEMA_VERSION = 1
 
 RUN_COLUMNS = (
     "id, task, state, inputs, reason, force, result, error, cancel_error, owner, lease_until, "
-    "parent, created_at, updated_at"
+    "parent, created_at, updated_at, pause"
 )
 STEP_COLUMNS = (
     "idx, tool, cancel, effect, idempotent, status, attempts, result, error, idem_key, args, "
@@ -43,6 +43,7 @@ def run_from_row(row: Mapping[str, Any]) -> RunRecord:
         inputs=json.loads(row["inputs"]),
         reason=row["reason"],
         force=bool(row["force"]),
+        pause=bool(row["pause"]),
         result=load_json(row["result"]),
         error=error_from_text(row["error"]),
         cancel_error=error_from_text(row["cancel_error"]),

@@ -42,9 +42,12 @@ from .store import (
     UNSET,
     LostOwnershipError,
     NewRun,
+    PauseSignal,
     StepStart,
     check_transition,
     plan_cancel,
+    plan_pause,
+    plan_unpause,
 )
 
 #: The page size of a new store file (bytes).
@@ -68,10 +71,11 @@ CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY, task TEXT NOT NULL, state TEXT NOT NULL, inputs TEXT NOT NULL,
     reason TEXT, force INTEGER NOT NULL DEFAULT 0, result TEXT, error TEXT, cancel_error TEXT,
     owner TEXT, owner_token TEXT, lease_until REAL, parent TEXT,
-    created_at REAL NOT NULL, updated_at REAL NOT NULL
+    created_at REAL NOT NULL, updated_at REAL NOT NULL, pause INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS runs_by_state ON runs (state);
 CREATE INDEX IF NOT EXISTS runs_by_owner ON runs (owner_token);
+CREATE INDEX IF NOT EXISTS runs_pausing ON runs (id) WHERE pause = 1;
 CREATE TABLE IF NOT EXISTS steps (
     run_id TEXT NOT NULL, idx INTEGER NOT NULL, tool TEXT NOT NULL, cancel TEXT,
     effect TEXT NOT NULL, idempotent INTEGER NOT NULL, status TEXT NOT NULL,
@@ -323,9 +327,9 @@ class SQLiteStore:
             current = _load_run(conn, run_id)
             if fence is not None and (current.owner is None or current.owner.token != fence):
                 raise _lost(run_id)
-            check_transition(run_id, current.state, target, expected)
+            implied = check_transition(run_id, current, target, expected)
             now = time.time()
-            record = _update_run(conn, run_id, {**fields, "updated_at": now})
+            record = _update_run(conn, run_id, {**fields, **implied, "updated_at": now})
             event_reason = fields.get("reason", current.reason)
             _record_event(conn, run_id, current.state, target, event_reason, now)
             return record
@@ -348,6 +352,56 @@ class SQLiteStore:
 
         record: RunRecord = await self._writer.call(op)
         return record
+
+    async def request_pause(self, run_id: str) -> RunRecord:
+        def op(conn: sqlite3.Connection) -> RunRecord:
+            current = _load_run(conn, run_id)
+            fields = plan_pause(current)
+            if not fields:
+                return current
+            return _update_run(conn, run_id, {**fields, "updated_at": time.time()})
+
+        record: RunRecord = await self._writer.call(op)
+        return record
+
+    async def request_unpause(self, run_id: str) -> RunRecord:
+        def op(conn: sqlite3.Connection) -> RunRecord:
+            current = _load_run(conn, run_id)
+            target, fields = plan_unpause(current)
+            if not fields:
+                return current
+            now = time.time()
+            record = _update_run(conn, run_id, {**fields, "updated_at": now})
+            if target is not None:
+                _record_event(conn, run_id, current.state, target, current.reason, now)
+            return record
+
+        record: RunRecord = await self._writer.call(op)
+        return record
+
+    async def pause_signals(
+        self, run_ids: Collection[str], *, watched: Collection[str]
+    ) -> dict[str, PauseSignal]:
+        # On the watch connection, as cancel_requests: the partial index holds only the runs
+        # with a pause requested, and the watched runs are read by their key.
+        wanted = set(run_ids)
+        if not wanted or self._watch is None:
+            return {}
+        columns = "id, state, pause, reason, force"
+        try:
+            rows = self._watch.execute(f"SELECT {columns} FROM runs WHERE pause = 1").fetchall()
+            if watched:
+                marks = ", ".join("?" for _ in watched)
+                rows += self._watch.execute(
+                    f"SELECT {columns} FROM runs WHERE id IN ({marks})", tuple(watched)
+                ).fetchall()
+        except sqlite3.Error as error:
+            raise store_error(self.path, error) from None
+        return {
+            row[0]: PauseSignal(State(row[1]), bool(row[2]), row[3], bool(row[4]))
+            for row in rows
+            if row[0] in wanted
+        }
 
     async def claim(
         self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None
