@@ -48,13 +48,12 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from .._core.exceptions import SchemaVersionError, StoreError, UnknownRunError
+from .._core.exceptions import StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json, load_json
 from .._core.states import State, StepStatus
 from .rows import (
     RUN_COLUMNS,
-    SCHEMA_VERSION,
     STEP_COLUMNS,
     error_to_text,
     event_from_row,
@@ -73,37 +72,7 @@ from .store import (
     plan_pause,
     plan_unpause,
 )
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS haltwise.haltwise_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS haltwise.runs (
-    id TEXT PRIMARY KEY, task TEXT NOT NULL, state TEXT NOT NULL, inputs TEXT NOT NULL,
-    reason TEXT, force BOOLEAN NOT NULL DEFAULT FALSE, result TEXT, error TEXT,
-    cancel_error TEXT, owner TEXT, owner_token TEXT, lease_until DOUBLE PRECISION, parent TEXT,
-    created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL,
-    pause BOOLEAN NOT NULL DEFAULT FALSE
-);
-CREATE INDEX IF NOT EXISTS runs_by_state ON haltwise.runs (state);
-CREATE INDEX IF NOT EXISTS runs_by_owner ON haltwise.runs (owner_token);
-CREATE INDEX IF NOT EXISTS runs_pausing ON haltwise.runs (id) WHERE pause;
-CREATE TABLE IF NOT EXISTS haltwise.steps (
-    run_id TEXT NOT NULL, idx INTEGER NOT NULL, tool TEXT NOT NULL, cancel TEXT,
-    effect TEXT NOT NULL, idempotent BOOLEAN NOT NULL, status TEXT NOT NULL,
-    attempts INTEGER NOT NULL, result TEXT, error TEXT, idem_key TEXT NOT NULL, args TEXT,
-    cleanup BOOLEAN NOT NULL DEFAULT FALSE,
-    started_at DOUBLE PRECISION NOT NULL, settled_at DOUBLE PRECISION,
-    PRIMARY KEY (run_id, idx)
-);
-CREATE TABLE IF NOT EXISTS haltwise.partials (
-    run_id TEXT NOT NULL, seq INTEGER NOT NULL, value TEXT NOT NULL,
-    PRIMARY KEY (run_id, seq)
-);
-CREATE TABLE IF NOT EXISTS haltwise.events (
-    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, run_id TEXT NOT NULL, source TEXT,
-    target TEXT NOT NULL, reason TEXT, at DOUBLE PRECISION NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_by_run ON haltwise.events (run_id, seq)
-"""
+from .schema import POSTGRES, SCHEMA_VERSION, parse_version, upgrade_statements
 
 _CHANNEL = "haltwise_changes"
 #: advisory lock key that serialises schema creation between processes opening the store at once
@@ -230,30 +199,23 @@ class PostgresStore:
                     f"{self._where} is not a haltwise store (its schema haltwise holds other "
                     "tables)"
                 )
+            found = None
             if "haltwise_meta" in tables:
                 cursor = await conn.execute(
                     "SELECT value FROM haltwise.haltwise_meta WHERE key = 'schema_version'"
                 )
                 row = await cursor.fetchone()
-                if row is not None and int(row["value"]) > SCHEMA_VERSION:
-                    raise SchemaVersionError(
-                        f"{self._where} has schema version {row['value']}; this haltwise reads "
-                        f"up to {SCHEMA_VERSION}: upgrade haltwise"
-                    )
-                if row is not None and int(row["value"]) == SCHEMA_VERSION:
-                    return
+                found = None if row is None else parse_version(row["value"], self._where)
+            if found == SCHEMA_VERSION:
+                return
             # Checked first because CREATE SCHEMA IF NOT EXISTS needs a privilege even when the
             # schema exists.
             cursor = await conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'haltwise'")
             if await cursor.fetchone() is None:
                 await conn.execute("CREATE SCHEMA haltwise")
-            for statement in filter(str.strip, _SCHEMA.split(";")):
+            for statement in upgrade_statements(POSTGRES, found, self._where):
                 await conn.execute(statement)
-            await conn.execute(
-                "INSERT INTO haltwise.haltwise_meta (key, value) VALUES ('schema_version', %s) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (str(SCHEMA_VERSION),),
-            )
+            await conn.execute(POSTGRES.set_version(), (str(SCHEMA_VERSION),))
 
     def _error(self, error: psycopg.Error, *, connecting: bool = False) -> StoreError:
         text = _one_line(error, self.url)

@@ -12,8 +12,6 @@ from .._core.records import Event, Owner, RunRecord, dump_json, load_json
 from .._core.states import State, StepStatus
 from .store import UNSET
 
-SCHEMA_VERSION = 1
-
 RUN_COLUMNS = (
     "id, task, state, inputs, reason, force, result, error, cancel_error, owner, lease_until, "
     "parent, created_at, updated_at, pause"

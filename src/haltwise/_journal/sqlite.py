@@ -23,13 +23,12 @@ from urllib.parse import parse_qs, urlsplit
 
 import anyio
 
-from .._core.exceptions import SchemaVersionError, StoreError, UnknownRunError
+from .._core.exceptions import StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .rows import (
     RUN_COLUMNS,
-    SCHEMA_VERSION,
     STEP_COLUMNS,
     error_to_text,
     event_from_row,
@@ -37,6 +36,7 @@ from .rows import (
     step_from_row,
     transition_fields,
 )
+from .schema import SCHEMA_VERSION, SQLITE, parse_version, upgrade_statements
 from .sqlite_writer import Op, Writer, store_error
 from .store import (
     UNSET,
@@ -64,37 +64,6 @@ _CACHE_KIB = 16384
 #: kind of VM a wake-up costs ~100-200 us of CPU, and reading data_version ~30 us more: at
 #: 10 ms an idle run used 2.1-3.0% of a core, over issue 4's 2%).
 _POLL_INTERVAL = 0.015
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS haltwise_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS runs (
-    id TEXT PRIMARY KEY, task TEXT NOT NULL, state TEXT NOT NULL, inputs TEXT NOT NULL,
-    reason TEXT, force INTEGER NOT NULL DEFAULT 0, result TEXT, error TEXT, cancel_error TEXT,
-    owner TEXT, owner_token TEXT, lease_until REAL, parent TEXT,
-    created_at REAL NOT NULL, updated_at REAL NOT NULL, pause INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS runs_by_state ON runs (state);
-CREATE INDEX IF NOT EXISTS runs_by_owner ON runs (owner_token);
-CREATE INDEX IF NOT EXISTS runs_pausing ON runs (id) WHERE pause = 1;
-CREATE TABLE IF NOT EXISTS steps (
-    run_id TEXT NOT NULL, idx INTEGER NOT NULL, tool TEXT NOT NULL, cancel TEXT,
-    effect TEXT NOT NULL, idempotent INTEGER NOT NULL, status TEXT NOT NULL,
-    attempts INTEGER NOT NULL, result TEXT, error TEXT, idem_key TEXT NOT NULL, args TEXT,
-    cleanup INTEGER NOT NULL DEFAULT 0,
-    started_at REAL NOT NULL, settled_at REAL,
-    PRIMARY KEY (run_id, idx)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS partials (
-    run_id TEXT NOT NULL, seq INTEGER NOT NULL, value TEXT NOT NULL,
-    PRIMARY KEY (run_id, seq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS events (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, source TEXT,
-    target TEXT NOT NULL, reason TEXT, at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id, seq);
-"""
-
 
 _START_STEP = """
 INSERT INTO steps (run_id, idx, tool, cancel, effect, idempotent, status, attempts, idem_key,
@@ -240,21 +209,7 @@ class SQLiteStore:
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
             conn.execute("BEGIN IMMEDIATE")
-            for statement in filter(str.strip, _SCHEMA.split(";")):
-                conn.execute(statement)
-            row = conn.execute(
-                "SELECT value FROM haltwise_meta WHERE key = 'schema_version'"
-            ).fetchone()
-            if row is None:
-                conn.execute(
-                    "INSERT INTO haltwise_meta (key, value) VALUES ('schema_version', ?)",
-                    (str(SCHEMA_VERSION),),
-                )
-            elif int(row[0]) > SCHEMA_VERSION:
-                raise SchemaVersionError(
-                    f"{self.path} has schema version {row[0]}; this haltwise reads up to "
-                    f"{SCHEMA_VERSION}: upgrade haltwise"
-                )
+            self._upgrade(conn, "haltwise_meta" in tables)
             conn.execute("COMMIT")
         except sqlite3.Error as error:
             if conn.in_transaction:
@@ -264,6 +219,20 @@ class SQLiteStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+
+    def _upgrade(self, conn: sqlite3.Connection, has_meta: bool) -> None:
+        """Create the schema, or upgrade an older one in place (inside the caller's transaction)."""
+        found = None
+        if has_meta:
+            row = conn.execute(
+                "SELECT value FROM haltwise_meta WHERE key = 'schema_version'"
+            ).fetchone()
+            found = None if row is None else parse_version(row[0], self.path)
+        statements = upgrade_statements(SQLITE, found, self.path)
+        for statement in statements:
+            conn.execute(statement)
+        if found != SCHEMA_VERSION:
+            conn.execute(SQLITE.set_version(), (str(SCHEMA_VERSION),))
 
     # -- the Store interface -----------------------------------------------------------------
 
@@ -389,7 +358,8 @@ class SQLiteStore:
             return {}
         columns = "id, state, pause, reason, force"
         try:
-            rows = self._watch.execute(f"SELECT {columns} FROM runs WHERE pause = 1").fetchall()
+            # "WHERE pause" as the partial index says it, so that SQLite uses the index
+            rows = self._watch.execute(f"SELECT {columns} FROM runs WHERE pause").fetchall()
             if watched:
                 marks = ", ".join("?" for _ in watched)
                 rows += self._watch.execute(
