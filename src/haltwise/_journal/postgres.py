@@ -61,6 +61,7 @@ from .rows import (
     step_from_row,
     transition_fields,
 )
+from .schema import POSTGRES, SCHEMA_VERSION, parse_version, upgrade_statements
 from .store import (
     UNSET,
     LostOwnershipError,
@@ -72,7 +73,6 @@ from .store import (
     plan_pause,
     plan_unpause,
 )
-from .schema import POSTGRES, SCHEMA_VERSION, parse_version, upgrade_statements
 
 _CHANNEL = "haltwise_changes"
 #: advisory lock key that serialises schema creation between processes opening the store at once
