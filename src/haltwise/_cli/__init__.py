@@ -40,6 +40,7 @@ for _command in (
     runs.audit_command,
     verbs.pause_command,
     verbs.unpause_command,
+    verbs.fork_command,
     work.submit_command,
     work.worker_command,
     verify.check_command,

@@ -15,12 +15,13 @@ import click
 from .._core.records import RunRecord
 from .._core.states import State
 from .._journal.owner import owner_alive
+from .._runtime.fork import ForkPlan
 from .._runtime.runtime import Runtime
-from .base import exit_code, json_option, print_json, run_async, store_option
+from .base import deadline_option, exit_code, json_option, print_json, run_async, store_option
 from .foreground import signals_as_cancels, task_of
 from .render import Screen
 
-__all__ = ["pause_command", "unpause_command"]
+__all__ = ["fork_command", "pause_command", "unpause_command"]
 
 
 @click.command("pause")
@@ -67,6 +68,78 @@ def unpause_command(task_id: str, as_json: bool, store: str | None) -> int:
         return 0
 
     return run_async(main)
+
+
+@click.command("fork")
+@click.argument("task_id", metavar="ID")
+@click.option(
+    "--from-step",
+    "from_step",
+    type=click.IntRange(min=0),
+    required=True,
+    metavar="N",
+    help="The first step the fork runs anew; the steps before it are replayed from ID.",
+)
+@click.option("--id", "new_id", metavar="NEW", help="The fork's id (default: a new one).")
+@click.option("--dry-run", is_flag=True, help="Only say what would run again; start nothing.")
+@deadline_option
+@json_option
+@store_option
+def fork_command(
+    task_id: str,
+    from_step: int,
+    new_id: str | None,
+    dry_run: bool,
+    deadline: float | None,
+    as_json: bool,
+    store: str | None,
+) -> int:
+    """Start a new run of ID's task and inputs from step N, in the foreground.
+
+    Steps before N are ID's own, replayed (not run); the rest run anew. First it lists the
+    committed write and external steps from N on, which the fork makes happen again;
+    --dry-run stops there. ID itself is not changed. Signals and exit code as for 'run'.
+    """
+
+    async def main() -> int:
+        async with Runtime(store) as runtime:
+            plan = await runtime.fork_plan(task_id, from_step=from_step, new_id=new_id)
+            if dry_run:
+                _show_plan(plan, new_id, as_json, final=True)
+                return 0
+            task = task_of((await runtime.store.load(task_id)).run)
+            _show_plan(plan, new_id, as_json, final=False)
+            async with signals_as_cancels(runtime, quiet=as_json) as foreground:
+                handle = await runtime.fork(
+                    task_id, from_step=from_step, new_id=new_id, task=task, deadline=deadline
+                )
+                outcome = await foreground.follow(handle.id, Screen())
+        if as_json:
+            print_json({**outcome.to_json(), "fork": plan.to_json()})
+        else:
+            Screen().outcome(outcome)
+        return exit_code(outcome)
+
+    return run_async(main)
+
+
+def _show_plan(plan: ForkPlan, new_id: str | None, as_json: bool, *, final: bool) -> None:
+    """Say what the fork runs again: on stdout, before anything runs (JSON: at the end,
+    inside the one object, except for --dry-run)."""
+    if as_json:
+        if final:
+            print_json({**plan.to_json(), "id": new_id})
+        return
+    screen = Screen()
+    head = f"fork of run {plan.source} from step {plan.from_step}"
+    if plan.from_step:
+        head += f": steps 0-{plan.from_step - 1} replayed from it"
+    if not plan.repeated:
+        screen.note(f"{head}; no committed write or external step runs again")
+        return
+    screen.note(f"{head}; these committed steps will run again:")
+    for step in plan.repeated:
+        screen.note(f"  step {step.index} {step.tool} ({step.effect.value})")
 
 
 async def _continue_here(runtime: Runtime, run: RunRecord, as_json: bool) -> int:

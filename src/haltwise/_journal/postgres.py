@@ -55,6 +55,7 @@ from .._core.states import State, StepStatus
 from .rows import (
     RUN_COLUMNS,
     STEP_COLUMNS,
+    STEP_COPY_COLUMNS,
     error_to_text,
     event_from_row,
     run_from_row,
@@ -290,9 +291,16 @@ class PostgresStore:
             )
             created = cursor.rowcount == 1
             if created:
-                await _record_event(conn, run.id, None, State.PENDING, None, now)
+                await _record_event(conn, run.id, None, State.PENDING, run.note, now)
                 if run.state is not State.PENDING:
                     await _record_event(conn, run.id, State.PENDING, run.state, None, now)
+                if run.fork is not None:
+                    await conn.execute(
+                        f"INSERT INTO haltwise.steps (run_id, {STEP_COPY_COLUMNS}) "
+                        f"SELECT %s, {STEP_COPY_COLUMNS} FROM haltwise.steps "
+                        "WHERE run_id = %s AND idx < %s",
+                        (run.id, run.fork.source, run.fork.from_step),
+                    )
                 await _notify(conn, run.id)
             return await _load_run(conn, run.id), created
 

@@ -10,6 +10,7 @@ from .._core.outcome import ErrorInfo, StepRecord
 from .._core.policy import Effect
 from .._core.records import Event, Owner, RunRecord, dump_json, load_json
 from .._core.states import State, StepStatus
+from .schema import TABLES
 from .store import UNSET
 
 RUN_COLUMNS = (
@@ -19,6 +20,16 @@ RUN_COLUMNS = (
 STEP_COLUMNS = (
     "idx, tool, cancel, effect, idempotent, status, attempts, result, error, idem_key, args, "
     "cleanup"
+)
+
+
+#: every column of a step but its run id: what a fork copies from its source run
+STEP_COPY_COLUMNS = ", ".join(
+    column.name
+    for table in TABLES
+    if table.name == "steps"
+    for column in table.columns
+    if column.name != "run_id"
 )
 
 

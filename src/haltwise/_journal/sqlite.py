@@ -30,6 +30,7 @@ from .._core.states import State, StepStatus
 from .rows import (
     RUN_COLUMNS,
     STEP_COLUMNS,
+    STEP_COPY_COLUMNS,
     error_to_text,
     event_from_row,
     run_from_row,
@@ -260,9 +261,15 @@ class SQLiteStore:
             ).fetchone()
             if inserted is None:
                 return _load_run(conn, run.id), False
-            _record_event(conn, run.id, None, State.PENDING, None, now)
+            _record_event(conn, run.id, None, State.PENDING, run.note, now)
             if run.state is not State.PENDING:
                 _record_event(conn, run.id, State.PENDING, run.state, None, now)
+            if run.fork is not None:
+                conn.execute(
+                    f"INSERT INTO steps (run_id, {STEP_COPY_COLUMNS}) "
+                    f"SELECT ?, {STEP_COPY_COLUMNS} FROM steps WHERE run_id = ? AND idx < ?",
+                    (run.id, run.fork.source, run.fork.from_step),
+                )
             return run_from_row(inserted), True
 
         result: tuple[RunRecord, bool] = await self._writer.call(op)

@@ -52,6 +52,10 @@ class NewRun:
     A run created ``running`` (a runtime starting it at once) has two events, its creation as
     ``pending`` and its start, recorded in the same transaction: its history reads as if it had
     been created and then started, with no moment at which it was ``pending``.
+
+    A fork (``fork`` set) gets, in the same transaction, a copy of the steps of run ``fork.source``
+    before ``fork.from_step`` (they replay, as committed steps do on resume), and its creation
+    event's reason says what it was forked from.
     """
 
     id: str
@@ -61,6 +65,22 @@ class NewRun:
     owner: Owner | None = None
     lease_until: float | None = None
     parent: str | None = None
+    fork: ForkOf | None = None
+
+    @property
+    def note(self) -> str | None:
+        """The reason recorded with the run's creation event."""
+        if self.fork is None:
+            return None
+        return f"fork of {self.fork.source} from step {self.fork.from_step}"
+
+
+@dataclass(frozen=True, slots=True)
+class ForkOf:
+    """Where a forked run comes from: its source run, and the first step it runs anew."""
+
+    source: str
+    from_step: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,9 @@ from .._core.outcome import Outcome
 from .._core.records import RunRecord, RunSnapshot, dump_json
 from .._core.states import ACTIVE_STATES, State, StepStatus
 from .._journal.owner import DEFAULT_LEASE, new_owner, owner_alive
-from .._journal.store import LostOwnershipError, NewRun, Store, open_store
+from .._journal.store import ForkOf, LostOwnershipError, NewRun, Store, open_store
 from .ending import call_task, fail_refused, finish, settle_takeover
+from .fork import ForkPlan, plan_fork
 from .pause import deliver_pause_signals
 from .run_context import Probe, RunContext
 from .takeover import refuse_unknown
@@ -242,6 +243,61 @@ class Runtime:
                 task_id=run.id,
             )
         return the_task
+
+    async def fork_plan(
+        self, task_id: str, *, from_step: int, new_id: str | None = None
+    ) -> ForkPlan:
+        """What :meth:`fork` would do: the steps it replays and the committed ``write`` and
+        ``external`` steps it runs again. Raises :class:`~haltwise.InputError` as :meth:`fork`."""
+        plan = plan_fork(await self.store.load(task_id), from_step)
+        if new_id is not None:
+            with contextlib.suppress(UnknownRunError):
+                await self.store.load(new_id)
+                raise InputError(f"a run with id {new_id!r} exists already", task_id=new_id)
+        return plan
+
+    async def fork(
+        self,
+        task_id: str,
+        *,
+        from_step: int,
+        new_id: str | None = None,
+        task: Task[..., Any] | None = None,
+        deadline: float | None = None,
+    ) -> TaskHandle:
+        """Start a new run of run ``task_id``'s task and inputs, its steps before ``from_step``
+        replayed from that run (not run), the rest run anew; return the new run's handle.
+
+        The source run is not changed; the new run's creation event says what it was forked
+        from. Everything committed from ``from_step`` on with effect ``write`` or ``external``
+        happens again (see :meth:`fork_plan`). ``new_id`` defaults to a new id. Raises
+        :class:`~haltwise.InputError` if ``from_step`` is out of range or a step before it is
+        not committed, or if ``new_id`` exists; ``task`` defaults to the registered task.
+        """
+        _check_deadline(deadline)
+        snapshot = await self.store.load(task_id)
+        plan_fork(snapshot, from_step)
+        source = snapshot.run
+        the_task = self._task_of(source, task)
+        run_id = new_id if new_id is not None else uuid.uuid4().hex
+        if not run_id or not isinstance(run_id, str):
+            raise InputError("a fork's id must be a non-empty string")
+        new = NewRun(
+            id=run_id,
+            task=source.task,
+            inputs=source.inputs,
+            state=State.RUNNING,
+            owner=self.owner,
+            lease_until=self._lease_until(),
+            fork=ForkOf(task_id, from_step),
+        )
+        _, created = await self.store.create_run(new)
+        if not created:
+            raise InputError(f"a run with id {run_id!r} exists already", task_id=run_id)
+        snapshot = await self.store.load(run_id)
+        ctx = self._context(run_id, the_task, snapshot, {}, frozenset())
+        self._launch(ctx, source.inputs, deadline)
+        return TaskHandle(self, run_id)
 
     async def adopt(self, task_id: str, task: Task[..., Any]) -> TaskHandle | None:
         """Take over a run for a worker: a ``pending`` run, or one whose owner is gone.
