@@ -39,6 +39,15 @@ async def in_flight(rt: haltwise.Runtime, tool: str, run_id: str = "p1") -> halt
     return handle
 
 
+async def paused_after_a_step(rt: haltwise.Runtime) -> haltwise.TaskHandle:
+    """Run ``p1`` (``one_step`` with a finish step), pause it in that step; return it paused."""
+    handle = await in_flight(rt, "charge_async")
+    await handle.pause()
+    toolkit.release.set()
+    await wait_for_state(rt, "p1", State.PAUSED)
+    return handle
+
+
 @pytest.mark.parametrize("tool", ["read_async", "charge_async", "write_async", "read_plain"])
 async def test_a_step_in_flight_runs_to_its_end_whatever_its_policy(
     store_url: str, tool: str
@@ -126,10 +135,7 @@ async def test_outcome_keeps_waiting_through_a_pause(store_url: str) -> None:
 
 async def test_a_cancel_ends_a_paused_run_cancelled_at_once(store_url: str) -> None:
     async with haltwise.Runtime(store_url) as rt:
-        handle = await in_flight(rt, "charge_async")
-        await handle.pause()
-        toolkit.release.set()
-        await wait_for_state(rt, "p1", State.PAUSED)
+        handle = await paused_after_a_step(rt)
         record = await rt.cancel("p1", reason="budget")
         assert (record.state, record.reason, record.owner) == (State.CANCELLED, "budget", None)
         outcome = await handle.outcome()
@@ -199,10 +205,7 @@ async def test_hand_over_keeps_a_paused_run_paused_and_unpause_continues_it(
     store_url: str,
 ) -> None:
     async with haltwise.Runtime(store_url) as rt:
-        await in_flight(rt, "charge_async")
-        await rt.pause("p1")
-        toolkit.release.set()
-        await wait_for_state(rt, "p1", State.PAUSED)
+        await paused_after_a_step(rt)
         assert rt.is_paused("p1")
         await rt.hand_over()
         run = (await rt.store.load("p1")).run
@@ -219,10 +222,7 @@ async def test_hand_over_keeps_a_paused_run_paused_and_unpause_continues_it(
 
 async def test_a_worker_taking_over_a_paused_run_keeps_it_paused(store_url: str) -> None:
     async with haltwise.Runtime(store_url) as rt:
-        await in_flight(rt, "charge_async")
-        await rt.pause("p1")
-        toolkit.release.set()
-        await wait_for_state(rt, "p1", State.PAUSED)
+        await paused_after_a_step(rt)
         await rt.hand_over()
     async with haltwise.Runtime(store_url) as other:
         handle = await other.adopt("p1", toolkit.one_step)
@@ -243,10 +243,7 @@ async def test_a_worker_taking_over_a_paused_run_keeps_it_paused(store_url: str)
 
 async def test_resume_of_a_paused_run_means_unpause(store_url: str) -> None:
     async with haltwise.Runtime(store_url) as rt:
-        handle = await in_flight(rt, "charge_async")
-        await handle.pause()
-        toolkit.release.set()
-        await wait_for_state(rt, "p1", State.PAUSED)
+        await paused_after_a_step(rt)
         again = await rt.resume("p1")
         outcome = await again.outcome()
     assert outcome.state is State.COMPLETED
@@ -255,10 +252,7 @@ async def test_resume_of_a_paused_run_means_unpause(store_url: str) -> None:
 
 async def test_a_forced_cancel_of_a_paused_run(store_url: str) -> None:
     async with haltwise.Runtime(store_url) as rt:
-        handle = await in_flight(rt, "charge_async")
-        await handle.pause()
-        toolkit.release.set()
-        await wait_for_state(rt, "p1", State.PAUSED)
+        handle = await paused_after_a_step(rt)
         await handle.cancel(force=True)
         outcome = await handle.outcome()
     assert outcome.state is State.CANCELLED
