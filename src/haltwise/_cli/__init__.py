@@ -15,7 +15,7 @@ import click
 
 from .. import __version__
 from .._core.exceptions import HaltwiseError
-from . import runs, verbs, verify, work
+from . import mcp, runs, verbs, verify, work
 from .base import USAGE, fail
 
 __all__ = ["cli", "main", "run_cli"]
@@ -45,6 +45,7 @@ for _command in (
     work.worker_command,
     verify.check_command,
     verify.explore_command,
+    mcp.mcp_command,
 ):
     cli.add_command(_command)
 

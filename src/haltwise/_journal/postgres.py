@@ -50,7 +50,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from .._core.exceptions import StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
-from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json, load_json
+from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .rows import (
     RUN_COLUMNS,
@@ -58,8 +58,10 @@ from .rows import (
     STEP_COPY_COLUMNS,
     error_to_text,
     event_from_row,
+    partials_from_rows,
+    read_all,
     run_from_row,
-    step_from_row,
+    steps_from_rows,
     transition_fields,
 )
 from .schema import POSTGRES, SCHEMA_VERSION, parse_version, upgrade_statements
@@ -457,7 +459,7 @@ class PostgresStore:
         if not task_list or limit <= 0:
             return []
 
-        async def op(conn: _Conn) -> list[RunRecord]:
+        async def op(conn: _Conn) -> list[DictRow]:
             # SKIP LOCKED: concurrent claimers take disjoint runs instead of queueing on a row;
             # a row another claimer took meanwhile fails the re-checked WHERE and is left out.
             cursor = await conn.execute(
@@ -467,15 +469,15 @@ class PostgresStore:
                 f"FOR UPDATE SKIP LOCKED) RETURNING {RUN_COLUMNS}",
                 (owner.to_json(), owner.token, lease_until, task_list, limit),
             )
-            runs = sorted(
-                (run_from_row(row) for row in await cursor.fetchall()),
-                key=lambda run: (run.created_at, run.id),
-            )
-            for run in runs:
-                await _notify(conn, run.id)
-            return runs
+            rows = await cursor.fetchall()
+            for row in rows:
+                await _notify(conn, str(row["id"]))
+            return rows
 
-        return await self._run(op)
+        # Read after the commit: a run whose row does not parse stays claimed (so it does not
+        # hold up the queue) and is reported by CorruptRowError, with the others as readable.
+        claimed = read_all(run_from_row, await self._run(op))
+        return sorted(claimed, key=lambda run: (run.created_at, run.id))
 
     async def start_step(
         self, run_id: str, step: StepStart, *, fence: str
@@ -594,11 +596,11 @@ class PostgresStore:
                     f"SELECT {STEP_COLUMNS} FROM haltwise.steps WHERE run_id = %s ORDER BY idx",
                     (run_id,),
                 )
-                steps = tuple(map(step_from_row, await rows.fetchall()))
+                steps = steps_from_rows(run_id, await rows.fetchall())
             cursor = await conn.execute(
                 "SELECT value FROM haltwise.partials WHERE run_id = %s ORDER BY seq", (run_id,)
             )
-            partials = tuple(load_json(row["value"]) for row in await cursor.fetchall())
+            partials = partials_from_rows(run_id, [row["value"] for row in await cursor.fetchall()])
             return RunSnapshot(run=run, steps=steps, partials=partials)
 
         return await self._run(op, read_only=True)
@@ -615,7 +617,7 @@ class PostgresStore:
                     f"ORDER BY created_at, id",
                     (state.value,),
                 )
-            return [run_from_row(row) for row in await cursor.fetchall()]
+            return read_all(run_from_row, await cursor.fetchall())
 
         return await self._run(op, read_only=True)
 
@@ -641,7 +643,7 @@ class PostgresStore:
                     f"SELECT {columns} FROM haltwise.events WHERE run_id = %s ORDER BY seq",
                     (run_id,),
                 )
-            return [event_from_row(row) for row in await cursor.fetchall()]
+            return read_all(event_from_row, await cursor.fetchall())
 
         return await self._run(op, read_only=True)
 

@@ -12,7 +12,6 @@ URL: ``sqlite:///relative.db`` or ``sqlite:////absolute.db``; options ``?synchro
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
@@ -33,8 +32,10 @@ from .rows import (
     STEP_COPY_COLUMNS,
     error_to_text,
     event_from_row,
+    partials_from_rows,
+    read_all,
     run_from_row,
-    step_from_row,
+    steps_from_rows,
     transition_fields,
 )
 from .schema import SCHEMA_VERSION, SQLITE, parse_version, upgrade_statements
@@ -420,27 +421,22 @@ class SQLiteStore:
     ) -> list[RunRecord]:
         task_list = sorted(tasks)
 
-        def op(conn: sqlite3.Connection) -> list[RunRecord]:
+        def op(conn: sqlite3.Connection) -> list[sqlite3.Row]:
             if not task_list or limit <= 0:
                 return []
             marks = ", ".join("?" for _ in task_list)
-            ids = [
-                row[0]
-                for row in conn.execute(
-                    f"SELECT id FROM runs WHERE state = 'pending' AND owner_token IS NULL "
-                    f"AND task IN ({marks}) ORDER BY created_at, id LIMIT ?",
-                    (*task_list, limit),
-                )
-            ]
-            for run_id in ids:
-                conn.execute(
-                    "UPDATE runs SET owner = ?, owner_token = ?, lease_until = ? WHERE id = ?",
-                    (owner.to_json(), owner.token, lease_until, run_id),
-                )
-            return [_load_run(conn, run_id) for run_id in ids]
+            # One statement, as on PostgreSQL: the writer holds the lock, so no claimer races it.
+            return conn.execute(
+                "UPDATE runs SET owner = ?, owner_token = ?, lease_until = ? WHERE id IN "
+                f"(SELECT id FROM runs WHERE state = 'pending' AND owner_token IS NULL "
+                f"AND task IN ({marks}) ORDER BY created_at, id LIMIT ?) RETURNING {RUN_COLUMNS}",
+                (owner.to_json(), owner.token, lease_until, *task_list, limit),
+            ).fetchall()
 
-        claimed: list[RunRecord] = await self._writer.call(op)
-        return claimed
+        rows: list[sqlite3.Row] = await self._writer.call(op)
+        # Read after the commit: a run whose row does not parse stays claimed (so it does not
+        # hold up the queue) and is reported by CorruptRowError, with the others as readable.
+        return sorted(read_all(run_from_row, rows), key=lambda run: (run.created_at, run.id))
 
     async def start_step(
         self, run_id: str, step: StepStart, *, fence: str
@@ -519,12 +515,15 @@ class SQLiteStore:
             rows.execute(
                 f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY idx", (run_id,)
             )
-            steps = tuple(map(step_from_row, rows))
-            partials = tuple(
-                json.loads(row[0])
-                for row in conn.execute(
-                    "SELECT value FROM partials WHERE run_id = ? ORDER BY seq", (run_id,)
-                )
+            steps = steps_from_rows(run_id, rows.fetchall())
+            partials = partials_from_rows(
+                run_id,
+                [
+                    row[0]
+                    for row in conn.execute(
+                        "SELECT value FROM partials WHERE run_id = ? ORDER BY seq", (run_id,)
+                    )
+                ],
             )
             return RunSnapshot(run=run, steps=steps, partials=partials)
 
@@ -538,9 +537,7 @@ class SQLiteStore:
             if state is not None:
                 sql += " WHERE state = ?"
                 args = (state.value,)
-            return [
-                run_from_row(row) for row in conn.execute(sql + " ORDER BY created_at, id", args)
-            ]
+            return read_all(run_from_row, conn.execute(sql + " ORDER BY created_at, id", args))
 
         runs: list[RunRecord] = await self._writer.call(op, write=False, bulk=True)
         return runs
@@ -562,7 +559,7 @@ class SQLiteStore:
             if run_id is not None:
                 sql += " WHERE run_id = ?"
                 args = (run_id,)
-            return [event_from_row(row) for row in conn.execute(sql + " ORDER BY seq", args)]
+            return read_all(event_from_row, conn.execute(sql + " ORDER BY seq", args))
 
         events: list[Event] = await self._writer.call(op, write=False, bulk=True)
         return events
