@@ -54,8 +54,6 @@ from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .rows import (
     RUN_COLUMNS,
-    STEP_COLUMNS,
-    STEP_COPY_COLUMNS,
     error_to_text,
     event_from_row,
     partials_from_rows,
@@ -65,17 +63,19 @@ from .rows import (
     transition_fields,
 )
 from .schema import POSTGRES, SCHEMA_VERSION, parse_version, upgrade_statements
-from .store import (
-    UNSET,
-    LostOwnershipError,
-    NewRun,
-    PauseSignal,
-    StepStart,
-    check_transition,
-    plan_cancel,
-    plan_pause,
-    plan_unpause,
+from .sql import (
+    RunWrite,
+    Statements,
+    check_fence,
+    event_parameters,
+    insert_run_parameters,
+    plan_cancel_write,
+    plan_create,
+    plan_pause_write,
+    plan_transition,
+    plan_unpause_write,
 )
+from .store import UNSET, NewRun, PauseSignal, StepStart
 
 _CHANNEL = "haltwise_changes"
 #: advisory lock key that serialises schema creation between processes opening the store at once
@@ -274,37 +274,14 @@ class PostgresStore:
 
         async def op(conn: _Conn) -> tuple[RunRecord, bool]:
             now = time.time()
-            cursor = await conn.execute(
-                "INSERT INTO haltwise.runs (id, task, state, inputs, owner, owner_token, "
-                "lease_until, parent, created_at, updated_at) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
-                (
-                    run.id,
-                    run.task,
-                    run.state.value,
-                    inputs,
-                    run.owner.to_json() if run.owner else None,
-                    run.owner.token if run.owner else None,
-                    run.lease_until,
-                    run.parent,
-                    now,
-                    now,
-                ),
-            )
-            created = cursor.rowcount == 1
-            if created:
-                await _record_event(conn, run.id, None, State.PENDING, run.note, now)
-                if run.state is not State.PENDING:
-                    await _record_event(conn, run.id, State.PENDING, run.state, None, now)
-                if run.fork is not None:
-                    await conn.execute(
-                        f"INSERT INTO haltwise.steps (run_id, {STEP_COPY_COLUMNS}) "
-                        f"SELECT %s, {STEP_COPY_COLUMNS} FROM haltwise.steps "
-                        "WHERE run_id = %s AND idx < %s",
-                        (run.id, run.fork.source, run.fork.from_step),
-                    )
-                await _notify(conn, run.id)
-            return await _load_run(conn, run.id), created
+            parameters = insert_run_parameters(run, inputs, now)
+            inserted = await (await conn.execute(_SQL.insert_run, parameters)).fetchone()
+            if inserted is None:
+                return await _load_run(conn, run.id), False
+            await _record_events(conn, run.id, plan_create(run, now))
+            if run.fork is not None:
+                await conn.execute(_SQL.copy_steps, (run.id, run.fork.source, run.fork.from_step))
+            return run_from_row(inserted), True
 
         return await self._run(op)
 
@@ -331,63 +308,35 @@ class PostgresStore:
             owner=owner,
             lease_until=lease_until,
         )
-        allowed = frozenset(expected)
 
         async def op(conn: _Conn) -> RunRecord:
-            row = await _lock_run(conn, run_id)
-            if fence is not None and row["owner_token"] != fence:
-                raise _lost(run_id)
-            current = run_from_row(row)
-            implied = check_transition(run_id, current, target, allowed)
-            now = time.time()
-            record = await _update_run(conn, run_id, {**fields, **implied, "updated_at": now})
-            event_reason = fields.get("reason", current.reason)
-            await _record_event(conn, run_id, current.state, target, event_reason, now)
-            await _notify(conn, run_id)
-            return record
+            current = await _lock_run(conn, run_id)
+            write = plan_transition(current, target, expected, fields, fence=fence, now=time.time())
+            return await _apply(conn, run_id, write)
 
         return await self._run(op)
 
     async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
         async def op(conn: _Conn) -> RunRecord:
-            current = run_from_row(await _lock_run(conn, run_id))
-            plan = plan_cancel(current.state, current.force, force)
-            fields = plan.fields(reason)
-            if not fields:
-                return current
-            now = time.time()
-            record = await _update_run(conn, run_id, {**fields, "updated_at": now})
-            if plan.target is not None:
-                await _record_event(conn, run_id, current.state, plan.target, reason, now)
-            await _notify(conn, run_id)
-            return record
+            current = await _lock_run(conn, run_id)
+            write = plan_cancel_write(current, reason, force, time.time())
+            return current if write is None else await _apply(conn, run_id, write)
 
         return await self._run(op)
 
     async def request_pause(self, run_id: str) -> RunRecord:
         async def op(conn: _Conn) -> RunRecord:
-            current = run_from_row(await _lock_run(conn, run_id))
-            fields = plan_pause(current)
-            if not fields:
-                return current
-            record = await _update_run(conn, run_id, {**fields, "updated_at": time.time()})
-            await _notify(conn, run_id)
-            return record
+            current = await _lock_run(conn, run_id)
+            write = plan_pause_write(current, time.time())
+            return current if write is None else await _apply(conn, run_id, write)
 
         return await self._run(op)
 
     async def request_unpause(self, run_id: str) -> RunRecord:
         async def op(conn: _Conn) -> RunRecord:
-            current = run_from_row(await _lock_run(conn, run_id))
-            target, fields = plan_unpause(current)
-            if not fields:
-                return current
-            now = time.time()
-            record = await _update_run(conn, run_id, {**fields, "updated_at": now})
-            if target is not None:
-                await _record_event(conn, run_id, current.state, target, current.reason, now)
-            await _notify(conn, run_id)
-            return record
+            current = await _lock_run(conn, run_id)
+            write = plan_unpause_write(current, time.time())
+            return current if write is None else await _apply(conn, run_id, write)
 
         return await self._run(op)
 
@@ -417,13 +366,11 @@ class PostgresStore:
         self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None
     ) -> bool:
         async def op(conn: _Conn) -> bool:
-            row = await _lock_run(conn, run_id)
-            if row["owner_token"] != expected_owner:
+            current = await _lock_run(conn, run_id)
+            if (current.owner.token if current.owner else None) != expected_owner:
                 return False
             await conn.execute(
-                "UPDATE haltwise.runs SET owner = %s, owner_token = %s, lease_until = %s, "
-                "updated_at = %s WHERE id = %s",
-                (owner.to_json(), owner.token, lease_until, time.time(), run_id),
+                _SQL.set_owner, (owner.to_json(), owner.token, lease_until, time.time(), run_id)
             )
             await _notify(conn, run_id)
             return True
@@ -432,11 +379,7 @@ class PostgresStore:
 
     async def release(self, run_id: str, owner_token: str) -> None:
         async def op(conn: _Conn) -> None:
-            cursor = await conn.execute(
-                "UPDATE haltwise.runs SET owner = NULL, owner_token = NULL, lease_until = NULL "
-                "WHERE id = %s AND owner_token = %s",
-                (run_id, owner_token),
-            )
+            cursor = await conn.execute(_SQL.release, (run_id, owner_token))
             if cursor.rowcount:
                 await _notify(conn, run_id)
 
@@ -444,11 +387,7 @@ class PostgresStore:
 
     async def heartbeat(self, owner_token: str, lease_until: float) -> int:
         async def op(conn: _Conn) -> int:
-            cursor = await conn.execute(
-                "UPDATE haltwise.runs SET lease_until = %s WHERE owner_token = %s",
-                (lease_until, owner_token),
-            )
-            return cursor.rowcount
+            return (await conn.execute(_SQL.heartbeat, (lease_until, owner_token))).rowcount
 
         return await self._run(op)
 
@@ -557,7 +496,7 @@ class PostgresStore:
 
         async def op(conn: _Conn) -> None:
             await _check_fence(conn, run_id, fence)
-            await conn.execute(_INSERT_PARTIAL, (run_id, seq, text))
+            await conn.execute(_SQL.insert_partial, (run_id, seq, text))
 
         await self._run(op)
 
@@ -574,14 +513,11 @@ class PostgresStore:
                 conn = self._sync_conn
                 with conn.transaction():
                     # No row lock here (see the module docstring): the last committed owner.
-                    row = conn.execute(
-                        "SELECT owner_token FROM haltwise.runs WHERE id = %s", (run_id,)
-                    ).fetchone()
+                    row = conn.execute(_SQL.fence_row, (run_id,)).fetchone()
                     if row is None:
                         raise UnknownRunError(run_id)
-                    if row["owner_token"] != fence:
-                        raise _lost(run_id)
-                    conn.execute(_INSERT_PARTIAL, (run_id, seq, text))
+                    check_fence(run_id, row["owner_token"], fence)
+                    conn.execute(_SQL.insert_partial, (run_id, seq, text))
             except psycopg.Error as error:
                 if self._sync_conn is not None and self._sync_conn.broken:
                     self._sync_conn.close()
@@ -592,14 +528,9 @@ class PostgresStore:
         async def op(conn: _Conn) -> RunSnapshot:
             run = await _load_run(conn, run_id)
             async with conn.cursor(row_factory=tuple_row) as rows:  # step_from_row: by position
-                await rows.execute(
-                    f"SELECT {STEP_COLUMNS} FROM haltwise.steps WHERE run_id = %s ORDER BY idx",
-                    (run_id,),
-                )
+                await rows.execute(_SQL.load_steps, (run_id,))
                 steps = steps_from_rows(run_id, await rows.fetchall())
-            cursor = await conn.execute(
-                "SELECT value FROM haltwise.partials WHERE run_id = %s ORDER BY seq", (run_id,)
-            )
+            cursor = await conn.execute(_SQL.load_partials, (run_id,))
             partials = partials_from_rows(run_id, [row["value"] for row in await cursor.fetchall()])
             return RunSnapshot(run=run, steps=steps, partials=partials)
 
@@ -607,25 +538,14 @@ class PostgresStore:
 
     async def list_runs(self, state: State | None = None) -> list[RunRecord]:
         async def op(conn: _Conn) -> list[RunRecord]:
-            if state is None:
-                cursor = await conn.execute(
-                    f"SELECT {RUN_COLUMNS} FROM haltwise.runs ORDER BY created_at, id"
-                )
-            else:
-                cursor = await conn.execute(
-                    f"SELECT {RUN_COLUMNS} FROM haltwise.runs WHERE state = %s "
-                    f"ORDER BY created_at, id",
-                    (state.value,),
-                )
+            cursor = await conn.execute(*_SQL.list_runs(state))
             return read_all(run_from_row, await cursor.fetchall())
 
         return await self._run(op, read_only=True)
 
     async def partial_seqs(self) -> dict[str, list[int]]:
         async def op(conn: _Conn) -> dict[str, list[int]]:
-            cursor = await conn.execute(
-                "SELECT run_id, seq FROM haltwise.partials ORDER BY run_id, seq"
-            )
+            cursor = await conn.execute(_SQL.partial_seqs)
             seqs: dict[str, list[int]] = {}
             for row in await cursor.fetchall():
                 seqs.setdefault(row["run_id"], []).append(row["seq"])
@@ -635,14 +555,7 @@ class PostgresStore:
 
     async def events(self, run_id: str | None = None) -> list[Event]:
         async def op(conn: _Conn) -> list[Event]:
-            columns = "seq, run_id, source, target, reason, at"
-            if run_id is None:
-                cursor = await conn.execute(f"SELECT {columns} FROM haltwise.events ORDER BY seq")
-            else:
-                cursor = await conn.execute(
-                    f"SELECT {columns} FROM haltwise.events WHERE run_id = %s ORDER BY seq",
-                    (run_id,),
-                )
+            cursor = await conn.execute(*_SQL.events(run_id))
             return read_all(event_from_row, await cursor.fetchall())
 
         return await self._run(op, read_only=True)
@@ -729,10 +642,7 @@ class PostgresStore:
 
 # -- SQL helpers ------------------------------------------------------------------------------
 
-_INSERT_PARTIAL = (
-    "INSERT INTO haltwise.partials (run_id, seq, value) VALUES (%s, %s, %s) "
-    "ON CONFLICT (run_id, seq) DO NOTHING"
-)
+_SQL = Statements(POSTGRES)
 
 
 def _fetched(row: DictRow | None) -> DictRow:
@@ -741,28 +651,19 @@ def _fetched(row: DictRow | None) -> DictRow:
     return row
 
 
-def _lost(run_id: str) -> LostOwnershipError:
-    return LostOwnershipError(f"run {run_id!r} is no longer held by this process", task_id=run_id)
-
-
 async def _load_run(conn: _Conn, run_id: str) -> RunRecord:
-    cursor = await conn.execute(f"SELECT {RUN_COLUMNS} FROM haltwise.runs WHERE id = %s", (run_id,))
-    row = await cursor.fetchone()
+    row = await (await conn.execute(_SQL.load_run, (run_id,))).fetchone()
     if row is None:
         raise UnknownRunError(run_id)
     return run_from_row(row)
 
 
-async def _lock_run(conn: _Conn, run_id: str) -> DictRow:
-    """The run's row with its owner token, locked until the transaction ends."""
-    cursor = await conn.execute(
-        f"SELECT {RUN_COLUMNS}, owner_token FROM haltwise.runs WHERE id = %s FOR UPDATE",
-        (run_id,),
-    )
-    row = await cursor.fetchone()
+async def _lock_run(conn: _Conn, run_id: str) -> RunRecord:
+    """The run, its row locked until the transaction ends."""
+    row = await (await conn.execute(_SQL.load_run + " FOR UPDATE", (run_id,))).fetchone()
     if row is None:
         raise UnknownRunError(run_id)
-    return row
+    return run_from_row(row)
 
 
 #: start_step in one statement; the CTE share-locks the run's row, as _check_fence does
@@ -793,40 +694,25 @@ WHERE run_id = %s AND idx = %s AND EXISTS (SELECT 1 FROM run)
 
 async def _check_fence(conn: _Conn, run_id: str, fence: str) -> DictRow:
     """Raise :class:`LostOwnershipError` unless ``fence`` holds the run; share-lock its row."""
-    cursor = await conn.execute(
-        "SELECT owner_token, state, reason, force FROM haltwise.runs WHERE id = %s FOR SHARE",
-        (run_id,),
-    )
-    row = await cursor.fetchone()
+    row = await (await conn.execute(_SQL.fence_row + " FOR SHARE", (run_id,))).fetchone()
     if row is None:
         raise UnknownRunError(run_id)
-    if row["owner_token"] != fence:
-        raise _lost(run_id)
+    check_fence(run_id, row["owner_token"], fence)
     return row
 
 
-async def _update_run(conn: _Conn, run_id: str, fields: dict[str, Any]) -> RunRecord:
-    assignments = ", ".join(f"{name} = %s" for name in fields)
-    cursor = await conn.execute(
-        f"UPDATE haltwise.runs SET {assignments} WHERE id = %s RETURNING {RUN_COLUMNS}",
-        (*fields.values(), run_id),
-    )
-    return run_from_row(_fetched(await cursor.fetchone()))
+async def _apply(conn: _Conn, run_id: str, write: RunWrite) -> RunRecord:
+    """Write ``write``'s fields to the locked run's row, record its events, notify."""
+    cursor = await conn.execute(_SQL.update_run(write.fields), (*write.fields.values(), run_id))
+    record = run_from_row(_fetched(await cursor.fetchone()))
+    await _record_events(conn, run_id, write)
+    return record
 
 
-async def _record_event(
-    conn: _Conn,
-    run_id: str,
-    source: State | None,
-    target: State,
-    reason: str | None,
-    at: float,
-) -> None:
-    await conn.execute(
-        "INSERT INTO haltwise.events (run_id, source, target, reason, at) "
-        "VALUES (%s, %s, %s, %s, %s)",
-        (run_id, source.value if source else None, target.value, reason, at),
-    )
+async def _record_events(conn: _Conn, run_id: str, write: RunWrite) -> None:
+    async with conn.cursor() as cursor:
+        await cursor.executemany(_SQL.record_event, event_parameters(run_id, write))
+    await _notify(conn, run_id)
 
 
 async def _notify(conn: _Conn, run_id: str) -> None:

@@ -28,8 +28,6 @@ from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .rows import (
     RUN_COLUMNS,
-    STEP_COLUMNS,
-    STEP_COPY_COLUMNS,
     error_to_text,
     event_from_row,
     partials_from_rows,
@@ -39,18 +37,20 @@ from .rows import (
     transition_fields,
 )
 from .schema import SCHEMA_VERSION, SQLITE, parse_version, upgrade_statements
-from .sqlite_writer import Op, Writer, store_error
-from .store import (
-    UNSET,
-    LostOwnershipError,
-    NewRun,
-    PauseSignal,
-    StepStart,
-    check_transition,
-    plan_cancel,
-    plan_pause,
-    plan_unpause,
+from .sql import (
+    RunWrite,
+    Statements,
+    check_fence,
+    event_parameters,
+    insert_run_parameters,
+    plan_cancel_write,
+    plan_create,
+    plan_pause_write,
+    plan_transition,
+    plan_unpause_write,
 )
+from .sqlite_writer import Op, Writer, store_error
+from .store import UNSET, NewRun, PauseSignal, StepStart
 
 #: The page size of a new store file (bytes).
 _PAGE_SIZE = 1024
@@ -66,6 +66,8 @@ _CACHE_KIB = 16384
 #: kind of VM a wake-up costs ~100-200 us of CPU, and reading data_version ~30 us more: at
 #: 10 ms an idle run used 2.1-3.0% of a core, over issue 4's 2%).
 _POLL_INTERVAL = 0.015
+
+_SQL = Statements(SQLITE)
 
 _START_STEP = """
 INSERT INTO steps (run_id, idx, tool, cancel, effect, idempotent, status, attempts, idem_key,
@@ -243,34 +245,13 @@ class SQLiteStore:
 
         def op(conn: sqlite3.Connection) -> tuple[RunRecord, bool]:
             now = time.time()
-            inserted = conn.execute(
-                "INSERT INTO runs (id, task, state, inputs, owner, owner_token, lease_until, "
-                "parent, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                f"ON CONFLICT (id) DO NOTHING RETURNING {RUN_COLUMNS}",
-                (
-                    run.id,
-                    run.task,
-                    run.state.value,
-                    inputs,
-                    run.owner.to_json() if run.owner else None,
-                    run.owner.token if run.owner else None,
-                    run.lease_until,
-                    run.parent,
-                    now,
-                    now,
-                ),
-            ).fetchone()
+            parameters = insert_run_parameters(run, inputs, now)
+            inserted = conn.execute(_SQL.insert_run, parameters).fetchone()
             if inserted is None:
                 return _load_run(conn, run.id), False
-            _record_event(conn, run.id, None, State.PENDING, run.note, now)
-            if run.state is not State.PENDING:
-                _record_event(conn, run.id, State.PENDING, run.state, None, now)
+            _record_events(conn, run.id, plan_create(run, now))
             if run.fork is not None:
-                conn.execute(
-                    f"INSERT INTO steps (run_id, {STEP_COPY_COLUMNS}) "
-                    f"SELECT ?, {STEP_COPY_COLUMNS} FROM steps WHERE run_id = ? AND idx < ?",
-                    (run.id, run.fork.source, run.fork.from_step),
-                )
+                conn.execute(_SQL.copy_steps, (run.id, run.fork.source, run.fork.from_step))
             return run_from_row(inserted), True
 
         result: tuple[RunRecord, bool] = await self._writer.call(op)
@@ -302,14 +283,8 @@ class SQLiteStore:
 
         def op(conn: sqlite3.Connection) -> RunRecord:
             current = _load_run(conn, run_id)
-            if fence is not None and (current.owner is None or current.owner.token != fence):
-                raise _lost(run_id)
-            implied = check_transition(run_id, current, target, expected)
-            now = time.time()
-            record = _update_run(conn, run_id, {**fields, **implied, "updated_at": now})
-            event_reason = fields.get("reason", current.reason)
-            _record_event(conn, run_id, current.state, target, event_reason, now)
-            return record
+            write = plan_transition(current, target, expected, fields, fence=fence, now=time.time())
+            return _apply(conn, run_id, write)
 
         record: RunRecord = await self._writer.call(op)
         return record
@@ -317,15 +292,8 @@ class SQLiteStore:
     async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
         def op(conn: sqlite3.Connection) -> RunRecord:
             current = _load_run(conn, run_id)
-            plan = plan_cancel(current.state, current.force, force)
-            fields = plan.fields(reason)
-            if not fields:
-                return current
-            now = time.time()
-            record = _update_run(conn, run_id, {**fields, "updated_at": now})
-            if plan.target is not None:
-                _record_event(conn, run_id, current.state, plan.target, reason, now)
-            return record
+            write = plan_cancel_write(current, reason, force, time.time())
+            return current if write is None else _apply(conn, run_id, write)
 
         record: RunRecord = await self._writer.call(op)
         return record
@@ -333,10 +301,8 @@ class SQLiteStore:
     async def request_pause(self, run_id: str) -> RunRecord:
         def op(conn: sqlite3.Connection) -> RunRecord:
             current = _load_run(conn, run_id)
-            fields = plan_pause(current)
-            if not fields:
-                return current
-            return _update_run(conn, run_id, {**fields, "updated_at": time.time()})
+            write = plan_pause_write(current, time.time())
+            return current if write is None else _apply(conn, run_id, write)
 
         record: RunRecord = await self._writer.call(op)
         return record
@@ -344,14 +310,8 @@ class SQLiteStore:
     async def request_unpause(self, run_id: str) -> RunRecord:
         def op(conn: sqlite3.Connection) -> RunRecord:
             current = _load_run(conn, run_id)
-            target, fields = plan_unpause(current)
-            if not fields:
-                return current
-            now = time.time()
-            record = _update_run(conn, run_id, {**fields, "updated_at": now})
-            if target is not None:
-                _record_event(conn, run_id, current.state, target, current.reason, now)
-            return record
+            write = plan_unpause_write(current, time.time())
+            return current if write is None else _apply(conn, run_id, write)
 
         record: RunRecord = await self._writer.call(op)
         return record
@@ -364,14 +324,13 @@ class SQLiteStore:
         wanted = set(run_ids)
         if not wanted or self._watch is None:
             return {}
-        columns = "id, state, pause, reason, force"
         try:
-            # "WHERE pause" as the partial index says it, so that SQLite uses the index
-            rows = self._watch.execute(f"SELECT {columns} FROM runs WHERE pause").fetchall()
+            rows = self._watch.execute(_SQL.pausing).fetchall()
             if watched:
                 marks = ", ".join("?" for _ in watched)
                 rows += self._watch.execute(
-                    f"SELECT {columns} FROM runs WHERE id IN ({marks})", tuple(watched)
+                    f"SELECT id, state, pause, reason, force FROM runs WHERE id IN ({marks})",
+                    tuple(watched),
                 ).fetchall()
         except sqlite3.Error as error:
             raise store_error(self.path, error) from None
@@ -387,8 +346,7 @@ class SQLiteStore:
         def op(conn: sqlite3.Connection) -> bool:
             _load_run(conn, run_id)
             cursor = conn.execute(
-                "UPDATE runs SET owner = ?, owner_token = ?, lease_until = ?, updated_at = ? "
-                "WHERE id = ? AND owner_token IS ?",
+                _SQL.set_owner + " AND owner_token IS ?",
                 (owner.to_json(), owner.token, lease_until, time.time(), run_id, expected_owner),
             )
             return cursor.rowcount == 1
@@ -398,20 +356,13 @@ class SQLiteStore:
 
     async def release(self, run_id: str, owner_token: str) -> None:
         def op(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "UPDATE runs SET owner = NULL, owner_token = NULL, lease_until = NULL "
-                "WHERE id = ? AND owner_token = ?",
-                (run_id, owner_token),
-            )
+            conn.execute(_SQL.release, (run_id, owner_token))
 
         await self._writer.call(op)
 
     async def heartbeat(self, owner_token: str, lease_until: float) -> int:
         def op(conn: sqlite3.Connection) -> int:
-            cursor = conn.execute(
-                "UPDATE runs SET lease_until = ? WHERE owner_token = ?", (lease_until, owner_token)
-            )
-            return cursor.rowcount
+            return conn.execute(_SQL.heartbeat, (lease_until, owner_token)).rowcount
 
         count: int = await self._writer.call(op)
         return count
@@ -499,11 +450,7 @@ class SQLiteStore:
 
         def op(conn: sqlite3.Connection) -> None:
             _check_fence(conn, run_id, fence)
-            conn.execute(
-                "INSERT INTO partials (run_id, seq, value) VALUES (?, ?, ?) "
-                "ON CONFLICT (run_id, seq) DO NOTHING",
-                (run_id, seq, text),
-            )
+            conn.execute(_SQL.insert_partial, (run_id, seq, text))
 
         return op
 
@@ -512,18 +459,9 @@ class SQLiteStore:
             run = _load_run(conn, run_id)
             rows = conn.cursor()
             rows.row_factory = None  # plain tuples: step_from_row reads them by position
-            rows.execute(
-                f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY idx", (run_id,)
-            )
-            steps = steps_from_rows(run_id, rows.fetchall())
+            steps = steps_from_rows(run_id, rows.execute(_SQL.load_steps, (run_id,)).fetchall())
             partials = partials_from_rows(
-                run_id,
-                [
-                    row[0]
-                    for row in conn.execute(
-                        "SELECT value FROM partials WHERE run_id = ? ORDER BY seq", (run_id,)
-                    )
-                ],
+                run_id, [row[0] for row in conn.execute(_SQL.load_partials, (run_id,))]
             )
             return RunSnapshot(run=run, steps=steps, partials=partials)
 
@@ -532,12 +470,7 @@ class SQLiteStore:
 
     async def list_runs(self, state: State | None = None) -> list[RunRecord]:
         def op(conn: sqlite3.Connection) -> list[RunRecord]:
-            sql = f"SELECT {RUN_COLUMNS} FROM runs"
-            args: tuple[Any, ...] = ()
-            if state is not None:
-                sql += " WHERE state = ?"
-                args = (state.value,)
-            return read_all(run_from_row, conn.execute(sql + " ORDER BY created_at, id", args))
+            return read_all(run_from_row, conn.execute(*_SQL.list_runs(state)))
 
         runs: list[RunRecord] = await self._writer.call(op, write=False, bulk=True)
         return runs
@@ -545,7 +478,7 @@ class SQLiteStore:
     async def partial_seqs(self) -> dict[str, list[int]]:
         def op(conn: sqlite3.Connection) -> dict[str, list[int]]:
             seqs: dict[str, list[int]] = {}
-            for row in conn.execute("SELECT run_id, seq FROM partials ORDER BY run_id, seq"):
+            for row in conn.execute(_SQL.partial_seqs):
                 seqs.setdefault(row[0], []).append(row[1])
             return seqs
 
@@ -554,12 +487,7 @@ class SQLiteStore:
 
     async def events(self, run_id: str | None = None) -> list[Event]:
         def op(conn: sqlite3.Connection) -> list[Event]:
-            sql = "SELECT seq, run_id, source, target, reason, at FROM events"
-            args: tuple[Any, ...] = ()
-            if run_id is not None:
-                sql += " WHERE run_id = ?"
-                args = (run_id,)
-            return read_all(event_from_row, conn.execute(sql + " ORDER BY seq", args))
+            return read_all(event_from_row, conn.execute(*_SQL.events(run_id)))
 
         events: list[Event] = await self._writer.call(op, write=False, bulk=True)
         return events
@@ -610,46 +538,26 @@ class SQLiteStore:
 
 
 def _load_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
-    row = conn.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
+    row = conn.execute(_SQL.load_run, (run_id,)).fetchone()
     if row is None:
         raise UnknownRunError(run_id)
     return run_from_row(row)
 
 
 def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.Row:
-    row: sqlite3.Row | None = conn.execute(
-        "SELECT owner_token, state, reason, force FROM runs WHERE id = ?", (run_id,)
-    ).fetchone()
+    row: sqlite3.Row | None = conn.execute(_SQL.fence_row, (run_id,)).fetchone()
     if row is None:
         raise UnknownRunError(run_id)
-    if row["owner_token"] != fence:
-        raise _lost(run_id)
+    check_fence(run_id, row["owner_token"], fence)
     return row
 
 
-def _lost(run_id: str) -> LostOwnershipError:
-    return LostOwnershipError(f"run {run_id!r} is no longer held by this process", task_id=run_id)
-
-
-def _update_run(conn: sqlite3.Connection, run_id: str, fields: dict[str, Any]) -> RunRecord:
-    """Write ``fields`` to the run's row (it exists) and return the run as updated."""
-    assignments = ", ".join(f"{name} = ?" for name in fields)
-    row = conn.execute(
-        f"UPDATE runs SET {assignments} WHERE id = ? RETURNING {RUN_COLUMNS}",
-        (*fields.values(), run_id),
-    ).fetchone()
+def _apply(conn: sqlite3.Connection, run_id: str, write: RunWrite) -> RunRecord:
+    """Write ``write``'s fields to the run's row (it exists), record its events, return the run."""
+    row = conn.execute(_SQL.update_run(write.fields), (*write.fields.values(), run_id)).fetchone()
+    _record_events(conn, run_id, write)
     return run_from_row(row)
 
 
-def _record_event(
-    conn: sqlite3.Connection,
-    run_id: str,
-    source: State | None,
-    target: State,
-    reason: str | None,
-    at: float,
-) -> None:
-    conn.execute(
-        "INSERT INTO events (run_id, source, target, reason, at) VALUES (?, ?, ?, ?, ?)",
-        (run_id, source.value if source else None, target.value, reason, at),
-    )
+def _record_events(conn: sqlite3.Connection, run_id: str, write: RunWrite) -> None:
+    conn.executemany(_SQL.record_event, event_parameters(run_id, write))
