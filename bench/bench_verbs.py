@@ -24,6 +24,7 @@ from pathlib import Path
 
 import anyio
 from _report import header, percentile, table
+from bench_cross_process import read_event
 
 import haltwise
 
@@ -64,17 +65,6 @@ async def in_process(url: str, trials: int) -> tuple[list[float], list[float], l
             await other.outcome()
             cancelled.append(time.perf_counter() - start)
     return paused, resumed, cancelled
-
-
-def read_event(proc: subprocess.Popen[str], kind: str) -> list[str]:
-    assert proc.stdout is not None
-    while True:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the target process ended early")
-        fields = line.split()
-        if fields[0] == kind:
-            return fields
 
 
 async def cross_process(url: str, trials: int) -> tuple[list[float], list[float], list[float]]:

@@ -39,6 +39,7 @@ import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Collection
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -64,11 +65,13 @@ from .rows import (
 )
 from .schema import POSTGRES, SCHEMA_VERSION, parse_version, upgrade_statements
 from .sql import (
+    Plan,
     RunWrite,
     Statements,
     check_fence,
     event_parameters,
     insert_run_parameters,
+    pause_signals_of,
     plan_cancel_write,
     plan_create,
     plan_pause_write,
@@ -317,28 +320,23 @@ class PostgresStore:
         return await self._run(op)
 
     async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
+        return await self._request(run_id, partial(_cancel_plan, reason, force))
+
+    async def _request(self, run_id: str, plan: Plan) -> RunRecord:
+        """Lock the run, ``plan`` the write, apply it (if any): one transaction."""
+
         async def op(conn: _Conn) -> RunRecord:
             current = await _lock_run(conn, run_id)
-            write = plan_cancel_write(current, reason, force, time.time())
+            write = plan(current, time.time())
             return current if write is None else await _apply(conn, run_id, write)
 
         return await self._run(op)
 
     async def request_pause(self, run_id: str) -> RunRecord:
-        async def op(conn: _Conn) -> RunRecord:
-            current = await _lock_run(conn, run_id)
-            write = plan_pause_write(current, time.time())
-            return current if write is None else await _apply(conn, run_id, write)
-
-        return await self._run(op)
+        return await self._request(run_id, plan_pause_write)
 
     async def request_unpause(self, run_id: str) -> RunRecord:
-        async def op(conn: _Conn) -> RunRecord:
-            current = await _lock_run(conn, run_id)
-            write = plan_unpause_write(current, time.time())
-            return current if write is None else await _apply(conn, run_id, write)
-
-        return await self._run(op)
+        return await self._request(run_id, plan_unpause_write)
 
     async def pause_signals(
         self, run_ids: Collection[str], *, watched: Collection[str]
@@ -348,17 +346,13 @@ class PostgresStore:
             return {}
 
         async def op(conn: _Conn) -> dict[str, PauseSignal]:
-            cursor = await conn.execute(
-                "SELECT id, state, pause, reason, force FROM haltwise.runs "
-                "WHERE id = ANY(%s) AND (pause OR id = ANY(%s))",
-                (ids, list(watched)),
-            )
-            return {
-                row["id"]: PauseSignal(
-                    State(row["state"]), bool(row["pause"]), row["reason"], bool(row["force"])
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(
+                    "SELECT id, state, pause, reason, force FROM haltwise.runs "
+                    "WHERE id = ANY(%s) AND (pause OR id = ANY(%s))",
+                    (ids, list(watched)),
                 )
-                for row in await cursor.fetchall()
-            }
+                return pause_signals_of(await rows.fetchall(), set(ids))
 
         return await self._run(op, read_only=True)
 
@@ -699,6 +693,10 @@ async def _check_fence(conn: _Conn, run_id: str, fence: str) -> DictRow:
         raise UnknownRunError(run_id)
     check_fence(run_id, row["owner_token"], fence)
     return row
+
+
+def _cancel_plan(reason: str, force: bool, current: RunRecord, now: float) -> RunWrite | None:
+    return plan_cancel_write(current, reason, force, now)
 
 
 async def _apply(conn: _Conn, run_id: str, write: RunWrite) -> RunRecord:

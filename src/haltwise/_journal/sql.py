@@ -14,7 +14,7 @@ what a cancel request does in each state) are decided in exactly one place for b
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from .schema import Dialect
 from .store import (
     LostOwnershipError,
     NewRun,
+    PauseSignal,
     check_transition,
     plan_cancel,
     plan_pause,
@@ -32,10 +33,12 @@ from .store import (
 )
 
 __all__ = [
+    "Plan",
     "RunWrite",
     "Statements",
     "check_fence",
     "lost",
+    "pause_signals_of",
     "plan_cancel_write",
     "plan_create",
     "plan_pause_write",
@@ -53,6 +56,10 @@ class RunWrite:
     #: ``(source, target, reason)`` of each transition, in order
     events: tuple[tuple[State | None, State, str | None], ...]
     at: float
+
+
+#: a request's plan: the run as read in the write's transaction and the time -> the write
+Plan = Callable[[RunRecord, float], RunWrite | None]
 
 
 def lost(run_id: str) -> LostOwnershipError:
@@ -123,6 +130,17 @@ def plan_unpause_write(current: RunRecord, now: float) -> RunWrite | None:
         return None
     events = () if target is None else ((current.state, target, current.reason),)
     return RunWrite(fields={**fields, "updated_at": now}, events=events, at=now)
+
+
+def pause_signals_of(
+    rows: Iterable[Sequence[Any]], wanted: Collection[str]
+) -> dict[str, PauseSignal]:
+    """The rows of :attr:`Statements.pausing` (or of the same columns) among ``wanted``."""
+    return {
+        row[0]: PauseSignal(State(row[1]), bool(row[2]), row[3], bool(row[4]))
+        for row in rows
+        if row[0] in wanted
+    }
 
 
 class Statements:

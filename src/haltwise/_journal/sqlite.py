@@ -38,11 +38,13 @@ from .rows import (
 )
 from .schema import SCHEMA_VERSION, SQLITE, parse_version, upgrade_statements
 from .sql import (
+    Plan,
     RunWrite,
     Statements,
     check_fence,
     event_parameters,
     insert_run_parameters,
+    pause_signals_of,
     plan_cancel_write,
     plan_create,
     plan_pause_write,
@@ -290,31 +292,24 @@ class SQLiteStore:
         return record
 
     async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
+        return await self._request(run_id, partial(_cancel_plan, reason, force))
+
+    async def _request(self, run_id: str, plan: Plan) -> RunRecord:
+        """Read the run, ``plan`` the write, apply it (if any): one transaction."""
+
         def op(conn: sqlite3.Connection) -> RunRecord:
             current = _load_run(conn, run_id)
-            write = plan_cancel_write(current, reason, force, time.time())
+            write = plan(current, time.time())
             return current if write is None else _apply(conn, run_id, write)
 
         record: RunRecord = await self._writer.call(op)
         return record
 
     async def request_pause(self, run_id: str) -> RunRecord:
-        def op(conn: sqlite3.Connection) -> RunRecord:
-            current = _load_run(conn, run_id)
-            write = plan_pause_write(current, time.time())
-            return current if write is None else _apply(conn, run_id, write)
-
-        record: RunRecord = await self._writer.call(op)
-        return record
+        return await self._request(run_id, plan_pause_write)
 
     async def request_unpause(self, run_id: str) -> RunRecord:
-        def op(conn: sqlite3.Connection) -> RunRecord:
-            current = _load_run(conn, run_id)
-            write = plan_unpause_write(current, time.time())
-            return current if write is None else _apply(conn, run_id, write)
-
-        record: RunRecord = await self._writer.call(op)
-        return record
+        return await self._request(run_id, plan_unpause_write)
 
     async def pause_signals(
         self, run_ids: Collection[str], *, watched: Collection[str]
@@ -334,11 +329,7 @@ class SQLiteStore:
                 ).fetchall()
         except sqlite3.Error as error:
             raise store_error(self.path, error) from None
-        return {
-            row[0]: PauseSignal(State(row[1]), bool(row[2]), row[3], bool(row[4]))
-            for row in rows
-            if row[0] in wanted
-        }
+        return pause_signals_of(rows, wanted)
 
     async def claim(
         self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None
@@ -550,6 +541,10 @@ def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.R
         raise UnknownRunError(run_id)
     check_fence(run_id, row["owner_token"], fence)
     return row
+
+
+def _cancel_plan(reason: str, force: bool, current: RunRecord, now: float) -> RunWrite | None:
+    return plan_cancel_write(current, reason, force, now)
 
 
 def _apply(conn: sqlite3.Connection, run_id: str, write: RunWrite) -> RunRecord:
