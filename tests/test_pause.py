@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import anyio
 import pytest
 
@@ -11,6 +15,8 @@ from haltwise import Retry, State, StepStatus
 from haltwise._journal.check import verify
 
 pytestmark = pytest.mark.anyio
+
+HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(autouse=True)
@@ -272,3 +278,37 @@ async def test_concurrent_runs_pause_independently(store_url: str) -> None:
         outcome = await first.outcome()
     assert (outcome.state, second.state) == (State.COMPLETED, State.COMPLETED)
     assert second.result == list(range(20))
+
+
+async def test_pause_and_unpause_racing_from_another_process_lose_and_repeat_nothing(
+    store_url: str, tmp_path: Path
+) -> None:
+    """Pause and unpause requests in quick succession, not waiting for either to take effect,
+    against a run of trivial steps in another process: it still completes, each step once."""
+    agent = subprocess.Popen(
+        [sys.executable, str(HERE / "tick_agent.py"), store_url, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert agent.stdout is not None
+    try:
+        assert agent.stdout.readline().strip() == "started"
+        async with haltwise.Runtime(store_url) as rt:
+            for round_ in range(30):
+                await rt.pause("ticks")
+                if round_ % 3 == 0:
+                    await wait_for_state(rt, "ticks", State.PAUSED)
+                await rt.unpause("ticks")
+            (tmp_path / "stop").touch()
+            outcome = await rt.outcome("ticks")
+            report = await verify(rt.store)
+        assert agent.stdout.readline().strip() == "completed"
+    finally:
+        agent.kill()
+        agent.wait()
+    assert outcome.state is State.COMPLETED
+    ticked = outcome.result
+    assert ticked == len(outcome.steps) > 0
+    assert all(step.attempts == 1 for step in outcome.steps)
+    assert (tmp_path / "ticks.log").read_text().split() == [str(i) for i in range(ticked)]
+    assert report.ok, report.findings

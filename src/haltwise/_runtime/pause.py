@@ -36,6 +36,8 @@ class PauseGate:
 
     requested: bool = False
     paused: bool = False
+    #: a checkpoint is recording ``paused`` right now (the others wait for it)
+    entering: bool = False
     _changed: anyio.Event = field(default_factory=anyio.Event)
 
     def request(self) -> None:
@@ -69,17 +71,23 @@ async def pause_point(run: RunContext) -> None:
     """
     gate = run.pause
     while gate.requested and run.cancel_reason is None and run.poison is None:
-        if gate.paused or run.active_step is not None:
+        if gate.paused or gate.entering or run.active_step is not None:
             await gate.changed()
             continue
-        gate.paused = True
+        gate.entering = True
         try:
             with anyio.CancelScope(shield=True):
                 await run.store.transition(
                     run.run_id, State.PAUSED, expected={State.RUNNING}, fence=run.fence
                 )
+            # An unpause (or a cancel) delivered while the write was in flight has lifted the
+            # request already: the run is not paused any more.
+            gate.paused = gate.requested
         except InvalidTransitionError:
             gate.lift()
+        finally:
+            gate.entering = False
+            gate.wake()
 
 
 async def deliver_pause_signals(store: Store, active: Mapping[str, RunContext]) -> None:
@@ -95,10 +103,14 @@ async def deliver_pause_signals(store: Store, active: Mapping[str, RunContext]) 
         signal = signals.get(run_id)
         if signal is None:
             continue
-        if signal.pause and signal.state in (State.RUNNING, State.PAUSED):
-            if not run.pause.requested:
-                run.pause.request()
-        elif signal.state is State.CANCELLED:
+        gate = run.pause
+        if signal.state is State.CANCELLED:
             run.request_cancel(signal.reason or "user", force=signal.force)
-        elif run.pause.requested and signal.state is State.RUNNING:
-            run.pause.lift()
+        elif signal.state is State.RUNNING and gate.paused:
+            gate.lift()  # unpaused meanwhile (and perhaps asked to pause again since)
+            if signal.pause:
+                gate.request()
+        elif signal.pause and not gate.requested:
+            gate.request()
+        elif not signal.pause and gate.requested and signal.state is State.RUNNING:
+            gate.lift()  # withdrawn before it took effect
