@@ -14,9 +14,9 @@ from typing import NoReturn
 import click
 
 from .. import __version__
-from .._core.exceptions import HaltwiseError
+from .._core.exceptions import HaltwiseError, UnknownRunError
 from . import mcp, runs, verbs, verify, work
-from .base import USAGE, fail
+from .base import USAGE, fail, store_in_use
 
 __all__ = ["cli", "main", "run_cli"]
 
@@ -63,11 +63,18 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
         return fail(error.format_message() + hint)
     except click.ClickException as error:
         return fail(error.format_message())
+    except UnknownRunError as error:
+        return fail(f"{error} ({_where_looked()})")
     except HaltwiseError as error:
         return fail(str(error))
     except (click.Abort, KeyboardInterrupt):
         return 130
     return code if isinstance(code, int) else 0
+
+
+def _where_looked() -> str:
+    store = store_in_use()
+    return f"looked in {store}" if store else "no store was named"
 
 
 def main() -> NoReturn:

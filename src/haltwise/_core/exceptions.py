@@ -19,6 +19,7 @@ Cancellation is not an error, so it stands outside the error tree::
         ├── ChildRunError         a child task's run failed or was cancelled on its own (.task_id)
         ├── StoreError            the store is unusable: bad URL, not a haltwise store, I/O error
         │   ├── SchemaVersionError  the store was written by a newer haltwise
+        │   ├── NoStoreError      a read-only opening found no store at that place (.url)
         │   └── CorruptRowError   a journal row does not parse (.rows: which, .readable: the rest)
         ├── NotInTaskError        emit()/checkpoint()/idempotency_key() outside a task or tool
         ├── LoadError             a FILE.py or module cannot be loaded, or has no such task
@@ -177,6 +178,18 @@ class StoreError(HaltwiseError):
 
 class SchemaVersionError(StoreError):
     """The store was written by a newer version of haltwise than this one."""
+
+
+@final
+class NoStoreError(StoreError):
+    """A store opened read-only (``status``, ``list``, ``check``) does not exist there.
+
+    Reading never creates a store. ``url`` is the store's URL as a message may show it.
+    """
+
+    def __init__(self, url: str) -> None:
+        super().__init__(f"there is no store at {url}")
+        self.url = url
 
 
 @final

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from .._core.exceptions import CorruptRowError
+from .._core.exceptions import CorruptRowError, NoStoreError
 from .._core.records import Event, RunRecord
 from .._core.states import ACTIVE_STATES, State, StepStatus, is_allowed
 from .owner import owner_alive
@@ -80,11 +80,14 @@ async def verify(store: Store) -> CheckReport:
 
 async def check_store(url: str | None) -> CheckReport:
     """Open the store at ``url`` (as everywhere: ``$HALTWISE_STORE``, else the default SQLite
-    file), run :func:`verify` and close it. A store whose own meta row does not parse cannot be
-    opened: that row is then the one finding."""
-    store = open_store(url)
+    file), read-only, run :func:`verify` and close it. A store whose own meta row does not parse
+    cannot be opened: that row is then the one finding. Where there is no store, there is
+    nothing to check (and none is created)."""
+    store = open_store(url, read_only=True)
     try:
         await store.open()
+    except NoStoreError:
+        return CheckReport(runs=0, findings=())  # reading creates no store: nothing to check
     except CorruptRowError as error:
         return CheckReport(runs=0, findings=tuple(_unreadable(error)))
     try:

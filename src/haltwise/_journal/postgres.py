@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Collection
@@ -49,7 +48,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from .._core.exceptions import StoreError, UnknownRunError
+from .._core.exceptions import NoStoreError, StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
@@ -64,6 +63,7 @@ from .rows import (
     transition_fields,
 )
 from .schema import POSTGRES, SCHEMA_VERSION, parse_version, upgrade_statements
+from .secrets import MASK, redact, safe_url
 from .sql import (
     Plan,
     RunWrite,
@@ -91,35 +91,35 @@ _T = TypeVar("_T")
 _Conn = psycopg.AsyncConnection[DictRow]
 
 
-def _redacted(url: str) -> str:
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
-
-
 def _describe(url: str) -> str:
     """``host:port/dbname`` of a libpq URL (never its password), for messages."""
     try:
         params = conninfo_to_dict(url)
     except psycopg.Error:
-        return _redacted(url)
+        return safe_url(url)
     host = params.get("host") or params.get("hostaddr") or "localhost"
     return f"{host}:{params.get('port') or 5432}/{params.get('dbname') or params.get('user') or ''}"
 
 
 def _one_line(error: BaseException, url: str) -> str:
+    """The first line of a driver's error, without any secret of ``url`` in any spelling (the
+    driver may quote a bad part of the URL as it was given, percent-encoded or not)."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    text = text.replace(url, _redacted(url))
+    text = redact(text, url)
     with contextlib.suppress(psycopg.Error):
         password = conninfo_to_dict(url).get("password")
         if password:
-            text = text.replace(str(password), "***")
+            text = text.replace(str(password), MASK)
     return text
 
 
 class PostgresStore:
     """The PostgreSQL journal (see the module docstring for its locking and notifications)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, read_only: bool = False) -> None:
         self.url = url
+        #: opened by a command that only looks (see open_store): never creates or locks
+        self.read_only = read_only
         self._where = _describe(url)
         self._pool: AsyncConnectionPool[_Conn] | None = None
         self._listen_conn: _Conn | None = None
@@ -140,7 +140,7 @@ class PostgresStore:
         except psycopg.Error as error:
             text = _one_line(error, self.url)
             raise StoreError(
-                f"unusable PostgreSQL store URL {_redacted(self.url)!r}: {text}"
+                f"unusable PostgreSQL store URL {safe_url(self.url)!r}: {text}"
             ) from None
         conn = await self._connect()
         try:
@@ -195,7 +195,8 @@ class PostgresStore:
 
     async def _prepare(self, conn: _Conn) -> None:
         async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            if not self.read_only:  # reading waits for no other process's schema work
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
             cursor = await conn.execute(
                 "SELECT table_name FROM information_schema.tables WHERE table_schema = 'haltwise'"
             )
@@ -213,6 +214,11 @@ class PostgresStore:
                 row = await cursor.fetchone()
                 found = None if row is None else parse_version(row["value"], self._where)
             if found == SCHEMA_VERSION:
+                return
+            if self.read_only:
+                if found is None:
+                    raise NoStoreError(f"{safe_url(self.url)} (no haltwise schema there)")
+                upgrade_statements(POSTGRES, found, self._where)  # refuses a newer version
                 return
             # Checked first because CREATE SCHEMA IF NOT EXISTS needs a privilege even when the
             # schema exists.

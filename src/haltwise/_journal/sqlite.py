@@ -12,17 +12,18 @@ URL: ``sqlite:///relative.db`` or ``sqlite:////absolute.db``; options ``?synchro
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import time
 from collections.abc import Collection
 from functools import partial
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import anyio
 
-from .._core.exceptions import StoreError, UnknownRunError
+from .._core.exceptions import NoStoreError, StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
@@ -37,6 +38,7 @@ from .rows import (
     transition_fields,
 )
 from .schema import SCHEMA_VERSION, SQLITE, parse_version, upgrade_statements
+from .secrets import safe_url
 from .sql import (
     Plan,
     RunWrite,
@@ -113,32 +115,57 @@ def _settle_step(parameters: tuple[Any, ...], conn: sqlite3.Connection) -> None:
         _check_fence(conn, parameters[-2], parameters[-1])
 
 
+#: The longest busy timeout SQLite can hold (its milliseconds are a 32-bit integer), seconds.
+_MAX_BUSY_TIMEOUT = 2_147_483
+
+
 def _parse_url(url: str) -> tuple[str, str, float]:
     parts = urlsplit(url)
+    shown = safe_url(url)
     if parts.netloc not in ("", "localhost") or not parts.path or parts.path == "/":
-        raise StoreError(f"unusable SQLite store URL {url!r}: expected sqlite:///PATH.db")
+        raise StoreError(f"unusable SQLite store URL {shown!r}: expected sqlite:///PATH.db")
     # sqlite:///rel.db -> "/rel.db" -> "rel.db"; sqlite:////abs.db -> "//abs.db" -> "/abs.db"
     path = parts.path[1:]
+    if "\x00" in path:
+        raise StoreError(f"unusable SQLite store URL {shown!r}: the path holds a NUL character")
     options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
     synchronous = options.pop("synchronous", "full").upper()
     if synchronous not in ("FULL", "NORMAL", "EXTRA", "OFF"):
-        raise StoreError(f"unusable SQLite store URL {url!r}: synchronous={synchronous.lower()}")
-    try:
-        busy_timeout = float(options.pop("busy_timeout", "60"))
-    except ValueError:
-        raise StoreError(f"unusable SQLite store URL {url!r}: busy_timeout") from None
+        raise StoreError(
+            f"unusable SQLite store URL {shown!r}: synchronous={synchronous.lower()!r}"
+        )
+    busy_timeout = _busy_timeout(options.pop("busy_timeout", "60"), shown)
     if options:
-        raise StoreError(f"unusable SQLite store URL {url!r}: unknown option {next(iter(options))}")
+        raise StoreError(
+            f"unusable SQLite store URL {shown!r}: unknown option {next(iter(options))!r}"
+        )
     return path, synchronous, busy_timeout
+
+
+def _busy_timeout(text: str, shown: str) -> float:
+    """``?busy_timeout=SECONDS``: a number from 0 to what SQLite can hold (not nan, not inf)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= _MAX_BUSY_TIMEOUT:
+        raise StoreError(
+            f"unusable SQLite store URL {shown!r}: busy_timeout={text[:20]!r} is not a number "
+            f"of seconds from 0 to {_MAX_BUSY_TIMEOUT}"
+        )
+    return seconds
 
 
 class SQLiteStore:
     """The SQLite journal (see the module docstring for its concurrency and durability)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, read_only: bool = False) -> None:
         self.url = url
         self.path, self.synchronous, self.busy_timeout = _parse_url(url)
-        self._writer = Writer(self.path, self.busy_timeout, self._connect, self._prepare)
+        #: opened by a command that only looks (see open_store): never creates or locks
+        self.read_only = read_only
+        prepare = self._check_readable if read_only else self._prepare
+        self._writer = Writer(self.path, self.busy_timeout, self._connect, prepare)
         self._watch: sqlite3.Connection | None = None
         self._data_version = 0
         self._changes = 0  # changes of data_version seen by any waiter
@@ -148,6 +175,16 @@ class SQLiteStore:
     async def open(self) -> None:
         if self._writer.running:
             return
+        if self.read_only:
+            if not os.path.isfile(self.path):
+                raise NoStoreError(f"sqlite:///{os.path.abspath(self.path)}")
+        else:
+            self._make_directory()
+        await self._writer.start()
+        self._watch = self._connect()
+        self._data_version = self._read_data_version()
+
+    def _make_directory(self) -> None:
         try:
             directory = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(directory, exist_ok=True)
@@ -155,9 +192,6 @@ class SQLiteStore:
             raise StoreError(
                 f"cannot create the store directory for {self.path}: {error}"
             ) from None
-        await self._writer.start()
-        self._watch = self._connect()
-        self._data_version = self._read_data_version()
 
     async def close(self) -> None:
         await self._writer.stop()
@@ -166,12 +200,17 @@ class SQLiteStore:
             self._watch = None
 
     def _connect(self) -> sqlite3.Connection:
+        # Read-only: SQLite's own read-only mode, so that nothing can be created or written.
+        target = (
+            f"file:{quote(os.path.abspath(self.path))}?mode=ro" if self.read_only else self.path
+        )
         try:
             conn = sqlite3.connect(
-                self.path,
+                target,
                 timeout=self.busy_timeout,
                 isolation_level=None,
                 check_same_thread=False,
+                uri=self.read_only,
             )
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
@@ -225,6 +264,29 @@ class SQLiteStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+
+    def _check_readable(self, conn: sqlite3.Connection) -> None:
+        """The read-only counterpart of :meth:`_prepare`: is this a haltwise store we can read?
+
+        Takes no lock and writes nothing (no WAL switch, no migration), so it never waits
+        behind another process's write transaction.
+        """
+        try:
+            tables = {
+                row[0]
+                for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+            if not tables:
+                raise NoStoreError(f"sqlite:///{os.path.abspath(self.path)}")
+            if "haltwise_meta" not in tables:
+                raise StoreError(f"{self.path} is not a haltwise store (it holds other tables)")
+            row = conn.execute(
+                "SELECT value FROM haltwise_meta WHERE key = 'schema_version'"
+            ).fetchone()
+        except sqlite3.Error as error:
+            raise store_error(self.path, error) from None
+        if row is not None:
+            upgrade_statements(SQLITE, parse_version(row[0], self.path), self.path)  # newer?
 
     def _upgrade(self, conn: sqlite3.Connection, has_meta: bool) -> None:
         """Create the schema, or upgrade an older one in place (inside the caller's transaction)."""
