@@ -38,17 +38,22 @@ class PauseGate:
     paused: bool = False
     #: a checkpoint is recording ``paused`` right now (the others wait for it)
     entering: bool = False
+    #: counts what this process learnt or did about the pause: the watcher drops what it read
+    #: from the store while this changed (it may be older than what the process knows)
+    generation: int = 0
     _changed: anyio.Event = field(default_factory=anyio.Event)
 
     def request(self) -> None:
         """A pause request was recorded: stop at the next checkpoint with nothing in flight."""
         self.requested = True
+        self.generation += 1
         self.wake()
 
     def lift(self) -> None:
         """The pause was undone (an unpause, or a cancel that overrides it): go on."""
         self.requested = False
         self.paused = False
+        self.generation += 1
         self.wake()
 
     def wake(self) -> None:
@@ -75,19 +80,33 @@ async def pause_point(run: RunContext) -> None:
             await gate.changed()
             continue
         gate.entering = True
+        gate.generation += 1
         try:
             with anyio.CancelScope(shield=True):
-                await run.store.transition(
-                    run.run_id, State.PAUSED, expected={State.RUNNING}, fence=run.fence
-                )
-            # An unpause (or a cancel) delivered while the write was in flight has lifted the
-            # request already: the run is not paused any more.
-            gate.paused = gate.requested
-        except InvalidTransitionError:
-            gate.lift()
+                await _enter_pause(run)
         finally:
             gate.entering = False
+            gate.generation += 1
             gate.wake()
+
+
+async def _enter_pause(run: RunContext) -> None:
+    """Record ``running -> paused``; if the store refuses, go by what it holds now."""
+    gate = run.pause
+    try:
+        await run.store.transition(
+            run.run_id, State.PAUSED, expected={State.RUNNING}, fence=run.fence
+        )
+    except InvalidTransitionError:
+        now = (await run.store.load(run.run_id)).run
+        if now.state is State.PAUSED and now.pause:
+            gate.paused = gate.requested
+        else:
+            gate.lift()  # unpaused or cancelled first (a cancel then reaches the run as usual)
+        return
+    # An unpause (or a cancel) delivered while the write was in flight has lifted the request
+    # already: the run is not paused any more.
+    gate.paused = gate.requested
 
 
 async def deliver_pause_signals(store: Store, active: Mapping[str, RunContext]) -> None:
@@ -98,12 +117,13 @@ async def deliver_pause_signals(store: Store, active: Mapping[str, RunContext]) 
     cancelled``, recorded by the canceller) is delivered that cancel, so that its task stops.
     """
     watched = [run_id for run_id, run in active.items() if run.pause.requested]
+    before = {run_id: run.pause.generation for run_id, run in active.items()}
     signals = await store.pause_signals(list(active), watched=watched)
     for run_id, run in list(active.items()):
         signal = signals.get(run_id)
-        if signal is None:
-            continue
         gate = run.pause
+        if signal is None or gate.generation != before.get(run_id) or gate.entering:
+            continue  # nothing to say, or read while this process changed it: look next time
         if signal.state is State.CANCELLED:
             run.request_cancel(signal.reason or "user", force=signal.force)
         elif signal.state is State.RUNNING and gate.paused:

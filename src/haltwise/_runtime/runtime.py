@@ -460,8 +460,8 @@ class Runtime:
             raise InputError("a cancel reason must be a non-empty string")
         record = await self.store.request_cancel(task_id, reason, force=force)
         ctx = self._active.get(task_id)
-        if ctx is not None and (record.state is State.CANCELLING or ctx.pause.paused):
-            # cancelling: settle what is in flight; a paused run is cancelled already: stop it
+        if ctx is not None and record.state in (State.CANCELLING, State.CANCELLED):
+            # cancelling: settle what is in flight; cancelled (it was paused): stop its task
             ctx.request_cancel(record.reason or reason, force=record.force)
         return record
 
