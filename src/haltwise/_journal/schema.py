@@ -39,6 +39,7 @@ __all__ = [
     "Table",
     "create_statements",
     "parse_version",
+    "read_views",
     "upgrade_statements",
 ]
 
@@ -318,6 +319,28 @@ def parse_version(text: object, where: str) -> int:
         problem = f"unreadable schema version ({str(text)[:40]!r}) in {where}"
         raise CorruptRowError([BadRow("haltwise_meta", "", "schema_version", problem)])
     return version
+
+
+def read_views(dialect: Dialect, found: int) -> list[str]:
+    """For a reader that may not upgrade a store of version ``found`` (a read-only SQLite
+    connection): temporary views, one per table that later migrations added columns to, that
+    shadow the table and show each missing column with its default, so that the newest
+    statements read the older store as they read a new one.
+
+    SQLite only (an unqualified name finds a temporary view before the table).
+    """
+    added: dict[str, list[Column]] = {}
+    for migration in MIGRATIONS:
+        if migration.version > found:
+            for change in migration.changes:
+                if isinstance(change, AddColumn):
+                    added.setdefault(change.table, []).append(change.column)
+    return [
+        f"CREATE TEMP VIEW IF NOT EXISTS {table} AS SELECT *, "
+        + ", ".join(f"{dialect._literal(column)} AS {column.name}" for column in columns)
+        + f" FROM main.{table}"
+        for table, columns in added.items()
+    ]
 
 
 def upgrade_statements(dialect: Dialect, found: int | None, where: str) -> Sequence[str]:

@@ -37,7 +37,7 @@ from .rows import (
     steps_from_rows,
     transition_fields,
 )
-from .schema import SCHEMA_VERSION, SQLITE, parse_version, upgrade_statements
+from .schema import SCHEMA_VERSION, SQLITE, parse_version, read_views, upgrade_statements
 from .secrets import safe_url
 from .sql import (
     Plan,
@@ -286,7 +286,13 @@ class SQLiteStore:
         except sqlite3.Error as error:
             raise store_error(self.path, error) from None
         if row is not None:
-            upgrade_statements(SQLITE, parse_version(row[0], self.path), self.path)  # newer?
+            found = parse_version(row[0], self.path)
+            upgrade_statements(SQLITE, found, self.path)  # refuses a newer version
+            try:
+                for statement in read_views(SQLITE, found):
+                    conn.execute(statement)  # an older store reads as a new one
+            except sqlite3.Error as error:
+                raise store_error(self.path, error) from None
 
     def _upgrade(self, conn: sqlite3.Connection, has_meta: bool) -> None:
         """Create the schema, or upgrade an older one in place (inside the caller's transaction)."""
