@@ -14,7 +14,7 @@ import click
 
 from .._core.records import RunRecord
 from .._core.states import State
-from .._journal.owner import owner_alive
+from .._journal.owner import held_by_live_owner
 from .._runtime.fork import ForkPlan
 from .._runtime.runtime import Runtime
 from .base import deadline_option, exit_code, json_option, print_json, run_async, store_option
@@ -61,7 +61,7 @@ def unpause_command(task_id: str, as_json: bool, store: str | None) -> int:
     async def main() -> int:
         async with Runtime(store) as runtime:
             run = (await runtime.store.load(task_id)).run
-            if run.state is State.PAUSED and not _held(run):
+            if run.state is State.PAUSED and not held_by_live_owner(run):
                 return await _continue_here(runtime, run, as_json)
             record = await runtime.unpause(task_id)
         _tell(record, _unpause_words(run, record), as_json)
@@ -161,10 +161,6 @@ async def _until_paused(runtime: Runtime, task_id: str) -> RunRecord:
         if run.state is State.PAUSED or run.state.is_final or not run.pause:
             return run
         seen = await runtime.store.wait_for_change(0.5, since=seen)
-
-
-def _held(run: RunRecord) -> bool:
-    return run.owner is not None and owner_alive(run.owner, run.lease_until)
 
 
 def _tell(record: RunRecord, words: str, as_json: bool) -> None:

@@ -40,8 +40,6 @@ class State(StrEnum):
 
 
 FINAL_STATES = frozenset({State.CANCELLED, State.COMPLETED, State.FAILED})
-#: The states of a run that has (or awaits) an owner: not final.
-ACTIVE_STATES = frozenset({State.PENDING, State.RUNNING, State.CANCELLING, State.PAUSED})
 
 #: Every allowed transition, and no others (CONTRACT.md, "Task states").
 TRANSITIONS: frozenset[tuple[State, State]] = frozenset(

@@ -26,8 +26,8 @@ from .._core.exceptions import (
 )
 from .._core.outcome import Outcome
 from .._core.records import RunRecord, RunSnapshot, dump_json
-from .._core.states import ACTIVE_STATES, State, StepStatus
-from .._journal.owner import DEFAULT_LEASE, new_owner, owner_alive
+from .._core.states import State, StepStatus
+from .._journal.owner import DEFAULT_LEASE, held_by_live_owner, new_owner
 from .._journal.store import ForkOf, LostOwnershipError, NewRun, Store, open_store
 from .ending import call_task, fail_refused, finish, settle_takeover
 from .fork import ForkPlan, plan_fork
@@ -35,8 +35,6 @@ from .pause import deliver_pause_signals
 from .run_context import Probe, RunContext
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
-
-_ACTIVE = ACTIVE_STATES
 
 
 class TaskHandle:
@@ -168,6 +166,7 @@ class Runtime:
             raise InputError(f"{task!r} is not a @haltwise.task")
         task.bind_inputs(args, kwargs)
         inputs: dict[str, Any] = {"args": list(args), "kwargs": kwargs}
+        source = source or task.source
         if source is not None:
             inputs["source"] = source
         dump_json(inputs, f"the inputs of task {task.name!r}")
@@ -420,6 +419,7 @@ class Runtime:
         kwargs = dict(kwargs or {})
         task.bind_inputs(args, kwargs)
         inputs: dict[str, Any] = {"args": list(args), "kwargs": kwargs}
+        source = source or task.source
         if source is not None:
             inputs["source"] = source
         run_id = task_id if task_id is not None else uuid.uuid4().hex
@@ -492,7 +492,7 @@ class Runtime:
         """
         snapshot = await self.store.load(task_id)
         run = snapshot.run
-        if run.state is State.PAUSED and task_id not in self._active and not _held(run):
+        if run.state is State.PAUSED and not (task_id in self._active or held_by_live_owner(run)):
             the_task = self._task_of(run, task)
             snapshot = await self._take_over(snapshot, the_task, {}, frozenset())
             await self._continue(snapshot, the_task, {}, frozenset(), None, None)
@@ -548,7 +548,7 @@ class Runtime:
         owner = run.owner
         if owner is not None and owner.token == self.owner.token:
             return  # claimed for us already (a worker's claim_pending)
-        if owner is not None and run.state in _ACTIVE and owner_alive(owner, run.lease_until):
+        if owner is not None and held_by_live_owner(run):
             raise RunOwnedError(run.id, owner.describe())
         claimed = await self.store.claim(
             run.id,
@@ -656,11 +656,6 @@ class Runtime:
             if time.time() >= next_beat:
                 next_beat = time.time() + self.lease / 3
                 await self.store.heartbeat(self.owner.token, self._lease_until())
-
-
-def _held(run: RunRecord) -> bool:
-    """Whether a live owner holds ``run``."""
-    return run.owner is not None and owner_alive(run.owner, run.lease_until)
 
 
 def _check_deadline(deadline: float | None) -> None:

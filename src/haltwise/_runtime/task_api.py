@@ -41,12 +41,14 @@ async def checkpoint() -> None:
     is due; wait here while the run is paused (see :meth:`haltwise.Runtime.pause`).
 
     Level-triggered, as in Trio: once a cancel was requested, every later checkpoint raises
-    again, except inside :func:`shield`. Outside a task it only yields to the event loop.
+    again, except inside :func:`shield`. Raises :class:`~haltwise.NotInTaskError` outside a
+    task (there is no run whose cancel it could act on).
     """
     run = current_run()
-    if run is not None:
-        await pause_point(run)
-        run.raise_if_cancelled()
+    if run is None:
+        raise NotInTaskError("haltwise.checkpoint() was called outside a task")
+    await pause_point(run)
+    run.raise_if_cancelled()
     await anyio.lowlevel.checkpoint()
 
 
