@@ -52,6 +52,7 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
             "{tmp}/pg.png",
         ],
     ),
+    ("bench_integrations.py", [], ["--calls", "3", "--runs", "3"]),
 ]
 
 

@@ -15,8 +15,9 @@ import click
 
 from .. import __version__
 from .._core.exceptions import HaltwiseError, UnknownRunError
-from . import mcp, runs, verify, work
+from . import mcp, runs, verbs, verify, work
 from .base import USAGE, fail, store_in_use
+from .signals import RELAY
 
 __all__ = ["cli", "main", "run_cli"]
 
@@ -38,6 +39,9 @@ for _command in (
     runs.resume_command,
     runs.list_command,
     runs.audit_command,
+    verbs.pause_command,
+    verbs.unpause_command,
+    verbs.fork_command,
     work.submit_command,
     work.worker_command,
     verify.check_command,
@@ -76,4 +80,6 @@ def _where_looked() -> str:
 
 def main() -> NoReturn:
     """The ``haltwise`` console script."""
-    sys.exit(run_cli())
+    code = run_cli()
+    RELAY.ignore_from_now()  # the exit code is the run's, whatever signal comes now
+    sys.exit(code)

@@ -35,7 +35,8 @@ from .foreground import (
     source_of,
     task_of,
 )
-from .render import Screen, cancelling_line
+from .render import Screen, cancelling_line, pause_line
+from .signals import RELAY
 from .sources import journaled_file
 
 
@@ -62,6 +63,7 @@ def run_command(
     """
     from .._runtime.loader import load_target
 
+    RELAY.install()  # from now on a signal is queued for the run, never a KeyboardInterrupt
     kwargs = parse_input(input_json)
     module, task = load_target(target)
     if task is None:
@@ -109,7 +111,7 @@ def cancel_command(task_id: str, reason: str, force: bool, wait: bool, store: st
                 screen.note(f"run {task_id} is already {before.state}; nothing to cancel")
                 return 0
             record = await runtime.cancel(task_id, reason=reason, force=force)
-            screen.note(_cancel_words(record, force))
+            screen.note(_cancel_words(record, force, before.state))
             gone = _owner_gone(record)
             if gone:
                 warn(
@@ -143,6 +145,7 @@ def status_command(task_id: str, as_json: bool, store: str | None) -> int:
                 _source_words(snapshot.run),
                 _owner_words(snapshot.run),
                 cancelling_line(snapshot),
+                pause_line(snapshot),
             )
             Screen().outcome(outcome, notes=notes)
         return 0
@@ -192,6 +195,7 @@ def resume_command(
     a file outside it runs only if named as FILE.py (the journal alone never decides what
     runs), and a FILE.py other than the journal's only with --moved.
     """
+    RELAY.install()  # from now on a signal is queued for the run, never a KeyboardInterrupt
 
     async def main() -> int:
         async with Runtime(store) as runtime:
@@ -334,7 +338,9 @@ def _owner_words(run: RunRecord) -> str | None:
     return f"owner: {run.owner.describe()}"
 
 
-def _cancel_words(run: RunRecord, force: bool) -> str:
+def _cancel_words(run: RunRecord, force: bool, before: State) -> str:
+    if run.state is State.CANCELLED and before is State.PAUSED:
+        return f"run {run.id} was {State.PAUSED}: cancelled at once (nothing was in flight)"
     if run.state is State.CANCELLED:
         return f"run {run.id} was {State.PENDING}: cancelled before it began"
     forced = ", forced" if force else ""

@@ -12,10 +12,9 @@ import anyio
 from .._core.exceptions import CorruptRowError, NoStoreError
 from .._core.records import Event, RunRecord
 from .._core.states import State, StepStatus, is_allowed
-from .owner import owner_alive
+from .owner import held_by_live_owner
 from .store import Store, open_store
 
-_ACTIVE = (State.PENDING, State.RUNNING, State.CANCELLING)
 _T = TypeVar("_T")
 
 
@@ -53,8 +52,9 @@ async def verify(store: Store) -> CheckReport:
     ``bad-transition`` (an event the state table forbids, or one that does not start where the
     previous ended), ``state-mismatch`` (the run's state is not where its events end),
     ``orphaned-step`` (a step left ``running`` with no live owner: the run awaits takeover),
-    ``owned-final-run`` (a final run still has an owner), ``step-gap`` (step indexes are not
-    0..n-1), ``partial-gap`` (partial results are not numbered 0..n-1) and ``unreadable-row``
+    ``owned-final-run`` (a final run still has an owner), ``step-running-while-paused`` (a
+    ``paused`` run with a step in flight), ``step-gap`` (step indexes are not 0..n-1),
+    ``partial-gap`` (partial results are not numbered 0..n-1) and ``unreadable-row``
     (a row that does not parse: a bad state, JSON that is not JSON, a bad owner...; the run's
     other checks are skipped where they would need that row).
     """
@@ -156,11 +156,18 @@ async def _check_steps(store: Store, run: RunRecord) -> list[Finding]:
     indexes = [step.index for step in steps]
     if indexes != list(range(len(indexes))):
         findings.append(Finding(run.id, "step-gap", f"step indexes are {indexes}"))
-    live = (
-        run.owner is not None and run.state in _ACTIVE and owner_alive(run.owner, run.lease_until)
-    )
+    live = held_by_live_owner(run)
     for step in steps:
-        if step.status is StepStatus.RUNNING and not live:
+        if step.status is StepStatus.RUNNING and run.state is State.PAUSED:
+            findings.append(
+                Finding(
+                    run.id,
+                    "step-running-while-paused",
+                    f"step {step.index} ({step.tool}) is running but the run is paused; a run "
+                    "pauses only once its steps in flight have ended",
+                )
+            )
+        elif step.status is StepStatus.RUNNING and not live:
             findings.append(
                 Finding(
                     run.id,
