@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
 import json
 import os
 import resource
@@ -48,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _report import header, median, percentile, table
+from _report import header, median, table, throughput_plot
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -236,14 +235,13 @@ class Server:
         done = subprocess.run(
             [*command, str(count)], capture_output=True, text=True, timeout=900, env=env, cwd=HERE
         )
+        from peers import worker_result
+
         after = self.counters(name)
         self._query(f'DROP DATABASE "{name}" WITH (FORCE)')
-        lines = done.stdout.strip().splitlines()
-        if done.returncode != 0 or not lines:
-            errors = done.stderr.strip().splitlines()
-            last = errors[-1] if errors else f"exit code {done.returncode}"
-            return {"error": last if len(last) <= 160 else last[:160] + "..."}
-        found: dict[str, Any] = json.loads(lines[-1])
+        found = worker_result(done)
+        if "error" in found:
+            return found
         found["commits"], found["wal_syncs"] = after[0] - before[0], after[1] - before[1]
         return found
 
@@ -279,20 +277,14 @@ def step_section(server: Server, rows: list[Row], steps: int, repeat: int) -> li
 
 
 def cancel_section(server: Server, rows: list[Row], trials: int) -> list[dict[str, Any]]:
+    from peers import summarise_trials
+
     results = []
     for row in rows:
         found = server.measure("cancel", row, trials)
         entry: dict[str, Any] = {"system": row.label, **found}
         if "trials" in found:
-            runs = found.pop("trials")
-            for name in ("told", "final", "stopped"):
-                values = [t[name] for t in runs]
-                entry[f"{name}_p50_ms"] = percentile(values, 0.5) * 1e3
-                entry[f"{name}_p95_ms"] = percentile(values, 0.95) * 1e3
-            entry["rerun_committed_total"] = sum(t["rerun_committed"] for t in runs)
-            entry["rerun_committed_trials"] = sum(1 for t in runs if t["rerun_committed"])
-            entry["completed_twice_total"] = sum(t["completed_twice"] for t in runs)
-            entry["resumed_all"] = all(t["resumed"] for t in runs)
+            entry.update(summarise_trials(found.pop("trials")))
         results.append(entry)
     return results
 
@@ -381,28 +373,14 @@ def print_steps(report: dict[str, Any]) -> None:
 
 
 def print_cancel(report: dict[str, Any]) -> None:
+    from peers import cancel_table
+
     print(
         f"\n2. Cancel, then resume: runs of 10 steps x 50 ms cancelled at random moments, "
         f"{report['trials']} trials (ms from the cancel call); load average at start "
         f"{report['load']['cancel']}:\n"
     )
-    rows = []
-    for r in report["cancel"]:
-        if "stopped_p50_ms" not in r:
-            rows.append([r["system"], "not run: " + r.get("error", "?"), "-", "-", "-", "-"])
-            continue
-        rows.append(
-            [
-                r["system"],
-                f"{r['told_p50_ms']:.1f} / {r['told_p95_ms']:.1f}",
-                f"{r['final_p50_ms']:.1f} / {r['final_p95_ms']:.1f}",
-                f"{r['stopped_p50_ms']:.1f} / {r['stopped_p95_ms']:.1f}",
-                f"{r['rerun_committed_total']} in {r['rerun_committed_trials']}",
-                "yes" if r["resumed_all"] else "NO",
-            ]
-        )
-    headers = ["system", "told p50/p95", "final p50/p95", "stopped p50/p95"]
-    print(table([*headers, "committed steps run again", "resume completed"], rows))
+    print(cancel_table(report["cancel"]))
 
 
 def print_scale(report: dict[str, Any]) -> None:
@@ -431,34 +409,19 @@ def print_scale(report: dict[str, Any]) -> None:
 
 
 def plot(report: dict[str, Any], path: Path) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed here (make bench installs it): no plot"
-    runs = report["runs"]
-    figure, axes = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+    series = []
     for label, marker in zip(report["scale"], "osD^", strict=False):
         points = [(c["runs"], c["median"]) for c in report["scale"][label] if c["median"]]
-        axes.plot([p[0] for p in points], [p[1] for p in points], marker=marker, label=label)
-    roof = report["ceiling_steps_per_s"]
-    axes.axhline(roof, color="grey", linestyle="--", label="one commit per step (raw psycopg)")
-    axes.axhline(5 * roof, color="grey", linestyle=":", label="5x that (the target at 100)")
-    axes.set_xscale("log")
-    axes.set_yscale("log")
-    axes.set_xticks(runs, [f"{n:,}" for n in runs])
-    axes.set_xlabel(f"concurrent runs in one process ({report['scale_steps']} steps each)")
-    axes.set_ylabel("durable steps per second (all runs)")
-    axes.set_title("haltwise on PostgreSQL (fsync, synchronous_commit on): throughput")
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
-    plt.close(figure)
-    return f"plot written to {path}"
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        series.append((label, xs, ys, {"marker": marker}))
+    return throughput_plot(
+        series,
+        report["runs"],
+        (report["ceiling_steps_per_s"], "raw psycopg", 5, "100"),
+        f"concurrent runs in one process ({report['scale_steps']} steps each)",
+        "haltwise on PostgreSQL (fsync, synchronous_commit on): throughput",
+        path,
+    )
 
 
 def checkout(rev: str) -> tuple[str, Path]:
@@ -477,13 +440,9 @@ def checkout(rev: str) -> tuple[str, Path]:
 
 def run(server: Server, args: argparse.Namespace, trees: dict[str, Path | None]) -> None:
     print(header("haltwise on PostgreSQL beside raw psycopg and DBOS Transact"))
-    packages = ("haltwise", "psycopg", "psycopg-pool", "dbos")
-    found = {}
-    for package in packages:
-        try:
-            found[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            found[package] = "not installed"
+    from peers import versions
+
+    found = versions(("haltwise", "psycopg", "psycopg-pool", "dbos"))
     print(f"- PostgreSQL {server.version} on loopback, fsync=on, synchronous_commit=on")
     print(f"- versions: {', '.join(f'{k} {v}' for k, v in found.items())}; cores: {os.cpu_count()}")
     if len(trees) > 1:
