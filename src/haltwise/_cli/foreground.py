@@ -23,7 +23,7 @@ import anyio
 from .._core.exceptions import HaltwiseError, InputError, RunOwnedError, UnknownRunError
 from .._core.outcome import Outcome
 from .._core.records import RunRecord, parse_json_text
-from .._journal.owner import owner_alive
+from .._journal.owner import held_by_live_owner
 from .._runtime.runtime import Runtime
 from .._runtime.tool import Task
 from .render import LiveView, Screen
@@ -185,7 +185,7 @@ async def existing_run(runtime: Runtime, task_id: str) -> Outcome | None:
     run = snapshot.run
     if run.state.is_final:
         return snapshot.outcome()
-    if run.owner is not None and owner_alive(run.owner, run.lease_until):
+    if run.owner is not None and held_by_live_owner(run):
         raise RunOwnedError(task_id, run.owner.describe())
     raise HaltwiseError(_not_final_words(run), task_id=task_id)
 

@@ -39,6 +39,13 @@ class Effect(StrEnum):
         return self in (Effect.WRITE, Effect.EXTERNAL)
 
 
+def effective_cancel(declared: CancelPolicy | str | None) -> CancelPolicy:
+    """What a cancel does to a call of a tool that declared ``declared`` (a policy, its journaled
+    value, or None): the declared policy, and ``finish`` when none was declared (CONTRACT.md,
+    "Tool policies": not declared behaves as ``finish``)."""
+    return CancelPolicy(declared) if declared else CancelPolicy.FINISH
+
+
 @dataclass(frozen=True, slots=True)
 class ToolPolicy:
     """The declared (or defaulted) policy of one tool.
@@ -59,7 +66,7 @@ class ToolPolicy:
     @property
     def effective_cancel(self) -> CancelPolicy:
         """The behaviour on cancel: the declared policy, ``finish`` when undeclared."""
-        return self.cancel if self.cancel is not None else CancelPolicy.FINISH
+        return effective_cancel(self.cancel)
 
     @property
     def may_defer_settle(self) -> bool:

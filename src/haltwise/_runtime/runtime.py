@@ -29,14 +29,12 @@ from .._core.exceptions import (
 from .._core.outcome import Outcome
 from .._core.records import RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
-from .._journal.owner import DEFAULT_LEASE, new_owner, owner_alive
+from .._journal.owner import DEFAULT_LEASE, held_by_live_owner, new_owner
 from .._journal.store import LostOwnershipError, NewRun, Store, open_store
 from .ending import call_task, fail_refused, finish, settle_takeover
 from .run_context import Probe, RunContext
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
-
-_ACTIVE = (State.PENDING, State.RUNNING, State.CANCELLING)
 
 
 class TaskHandle:
@@ -440,7 +438,7 @@ class Runtime:
         owner = run.owner
         if owner is not None and owner.token == self.owner.token:
             return  # claimed for us already (a worker's claim_pending)
-        if owner is not None and run.state in _ACTIVE and owner_alive(owner, run.lease_until):
+        if owner is not None and held_by_live_owner(run):
             raise RunOwnedError(run.id, owner.describe())
         claimed = await self.store.claim(
             run.id,
