@@ -31,6 +31,7 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
         ["--runs", "1,10,100", "--repeat", "1", "--json", "{tmp}/t.json", "--png", "{tmp}/t.png"],
     ),
     ("bench_fleet.py", [], []),
+    ("bench_integrations.py", [], ["--calls", "3", "--runs", "3"]),
 ]
 
 
