@@ -91,6 +91,12 @@ class Runtime:
     """
 
     def __init__(self, store: str | Store | None = None, *, lease: float = DEFAULT_LEASE) -> None:
+        if (
+            isinstance(lease, bool)
+            or not isinstance(lease, int | float)
+            or not 0 < lease < math.inf
+        ):
+            raise InputError(f"lease must be a finite number of seconds > 0, not {lease!r}")
         self.store: Store = open_store(store) if store is None or isinstance(store, str) else store
         self.lease = lease
         self.owner = new_owner()
