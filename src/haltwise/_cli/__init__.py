@@ -15,7 +15,7 @@ import click
 
 from .. import __version__
 from .._core.exceptions import HaltwiseError
-from . import runs, verify, work
+from . import runs, serve, verify, work
 from .base import USAGE, fail
 
 __all__ = ["cli", "main", "run_cli"]
@@ -34,10 +34,12 @@ def cli() -> None:
 for _command in (
     runs.run_command,
     runs.cancel_command,
+    runs.prune_command,
     runs.status_command,
     runs.resume_command,
     runs.list_command,
     runs.audit_command,
+    serve.serve_command,
     work.submit_command,
     work.worker_command,
     verify.check_command,

@@ -24,6 +24,7 @@ from .._core.exceptions import HaltwiseError, InputError, RunOwnedError, Unknown
 from .._core.outcome import Outcome
 from .._core.records import RunRecord
 from .._journal.owner import owner_alive
+from .._runtime.operator import load_run_task
 from .._runtime.runtime import Runtime
 from .._runtime.tool import Task
 from .render import LiveView, Screen
@@ -165,12 +166,7 @@ def source_of(target: str, module_file: str | None) -> str | None:
 
 def task_of(run: RunRecord) -> Task[..., Any]:
     """Load the task of a journaled run: from its recorded source file, else its spec."""
-    from .._runtime.loader import load_target
-
-    source = run.inputs.get("source")
-    attribute = run.task.rpartition(":")[2]
-    spec = f"{source}:{attribute}" if isinstance(source, str) and attribute else run.task
-    _, task = load_target(spec)
+    task = load_run_task(run)
     if task is None:
         raise InputError(f"run {run.id!r}: cannot tell its task from {run.task!r}")
     return task

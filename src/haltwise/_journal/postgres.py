@@ -38,7 +38,7 @@ import contextlib
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -52,6 +52,16 @@ from .._core.exceptions import SchemaVersionError, StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json, load_json
 from .._core.states import State, StepStatus
+from .._core.views import Change, RunSummary
+from .operator_sql import (
+    POSTGRES,
+    POSTGRES_FEED_SCHEMA,
+    cancel_writes,
+    change_from_row,
+    sort_named,
+    summary_from_row,
+    times_from_rows,
+)
 from .rows import (
     RUN_COLUMNS,
     SCHEMA_VERSION,
@@ -62,7 +72,16 @@ from .rows import (
     step_from_row,
     transition_fields,
 )
-from .store import UNSET, LostOwnershipError, NewRun, StepStart, check_transition, plan_cancel
+from .store import (
+    UNSET,
+    CancelResult,
+    LostOwnershipError,
+    NewRun,
+    RunJournal,
+    StepStart,
+    check_transition,
+    plan_cancel,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS haltwise.haltwise_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -236,6 +255,8 @@ class PostgresStore:
             if await cursor.fetchone() is None:
                 await conn.execute("CREATE SCHEMA haltwise")
             for statement in filter(str.strip, _SCHEMA.split(";")):
+                await conn.execute(statement)
+            for statement in POSTGRES_FEED_SCHEMA:  # version 2: the change feed (upgrades 1)
                 await conn.execute(statement)
             await conn.execute(
                 "INSERT INTO haltwise.haltwise_meta (key, value) VALUES ('schema_version', %s) "
@@ -557,18 +578,7 @@ class PostgresStore:
 
     async def load(self, run_id: str) -> RunSnapshot:
         async def op(conn: _Conn) -> RunSnapshot:
-            run = await _load_run(conn, run_id)
-            async with conn.cursor(row_factory=tuple_row) as rows:  # step_from_row: by position
-                await rows.execute(
-                    f"SELECT {STEP_COLUMNS} FROM haltwise.steps WHERE run_id = %s ORDER BY idx",
-                    (run_id,),
-                )
-                steps = tuple(map(step_from_row, await rows.fetchall()))
-            cursor = await conn.execute(
-                "SELECT value FROM haltwise.partials WHERE run_id = %s ORDER BY seq", (run_id,)
-            )
-            partials = tuple(load_json(row["value"]) for row in await cursor.fetchall())
-            return RunSnapshot(run=run, steps=steps, partials=partials)
+            return await _load_snapshot(conn, run_id)
 
         return await self._run(op, read_only=True)
 
@@ -629,6 +639,122 @@ class PostgresStore:
                 row["id"]: (row["reason"] or "user", bool(row["force"]))
                 for row in await cursor.fetchall()
             }
+
+        return await self._run(op, read_only=True)
+
+    # -- the operator's operations (SQL in operator_sql) ----------------------------------------
+
+    async def run_page(
+        self,
+        *,
+        states: Collection[State],
+        tasks: Collection[str] | None,
+        limit: int,
+        before: tuple[float, str] | None,
+    ) -> list[RunSummary]:
+        sql, params = POSTGRES.run_page(states=states, tasks=tasks, limit=limit, before=before)
+
+        async def op(conn: _Conn) -> list[RunSummary]:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(sql, params)
+                return [summary_from_row(row) for row in await rows.fetchall()]
+
+        return await self._run(op, read_only=True)
+
+    async def task_names(self) -> list[str]:
+        async def op(conn: _Conn) -> list[str]:
+            cursor = await conn.execute(POSTGRES.task_names())
+            return [row["task"] for row in await cursor.fetchall()]
+
+        return await self._run(op, read_only=True)
+
+    async def inspect(self, run_id: str) -> RunJournal:
+        async def op(conn: _Conn) -> RunJournal:
+            snapshot = await _load_snapshot(conn, run_id)
+            cursor = await conn.execute(
+                "SELECT seq, run_id, source, target, reason, at FROM haltwise.events "
+                "WHERE run_id = %s ORDER BY seq",
+                (run_id,),
+            )
+            events = tuple(event_from_row(row) for row in await cursor.fetchall())
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(POSTGRES.step_times(), (run_id,))
+                times = times_from_rows(await rows.fetchall())
+            return RunJournal(snapshot=snapshot, events=events, step_times=times)
+
+        return await self._run(op, read_only=True)
+
+    async def request_cancels(
+        self,
+        *,
+        ids: Sequence[str] | None,
+        states: Collection[State],
+        tasks: Collection[str] | None,
+        reason: str,
+        force: bool,
+        dry_run: bool = False,
+    ) -> CancelResult:
+        async def op(conn: _Conn) -> CancelResult:
+            if ids is not None:
+                cursor = await conn.execute(
+                    POSTGRES.runs_by_ids(lock=not dry_run), (POSTGRES.id_list(ids),)
+                )
+            else:
+                sql, params = POSTGRES.active_runs(states=states, tasks=tasks, lock=not dry_run)
+                cursor = await conn.execute(sql, params)
+            rows = await cursor.fetchall()
+            chosen, final, unknown = sort_named(map(run_from_row, rows), ids)
+            if dry_run:
+                return CancelResult(tuple(chosen), final, unknown)
+            writes, reached = cancel_writes(
+                POSTGRES, ((r.id, r.state, r.force) for r in chosen), reason, force, time.time()
+            )
+            async with conn.cursor() as batch:
+                for write in writes:
+                    await batch.executemany(write.sql, write.rows)
+            if reached:
+                await _notify(conn, reached[0])
+            cursor = await conn.execute(
+                POSTGRES.runs_by_ids(lock=False), (POSTGRES.id_list(reached),)
+            )
+            return CancelResult(tuple(map(run_from_row, await cursor.fetchall())), final, unknown)
+
+        return await self._run(op, read_only=dry_run)
+
+    async def prune(
+        self, *, ended_before: float, states: Collection[State], dry_run: bool = False
+    ) -> list[str]:
+        sql, params = POSTGRES.prunable(states)
+
+        async def op(conn: _Conn) -> list[str]:
+            cursor = await conn.execute(
+                sql + ("" if dry_run else " FOR UPDATE"), (*params, ended_before)
+            )
+            ids = [row["id"] for row in await cursor.fetchall()]
+            if ids and not dry_run:
+                for statement in POSTGRES.prune_deletes():
+                    await conn.execute(statement, (POSTGRES.id_list(ids),))
+            return ids
+
+        return await self._run(op, read_only=dry_run)
+
+    async def changes_after(self, seq: int, *, limit: int) -> tuple[list[Change], float]:
+        async def op(conn: _Conn) -> tuple[list[Change], float]:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(POSTGRES.changes_after(), (seq, limit))
+                changes = [change_from_row(row) for row in await rows.fetchall()]
+                await rows.execute(POSTGRES.now())
+                now = await rows.fetchone()
+            return changes, float(now[0]) if now else time.time()
+
+        return await self._run(op)
+
+    async def last_change(self) -> int:
+        async def op(conn: _Conn) -> int:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(POSTGRES.last_change())
+                row = await rows.fetchone()
+            return int(row[0]) if row else 0
 
         return await self._run(op, read_only=True)
 
@@ -718,6 +844,21 @@ async def _load_run(conn: _Conn, run_id: str) -> RunRecord:
     if row is None:
         raise UnknownRunError(run_id)
     return run_from_row(row)
+
+
+async def _load_snapshot(conn: _Conn, run_id: str) -> RunSnapshot:
+    run = await _load_run(conn, run_id)
+    async with conn.cursor(row_factory=tuple_row) as rows:  # step_from_row: by position
+        await rows.execute(
+            f"SELECT {STEP_COLUMNS} FROM haltwise.steps WHERE run_id = %s ORDER BY idx",
+            (run_id,),
+        )
+        steps = tuple(map(step_from_row, await rows.fetchall()))
+    cursor = await conn.execute(
+        "SELECT value FROM haltwise.partials WHERE run_id = %s ORDER BY seq", (run_id,)
+    )
+    partials = tuple(load_json(row["value"]) for row in await cursor.fetchall())
+    return RunSnapshot(run=run, steps=steps, partials=partials)
 
 
 async def _lock_run(conn: _Conn, run_id: str) -> DictRow:

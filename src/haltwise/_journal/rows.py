@@ -12,7 +12,7 @@ from .._core.records import Event, Owner, RunRecord, dump_json, load_json
 from .._core.states import State, StepStatus
 from .store import UNSET
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 RUN_COLUMNS = (
     "id, task, state, inputs, reason, force, result, error, cancel_error, owner, lease_until, "

@@ -16,7 +16,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from functools import partial
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -27,6 +27,16 @@ from .._core.exceptions import SchemaVersionError, StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
+from .._core.views import Change, RunSummary
+from .operator_sql import (
+    SQLITE,
+    SQLITE_FEED_SCHEMA,
+    cancel_writes,
+    change_from_row,
+    sort_named,
+    summary_from_row,
+    times_from_rows,
+)
 from .rows import (
     RUN_COLUMNS,
     SCHEMA_VERSION,
@@ -40,8 +50,10 @@ from .rows import (
 from .sqlite_writer import Op, Writer, store_error
 from .store import (
     UNSET,
+    CancelResult,
     LostOwnershipError,
     NewRun,
+    RunJournal,
     StepStart,
     check_transition,
     plan_cancel,
@@ -236,21 +248,27 @@ class SQLiteStore:
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
             conn.execute("BEGIN IMMEDIATE")
-            for statement in filter(str.strip, _SCHEMA.split(";")):
-                conn.execute(statement)
-            row = conn.execute(
-                "SELECT value FROM haltwise_meta WHERE key = 'schema_version'"
-            ).fetchone()
-            if row is None:
+            row = (
                 conn.execute(
-                    "INSERT INTO haltwise_meta (key, value) VALUES ('schema_version', ?)",
-                    (str(SCHEMA_VERSION),),
-                )
-            elif int(row[0]) > SCHEMA_VERSION:
+                    "SELECT value FROM haltwise_meta WHERE key = 'schema_version'"
+                ).fetchone()
+                if tables
+                else None
+            )
+            if row is not None and int(row[0]) > SCHEMA_VERSION:
                 raise SchemaVersionError(
                     f"{self.path} has schema version {row[0]}; this haltwise reads up to "
                     f"{SCHEMA_VERSION}: upgrade haltwise"
                 )
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                conn.execute(statement)
+            for statement in SQLITE_FEED_SCHEMA:  # version 2: the change feed (upgrades 1)
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO haltwise_meta (key, value) VALUES ('schema_version', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(SCHEMA_VERSION),),
+            )
             conn.execute("COMMIT")
         except sqlite3.Error as error:
             if conn.in_transaction:
@@ -481,23 +499,9 @@ class SQLiteStore:
         return op
 
     async def load(self, run_id: str) -> RunSnapshot:
-        def op(conn: sqlite3.Connection) -> RunSnapshot:
-            run = _load_run(conn, run_id)
-            rows = conn.cursor()
-            rows.row_factory = None  # plain tuples: step_from_row reads them by position
-            rows.execute(
-                f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY idx", (run_id,)
-            )
-            steps = tuple(map(step_from_row, rows))
-            partials = tuple(
-                json.loads(row[0])
-                for row in conn.execute(
-                    "SELECT value FROM partials WHERE run_id = ? ORDER BY seq", (run_id,)
-                )
-            )
-            return RunSnapshot(run=run, steps=steps, partials=partials)
-
-        snapshot: RunSnapshot = await self._writer.call(op, write=False)
+        snapshot: RunSnapshot = await self._writer.call(
+            partial(_load_snapshot, run_id=run_id), write=False
+        )
         return snapshot
 
     async def list_runs(self, state: State | None = None) -> list[RunRecord]:
@@ -550,6 +554,110 @@ class SQLiteStore:
             raise store_error(self.path, error) from None
         return {row[0]: (row[1] or "user", bool(row[2])) for row in rows if row[0] in wanted}
 
+    # -- the operator's operations (SQL in operator_sql) ----------------------------------------
+
+    async def run_page(
+        self,
+        *,
+        states: Collection[State],
+        tasks: Collection[str] | None,
+        limit: int,
+        before: tuple[float, str] | None,
+    ) -> list[RunSummary]:
+        sql, params = SQLITE.run_page(states=states, tasks=tasks, limit=limit, before=before)
+
+        def op(conn: sqlite3.Connection) -> list[RunSummary]:
+            return [summary_from_row(tuple(row)) for row in conn.execute(sql, params)]
+
+        page: list[RunSummary] = await self._writer.call(op, write=False)
+        return page
+
+    async def task_names(self) -> list[str]:
+        def op(conn: sqlite3.Connection) -> list[str]:
+            return [row[0] for row in conn.execute(SQLITE.task_names())]
+
+        names: list[str] = await self._writer.call(op, write=False)
+        return names
+
+    async def inspect(self, run_id: str) -> RunJournal:
+        def op(conn: sqlite3.Connection) -> RunJournal:
+            snapshot = _load_snapshot(conn, run_id)
+            events = conn.execute(
+                "SELECT seq, run_id, source, target, reason, at FROM events WHERE run_id = ? "
+                "ORDER BY seq",
+                (run_id,),
+            )
+            return RunJournal(
+                snapshot=snapshot,
+                events=tuple(map(event_from_row, events)),
+                step_times=times_from_rows(conn.execute(SQLITE.step_times(), (run_id,))),
+            )
+
+        journal: RunJournal = await self._writer.call(op, write=False)
+        return journal
+
+    async def request_cancels(
+        self,
+        *,
+        ids: Sequence[str] | None,
+        states: Collection[State],
+        tasks: Collection[str] | None,
+        reason: str,
+        force: bool,
+        dry_run: bool = False,
+    ) -> CancelResult:
+        def op(conn: sqlite3.Connection) -> CancelResult:
+            if ids is not None:
+                rows = conn.execute(SQLITE.runs_by_ids(lock=False), (SQLITE.id_list(ids),))
+            else:
+                sql, params = SQLITE.active_runs(states=states, tasks=tasks, lock=False)
+                rows = conn.execute(sql, params)
+            chosen, final, unknown = sort_named(map(run_from_row, rows), ids)
+            if dry_run:
+                return CancelResult(tuple(chosen), final, unknown)
+            writes, reached = cancel_writes(
+                SQLITE, ((r.id, r.state, r.force) for r in chosen), reason, force, time.time()
+            )
+            for write in writes:
+                conn.executemany(write.sql, write.rows)
+            after = conn.execute(SQLITE.runs_by_ids(lock=False), (SQLITE.id_list(reached),))
+            return CancelResult(tuple(map(run_from_row, after)), final, unknown)
+
+        result: CancelResult = await self._writer.call(op, bulk=True)
+        return result
+
+    async def prune(
+        self, *, ended_before: float, states: Collection[State], dry_run: bool = False
+    ) -> list[str]:
+        sql, params = SQLITE.prunable(states)
+
+        def op(conn: sqlite3.Connection) -> list[str]:
+            ids = [row[0] for row in conn.execute(sql, (*params, ended_before))]
+            if ids and not dry_run:
+                bound = SQLITE.id_list(ids)
+                for statement in SQLITE.prune_deletes():
+                    conn.execute(statement, (bound,))
+            return ids
+
+        pruned: list[str] = await self._writer.call(op, write=not dry_run, bulk=True)
+        return pruned
+
+    async def changes_after(self, seq: int, *, limit: int) -> tuple[list[Change], float]:
+        def op(conn: sqlite3.Connection) -> tuple[list[Change], float]:
+            rows = conn.execute(SQLITE.changes_after(), (seq, limit))
+            changes = [change_from_row(tuple(row)) for row in rows]
+            return changes, float(conn.execute(SQLITE.now()).fetchone()[0])
+
+        result: tuple[list[Change], float] = await self._writer.call(op, write=False)
+        return result
+
+    async def last_change(self) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            return int(conn.execute(SQLITE.last_change()).fetchone()[0])
+
+        seq: int = await self._writer.call(op, write=False)
+        return seq
+
     def set_concurrency(self, active_runs: int) -> None:
         # One run: commit each write at once (no wait). Several: group commit, batched per
         # iteration of the event loop (see _sqlite_writer).
@@ -586,6 +694,21 @@ def _load_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
     if row is None:
         raise UnknownRunError(run_id)
     return run_from_row(row)
+
+
+def _load_snapshot(conn: sqlite3.Connection, run_id: str) -> RunSnapshot:
+    run = _load_run(conn, run_id)
+    rows = conn.cursor()
+    rows.row_factory = None  # plain tuples: step_from_row reads them by position
+    rows.execute(f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY idx", (run_id,))
+    steps = tuple(map(step_from_row, rows))
+    partials = tuple(
+        json.loads(row[0])
+        for row in conn.execute(
+            "SELECT value FROM partials WHERE run_id = ? ORDER BY seq", (run_id,)
+        )
+    )
+    return RunSnapshot(run=run, steps=steps, partials=partials)
 
 
 def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.Row:
