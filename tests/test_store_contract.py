@@ -39,7 +39,7 @@ from haltwise._core.policy import Effect
 from haltwise._core.records import Event, Owner
 from haltwise._core.states import TRANSITIONS, State, StepStatus, is_allowed
 from haltwise._journal.check import verify
-from haltwise._journal.rows import SCHEMA_VERSION
+from haltwise._journal.schema import SCHEMA_VERSION
 from haltwise._journal.store import UNSET, LostOwnershipError, NewRun, StepStart, Store, open_store
 
 pytestmark = pytest.mark.anyio

@@ -7,10 +7,11 @@ from typing import Any
 
 import click
 
-from .._core.exceptions import InputError, UnknownRunError
+from .._core.exceptions import HaltwiseError, InputError, UnknownRunError
 from .._core.outcome import Outcome
 from .._core.states import State
 from .._core.views import CancelBatch, RunDetail, RunPage
+from .._runtime.operator import inspect_run, page_of_runs
 from .._runtime.runtime import Runtime
 from .base import (
     deadline_option,
@@ -20,7 +21,9 @@ from .base import (
     parse_assumed,
     parse_duration,
     print_json,
+    reading,
     run_async,
+    store_in_use,
     store_option,
 )
 from .foreground import (
@@ -230,8 +233,10 @@ def status_command(task_id: str, as_json: bool, store: str | None) -> int:
     """Show run ID: state, steps, partial results and retry advice."""
 
     async def main() -> RunDetail:
-        async with Runtime(store) as runtime:
-            return await runtime.inspect(task_id)
+        async with reading(store) as journal:
+            if journal is None:
+                raise HaltwiseError(f"no run with id {task_id!r}: there is no store at {where()}")
+            return await inspect_run(journal, task_id)
 
     detail = run_async(main)
     if as_json:
@@ -313,13 +318,17 @@ def list_command(
 ) -> int:
     """List the runs in the store, newest created first."""
 
-    async def main() -> RunPage:
-        async with Runtime(store) as runtime:
-            return await runtime.list_runs(state=state, task=task, limit=limit)
+    async def main() -> RunPage | None:
+        async with reading(store) as journal:
+            if journal is None:
+                return None  # nothing has run with this store yet: reading creates none
+            return await page_of_runs(journal, state=state, task=task, limit=limit, cursor=None)
 
     page = run_async(main)
     if as_json:
-        print_json({"runs": [run.to_json() for run in page.runs]})
+        print_json({"runs": [run.to_json() for run in page.runs] if page else []})
+    elif page is None:
+        Screen().note(f"no runs: there is no store at {where()}")
     else:
         Screen().runs(page.runs)
     return 0
@@ -374,6 +383,11 @@ def _report(outcome: Outcome, as_json: bool) -> int:
     else:
         Screen().outcome(outcome)
     return exit_code(outcome)
+
+
+def where() -> str:
+    """The store the command looked in, for a message."""
+    return store_in_use() or "the default place"
 
 
 def _owner_words(detail: RunDetail) -> str | None:

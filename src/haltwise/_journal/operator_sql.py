@@ -1,15 +1,14 @@
 """The SQL of the operator's operations, written once for both stores.
 
 A page of runs (newest first, with the retry advice computed from two ``EXISTS`` over the
-run's steps, so a listing reads no step row into Python), one run with its history, bulk
-cancel, retention (prune) and the change feed. Statements use ``?`` placeholders and the
-table names ``{runs}``, ``{steps}``, ... ; :class:`Dialect` renders them for a store (SQLite:
-bare names; PostgreSQL: the ``haltwise`` schema and ``%s``).
+run's steps, so a listing reads no step row into Python), one run's step times, bulk cancel,
+retention (prune) and the change feed. :class:`OperatorSQL` renders them for one
+:class:`~haltwise._journal.schema.Dialect`; what a cancel request does to each run is
+:func:`~haltwise._journal.sql.plan_cancel_write`'s to say, as for a single cancel.
 
-The change feed is the table ``changes``, filled by triggers on ``events``, ``steps`` and
-``partials`` in the transaction that writes them: one row per transition, step start, step
-settlement and partial result, numbered by ``seq``. Its ``at`` is the database's clock at the
-write (a reader compares it with the same clock; see :func:`Dialect.now`).
+The change feed is the table ``changes`` (see :data:`~haltwise._journal.schema.TRIGGERS`): one
+row per transition, step start, step settlement and partial result, numbered by ``seq``, its
+``at`` the database's clock (a reader compares it with :meth:`OperatorSQL.now`).
 """
 
 from __future__ import annotations
@@ -26,12 +25,12 @@ from .._core.outcome import advice
 from .._core.records import RunRecord
 from .._core.states import State
 from .._core.views import Change, ChangeKind, RunSummary, StepTimes
-from .store import CancelPlan, plan_cancel
+from .rows import RUN_COLUMNS
+from .schema import Dialect
+from .sql import event_parameters, plan_cancel_write
 
 __all__ = [
-    "POSTGRES",
-    "SQLITE",
-    "Dialect",
+    "OperatorSQL",
     "cancel_writes",
     "change_from_row",
     "decode_cursor",
@@ -58,27 +57,29 @@ _CHANGE_COLUMNS = "seq, run_id, kind, idx, status, at"
 
 
 @final
-@dataclass(frozen=True, slots=True)
-class Dialect:
-    """How one store spells the statements: table prefix, placeholder, booleans, id lists."""
+class OperatorSQL:
+    """The operator's statements for one dialect (built once per store)."""
 
-    prefix: str
-    placeholder: str
-    true: str
-    false: str
-    #: an SQL expression: the database's clock, in epoch seconds
-    clock: str
-    #: ``id {in_ids}``: true if the id is in the list bound to the placeholder
-    in_ids: str
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+        sqlite = dialect.name == "sqlite"
+        self._true, self._false = ("1", "0") if sqlite else ("TRUE", "FALSE")
+        self._clock = (
+            "((julianday('now') - 2440587.5) * 86400.0)"
+            if sqlite
+            else "extract(epoch from clock_timestamp())::double precision"
+        )
+        #: ``id {in_ids}``: the id is in the list bound to one parameter (see :meth:`id_list`)
+        self.in_ids = "IN (SELECT value FROM json_each(?))" if sqlite else "= ANY(?)"
 
     def sql(self, text: str) -> str:
-        names = {name: f"{self.prefix}{name}" for name in _TABLES}
-        rendered = text.format(**names, true=self.true, false=self.false, clock=self.clock)
-        return rendered.replace("?", self.placeholder)
+        names = {name: self.dialect.qualify(name) for name in _TABLES}
+        rendered = text.format(**names, true=self._true, false=self._false, clock=self._clock)
+        return rendered.replace("?", self.dialect.param)
 
     def id_list(self, ids: Sequence[str]) -> Any:
         """The value bound for :attr:`in_ids`."""
-        return json.dumps(list(ids)) if self is SQLITE else list(ids)
+        return json.dumps(list(ids)) if self.dialect.name == "sqlite" else list(ids)
 
     # -- a page of runs ------------------------------------------------------------------------
 
@@ -118,8 +119,8 @@ class Dialect:
 
     def runs_by_ids(self, lock: bool) -> str:
         """Every column of the runs whose ids are bound (one parameter)."""
-        text = f"SELECT {{columns}} FROM {{runs}} WHERE id {self.in_ids}"
-        return self._locked(text, lock)
+        text = f"SELECT {RUN_COLUMNS} FROM {{runs}} WHERE id {self.in_ids}"
+        return self.sql(text + (" FOR UPDATE" if lock else ""))
 
     def active_runs(
         self, *, states: Collection[State], tasks: Collection[str] | None, lock: bool
@@ -128,22 +129,28 @@ class Dialect:
         chosen = [state.value for state in states] or [
             state.value for state in State if not state.is_final
         ]
-        text = f"SELECT {{columns}} FROM {{runs}} WHERE state IN ({', '.join('?' for _ in chosen)})"
+        text = (
+            f"SELECT {RUN_COLUMNS} FROM {{runs}} WHERE state IN ({', '.join('?' for _ in chosen)})"
+        )
         params: list[Any] = list(chosen)
         if tasks is not None:
             text += f" AND task IN ({', '.join('?' for _ in tasks) or 'NULL'})"
             params += list(tasks)
-        return self._locked(text + " ORDER BY created_at, id", lock), params
+        text += " ORDER BY created_at, id" + (" FOR UPDATE" if lock else "")
+        return self.sql(text), params
 
-    def _locked(self, text: str, lock: bool) -> str:
-        from .rows import RUN_COLUMNS
+    def update_by_id(self, names: Sequence[str]) -> str:
+        assignments = ", ".join(f"{name} = ?" for name in names)
+        return self.sql(f"UPDATE {{runs}} SET {assignments} WHERE id = ?")
 
-        text = text.replace("{columns}", RUN_COLUMNS)
-        return self.sql(text + (" FOR UPDATE" if lock else ""))
+    def record_event(self) -> str:
+        return self.sql(
+            "INSERT INTO {events} (run_id, source, target, reason, at) VALUES (?, ?, ?, ?, ?)"
+        )
 
     # -- prune ---------------------------------------------------------------------------------
 
-    def prunable(self, states: Collection[State]) -> tuple[str, list[Any]]:
+    def prunable(self, states: Collection[State], *, lock: bool) -> tuple[str, list[Any]]:
         """Final runs (in ``states``, all final ones when empty) last changed before ``?``."""
         chosen = [state.value for state in states] or [
             state.value for state in State if state.is_final
@@ -151,7 +158,7 @@ class Dialect:
         marks = ", ".join("?" for _ in chosen)
         text = (
             f"SELECT id FROM {{runs}} WHERE state IN ({marks}) AND updated_at < ? "
-            "ORDER BY updated_at, id"
+            "ORDER BY updated_at, id" + (" FOR UPDATE" if lock else "")
         )
         return self.sql(text), chosen
 
@@ -180,78 +187,6 @@ class Dialect:
 
     def now(self) -> str:
         return self.sql("SELECT {clock}")
-
-
-SQLITE = Dialect(
-    prefix="",
-    placeholder="?",
-    true="1",
-    false="0",
-    clock="((julianday('now') - 2440587.5) * 86400.0)",
-    in_ids="IN (SELECT value FROM json_each(?))",
-)
-POSTGRES = Dialect(
-    prefix="haltwise.",
-    placeholder="%s",
-    true="TRUE",
-    false="FALSE",
-    clock="extract(epoch from clock_timestamp())::double precision",
-    in_ids="= ANY(?)",
-)
-
-#: The change feed and the listing indexes, for SQLite (each statement whole: triggers hold ``;``).
-SQLITE_FEED_SCHEMA = (
-    "CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created_at, id)",
-    "CREATE INDEX IF NOT EXISTS runs_by_state_created ON runs (state, created_at)",
-    "CREATE INDEX IF NOT EXISTS runs_by_task_created ON runs (task, created_at)",
-    "CREATE TABLE IF NOT EXISTS changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
-    "run_id TEXT NOT NULL, kind TEXT NOT NULL, idx INTEGER, status TEXT, at REAL NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS changes_by_run ON changes (run_id, seq)",
-    f"""CREATE TRIGGER IF NOT EXISTS changes_on_event AFTER INSERT ON events BEGIN
-        INSERT INTO changes (run_id, kind, idx, status, at)
-        VALUES (NEW.run_id, 'transition', NEW.seq, NEW.target, {SQLITE.clock}); END""",
-    f"""CREATE TRIGGER IF NOT EXISTS changes_on_step AFTER INSERT ON steps BEGIN
-        INSERT INTO changes (run_id, kind, idx, status, at)
-        VALUES (NEW.run_id, 'step', NEW.idx, NEW.status, {SQLITE.clock}); END""",
-    f"""CREATE TRIGGER IF NOT EXISTS changes_on_step_status AFTER UPDATE OF status ON steps
-        BEGIN INSERT INTO changes (run_id, kind, idx, status, at)
-        VALUES (NEW.run_id, 'step', NEW.idx, NEW.status, {SQLITE.clock}); END""",
-    f"""CREATE TRIGGER IF NOT EXISTS changes_on_partial AFTER INSERT ON partials BEGIN
-        INSERT INTO changes (run_id, kind, idx, status, at)
-        VALUES (NEW.run_id, 'partial', NEW.seq, NULL, {SQLITE.clock}); END""",
-)
-
-#: The same for PostgreSQL (one trigger function for the three tables).
-POSTGRES_FEED_SCHEMA = (
-    "CREATE INDEX IF NOT EXISTS runs_by_created ON haltwise.runs (created_at, id)",
-    "CREATE INDEX IF NOT EXISTS runs_by_state_created ON haltwise.runs (state, created_at)",
-    "CREATE INDEX IF NOT EXISTS runs_by_task_created ON haltwise.runs (task, created_at)",
-    "CREATE TABLE IF NOT EXISTS haltwise.changes (seq BIGINT GENERATED ALWAYS AS IDENTITY "
-    "PRIMARY KEY, run_id TEXT NOT NULL, kind TEXT NOT NULL, idx BIGINT, status TEXT, "
-    "at DOUBLE PRECISION NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS changes_by_run ON haltwise.changes (run_id, seq)",
-    f"""CREATE OR REPLACE FUNCTION haltwise.record_change() RETURNS trigger
-    LANGUAGE plpgsql AS $$
-    BEGIN
-        IF TG_TABLE_NAME = 'events' THEN
-            INSERT INTO haltwise.changes (run_id, kind, idx, status, at)
-            VALUES (NEW.run_id, 'transition', NEW.seq, NEW.target, {POSTGRES.clock});
-        ELSIF TG_TABLE_NAME = 'steps' THEN
-            INSERT INTO haltwise.changes (run_id, kind, idx, status, at)
-            VALUES (NEW.run_id, 'step', NEW.idx, NEW.status, {POSTGRES.clock});
-        ELSE
-            INSERT INTO haltwise.changes (run_id, kind, idx, status, at)
-            VALUES (NEW.run_id, 'partial', NEW.seq, NULL, {POSTGRES.clock});
-        END IF;
-        RETURN NULL;
-    END $$""",
-    "CREATE OR REPLACE TRIGGER changes_on_event AFTER INSERT ON haltwise.events "
-    "FOR EACH ROW EXECUTE FUNCTION haltwise.record_change()",
-    "CREATE OR REPLACE TRIGGER changes_on_step AFTER INSERT OR UPDATE OF status "
-    "ON haltwise.steps FOR EACH ROW EXECUTE FUNCTION haltwise.record_change()",
-    "CREATE OR REPLACE TRIGGER changes_on_partial AFTER INSERT ON haltwise.partials "
-    "FOR EACH ROW EXECUTE FUNCTION haltwise.record_change()",
-)
 
 
 # -- rows -> records ----------------------------------------------------------------------------
@@ -301,51 +236,28 @@ class CancelWrite:
 
 
 def cancel_writes(
-    dialect: Dialect,
-    runs: Iterable[tuple[str, State, bool]],
-    reason: str,
-    force: bool,
-    now: float,
+    ops: OperatorSQL, runs: Iterable[RunRecord], reason: str, force: bool, now: float
 ) -> tuple[list[CancelWrite], list[str]]:
-    """The writes of cancelling ``runs`` (``(id, state, force)``), each by :func:`plan_cancel`.
+    """The writes of cancelling ``runs``, each as :func:`plan_cancel_write` says.
 
-    Returns the statements (updates grouped by what they write, then the events) and the ids the
-    request reached (every run that was not final).
+    Returns the statements (updates grouped by the columns they write, then the events) and
+    the ids the request reached (every run that was not final).
     """
     groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
     events: list[tuple[Any, ...]] = []
     reached: list[str] = []
-    for run_id, state, current_force in runs:
-        if state.is_final:
+    for run in runs:
+        if run.state.is_final:
             continue
-        reached.append(run_id)
-        plan: CancelPlan = plan_cancel(state, current_force, force)
-        fields = plan.fields(reason)
-        if not fields:
+        reached.append(run.id)
+        write = plan_cancel_write(run, reason, force, now)
+        if write is None:
             continue
-        fields["updated_at"] = now
-        groups.setdefault(tuple(fields), []).append((*fields.values(), run_id))
-        if plan.target is not None:
-            events.append((run_id, state.value, plan.target.value, reason, now))
-    writes = [
-        CancelWrite(
-            dialect.sql(
-                f"UPDATE {{runs}} SET {', '.join(f'{name} = ?' for name in names)} WHERE id = ?"
-            ),
-            rows,
-        )
-        for names, rows in groups.items()
-    ]
+        groups.setdefault(tuple(write.fields), []).append((*write.fields.values(), run.id))
+        events += event_parameters(run.id, write)
+    writes = [CancelWrite(ops.update_by_id(names), rows) for names, rows in groups.items()]
     if events:
-        writes.append(
-            CancelWrite(
-                dialect.sql(
-                    "INSERT INTO {events} (run_id, source, target, reason, at) "
-                    "VALUES (?, ?, ?, ?, ?)"
-                ),
-                events,
-            )
-        )
+        writes.append(CancelWrite(ops.record_event(), events))
     return writes, reached
 
 

@@ -1,0 +1,442 @@
+"""The journal's tables, defined once and rendered per dialect, and the migrations between versions.
+
+:data:`TABLES` and :data:`INDEXES` are the schema of :data:`SCHEMA_VERSION`, the newest. A store
+opened on a new file or database creates them as they are. A store of an older version is
+upgraded in place when it is opened, in one transaction, by the :data:`MIGRATIONS` newer than its
+version, in order; a store of a newer version is refused (:class:`SchemaVersionError`), since
+this haltwise cannot know what the newer columns promise.
+
+Adding a column or an index means two edits here: the column in :data:`TABLES` (what a new store
+gets) and a :class:`Migration` that adds it (what an existing store gets). A test opens a store
+file written by the first version and checks that, once upgraded, its tables have exactly the
+columns and indexes of a new one.
+
+The schema is rendered by a :class:`Dialect`: SQLite (``?`` parameters, no schema prefix,
+``WITHOUT ROWID`` tables, integers for booleans) and PostgreSQL (``%s`` parameters, the tables in
+a schema named ``haltwise``, ``BOOLEAN``, ``DOUBLE PRECISION`` and an identity column).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .._core.exceptions import BadRow, CorruptRowError, SchemaVersionError
+
+__all__ = [
+    "INDEXES",
+    "MIGRATIONS",
+    "POSTGRES",
+    "SCHEMA_VERSION",
+    "SQLITE",
+    "TABLES",
+    "TRIGGERS",
+    "Column",
+    "Dialect",
+    "Index",
+    "Kind",
+    "Migration",
+    "Table",
+    "Trigger",
+    "create_statements",
+    "parse_version",
+    "upgrade_statements",
+]
+
+
+class Kind(enum.Enum):
+    """A column's kind of value, which each dialect names in its own way."""
+
+    TEXT = enum.auto()
+    INTEGER = enum.auto()
+    #: seconds since the epoch, and other floating-point numbers
+    REAL = enum.auto()
+    BOOLEAN = enum.auto()
+    #: an integer primary key the database assigns in increasing order
+    SERIAL = enum.auto()
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column. ``default`` is a Python value (``False``, ``0``, ``None`` for none)."""
+
+    name: str
+    kind: Kind
+    not_null: bool = False
+    default: bool | int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """One table; ``primary_key`` is empty when a :attr:`Kind.SERIAL` column is the key."""
+
+    name: str
+    columns: tuple[Column, ...]
+    primary_key: tuple[str, ...] = ()
+    #: SQLite: store the rows in the primary key's b-tree (tables read by their key)
+    without_rowid: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Index:
+    name: str
+    table: str
+    columns: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AddColumn:
+    """A migration's change: add ``column`` to ``table`` (with its default for existing rows)."""
+
+    table: str
+    column: Column
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    """A trigger, in each dialect's own words (their trigger languages differ too much to
+    render one from the other): the statements that create it, idempotently."""
+
+    name: str
+    sqlite: tuple[str, ...]
+    postgresql: tuple[str, ...]
+
+
+Change = AddColumn | Index | Table | Trigger
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """The changes that take a store from ``version - 1`` to ``version``."""
+
+    version: int
+    summary: str
+    changes: tuple[Change, ...]
+
+
+def _text(name: str, *, not_null: bool = False) -> Column:
+    return Column(name, Kind.TEXT, not_null=not_null)
+
+
+#: The change feed: one row per transition, step start or settlement and partial result, written
+#: by the triggers of :data:`TRIGGERS` in the transaction that writes them; ``idx`` is the
+#: event's, step's or partial's number, ``status`` the new state or step status, ``at`` the
+#: database's clock (see :mod:`.operator_sql`).
+_CHANGES = Table(
+    "changes",
+    (
+        Column("seq", Kind.SERIAL),
+        _text("run_id", not_null=True),
+        _text("kind", not_null=True),
+        Column("idx", Kind.INTEGER),
+        _text("status"),
+        Column("at", Kind.REAL, not_null=True),
+    ),
+)
+
+TABLES: tuple[Table, ...] = (
+    Table(
+        "haltwise_meta",
+        # Keys as version 1 declared them (no NOT NULL: a primary key implies it where it
+        # matters), so that an upgraded store and a new one have the same shape.
+        (_text("key"), _text("value", not_null=True)),
+        primary_key=("key",),
+    ),
+    Table(
+        "runs",
+        (
+            _text("id"),
+            _text("task", not_null=True),
+            _text("state", not_null=True),
+            _text("inputs", not_null=True),
+            _text("reason"),
+            Column("force", Kind.BOOLEAN, not_null=True, default=False),
+            _text("result"),
+            _text("error"),
+            _text("cancel_error"),
+            _text("owner"),
+            _text("owner_token"),
+            Column("lease_until", Kind.REAL),
+            _text("parent"),
+            Column("created_at", Kind.REAL, not_null=True),
+            Column("updated_at", Kind.REAL, not_null=True),
+        ),
+        primary_key=("id",),
+    ),
+    Table(
+        "steps",
+        (
+            _text("run_id", not_null=True),
+            Column("idx", Kind.INTEGER, not_null=True),
+            _text("tool", not_null=True),
+            _text("cancel"),
+            _text("effect", not_null=True),
+            Column("idempotent", Kind.BOOLEAN, not_null=True),
+            _text("status", not_null=True),
+            Column("attempts", Kind.INTEGER, not_null=True),
+            _text("result"),
+            _text("error"),
+            _text("idem_key", not_null=True),
+            _text("args"),
+            Column("cleanup", Kind.BOOLEAN, not_null=True, default=False),
+            Column("started_at", Kind.REAL, not_null=True),
+            Column("settled_at", Kind.REAL),
+        ),
+        primary_key=("run_id", "idx"),
+        without_rowid=True,
+    ),
+    Table(
+        "partials",
+        (
+            _text("run_id", not_null=True),
+            Column("seq", Kind.INTEGER, not_null=True),
+            _text("value", not_null=True),
+        ),
+        primary_key=("run_id", "seq"),
+        without_rowid=True,
+    ),
+    Table(
+        "events",
+        (
+            Column("seq", Kind.SERIAL),
+            _text("run_id", not_null=True),
+            _text("source"),
+            _text("target", not_null=True),
+            _text("reason"),
+            Column("at", Kind.REAL, not_null=True),
+        ),
+    ),
+    _CHANGES,
+)
+
+INDEXES: tuple[Index, ...] = (
+    Index("runs_by_state", "runs", ("state",)),
+    Index("runs_by_owner", "runs", ("owner_token",)),
+    Index("events_by_run", "events", ("run_id", "seq")),
+    Index("runs_by_created", "runs", ("created_at", "id")),
+    Index("runs_by_task", "runs", ("task", "created_at")),
+    Index("runs_by_state_created", "runs", ("state", "created_at")),
+    Index("changes_by_run", "changes", ("run_id", "seq")),
+)
+
+_SQLITE_CLOCK = "((julianday('now') - 2440587.5) * 86400.0)"
+_POSTGRES_CLOCK = "extract(epoch from clock_timestamp())::double precision"
+
+
+def _sqlite_trigger(name: str, when: str, kind: str, index: str, status: str) -> str:
+    return (
+        f"CREATE TRIGGER IF NOT EXISTS {name} {when} BEGIN "
+        "INSERT INTO changes (run_id, kind, idx, status, at) "
+        f"VALUES (NEW.run_id, '{kind}', {index}, {status}, {_SQLITE_CLOCK}); END"
+    )
+
+
+def _postgres_insert(kind: str, index: str, status: str) -> str:
+    return (
+        "INSERT INTO haltwise.changes (run_id, kind, idx, status, at) "
+        f"VALUES (NEW.run_id, '{kind}', {index}, {status}, {_POSTGRES_CLOCK});"
+    )
+
+
+#: The triggers that fill ``changes`` (one function for the three tables on PostgreSQL).
+TRIGGERS: tuple[Trigger, ...] = (
+    Trigger(
+        "record_change",
+        sqlite=(
+            _sqlite_trigger(
+                "changes_on_event", "AFTER INSERT ON events", "transition", "NEW.seq", "NEW.target"
+            ),
+            _sqlite_trigger(
+                "changes_on_step", "AFTER INSERT ON steps", "step", "NEW.idx", "NEW.status"
+            ),
+            _sqlite_trigger(
+                "changes_on_step_status",
+                "AFTER UPDATE OF status ON steps",
+                "step",
+                "NEW.idx",
+                "NEW.status",
+            ),
+            _sqlite_trigger(
+                "changes_on_partial", "AFTER INSERT ON partials", "partial", "NEW.seq", "NULL"
+            ),
+        ),
+        postgresql=(
+            "CREATE OR REPLACE FUNCTION haltwise.record_change() RETURNS trigger "
+            "LANGUAGE plpgsql AS $$ BEGIN IF TG_TABLE_NAME = 'events' THEN "
+            + _postgres_insert("transition", "NEW.seq", "NEW.target")
+            + " ELSIF TG_TABLE_NAME = 'steps' THEN "
+            + _postgres_insert("step", "NEW.idx", "NEW.status")
+            + " ELSE "
+            + _postgres_insert("partial", "NEW.seq", "NULL")
+            + " END IF; RETURN NULL; END $$",
+            "CREATE OR REPLACE TRIGGER changes_on_event AFTER INSERT ON haltwise.events "
+            "FOR EACH ROW EXECUTE FUNCTION haltwise.record_change()",
+            "CREATE OR REPLACE TRIGGER changes_on_step AFTER INSERT OR UPDATE OF status "
+            "ON haltwise.steps FOR EACH ROW EXECUTE FUNCTION haltwise.record_change()",
+            "CREATE OR REPLACE TRIGGER changes_on_partial AFTER INSERT ON haltwise.partials "
+            "FOR EACH ROW EXECUTE FUNCTION haltwise.record_change()",
+        ),
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        2,
+        "indexes for listing runs newest first, by task",
+        (
+            Index("runs_by_created", "runs", ("created_at", "id")),
+            Index("runs_by_task", "runs", ("task", "created_at")),
+        ),
+    ),
+    Migration(
+        3,
+        "the change feed (table changes, filled by triggers) and runs by state, newest first",
+        (
+            _CHANGES,
+            Index("changes_by_run", "changes", ("run_id", "seq")),
+            Index("runs_by_state_created", "runs", ("state", "created_at")),
+            *TRIGGERS,
+        ),
+    ),
+)
+
+#: The version of :data:`TABLES`: 1 for the first schema, then the newest migration's.
+SCHEMA_VERSION = MIGRATIONS[-1].version if MIGRATIONS else 1
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """How one database spells the schema."""
+
+    name: str
+    #: the parameter placeholder
+    param: str
+    #: prefixed to every table and index name's table (``"haltwise."`` or ``""``)
+    prefix: str
+    types: dict[Kind, str]
+    supports_without_rowid: bool
+
+    def qualify(self, table: str) -> str:
+        return f"{self.prefix}{table}"
+
+    def column(self, column: Column) -> str:
+        if column.kind is Kind.SERIAL:
+            return f"{column.name} {self.types[Kind.SERIAL]}"
+        words = [column.name, self.types[column.kind]]
+        if column.not_null:
+            words.append("NOT NULL")
+        if column.default is not None:
+            words.append(f"DEFAULT {self._literal(column)}")
+        return " ".join(words)
+
+    def _literal(self, column: Column) -> str:
+        if column.kind is Kind.BOOLEAN and self.types[Kind.BOOLEAN] == "BOOLEAN":
+            return "TRUE" if column.default else "FALSE"
+        return str(int(column.default or 0))
+
+    def create_table(self, table: Table) -> str:
+        parts = [self.column(column) for column in table.columns]
+        if table.primary_key:
+            parts.append(f"PRIMARY KEY ({', '.join(table.primary_key)})")
+        tail = " WITHOUT ROWID" if table.without_rowid and self.supports_without_rowid else ""
+        return f"CREATE TABLE IF NOT EXISTS {self.qualify(table.name)} ({', '.join(parts)}){tail}"
+
+    def create_index(self, index: Index) -> str:
+        return (
+            f"CREATE INDEX IF NOT EXISTS {index.name} ON {self.qualify(index.table)} "
+            f"({', '.join(index.columns)})"
+        )
+
+    def change(self, change: Change) -> list[str]:
+        """The statements of one migration change."""
+        if isinstance(change, Index):
+            return [self.create_index(change)]
+        if isinstance(change, Table):
+            return [self.create_table(change)]
+        if isinstance(change, Trigger):
+            return list(change.sqlite if self.name == "sqlite" else change.postgresql)
+        return [f"ALTER TABLE {self.qualify(change.table)} ADD COLUMN {self.column(change.column)}"]
+
+    def set_version(self) -> str:
+        """The statement that records the schema version (one parameter: the version)."""
+        return (
+            f"INSERT INTO {self.qualify('haltwise_meta')} (key, value) "
+            f"VALUES ('schema_version', {self.param}) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+        )
+
+
+SQLITE = Dialect(
+    name="sqlite",
+    param="?",
+    prefix="",
+    types={
+        Kind.TEXT: "TEXT",
+        Kind.INTEGER: "INTEGER",
+        Kind.REAL: "REAL",
+        Kind.BOOLEAN: "INTEGER",
+        Kind.SERIAL: "INTEGER PRIMARY KEY AUTOINCREMENT",
+    },
+    supports_without_rowid=True,
+)
+
+POSTGRES = Dialect(
+    name="postgresql",
+    param="%s",
+    prefix="haltwise.",
+    types={
+        Kind.TEXT: "TEXT",
+        Kind.INTEGER: "INTEGER",
+        Kind.REAL: "DOUBLE PRECISION",
+        Kind.BOOLEAN: "BOOLEAN",
+        Kind.SERIAL: "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+    },
+    supports_without_rowid=False,
+)
+
+
+def create_statements(dialect: Dialect) -> list[str]:
+    """The statements that create the newest schema in an empty store (version not included)."""
+    return [
+        *(dialect.create_table(table) for table in TABLES),
+        *(dialect.create_index(index) for index in INDEXES),
+        *(statement for trigger in TRIGGERS for statement in dialect.change(trigger)),
+    ]
+
+
+def parse_version(text: object, where: str) -> int:
+    """The schema version stored as ``text``; a value that is not a whole number is refused."""
+    try:
+        version = int(str(text))
+    except ValueError:
+        version = 0
+    if version < 1:
+        # A bad row like any other: check reports it as a finding, every command names it.
+        problem = f"unreadable schema version ({str(text)[:40]!r}) in {where}"
+        raise CorruptRowError([BadRow("haltwise_meta", "", "schema_version", problem)])
+    return version
+
+
+def upgrade_statements(dialect: Dialect, found: int | None, where: str) -> Sequence[str]:
+    """What to run, in one transaction, on opening a store whose schema version is ``found``.
+
+    ``None`` (no version recorded: a new store) creates the newest schema. An older version runs
+    the migrations after it; the current version runs nothing. The version itself is then set
+    by :meth:`Dialect.set_version` (the caller does it when this returns anything). A newer
+    version raises :class:`SchemaVersionError`.
+    """
+    if found is None:
+        return create_statements(dialect)
+    if found > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{where} has schema version {found}; this haltwise reads up to "
+            f"{SCHEMA_VERSION}: upgrade haltwise"
+        )
+    return [
+        statement
+        for migration in MIGRATIONS
+        if migration.version > found
+        for change in migration.changes
+        for statement in dialect.change(change)
+    ]

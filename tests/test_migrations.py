@@ -1,0 +1,227 @@
+"""Schema migrations: an older store is upgraded in place when opened, a newer one refused.
+
+``tests/fixtures/store-v1.db`` was written by haltwise at schema version 1 (the agent that made
+it is beside it). Opening it with this code upgrades it in one transaction, after which its
+tables have exactly the columns and indexes of a new store, and every run in it reads as before.
+The same holds for a PostgreSQL schema created with version 1's statements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from haltwise._core.exceptions import StoreError
+from haltwise._core.states import State, StepStatus
+from haltwise._journal import schema
+from haltwise._journal.schema import SCHEMA_VERSION
+from haltwise._journal.store import open_store
+
+pytestmark = pytest.mark.anyio
+
+FIXTURE = Path(__file__).parent / "fixtures" / "store-v1.db"
+
+#: What the fixture holds (written by tests/fixtures/agent_v1.py).
+V1_RUNS = {
+    "done-1": State.COMPLETED,
+    "done-1/1": State.COMPLETED,
+    "failed-1": State.FAILED,
+    "cancelled-1": State.CANCELLED,
+}
+
+#: Version 1's PostgreSQL statements, as haltwise 0b15400 ran them.
+PG_V1 = """
+CREATE TABLE haltwise.haltwise_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE haltwise.runs (
+    id TEXT PRIMARY KEY, task TEXT NOT NULL, state TEXT NOT NULL, inputs TEXT NOT NULL,
+    reason TEXT, force BOOLEAN NOT NULL DEFAULT FALSE, result TEXT, error TEXT,
+    cancel_error TEXT, owner TEXT, owner_token TEXT, lease_until DOUBLE PRECISION, parent TEXT,
+    created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX runs_by_state ON haltwise.runs (state);
+CREATE INDEX runs_by_owner ON haltwise.runs (owner_token);
+CREATE TABLE haltwise.steps (
+    run_id TEXT NOT NULL, idx INTEGER NOT NULL, tool TEXT NOT NULL, cancel TEXT,
+    effect TEXT NOT NULL, idempotent BOOLEAN NOT NULL, status TEXT NOT NULL,
+    attempts INTEGER NOT NULL, result TEXT, error TEXT, idem_key TEXT NOT NULL, args TEXT,
+    cleanup BOOLEAN NOT NULL DEFAULT FALSE,
+    started_at DOUBLE PRECISION NOT NULL, settled_at DOUBLE PRECISION,
+    PRIMARY KEY (run_id, idx)
+);
+CREATE TABLE haltwise.partials (
+    run_id TEXT NOT NULL, seq INTEGER NOT NULL, value TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE haltwise.events (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, run_id TEXT NOT NULL, source TEXT,
+    target TEXT NOT NULL, reason TEXT, at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX events_by_run ON haltwise.events (run_id, seq);
+INSERT INTO haltwise.haltwise_meta VALUES ('schema_version', '1');
+INSERT INTO haltwise.runs (id, task, state, inputs, reason, created_at, updated_at)
+    VALUES ('old-1', 'agent.py:research', 'cancelled', '{"args": [], "kwargs": {}}', 'user', 1, 2);
+INSERT INTO haltwise.steps (run_id, idx, tool, cancel, effect, idempotent, status, attempts,
+                            result, idem_key, started_at, settled_at)
+    VALUES ('old-1', 0, 'search', 'interruptible', 'read', FALSE, 'committed', 1, '["a"]',
+            'old-1:0', 1, 1.5);
+INSERT INTO haltwise.partials VALUES ('old-1', 0, '{"hit": "a"}');
+INSERT INTO haltwise.events (run_id, source, target, reason, at)
+    VALUES ('old-1', NULL, 'running', NULL, 1), ('old-1', 'running', 'cancelling', 'user', 1.7),
+           ('old-1', 'cancelling', 'cancelled', 'user', 2);
+"""
+
+
+def sqlite_shape(path: Path) -> dict[str, Any]:
+    """Every table's columns (name, type, not null, default, key) and every index's columns."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        tables = [
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        ]
+        shape: dict[str, Any] = {}
+        for table in sorted(tables):
+            shape[table] = conn.execute(f"PRAGMA table_info({table})").fetchall()
+        for (index,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='index' AND name NOT LIKE 'sqlite_%'"
+        ):
+            shape[f"index {index}"] = conn.execute(f"PRAGMA index_info({index})").fetchall()
+        shape["version"] = conn.execute(
+            "SELECT value FROM haltwise_meta WHERE key='schema_version'"
+        ).fetchone()
+        return shape
+
+
+@pytest.fixture
+def v1_copy(tmp_path: Path) -> Path:
+    path = tmp_path / "old.db"
+    shutil.copy(FIXTURE, path)
+    return path
+
+
+async def test_the_v1_fixture_is_upgraded_in_place_to_a_new_stores_shape(
+    v1_copy: Path, tmp_path: Path
+) -> None:
+    assert sqlite_shape(v1_copy)["version"] == ("1",)
+    upgraded = open_store(f"sqlite:///{v1_copy}")
+    await upgraded.open()
+    fresh = open_store(f"sqlite:///{tmp_path / 'new.db'}")
+    await fresh.open()
+    try:
+        for run_id, state in V1_RUNS.items():
+            snapshot = await upgraded.load(run_id)
+            assert snapshot.run.state is state
+        done = await upgraded.load("done-1")
+        assert [step.status for step in done.steps] == [StepStatus.COMMITTED] * 3
+        assert done.partials == ({"hit": "cats-0"}, {"hit": "cats-1"})
+        assert done.outcome().result == "receipt-42"
+    finally:
+        await upgraded.close()
+        await fresh.close()
+    assert sqlite_shape(v1_copy) == sqlite_shape(tmp_path / "new.db")
+    assert sqlite_shape(v1_copy)["version"] == (str(SCHEMA_VERSION),)
+
+
+def test_the_command_line_reads_every_run_of_an_upgraded_store(v1_copy: Path) -> None:
+    def haltwise(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "haltwise", *args, "--store", f"sqlite:///{v1_copy}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    listed = haltwise("list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {row["id"]: row["state"] for row in json.loads(listed.stdout)["runs"]} == {
+        run_id: state.value for run_id, state in V1_RUNS.items()
+    }
+    status = haltwise("status", "cancelled-1", "--json")
+    assert status.returncode == 3 or status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["reason"] == "budget"
+    check = haltwise("check", "--json")
+    assert check.returncode == 0, check.stdout
+    assert json.loads(check.stdout)["ok"] is True
+
+
+async def test_a_failed_migration_leaves_the_store_at_its_old_version(
+    v1_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = sqlite_shape(v1_copy)
+    broken = schema.Migration(
+        SCHEMA_VERSION + 1,
+        "a change that cannot apply",
+        (
+            schema.Index("fine_index", "runs", ("reason",)),
+            schema.AddColumn("no_such_table", schema.Column("x", schema.Kind.TEXT)),
+        ),
+    )
+    monkeypatch.setattr(schema, "MIGRATIONS", (*schema.MIGRATIONS, broken))
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    store = open_store(f"sqlite:///{v1_copy}")
+    with pytest.raises(StoreError):
+        await store.open()
+    await store.close()
+    assert sqlite_shape(v1_copy) == before  # not even the migrations before the broken one
+
+
+async def test_an_unreadable_schema_version_is_one_clear_error(v1_copy: Path) -> None:
+    with contextlib.closing(sqlite3.connect(v1_copy)) as conn:
+        conn.execute("UPDATE haltwise_meta SET value = 'abc' WHERE key = 'schema_version'")
+        conn.commit()
+    store = open_store(f"sqlite:///{v1_copy}")
+    with pytest.raises(StoreError, match="unreadable schema version") as caught:
+        await store.open()
+    await store.close()
+    assert "\n" not in str(caught.value)
+
+
+async def pg_shape(url: str) -> dict[str, Any]:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cursor = await conn.execute(
+            "SELECT table_name, column_name, data_type, is_nullable, column_default "
+            "FROM information_schema.columns WHERE table_schema = 'haltwise' "
+            "ORDER BY table_name, ordinal_position"
+        )
+        columns = await cursor.fetchall()
+        cursor = await conn.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'haltwise' "
+            "ORDER BY indexname"
+        )
+        indexes = await cursor.fetchall()
+        cursor = await conn.execute(
+            "SELECT value FROM haltwise.haltwise_meta WHERE key = 'schema_version'"
+        )
+        version = await cursor.fetchone()
+    return {"columns": columns, "indexes": indexes, "version": version}
+
+
+async def test_a_v1_postgres_schema_is_upgraded_in_place(pg_dsn: str) -> None:
+    from _pg import create_database
+
+    old_url, new_url = create_database(pg_dsn), create_database(pg_dsn)
+    async with await psycopg.AsyncConnection.connect(old_url, autocommit=True) as conn:
+        await conn.execute("CREATE SCHEMA haltwise")
+        for statement in filter(str.strip, PG_V1.split(";")):
+            await conn.execute(statement)  # type: ignore[call-overload]
+    upgraded, fresh = open_store(old_url), open_store(new_url)
+    await upgraded.open()
+    await fresh.open()
+    try:
+        snapshot = await upgraded.load("old-1")
+        assert snapshot.run.state is State.CANCELLED and snapshot.run.reason == "user"
+        assert [step.status for step in snapshot.steps] == [StepStatus.COMMITTED]
+        assert snapshot.partials == ({"hit": "a"},)
+    finally:
+        await upgraded.close()
+        await fresh.close()
+    old_shape, new_shape = await pg_shape(old_url), await pg_shape(new_url)
+    assert old_shape == new_shape
+    assert old_shape["version"] == (str(SCHEMA_VERSION),)
