@@ -136,6 +136,8 @@ def cancel_command(
                 force=force,
                 dry_run=dry_run,
             )
+            for run_id in batch.already_final:
+                await runtime.inspect(run_id)  # reported as it is: its journal must be readable
             waited = [await runtime.outcome(run_id) for run_id in batch.cancelled if wait]
             return batch, waited
 

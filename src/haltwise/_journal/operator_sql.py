@@ -25,7 +25,7 @@ from .._core.outcome import advice
 from .._core.records import RunRecord
 from .._core.states import State
 from .._core.views import Change, ChangeKind, RunSummary, StepTimes
-from .rows import RUN_COLUMNS
+from .rows import RUN_COLUMNS, run_columns
 from .schema import Dialect
 from .sql import event_parameters, plan_cancel_write
 
@@ -53,6 +53,7 @@ SELECT r.id, r.task, r.state, r.reason, r.created_at, r.updated_at,
 FROM {runs} r
 """
 
+_SUMMARY_COLUMNS = ("id", "task", "state", "reason", "created_at", "updated_at")
 _CHANGE_COLUMNS = "seq, run_id, kind, idx, status, at"
 
 
@@ -194,8 +195,10 @@ class OperatorSQL:
 
 def summary_from_row(row: Sequence[Any]) -> RunSummary:
     """A :class:`RunSummary` from a row of the page query, by position."""
-    run_id, task, state_text, reason, created_at, updated_at, unsafe, repeats = row
-    state = State(state_text)
+    run_id, task, state, reason, created_at, updated_at = run_columns(
+        row[0], _SUMMARY_COLUMNS, row[:6]
+    )
+    unsafe, repeats = row[6:]
     return RunSummary(
         id=run_id,
         task=task,

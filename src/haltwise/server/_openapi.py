@@ -31,6 +31,7 @@ _ERRORS = {
     "409": "a run held by a live owner, or a refused resume",
     "413": "a body over 1 MiB",
     "422": "a body that does not fit",
+    "501": "a verb this haltwise does not have",
 }
 _RUN_ID = {
     "name": "id",
@@ -142,8 +143,10 @@ def openapi_document() -> dict[str, Any]:
             }
         },
         "/api/runs/{id}/cancel": _post("cancel the run", CancelBody, "404", ok="202"),
-        "/api/runs/{id}/pause": _post("pause the run", EmptyBody, "404", ok="202"),
-        "/api/runs/{id}/unpause": _post("unpause the run", EmptyBody, "404", ok="202"),
+        "/api/runs/{id}/pause": _post("pause the run", EmptyBody, "404", "409", "501", ok="202"),
+        "/api/runs/{id}/unpause": _post(
+            "unpause the run", EmptyBody, "404", "409", "501", ok="202"
+        ),
         "/api/runs/{id}/resume": _post(
             "resume the run in the server (with FILE.py only)", ResumeBody, "404", "409", ok="202"
         ),
