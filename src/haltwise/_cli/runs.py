@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +12,7 @@ from .._core.exceptions import HaltwiseError, InputError, UnknownRunError
 from .._core.outcome import Outcome
 from .._core.states import State
 from .._core.views import CancelBatch, RunDetail, RunPage
+from .._journal.owner import held_by_live_owner
 from .._runtime.operator import inspect_run, page_of_runs
 from .._runtime.runtime import Runtime
 from .base import (
@@ -37,6 +39,8 @@ from .foreground import (
     task_of,
 )
 from .render import Screen, cancelling_line
+from .signals import RELAY
+from .sources import journaled_file
 
 
 @click.command("run")
@@ -62,6 +66,7 @@ def run_command(
     """
     from .._runtime.loader import load_target
 
+    RELAY.install()  # from now on a signal is queued for the run, never a KeyboardInterrupt
     kwargs = parse_input(input_json)
     module, task = load_target(target)
     if task is None:
@@ -128,6 +133,8 @@ def cancel_command(
 
     async def main() -> tuple[CancelBatch, list[Outcome]]:
         async with Runtime(store) as runtime:
+            for run_id in task_ids:
+                await _load_if_orphaned(runtime, run_id)
             batch = await runtime.cancel_many(
                 None if every else task_ids,
                 task=task,
@@ -153,6 +160,19 @@ def cancel_command(
     if batch.unknown:
         return fail(f"no runs with ids {', '.join(map(repr, batch.unknown))} in the store")
     return 0
+
+
+async def _load_if_orphaned(runtime: Runtime, run_id: str) -> None:
+    """Load the task of a run nobody works, if its file is trusted (see :func:`task_of`), so
+    that the cancel settles it with its compensations and saga; otherwise it settles without."""
+    try:
+        run = (await runtime.inspect(run_id)).run
+    except UnknownRunError:
+        return  # reported with the others
+    if run.state.is_final or held_by_live_owner(run):
+        return
+    with contextlib.suppress(HaltwiseError):
+        task_of(run)
 
 
 def _check_selection(
@@ -245,12 +265,19 @@ def status_command(task_id: str, as_json: bool, store: str | None) -> int:
         print_json(detail.outcome.to_json())
     else:
         waiting = cancelling_line(detail.outcome.state, detail.forced, detail.waiting)
-        Screen().outcome(detail.outcome, notes=(_owner_words(detail), waiting))
+        notes = (_source_words(detail), _owner_words(detail), waiting)
+        Screen().outcome(detail.outcome, notes=notes)
     return 0
 
 
 @click.command("resume")
 @click.argument("task_id", metavar="ID")
+@click.argument("file", metavar="[FILE.py]", required=False)
+@click.option(
+    "--moved",
+    is_flag=True,
+    help="FILE.py is where the run's file moved to: load it although the journal names another.",
+)
 @click.option(
     "--assume-done",
     "assume_done",
@@ -271,20 +298,28 @@ def status_command(task_id: str, as_json: bool, store: str | None) -> int:
 @store_option
 def resume_command(
     task_id: str,
+    file: str | None,
+    moved: bool,
     assume_done: dict[int, Any],
     rerun: Sequence[int],
     deadline: float | None,
     as_json: bool,
     store: str | None,
 ) -> int:
-    """Continue run ID from its journal, in the foreground (signals as for 'run')."""
+    """Continue run ID from its journal, in the foreground (signals as for 'run').
+
+    The task is loaded from the file the journal names if that lies in the current project;
+    a file outside it runs only if named as FILE.py (the journal alone never decides what
+    runs), and a FILE.py other than the journal's only with --moved.
+    """
+    RELAY.install()  # from now on a signal is queued for the run, never a KeyboardInterrupt
 
     async def main() -> int:
         async with Runtime(store) as runtime:
             snapshot = await runtime.store.load(task_id)
             if snapshot.run.state is State.COMPLETED:
                 return _report(snapshot.outcome(), as_json)
-            task = task_of(snapshot.run)
+            task = task_of(snapshot.run, file, moved=moved)
             async with signals_as_cancels(runtime, quiet=as_json) as foreground:
                 handle = await runtime.resume(
                     task_id,
@@ -390,6 +425,12 @@ def _report(outcome: Outcome, as_json: bool) -> int:
 def where() -> str:
     """The store the command looked in, for a message."""
     return store_in_use() or "the default place"
+
+
+def _source_words(detail: RunDetail) -> str | None:
+    """The line ``status`` shows about the file ``resume`` would load the task from."""
+    named = journaled_file(detail.run)
+    return f"source: {named}" if named is not None else None
 
 
 def _owner_words(detail: RunDetail) -> str | None:

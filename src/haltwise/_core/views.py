@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any, final
 
 from .outcome import Outcome, Retry, StepRecord
-from .records import Event, Owner
+from .records import Event, Owner, RunRecord
 from .states import State
 
 
@@ -130,6 +130,7 @@ class RunDetail:
     ``cancelling`` run, the steps still in flight; ``retry_why`` is the retry advice as a sentence.
     """
 
+    run: RunRecord
     outcome: Outcome
     owner: Owner | None
     owner_alive: bool

@@ -23,9 +23,9 @@ from .tool import TASKS, OnCancel, Task
 __all__ = [
     "feed",
     "inspect_run",
-    "load_run_task",
     "page_of_runs",
     "parse_state",
+    "registered_task",
     "resolve_task",
     "stand_in_task",
 ]
@@ -110,6 +110,7 @@ async def inspect_run(store: Store, run_id: str) -> RunDetail:
             now=now,
         )
     return RunDetail(
+        run=run,
         outcome=outcome,
         owner=run.owner,
         owner_alive=run.owner is not None and owner_alive(run.owner, run.lease_until),
@@ -146,20 +147,10 @@ async def feed(
             seen = await store.wait_for_change(_FEED_POLL, since=seen)
 
 
-def load_run_task(run: RunRecord) -> Task[..., Any] | None:
-    """The task of a journaled run: registered in this process, else loaded from its recorded
-    source file (or its name as a module spec); ``None`` if that names no task. Raises
-    :class:`~haltwise.LoadError` if the file cannot be loaded."""
-    registered = TASKS.get(run.task)
-    if registered is not None:
-        return registered
-    from .loader import load_target
-
-    source = run.inputs.get("source")
-    attribute = run.task.rpartition(":")[2]
-    spec = f"{source}:{attribute}" if isinstance(source, str) and attribute else run.task
-    _, task = load_target(spec)
-    return task
+def registered_task(run: RunRecord) -> Task[..., Any] | None:
+    """The task of a journaled run, if one of that name is loaded in this process. (A face that
+    may load files loads the run's task first, by its own rules on which files it trusts.)"""
+    return TASKS.get(run.task)
 
 
 def stand_in_task(name: str) -> Task[..., Any]:

@@ -19,7 +19,6 @@ from anyio.abc import TaskGroup
 from .._core.exceptions import (
     HaltwiseError,
     InputError,
-    LoadError,
     ResumeRefusedError,
     RunOwnedError,
     StoreError,
@@ -29,23 +28,21 @@ from .._core.outcome import Outcome
 from .._core.records import RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .._core.views import CancelBatch, Change, RunDetail, RunPage
-from .._journal.owner import DEFAULT_LEASE, new_owner, owner_alive
+from .._journal.owner import DEFAULT_LEASE, held_by_live_owner, new_owner
 from .._journal.store import LostOwnershipError, NewRun, Store, open_store
 from .ending import call_task, fail_refused, finish, settle_takeover
 from .operator import (
     feed,
     inspect_run,
-    load_run_task,
     page_of_runs,
     parse_state,
+    registered_task,
     resolve_task,
     stand_in_task,
 )
 from .run_context import Probe, RunContext
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
-
-_ACTIVE = (State.PENDING, State.RUNNING, State.CANCELLING)
 
 
 class TaskHandle:
@@ -169,6 +166,7 @@ class Runtime:
             raise InputError(f"{task!r} is not a @haltwise.task")
         task.bind_inputs(args, kwargs)
         inputs: dict[str, Any] = {"args": list(args), "kwargs": kwargs}
+        source = source or task.source
         if source is not None:
             inputs["source"] = source
         dump_json(inputs, f"the inputs of task {task.name!r}")
@@ -347,6 +345,7 @@ class Runtime:
         kwargs = dict(kwargs or {})
         task.bind_inputs(args, kwargs)
         inputs: dict[str, Any] = {"args": list(args), "kwargs": kwargs}
+        source = source or task.source
         if source is not None:
             inputs["source"] = source
         run_id = task_id if task_id is not None else uuid.uuid4().hex
@@ -403,21 +402,17 @@ class Runtime:
         """A ``cancelling`` run that nobody works: released, or its owner is gone."""
         if run.state is not State.CANCELLING:
             return False
-        owner = run.owner
-        if owner is None:
-            return True
-        if owner.token == self.owner.token:
+        if run.owner is not None and run.owner.token == self.owner.token:
             return False  # this runtime holds it (working it, or taking it over right now)
-        return not owner_alive(owner, run.lease_until)
+        return not held_by_live_owner(run)
 
     async def _settle_orphan(self, task_id: str) -> RunRecord:
         """Finish the cancel of a run nobody works, as a takeover would (CONTRACT.md, cancel):
         settle its steps by their policies, run its saga, record ``cancelled``."""
         run = (await self.store.load(task_id)).run
-        try:
-            task = load_run_task(run) or stand_in_task(run.task)
-        except LoadError:
-            task = stand_in_task(run.task)  # its steps still settle; its saga cannot run
+        # Without its task here, its steps still settle by their journaled policies, but a
+        # rollback step's compensation and the task's saga cannot run (the step is unknown).
+        task = registered_task(run) or stand_in_task(run.task)
         with contextlib.suppress(RunOwnedError):  # another process took it first: it finishes
             await self.adopt(task_id, task)
         return (await self.store.load(task_id)).run
@@ -565,7 +560,7 @@ class Runtime:
         owner = run.owner
         if owner is not None and owner.token == self.owner.token:
             return  # claimed for us already (a worker's claim_pending)
-        if owner is not None and run.state in _ACTIVE and owner_alive(owner, run.lease_until):
+        if owner is not None and held_by_live_owner(run):
             raise RunOwnedError(run.id, owner.describe())
         claimed = await self.store.claim(
             run.id,

@@ -8,6 +8,7 @@ step (``committed`` in the journal) returns its journaled result without running
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import time
 from typing import TYPE_CHECKING, Any
@@ -261,7 +262,7 @@ async def compensate(
     with anyio.move_on_after(tool.policy.grace, shield=True) as scope:
         run.shield_scopes.append(scope)
         try:
-            if asyncio.iscoroutinefunction(undo):
+            if inspect.iscoroutinefunction(undo):
                 await undo(*args, **kwargs)
             else:
                 await start_thread(undo, args, kwargs).result
