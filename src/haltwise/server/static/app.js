@@ -80,7 +80,8 @@ function listen(path, onChange) {
   if (stream) stream.close();
   stream = new EventSource(path);
   const live = document.getElementById("live");
-  stream.onopen = () => { live.className = "live on"; };
+  // (re)connected: whatever changed while the stream was down is fetched once
+  stream.onopen = () => { live.className = "live on"; onChange(null); };
   stream.onerror = () => { live.className = "live"; };
   for (const kind of ["transition", "step", "partial"]) {
     stream.addEventListener(kind, (event) => onChange(JSON.parse(event.data)));
