@@ -180,10 +180,15 @@ class Served:
 
 
 def start_server(
-    root: Path, store: str, *args: str, env: dict[str, str] | None = None, file: bool = True
+    root: Path,
+    store: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    file: bool = True,
+    agent: str = AGENT,
 ) -> Served:
     """Start ``haltwise serve [agent.py] --port 0`` in ``root`` and wait for its address."""
-    (root / "agent.py").write_text(AGENT)
+    (root / "agent.py").write_text(agent)
     environ = dict(os.environ)
     environ.pop("HALTWISE_TOKEN", None)
     environ.pop("HALTWISE_READ_TOKEN", None)

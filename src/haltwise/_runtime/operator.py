@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 from .._core.exceptions import InputError
+from .._core.outcome import Outcome
 from .._core.records import RunRecord
 from .._core.states import State
 from .._core.views import Change, RunDetail, RunPage, StepWait
@@ -118,10 +119,14 @@ async def inspect_run(store: Store, run_id: str) -> RunDetail:
         events=journal.events,
         step_times=journal.step_times,
         waiting=waiting,
-        retry_why=retry_words(outcome) if run.state.is_final else "the run is still active",
+        retry_why=retry_words(outcome) if run.state.is_final else _if_now(outcome),
         created_at=run.created_at,
         updated_at=run.updated_at,
     )
+
+
+def _if_now(outcome: Outcome) -> str:
+    return f"the run is still active; if it stopped now: {retry_words(outcome)}"
 
 
 async def feed(

@@ -8,6 +8,9 @@ const STATES = ["pending", "running", "cancelling", "cancelled", "completed", "f
 let stream = null;
 let refreshTimer = null;
 let tickTimer = null;
+let pageNumber = 0;
+// what the operator is typing survives the page being redrawn by a live update
+const draft = { reason: "" };
 
 // -- small helpers -------------------------------------------------------------------------
 
@@ -114,19 +117,21 @@ async function showRuns(params) {
   const note = el("p", { class: "muted", id: "runs-note" });
   main.replaceChildren(el("h1", { text: "Runs" }), filters, note, table);
 
+  const mine = pageNumber;
   const render = async () => {
     const query = new URLSearchParams({ limit: "100" });
     if (state) query.set("state", state);
     if (task) query.set("task", task);
-    let page;
+    let answer;
     try {
-      page = await api("GET", `/api/runs?${query}`);
+      answer = await api("GET", `/api/runs?${query}`);
     } catch (error) {
       note.textContent = error.message;
       return;
     }
+    if (mine !== pageNumber) return;
     const head = el("tr", {}, ...["id", "task", "state", "reason", "retry", "waiting for"].map((h) => el("th", { text: h })));
-    const rows = page.runs.map((run) => el("tr", { "data-id": run.id, class: `row-${run.state}` },
+    const rows = answer.runs.map((run) => el("tr", { "data-id": run.id, class: `row-${run.state}` },
       el("td", {}, el("a", { href: `#/run/${encodeURIComponent(run.id)}`, text: run.id, class: "run-link" })),
       el("td", { text: run.task }),
       el("td", {}, badge(run.state)),
@@ -134,8 +139,8 @@ async function showRuns(params) {
       el("td", { text: run.state === "completed" ? "none" : run.retry }),
       el("td", { class: "waiting", "data-waiting": run.id })));
     table.replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows));
-    note.textContent = page.runs.length ? `${page.runs.length} run(s), newest first${page.next ? " (more exist: narrow the filter)" : ""}` : "no runs";
-    for (const run of page.runs.filter((r) => r.state === "cancelling").slice(0, 20)) {
+    note.textContent = answer.runs.length ? `${answer.runs.length} run(s), newest first${answer.next ? " (more exist: narrow the filter)" : ""}` : "no runs";
+    for (const run of answer.runs.filter((r) => r.state === "cancelling").slice(0, 20)) {
       api("GET", runPath(run.id)).then((detail) => {
         const cell = table.querySelector(`[data-waiting="${CSS.escape(run.id)}"]`);
         if (cell) cell.textContent = waitSummary(detail);
@@ -155,17 +160,26 @@ function waitSummary(detail) {
 // -- one run -------------------------------------------------------------------------------
 
 async function showRun(id) {
+  draft.reason = "";
   main.replaceChildren(el("p", { class: "muted", text: "loading…" }));
   let fetchedAt = 0;
   let detail = null;
+  let shown = "";
+  const mine = pageNumber;
   const render = async () => {
+    let fresh;
     try {
-      detail = await api("GET", runPath(id));
+      fresh = await api("GET", runPath(id));
       fetchedAt = Date.now();
     } catch (error) {
-      main.replaceChildren(el("h1", { text: "Run" }), el("p", { class: "error", text: error.message }));
+      if (mine === pageNumber) main.replaceChildren(el("h1", { text: "Run" }), el("p", { class: "error", text: error.message }));
       return;
     }
+    if (mine !== pageNumber) return;
+    detail = fresh;
+    const text = JSON.stringify(detail);
+    if (text === shown) return;  // nothing changed: keep the page (and what is being typed)
+    shown = text;
     main.replaceChildren(...runPage(detail));
   };
   await render();
@@ -255,7 +269,8 @@ function stepsTable(run) {
 function actions(run) {
   const box = el("section", { class: "actions" });
   const active = ["pending", "running", "cancelling"].includes(run.state);
-  const reason = el("input", { id: "cancel-reason", placeholder: "reason (default: user)", maxlength: "500" });
+  const reason = el("input", { id: "cancel-reason", placeholder: "reason (default: user)", maxlength: "500", value: draft.reason });
+  reason.addEventListener("input", () => { draft.reason = reason.value; });
   const act = async (path, body, done) => {
     try {
       const answer = await api("POST", `${runPath(run.id)}/${path}`, body);
@@ -339,6 +354,8 @@ async function showAudit() {
 
 function route() {
   clearInterval(tickTimer);
+  clearTimeout(refreshTimer);
+  pageNumber += 1;  // renders of the page being left draw nothing any more
   const hash = location.hash || "#/";
   if (hash.startsWith("#/run/")) return showRun(decodeURIComponent(hash.slice("#/run/".length)));
   if (hash.startsWith("#/audit")) return showAudit();
