@@ -10,6 +10,7 @@ import click
 
 from .._core.exceptions import HaltwiseError, InputError, UnknownRunError
 from .._core.outcome import Outcome
+from .._core.records import RunSnapshot
 from .._core.states import State
 from .._core.views import CancelBatch, RunDetail, RunPage
 from .._journal.owner import held_by_live_owner
@@ -38,7 +39,7 @@ from .foreground import (
     source_of,
     task_of,
 )
-from .render import Screen, cancelling_line
+from .render import Screen, cancelling_line, pause_line
 from .signals import RELAY
 from .sources import journaled_file
 
@@ -197,8 +198,12 @@ def _say_cancelled(batch: CancelBatch, reason: str, force: bool) -> None:
     for run_id in batch.cancelled:
         state = batch.states[run_id]
         screen.note(f"cancel requested for run {run_id} (reason: {reason}{forced}); it is {state}")
-        if state is State.CANCELLED:
+        if run_id in batch.settled_here:
             screen.note(f"run {run_id}: nobody was working it; settled here by its policies")
+        elif state is State.CANCELLED:
+            screen.note(
+                f"run {run_id}: nothing was in flight (pending or paused): cancelled at once"
+            )
     for run_id in batch.already_final:
         screen.note(f"run {run_id} is already {batch.states[run_id]}; nothing to cancel")
     if not batch.cancelled and not batch.already_final and not batch.unknown:
@@ -265,7 +270,8 @@ def status_command(task_id: str, as_json: bool, store: str | None) -> int:
         print_json(detail.outcome.to_json())
     else:
         waiting = cancelling_line(detail.outcome.state, detail.forced, detail.waiting)
-        notes = (_source_words(detail), _owner_words(detail), waiting)
+        snapshot = RunSnapshot(detail.run, detail.outcome.steps, detail.outcome.partials)
+        notes = (_source_words(detail), _owner_words(detail), waiting, pause_line(snapshot))
         Screen().outcome(detail.outcome, notes=notes)
     return 0
 

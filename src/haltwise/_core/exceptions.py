@@ -14,11 +14,13 @@ Cancellation is not an error, so it stands outside the error tree::
         ├── ResumeRefusedError    resume refused until unknown steps are resolved (.task_id, .steps)
         ├── InvalidTransitionError  a transition the table forbids (.task_id, .source, .target)
         ├── NonDeterminismError   the task asked for another tool than the journal holds
+        ├── StepTimeoutError      a step ran longer than its tool's timeout= (.task_id, .index)
         ├── UnknownStepError      a run taken over has an unknown step it may not run again
         ├── ChildRunError         a child task's run failed or was cancelled on its own (.task_id)
         ├── StoreError            the store is unusable: bad URL, not a haltwise store, I/O error
         │   ├── SchemaVersionError  the store was written by a newer haltwise
         │   ├── NoStoreError      a read-only opening found no store at that place (.url)
+        │   ├── StoreGoneError    the store's file was deleted or replaced while in use
         │   └── CorruptRowError   a journal row does not parse (.rows: which, .readable: the rest)
         ├── NotInTaskError        emit()/checkpoint()/idempotency_key() outside a task or tool
         ├── LoadError             a FILE.py or module cannot be loaded, or has no such task
@@ -115,6 +117,21 @@ class InvalidTransitionError(HaltwiseError):
         self.target = target
 
 
+class StepTimeoutError(HaltwiseError):
+    """A step ran longer than its tool's ``timeout=``: it was stopped as a cancel of that step
+    alone would stop it, then recorded ``failed``. The task sees it as an ordinary exception
+    (it may catch it); the run is not cancelled."""
+
+    def __init__(self, task_id: str, index: int, tool: str, timeout: float) -> None:
+        super().__init__(
+            f"run {task_id!r}: step {index} ({tool}) ran longer than its timeout of {timeout:g} s",
+            task_id=task_id,
+        )
+        self.index = index
+        self.tool = tool
+        self.timeout = timeout
+
+
 class NonDeterminismError(HaltwiseError):
     """On replay the task asked for a different tool at a step index than the journal holds."""
 
@@ -174,6 +191,15 @@ class NoStoreError(StoreError):
     def __init__(self, url: str) -> None:
         super().__init__(f"there is no store at {url}")
         self.url = url
+
+
+@final
+class StoreGoneError(StoreError):
+    """The SQLite store's file was deleted or replaced while this process had it open.
+
+    Nothing written after that is durable anywhere another process can see, so every later
+    operation of the store raises this, and the runtime stops its runs at once.
+    """
 
 
 @final

@@ -102,6 +102,8 @@ def advice(state: State, *, unknown_unsafe: bool, repeats_harm: bool) -> Retry:
     """
     if state is State.COMPLETED:
         return Retry.NONE
+    if state is State.PAUSED:
+        return Retry.RESUME
     if unknown_unsafe:
         return Retry.RECONCILE
     if repeats_harm:

@@ -192,6 +192,8 @@ class CancelBatch:
     dry_run: bool = False
     #: the state of each run named above (not of ``unknown``) once the request was made
     states: dict[str, State] = field(default_factory=dict)
+    #: the runs nobody worked, settled by the cancel itself (as a takeover would)
+    settled_here: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """``{"cancelled", "already_final", "unknown"}``, or ``{"would_cancel"}`` for a dry run."""

@@ -41,6 +41,7 @@ __all__ = [
     "Trigger",
     "create_statements",
     "parse_version",
+    "read_views",
     "upgrade_statements",
 ]
 
@@ -80,9 +81,13 @@ class Table:
 
 @dataclass(frozen=True, slots=True)
 class Index:
+    """An index; with ``where``, a partial index of the rows for which that condition (written
+    the same in every dialect) holds."""
+
     name: str
     table: str
     columns: tuple[str, ...]
+    where: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +123,11 @@ class Migration:
 def _text(name: str, *, not_null: bool = False) -> Column:
     return Column(name, Kind.TEXT, not_null=not_null)
 
+
+#: a pause was requested and not undone (set while the run is ``paused``)
+_PAUSE = Column("pause", Kind.BOOLEAN, not_null=True, default=False)
+#: the runs with a pause requested, for the watcher (``Store.pause_signals``): nearly always none
+_PAUSING = Index("runs_pausing", "runs", ("id",), where="pause")
 
 #: The change feed: one row per transition, step start or settlement and partial result, written
 #: by the triggers of :data:`TRIGGERS` in the transaction that writes them; ``idx`` is the
@@ -161,6 +171,7 @@ TABLES: tuple[Table, ...] = (
             _text("parent"),
             Column("created_at", Kind.REAL, not_null=True),
             Column("updated_at", Kind.REAL, not_null=True),
+            _PAUSE,
         ),
         primary_key=("id",),
     ),
@@ -216,6 +227,7 @@ INDEXES: tuple[Index, ...] = (
     Index("events_by_run", "events", ("run_id", "seq")),
     Index("runs_by_created", "runs", ("created_at", "id")),
     Index("runs_by_task", "runs", ("task", "created_at")),
+    _PAUSING,
     Index("runs_by_state_created", "runs", ("state", "created_at")),
     Index("changes_by_run", "changes", ("run_id", "seq")),
 )
@@ -289,8 +301,9 @@ MIGRATIONS: tuple[Migration, ...] = (
             Index("runs_by_task", "runs", ("task", "created_at")),
         ),
     ),
+    Migration(3, "the pause request of a run (issue 18)", (AddColumn("runs", _PAUSE), _PAUSING)),
     Migration(
-        3,
+        4,
         "the change feed (table changes, filled by triggers) and runs by state, newest first",
         (
             _CHANGES,
@@ -343,9 +356,10 @@ class Dialect:
         return f"CREATE TABLE IF NOT EXISTS {self.qualify(table.name)} ({', '.join(parts)}){tail}"
 
     def create_index(self, index: Index) -> str:
+        where = f" WHERE {index.where}" if index.where else ""
         return (
             f"CREATE INDEX IF NOT EXISTS {index.name} ON {self.qualify(index.table)} "
-            f"({', '.join(index.columns)})"
+            f"({', '.join(index.columns)}){where}"
         )
 
     def change(self, change: Change) -> list[str]:
@@ -416,6 +430,28 @@ def parse_version(text: object, where: str) -> int:
         problem = f"unreadable schema version ({str(text)[:40]!r}) in {where}"
         raise CorruptRowError([BadRow("haltwise_meta", "", "schema_version", problem)])
     return version
+
+
+def read_views(dialect: Dialect, found: int) -> list[str]:
+    """For a reader that may not upgrade a store of version ``found`` (a read-only SQLite
+    connection): temporary views, one per table that later migrations added columns to, that
+    shadow the table and show each missing column with its default, so that the newest
+    statements read the older store as they read a new one.
+
+    SQLite only (an unqualified name finds a temporary view before the table).
+    """
+    added: dict[str, list[Column]] = {}
+    for migration in MIGRATIONS:
+        if migration.version > found:
+            for change in migration.changes:
+                if isinstance(change, AddColumn):
+                    added.setdefault(change.table, []).append(change.column)
+    return [
+        f"CREATE TEMP VIEW IF NOT EXISTS {table} AS SELECT *, "
+        + ", ".join(f"{dialect._literal(column)} AS {column.name}" for column in columns)
+        + f" FROM main.{table}"
+        for table, columns in added.items()
+    ]
 
 
 def upgrade_statements(dialect: Dialect, found: int | None, where: str) -> Sequence[str]:

@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import anyio
 
-from .._core.exceptions import NoStoreError, StoreError, UnknownRunError
+from .._core.exceptions import NoStoreError, StoreError, StoreGoneError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
@@ -46,23 +46,28 @@ from .rows import (
     steps_from_rows,
     transition_fields,
 )
-from .schema import SCHEMA_VERSION, SQLITE, parse_version, upgrade_statements
+from .schema import SCHEMA_VERSION, SQLITE, parse_version, read_views, upgrade_statements
 from .secrets import safe_url
 from .sql import (
+    Plan,
     RunWrite,
     Statements,
     check_fence,
     event_parameters,
     insert_run_parameters,
+    pause_signals_of,
     plan_cancel_write,
     plan_create,
+    plan_pause_write,
     plan_transition,
+    plan_unpause_write,
 )
 from .sqlite_writer import Op, Writer, store_error
 from .store import (
     UNSET,
     CancelResult,
     NewRun,
+    PauseSignal,
     RunJournal,
     StepStart,
 )
@@ -181,6 +186,7 @@ class SQLiteStore:
         self._watch: sqlite3.Connection | None = None
         self._data_version = 0
         self._changes = 0  # changes of data_version seen by any waiter
+        self._identity: tuple[int, int] | None = None  # (device, inode) of the file as opened
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -195,6 +201,7 @@ class SQLiteStore:
         await self._writer.start()
         self._watch = self._connect()
         self._data_version = self._read_data_version()
+        self._identity = _file_identity(self.path)
 
     def _make_directory(self) -> None:
         try:
@@ -298,7 +305,13 @@ class SQLiteStore:
         except sqlite3.Error as error:
             raise store_error(self.path, error) from None
         if row is not None:
-            upgrade_statements(SQLITE, parse_version(row[0], self.path), self.path)  # newer?
+            found = parse_version(row[0], self.path)
+            upgrade_statements(SQLITE, found, self.path)  # refuses a newer version
+            try:
+                for statement in read_views(SQLITE, found):
+                    conn.execute(statement)  # an older store reads as a new one
+            except sqlite3.Error as error:
+                raise store_error(self.path, error) from None
 
     def _upgrade(self, conn: sqlite3.Connection, has_meta: bool) -> None:
         """Create the schema, or upgrade an older one in place (inside the caller's transaction)."""
@@ -326,6 +339,8 @@ class SQLiteStore:
             if inserted is None:
                 return _load_run(conn, run.id), False
             _record_events(conn, run.id, plan_create(run, now))
+            if run.fork is not None:
+                conn.execute(_SQL.copy_steps, (run.id, run.fork.source, run.fork.from_step))
             return run_from_row(inserted), True
 
         result: tuple[RunRecord, bool] = await self._writer.call(op)
@@ -364,13 +379,44 @@ class SQLiteStore:
         return record
 
     async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
+        return await self._request(run_id, partial(_cancel_plan, reason, force))
+
+    async def _request(self, run_id: str, plan: Plan) -> RunRecord:
+        """Read the run, ``plan`` the write, apply it (if any): one transaction."""
+
         def op(conn: sqlite3.Connection) -> RunRecord:
             current = _load_run(conn, run_id)
-            write = plan_cancel_write(current, reason, force, time.time())
+            write = plan(current, time.time())
             return current if write is None else _apply(conn, run_id, write)
 
         record: RunRecord = await self._writer.call(op)
         return record
+
+    async def request_pause(self, run_id: str) -> RunRecord:
+        return await self._request(run_id, plan_pause_write)
+
+    async def request_unpause(self, run_id: str) -> RunRecord:
+        return await self._request(run_id, plan_unpause_write)
+
+    async def pause_signals(
+        self, run_ids: Collection[str], *, watched: Collection[str]
+    ) -> dict[str, PauseSignal]:
+        # On the watch connection, as cancel_requests: the partial index holds only the runs
+        # with a pause requested, and the watched runs are read by their key.
+        wanted = set(run_ids)
+        if not wanted or self._watch is None:
+            return {}
+        try:
+            rows = self._watch.execute(_SQL.pausing).fetchall()
+            if watched:
+                marks = ", ".join("?" for _ in watched)
+                rows += self._watch.execute(
+                    f"SELECT id, state, pause, reason, force FROM runs WHERE id IN ({marks})",
+                    tuple(watched),
+                ).fetchall()
+        except sqlite3.Error as error:
+            raise store_error(self.path, error) from None
+        return pause_signals_of(rows, wanted)
 
     async def claim(
         self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None
@@ -637,19 +683,37 @@ class SQLiteStore:
         while self._changes == start and time.monotonic() < deadline:
             self._writer.flush_deferred(older_than=_POLL_INTERVAL)
             await anyio.sleep(min(_POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
+            self._check_file()
             version = self._read_data_version()
             if version != self._data_version:
                 self._data_version = version
                 self._changes += 1
         return self._changes
 
+    def _check_file(self) -> None:
+        """Raise :class:`StoreGoneError` (for good) if the store's file was deleted or replaced.
+
+        SQLite goes on writing to a deleted file it holds open: without this, a run would end
+        ``completed`` with nothing durable, and no other process could see or cancel it.
+        """
+        if self._writer.lost is None and _file_identity(self.path) != self._identity:
+            self._writer.lost = StoreGoneError(
+                f"store {self.path}: the file was deleted or replaced while in use; nothing "
+                "written since is durable"
+            )
+        if self._writer.lost is not None:
+            raise self._writer.lost
+
     def _read_data_version(self) -> int:
+        """``PRAGMA data_version`` on the watch connection. A failure is raised (as
+        :class:`StoreError`), never swallowed: a stale version would freeze the detection of
+        other processes' changes (their cancels) without anyone noticing."""
         if self._watch is None:
             return 0
         try:
             return int(self._watch.execute("PRAGMA data_version").fetchone()[0])
-        except sqlite3.Error:
-            return self._data_version
+        except sqlite3.Error as error:
+            raise store_error(self.path, error) from None
 
 
 # -- SQL helpers run by the writer thread ------------------------------------------------------
@@ -666,6 +730,15 @@ def _load_snapshot(conn: sqlite3.Connection, run_id: str) -> RunSnapshot:
     return RunSnapshot(run=run, steps=steps, partials=partials)
 
 
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """``(device, inode)`` of the file at ``path``, None if there is none."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
 def _load_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
     row = conn.execute(_SQL.load_run, (run_id,)).fetchone()
     if row is None:
@@ -679,6 +752,10 @@ def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.R
         raise UnknownRunError(run_id)
     check_fence(run_id, row["owner_token"], fence)
     return row
+
+
+def _cancel_plan(reason: str, force: bool, current: RunRecord, now: float) -> RunWrite | None:
+    return plan_cancel_write(current, reason, force, now)
 
 
 def _apply(conn: sqlite3.Connection, run_id: str, write: RunWrite) -> RunRecord:

@@ -13,6 +13,7 @@ import anyio
 
 from .._core.exceptions import Cancelled, NonDeterminismError
 from .._core.outcome import StepRecord
+from .pause import PauseGate
 
 if TYPE_CHECKING:
     from .._journal.store import Store
@@ -66,6 +67,7 @@ class RunContext:
     shield_scopes: list[anyio.CancelScope] = field(default_factory=list)
     task_scope: anyio.CancelScope | None = None
     done: anyio.Event = field(default_factory=anyio.Event)
+    pause: PauseGate = field(default_factory=PauseGate)
 
     @property
     def cancel_pending(self) -> bool:
@@ -73,7 +75,11 @@ class RunContext:
         return self.cancel_reason is not None and self.shield_depth == 0
 
     def request_cancel(self, reason: str, *, force: bool) -> None:
-        """Act on a cancel request already recorded in the store (in-process delivery)."""
+        """Act on a cancel request already recorded in the store (in-process delivery).
+
+        A cancel overrides a pause: a checkpoint waiting in a pause goes on, and raises.
+        """
+        self.pause.lift()
         first = self.cancel_reason is None
         if first:
             self.cancel_reason = reason

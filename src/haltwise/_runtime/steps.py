@@ -26,6 +26,7 @@ from .._core.policy import CancelPolicy
 from .._core.records import JSONText, dump_json
 from .._core.states import StepStatus
 from .._journal.store import StepStart
+from .pause import pause_point
 from .run_context import CURRENT_STEP, RunContext, StepCancelHook, StepContext, current_run
 from .threads import ThreadCall, start_thread
 
@@ -56,6 +57,8 @@ async def call_tool(tool: Tool[..., Any], args: tuple[Any, ...], kwargs: dict[st
     if now >= run.next_yield and (run.runtime.active_runs <= 1 or run.peek_step() in run.journal):
         run.next_yield = now + _YIELD_INTERVAL
         await anyio.lowlevel.checkpoint()
+    if run.pause.requested:
+        await pause_point(run)
     run.raise_if_cancelled()
     index = run.allocate_step()
     journaled = run.journal.get(index)
@@ -67,6 +70,8 @@ async def call_tool(tool: Tool[..., Any], args: tuple[Any, ...], kwargs: dict[st
         result = replayed
     if run.probe is not None:
         await run.probe("after", index)
+    if run.pause.requested:
+        await pause_point(run)
     run.raise_if_cancelled()
     return result
 
@@ -204,6 +209,8 @@ class _Flight:
         finally:
             self.ctx.active_step = None
             CURRENT_STEP.reset(token)
+            if self.ctx.pause.requested:
+                self.ctx.pause.wake()  # a checkpoint waiting for this step may pause the run now
         # Reached when the step's own scope was cancelled, or the tool raised Cancelled.
         await self._settle_cancelled()
         self.ctx.delivered = True
