@@ -19,6 +19,7 @@ from haltwise import CancelPolicy, Effect, Tool
 from haltwise._analysis.audit import AuditReport, FindingCode, audit_tools
 from haltwise._core.policy import ToolPolicy
 from haltwise._runtime.loader import load_tools
+from haltwise._runtime.tool import ToolSpec, tool_function
 
 
 def delete_note(text: str) -> None:
@@ -39,7 +40,7 @@ def rollback_without_compensate() -> Tool[..., Any]:
     # The decorator refuses this declaration, so build the policy by hand, as a bug elsewhere
     # (or a future decorator) might.
     policy = ToolPolicy(cancel=CancelPolicy.ROLLBACK, effect=Effect.WRITE, effect_declared=True)
-    return Tool(delete_note, policy, "undo_nothing")
+    return tool_function(ToolSpec(delete_note, policy, "undo_nothing"))
 
 
 def codes(tools: list[Tool[..., Any]], deadline: float | None = None) -> list[str]:

@@ -50,13 +50,23 @@ from psycopg_pool import AsyncConnectionPool
 
 from .._core.exceptions import StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
-from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json, load_json
+from .._core.records import (
+    Event,
+    Owner,
+    PartialKey,
+    RunRecord,
+    RunSnapshot,
+    dump_json,
+    load_json,
+)
 from .._core.states import State, StepStatus
 from .rows import (
+    PARTIAL_COLUMNS,
     RUN_COLUMNS,
     STEP_COLUMNS,
     error_to_text,
     event_from_row,
+    partial_key,
     run_from_row,
     step_from_row,
     transition_fields,
@@ -431,6 +441,8 @@ class PostgresStore:
                     step.args,
                     step.cleanup,
                     time.time(),
+                    step.call_id,
+                    step.fingerprint,
                 ),
             )
             row = await cursor.fetchone()
@@ -483,17 +495,21 @@ class PostgresStore:
         with anyio.CancelScope(shield=True):  # see Store.settle_step
             await self._run(op)
 
-    async def append_partial(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
-        text = dump_json(value, "a partial result")
+    async def append_partial(
+        self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
+    ) -> None:
+        row = _partial_row(run_id, seq, value, origin)
 
         async def op(conn: _Conn) -> None:
             await _check_fence(conn, run_id, fence)
-            await conn.execute(_INSERT_PARTIAL, (run_id, seq, text))
+            await conn.execute(_INSERT_PARTIAL, row)
 
         await self._run(op)
 
-    def append_partial_blocking(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
-        text = dump_json(value, "a partial result")
+    def append_partial_blocking(
+        self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
+    ) -> None:
+        partial = _partial_row(run_id, seq, value, origin)
         if self._pool is None:
             raise StoreError(f"store {self._where} is not open")
         with self._sync_lock:
@@ -512,7 +528,7 @@ class PostgresStore:
                         raise UnknownRunError(run_id)
                     if row["owner_token"] != fence:
                         raise _lost(run_id)
-                    conn.execute(_INSERT_PARTIAL, (run_id, seq, text))
+                    conn.execute(_INSERT_PARTIAL, partial)
             except psycopg.Error as error:
                 if self._sync_conn is not None and self._sync_conn.broken:
                     self._sync_conn.close()
@@ -529,10 +545,18 @@ class PostgresStore:
                 )
                 steps = tuple(map(step_from_row, await rows.fetchall()))
             cursor = await conn.execute(
-                "SELECT value FROM haltwise.partials WHERE run_id = %s ORDER BY seq", (run_id,)
+                f"SELECT {PARTIAL_COLUMNS} FROM haltwise.partials WHERE run_id = %s ORDER BY seq",
+                (run_id,),
             )
-            partials = tuple(load_json(row["value"]) for row in await cursor.fetchall())
-            return RunSnapshot(run=run, steps=steps, partials=partials)
+            found = await cursor.fetchall()
+            return RunSnapshot(
+                run=run,
+                steps=steps,
+                partials=tuple(load_json(row["value"]) for row in found),
+                partial_keys=tuple(
+                    partial_key(row["step"], row["ordinal"], row["seq"]) for row in found
+                ),
+            )
 
         return await self._run(op, read_only=True)
 
@@ -661,9 +685,16 @@ class PostgresStore:
 # -- SQL helpers ------------------------------------------------------------------------------
 
 _INSERT_PARTIAL = (
-    "INSERT INTO haltwise.partials (run_id, seq, value) VALUES (%s, %s, %s) "
-    "ON CONFLICT (run_id, seq) DO NOTHING"
+    "INSERT INTO haltwise.partials (run_id, seq, value, step, ordinal) "
+    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id, seq) DO NOTHING"
 )
+
+
+def _partial_row(
+    run_id: str, seq: int, value: Any, origin: PartialKey | None
+) -> tuple[str, int, str, int | None, int]:
+    step, ordinal = origin or (None, seq)
+    return (run_id, seq, dump_json(value, "a partial result"), step, ordinal)
 
 
 def _fetched(row: DictRow | None) -> DictRow:
@@ -703,13 +734,13 @@ WITH run AS (
     WHERE id = %s AND owner_token = %s FOR SHARE
 )
 INSERT INTO haltwise.steps AS s (run_id, idx, tool, cancel, effect, idempotent, status, attempts,
-                                 idem_key, args, cleanup, started_at)
+                                 idem_key, args, cleanup, started_at, call_id, fingerprint)
 SELECT %s::text, %s::integer, %s::text, %s::text, %s::text, %s::boolean, 'running', 1,
-       %s::text, %s::text, %s::boolean, %s::double precision
+       %s::text, %s::text, %s::boolean, %s::double precision, %s::text, %s::text
 FROM run
 ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = s.attempts + 1,
     result = NULL, error = NULL, args = excluded.args, started_at = excluded.started_at,
-    settled_at = NULL
+    settled_at = NULL, call_id = excluded.call_id, fingerprint = excluded.fingerprint
 RETURNING s.attempts, (SELECT state FROM run) AS state, (SELECT reason FROM run) AS reason,
     (SELECT force FROM run) AS force
 """

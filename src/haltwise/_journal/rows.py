@@ -8,7 +8,7 @@ from typing import Any
 
 from .._core.outcome import ErrorInfo, StepRecord
 from .._core.policy import Effect
-from .._core.records import Event, Owner, RunRecord, dump_json, load_json
+from .._core.records import Event, Owner, PartialKey, RunRecord, dump_json, load_json
 from .._core.states import State, StepStatus
 from .store import UNSET
 
@@ -18,7 +18,7 @@ RUN_COLUMNS = (
 )
 STEP_COLUMNS = (
     "idx, tool, cancel, effect, idempotent, status, attempts, result, error, idem_key, args, "
-    "cleanup"
+    "cleanup, call_id, fingerprint"
 )
 
 
@@ -63,9 +63,22 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
     By position, not by name: a load converts every step of the run, and looking columns up by
     name cost about a third of it.
     """
-    index, tool, cancel, effect, idempotent, status, attempts, result, error, key, args, cleanup = (
-        row
-    )
+    (
+        index,
+        tool,
+        cancel,
+        effect,
+        idempotent,
+        status,
+        attempts,
+        result,
+        error,
+        key,
+        args,
+        cleanup,
+        call_id,
+        fingerprint,
+    ) = row
     return StepRecord(
         index=index,
         tool=tool,
@@ -79,7 +92,21 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         idempotency_key=key,
         args=None if args is None else json.loads(args),
         cleanup=bool(cleanup),
+        call_id=call_id,
+        fingerprint=fingerprint,
     )
+
+
+#: The columns of a partial result that say where it came from (see :func:`partial_key`).
+PARTIAL_COLUMNS = "value, step, ordinal, seq"
+
+
+def partial_key(step: int | None, ordinal: int | None, seq: int) -> PartialKey:
+    """Who emitted a partial: ``(step index or None for the task's own code, ordinal)``.
+
+    A row written before schema version 3 has neither: it counts as the task's own ``seq``-th.
+    """
+    return (step, seq if ordinal is None else ordinal)
 
 
 def event_from_row(row: Mapping[str, Any]) -> Event:

@@ -104,6 +104,13 @@ def _text(name: str, *, not_null: bool = False) -> Column:
     return Column(name, Kind.TEXT, not_null=not_null)
 
 
+#: Version 3: how a replayed call is matched to its journaled step (the framework's call id, and a
+#: fingerprint of its arguments checked on replay).
+_STEP_IDENTITY = (_text("call_id"), _text("fingerprint"))
+#: Version 3: which step emitted a partial result (NULL: the task's own code) and its ordinal
+#: among that emitter's partials, so that a replayed step does not emit it again.
+_PARTIAL_ORIGIN = (Column("step", Kind.INTEGER), Column("ordinal", Kind.INTEGER))
+
 TABLES: tuple[Table, ...] = (
     Table(
         "haltwise_meta",
@@ -151,6 +158,7 @@ TABLES: tuple[Table, ...] = (
             Column("cleanup", Kind.BOOLEAN, not_null=True, default=False),
             Column("started_at", Kind.REAL, not_null=True),
             Column("settled_at", Kind.REAL),
+            *_STEP_IDENTITY,
         ),
         primary_key=("run_id", "idx"),
         without_rowid=True,
@@ -161,6 +169,7 @@ TABLES: tuple[Table, ...] = (
             _text("run_id", not_null=True),
             Column("seq", Kind.INTEGER, not_null=True),
             _text("value", not_null=True),
+            *_PARTIAL_ORIGIN,
         ),
         primary_key=("run_id", "seq"),
         without_rowid=True,
@@ -193,6 +202,14 @@ MIGRATIONS: tuple[Migration, ...] = (
         (
             Index("runs_by_created", "runs", ("created_at", "id")),
             Index("runs_by_task", "runs", ("task", "created_at")),
+        ),
+    ),
+    Migration(
+        3,
+        "step identity (call id, argument fingerprint) and the step that emitted each partial",
+        (
+            *(AddColumn("steps", column) for column in _STEP_IDENTITY),
+            *(AddColumn("partials", column) for column in _PARTIAL_ORIGIN),
         ),
     ),
 )

@@ -25,13 +25,15 @@ import anyio
 
 from .._core.exceptions import StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
-from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json
+from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .rows import (
+    PARTIAL_COLUMNS,
     RUN_COLUMNS,
     STEP_COLUMNS,
     error_to_text,
     event_from_row,
+    partial_key,
     run_from_row,
     step_from_row,
     transition_fields,
@@ -64,12 +66,12 @@ _POLL_INTERVAL = 0.015
 
 _START_STEP = """
 INSERT INTO steps (run_id, idx, tool, cancel, effect, idempotent, status, attempts, idem_key,
-                   args, cleanup, started_at)
-SELECT ?, ?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?
+                   args, cleanup, started_at, call_id, fingerprint)
+SELECT ?, ?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?
 WHERE EXISTS (SELECT 1 FROM runs WHERE id = ? AND owner_token = ?)
 ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = attempts + 1,
     result = NULL, error = NULL, args = excluded.args, started_at = excluded.started_at,
-    settled_at = NULL
+    settled_at = NULL, call_id = excluded.call_id, fingerprint = excluded.fingerprint
 RETURNING attempts, (SELECT state = 'cancelling' FROM runs WHERE id = steps.run_id)
 """
 
@@ -395,6 +397,8 @@ class SQLiteStore:
             step.args,
             int(step.cleanup),
             time.time(),
+            step.call_id,
+            step.fingerprint,
             run_id,
             fence,
         )
@@ -431,21 +435,28 @@ class SQLiteStore:
         else:
             self._writer.defer(op)
 
-    async def append_partial(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
-        await self._writer.call(self._partial_op(run_id, seq, value, fence=fence), atomic=True)
+    async def append_partial(
+        self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
+    ) -> None:
+        await self._writer.call(self._partial_op(run_id, seq, value, fence, origin), atomic=True)
 
-    def append_partial_blocking(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
-        self._writer.call_blocking(self._partial_op(run_id, seq, value, fence=fence), atomic=True)
+    def append_partial_blocking(
+        self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
+    ) -> None:
+        self._writer.call_blocking(self._partial_op(run_id, seq, value, fence, origin), atomic=True)
 
-    def _partial_op(self, run_id: str, seq: int, value: Any, *, fence: str) -> Op:
+    def _partial_op(
+        self, run_id: str, seq: int, value: Any, fence: str, origin: PartialKey | None
+    ) -> Op:
         text = dump_json(value, "a partial result")
+        step, ordinal = origin or (None, seq)
 
         def op(conn: sqlite3.Connection) -> None:
             _check_fence(conn, run_id, fence)
             conn.execute(
-                "INSERT INTO partials (run_id, seq, value) VALUES (?, ?, ?) "
+                "INSERT INTO partials (run_id, seq, value, step, ordinal) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (run_id, seq) DO NOTHING",
-                (run_id, seq, text),
+                (run_id, seq, text, step, ordinal),
             )
 
         return op
@@ -459,13 +470,15 @@ class SQLiteStore:
                 f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY idx", (run_id,)
             )
             steps = tuple(map(step_from_row, rows))
-            partials = tuple(
-                json.loads(row[0])
-                for row in conn.execute(
-                    "SELECT value FROM partials WHERE run_id = ? ORDER BY seq", (run_id,)
-                )
+            found = conn.execute(
+                f"SELECT {PARTIAL_COLUMNS} FROM partials WHERE run_id = ? ORDER BY seq", (run_id,)
+            ).fetchall()
+            return RunSnapshot(
+                run=run,
+                steps=steps,
+                partials=tuple(json.loads(row[0]) for row in found),
+                partial_keys=tuple(partial_key(row[1], row[2], row[3]) for row in found),
             )
-            return RunSnapshot(run=run, steps=steps, partials=partials)
 
         snapshot: RunSnapshot = await self._writer.call(op, write=False)
         return snapshot
