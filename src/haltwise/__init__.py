@@ -36,10 +36,10 @@ from ._core.states import StepStatus as StepStatus
 from ._journal.check import CheckReport as CheckReport
 from ._journal.check import verify_store as verify_store
 from ._journal.store import LostOwnershipError as LostOwnershipError
-from ._runtime.runtime import Runtime as Runtime
-from ._runtime.runtime import TaskHandle as TaskHandle
 from ._runtime.run_context import call_id as call_id
 from ._runtime.run_context import current_task_id as current_task_id
+from ._runtime.runtime import Runtime as Runtime
+from ._runtime.runtime import TaskHandle as TaskHandle
 from ._runtime.task_api import aemit as aemit
 from ._runtime.task_api import cancel_requested as cancel_requested
 from ._runtime.task_api import checkpoint as checkpoint
@@ -49,8 +49,8 @@ from ._runtime.task_api import shield as shield
 from ._runtime.tool import OnCancel as OnCancel
 from ._runtime.tool import Task as Task
 from ._runtime.tool import Tool as Tool
-from ._runtime.tool import task as task
 from ._runtime.tool import step as step
+from ._runtime.tool import task as task
 from ._runtime.tool import tool as tool
 
 __version__ = "0.1.0"
