@@ -27,6 +27,7 @@ import asyncio
 import json
 import time
 import zlib
+from collections.abc import Coroutine
 from enum import Enum, auto
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -242,10 +243,11 @@ class _Flight:
         """
         if self.phase is not _Phase.BODY or (self.shielded and not self.run.forced):
             return
-        if self.in_body_task or self.caller is None:
-            return
+        caller = self.caller
+        if self.in_body_task or caller is None or caller.cancelling():
+            return  # the task scope reaches it, or a cancel is on its way already (a gather's)
         self.native_cancels += 1
-        self.caller.cancel()
+        caller.cancel()
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -287,7 +289,12 @@ class _Flight:
             # Beside the task function's own code: the store batches its writes with others.
             self.counted = True
             run.runtime.count_concurrent_steps(+1)
-        _, stored_cancel = await run.store.start_step(run.run_id, start, fence=run.fence)
+        try:
+            _, stored_cancel = await run.store.start_step(run.run_id, start, fence=run.fence)
+        except _CANCELLED:
+            # Cancelled while waiting for the write, which happens anyway: the body never ran.
+            await _to_the_end(settle(run, self.index, StepStatus.INTERRUPTED))
+            raise
         if stored_cancel is not None:
             run.request_cancel(stored_cancel[0], force=stored_cancel[1])
         if (run.cancel_reason is not None and not self.shielded) or run.forced:
@@ -355,12 +362,14 @@ class _Flight:
     async def _failed(self, error: BaseException) -> None:
         """The body raised: a rollback tool is compensated first (it may have half written);
         if that fails, what it wrote is not known: ``unknown``."""
+        await _to_the_end(self._settle_failed(error))
+
+    async def _settle_failed(self, error: BaseException) -> None:
         status = StepStatus.FAILED
         if self.policy is CancelPolicy.ROLLBACK:
-            with anyio.CancelScope(shield=True):
-                undone = await self._stopped() and await compensate(
-                    self.run, self.spec, self.args, self.kwargs
-                )
+            undone = await self._stopped() and await compensate(
+                self.run, self.spec, self.args, self.kwargs
+            )
             status = StepStatus.FAILED if undone else StepStatus.UNKNOWN
         await settle(self.run, self.index, status, error=ErrorInfo.of(error))
 
@@ -377,10 +386,15 @@ class _Flight:
         raise Cancelled(run.cancel_reason or cancel.reason, task_id=run.run_id)
 
     async def _settle_cancelled(self) -> None:
-        """Settle the step by its policy after a cancel reached it (haltwise's or a host's)."""
-        with anyio.CancelScope(shield=True):
-            status, result = await self._cancelled_status()
-            await settle(self.run, self.index, status, result=result)
+        """Settle the step by its policy after a cancel reached it (haltwise's or a host's).
+
+        Run to its end whatever cancels the caller meanwhile: a step is never left running.
+        """
+        await _to_the_end(self._settle_by_policy())
+
+    async def _settle_by_policy(self) -> None:
+        status, result = await self._cancelled_status()
+        await settle(self.run, self.index, status, result=result)
 
     async def _cancelled_status(self) -> tuple[StepStatus, JSONText | None]:
         """The status a cancel leaves (and the result, for a body that finished anyway)."""
@@ -413,9 +427,7 @@ class _Flight:
             with anyio.move_on_after(self.spec.policy.grace, shield=True) as scope:
                 self.run.shield_scopes.append(scope)
                 try:
-                    await _wait_done(inner)
-                except _CANCELLED:
-                    pass  # forced meanwhile, or a second host cancel: stop waiting
+                    await _wait_done(inner)  # a forced cancel cancels the scope
                 finally:
                     self.run.shield_scopes.remove(scope)
         if not inner.done() or inner.cancelled() or inner.exception() is not None:
@@ -451,18 +463,37 @@ class _Flight:
     def _propagate(self, cancel: BaseException) -> NoReturn:
         """Raise what the caller sees after a cancel settled the step.
 
-        A cancel haltwise requested is delivered as :class:`Cancelled`; anything else (a host's
-        cancel, a shield's time running out) propagates as it came.
+        In the task function's own task, a cancel haltwise requested is delivered as
+        :class:`Cancelled`. Anything else propagates as a cancellation, as it came: a host's
+        cancel, a shield's time running out, and a haltwise cancel reaching a step in another
+        task (a ``gather`` or task group of the task's, which then stop as cancelled, and the
+        task function sees the cancel at its await on them).
         """
         run = self.run
-        ours = self.native_cancels > 0
         self._take_back_cancels()
-        if run.cancel_reason is not None and not self.shielded and (ours or self.in_body_task):
+        if run.cancel_reason is not None and not self.shielded and self.in_body_task:
             run.delivered = True
             raise Cancelled(run.cancel_reason, task_id=run.run_id) from None
         if run.cancel_reason is None:
             run.host_cancelled = True
         raise cancel
+
+
+async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` to its end in a task of its own, whatever cancels the caller meanwhile.
+
+    For the settling of a step after a cancel reached it: neither a second host cancel nor
+    anyio's repeated delivery of a task scope's cancel may leave the step half settled. What
+    ``work`` raises is raised here.
+    """
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        try:
+            with anyio.CancelScope(shield=True):
+                await _wait_done(task)
+        except _CANCELLED:
+            continue  # the caller will see the cancel it was already given
+    task.result()
 
 
 async def _wait_done(future: asyncio.Future[Any]) -> None:
