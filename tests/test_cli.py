@@ -775,7 +775,9 @@ def test_store_that_is_not_a_haltwise_store(env: Env) -> None:
     blocker = env.root / "file.txt"
     blocker.write_text("a file, not a directory")
     bad_path = f"sqlite:///{blocker}/sub/store.db"
-    assert "cannot create" in error_line(env.hw("status", "x", "--store", bad_path))
+    assert "cannot create" in error_line(env.hw("cancel", "x", "--store", bad_path))
+    # a command that only reads creates nothing, and says where it looked
+    assert "there is no store at" in error_line(env.hw("status", "x", "--store", bad_path))
 
 
 def test_default_store_is_under_the_current_directory(env: Env) -> None:

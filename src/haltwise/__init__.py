@@ -9,8 +9,10 @@ from typing import Any
 
 import anyio
 
+from ._core.exceptions import BadRow as BadRow
 from ._core.exceptions import Cancelled as Cancelled
 from ._core.exceptions import ChildRunError as ChildRunError
+from ._core.exceptions import CorruptRowError as CorruptRowError
 from ._core.exceptions import HaltwiseError as HaltwiseError
 from ._core.exceptions import InputError as InputError
 from ._core.exceptions import InvalidTransitionError as InvalidTransitionError
@@ -81,10 +83,12 @@ def run(
 
 
 __all__ = [
+    "BadRow",
     "CancelPolicy",
     "Cancelled",
     "CheckReport",
     "ChildRunError",
+    "CorruptRowError",
     "Effect",
     "ErrorInfo",
     "HaltwiseError",

@@ -360,8 +360,12 @@ def _render_rich(report: AuditReport, console: Console) -> None:
     from rich.text import Text
 
     tools = Table(title="Tool cancel policies", title_justify="left")
+    # The tool column asks for its longest name (up to 24), so that at 80 columns a name is not
+    # cut in two; the other columns fold as they must.
+    longest = max((len(row.name) for row in report.tools), default=0)
     for column in _MD_COLUMNS:
-        tools.add_column(column, overflow="fold")
+        width = min(longest, 24) if column == "tool" else None
+        tools.add_column(column, overflow="fold", min_width=width or None)
     for row in report.tools:
         cells = [Text(cell) for cell in _md_tool(row)]
         cells[0] = Text(row.name, style="bold")
@@ -375,7 +379,7 @@ def _render_rich(report: AuditReport, console: Console) -> None:
         return
     findings = Table(title="Findings", title_justify="left")
     for column in ("tool", "code", "problem", "fix"):
-        findings.add_column(column, overflow="fold")
+        findings.add_column(column, overflow="fold", no_wrap=column in ("tool", "code"))
     for finding in report.findings:
         findings.add_row(
             Text(finding.tool, style="bold"),

@@ -14,9 +14,9 @@ from typing import NoReturn
 import click
 
 from .. import __version__
-from .._core.exceptions import HaltwiseError
-from . import runs, verify, work
-from .base import USAGE, fail
+from .._core.exceptions import HaltwiseError, UnknownRunError
+from . import mcp, runs, verify, work
+from .base import USAGE, fail, store_in_use
 
 __all__ = ["cli", "main", "run_cli"]
 
@@ -42,6 +42,7 @@ for _command in (
     work.worker_command,
     verify.check_command,
     verify.explore_command,
+    mcp.mcp_command,
 ):
     cli.add_command(_command)
 
@@ -59,11 +60,18 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
         return fail(error.format_message() + hint)
     except click.ClickException as error:
         return fail(error.format_message())
+    except UnknownRunError as error:
+        return fail(f"{error} ({_where_looked()})")
     except HaltwiseError as error:
         return fail(str(error))
     except (click.Abort, KeyboardInterrupt):
         return 130
     return code if isinstance(code, int) else 0
+
+
+def _where_looked() -> str:
+    store = store_in_use()
+    return f"looked in {store}" if store else "no store was named"
 
 
 def main() -> NoReturn:

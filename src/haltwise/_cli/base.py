@@ -9,14 +9,20 @@ object on stdout.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import anyio
 import click
 
+from .._core.exceptions import InputError, NoStoreError
 from .._core.outcome import Outcome
+from .._core.records import parse_json_text
 from .._core.states import State
+from .._journal.secrets import safe_url, scrub
+from .._journal.store import Store, open_store, store_url_from
+from .render import escape_controls
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,15 +40,51 @@ def exit_code(outcome: Outcome) -> int:
 # -- shared options --------------------------------------------------------------------------
 
 
+#: The store URL the running command uses (set as its ``--store`` is parsed), so that an error
+#: can say which store it looked in; the command line runs one command per process.
+STORE_IN_USE: list[str] = []
+
+
+def _note_store(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    STORE_IN_USE[:] = [store_url_from(value)]
+    return value
+
+
 def store_option(command: F) -> F:
     """``--store URL``: default ``$HALTWISE_STORE``, else ``sqlite:///.haltwise/haltwise.db``."""
     return click.option(
         "--store",
         metavar="URL",
         default=None,
+        callback=_note_store,
         help="Store URL (sqlite:///PATH.db or postgresql://...); default $HALTWISE_STORE, "
         "else sqlite:///.haltwise/haltwise.db.",
     )(command)
+
+
+def store_in_use() -> str | None:
+    """The store the command used, as a message may show it (no password); None if none."""
+    return safe_url(STORE_IN_USE[0]) if STORE_IN_USE else None
+
+
+@asynccontextmanager
+async def reading(url: str | None) -> AsyncIterator[Store | None]:
+    """The store, opened read-only, for a command that only looks (``status``, ``list``...).
+
+    Reading never creates a store, nor waits behind another process's write lock; ``None``
+    when there is no store there (a mistyped path), which the command then says.
+    """
+    journal = open_store(url, read_only=True)
+    try:
+        await journal.open()
+    except NoStoreError:
+        yield None
+        return
+    try:
+        yield journal
+    finally:
+        with anyio.CancelScope(shield=True):
+            await journal.close()
 
 
 def json_option(command: F) -> F:
@@ -76,11 +118,9 @@ def parse_assumed(
         if index < 0:
             raise click.BadParameter(f"{value!r}: a step number is >= 0", ctx, param)
         try:
-            assumed[index] = json.loads(result_text) if equals else None
-        except json.JSONDecodeError as error:
-            raise click.BadParameter(
-                f"{value!r}: the result is not valid JSON ({error})", ctx, param
-            ) from None
+            assumed[index] = parse_json_text(result_text, "the result") if equals else None
+        except InputError as error:
+            raise click.BadParameter(f"step {index}: {error}", ctx, param) from None
     return assumed
 
 
@@ -117,9 +157,18 @@ def print_json(value: Any) -> None:
 
 
 def warn(text: str) -> None:
-    click.echo(f"haltwise: {text}", err=True)
+    """One line on stderr, without any store password (see :func:`one_line`)."""
+    click.echo(f"haltwise: {one_line(text)}", err=True)
 
 
 def fail(text: str) -> int:
-    click.echo(f"haltwise: error: {' '.join(text.split())}", err=True)
+    """The one ``haltwise: error:`` line of a usage error; returns the exit code 2."""
+    click.echo(f"haltwise: error: {one_line(text)}", err=True)
     return USAGE
+
+
+def one_line(text: str) -> str:
+    """``text`` fit for one line of a terminal: whitespace runs folded to one space, control
+    characters escaped (a message may quote an id or a reason from the journal), and no secret
+    of any store URL this process opened."""
+    return escape_controls(" ".join(scrub(text).split()))

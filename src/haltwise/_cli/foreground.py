@@ -9,7 +9,6 @@ into a ``KeyboardInterrupt``.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -22,7 +21,7 @@ import anyio
 
 from .._core.exceptions import HaltwiseError, InputError, RunOwnedError, UnknownRunError
 from .._core.outcome import Outcome
-from .._core.records import RunRecord
+from .._core.records import RunRecord, parse_json_text
 from .._journal.owner import owner_alive
 from .._runtime.runtime import Runtime
 from .._runtime.tool import Task
@@ -118,10 +117,7 @@ def parse_input(text: str | None) -> dict[str, Any]:
     """``--input``: a JSON object of keyword arguments; raises :class:`InputError` otherwise."""
     if text is None:
         return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise InputError(f"--input is not valid JSON: {error}") from None
+    value = parse_json_text(text, "--input")
     if not isinstance(value, dict):
         raise InputError(
             f"--input must be a JSON object of keyword arguments, not {type(value).__name__}"

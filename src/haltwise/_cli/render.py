@@ -9,12 +9,17 @@ colour and :attr:`Screen.interactive` is false, so the command line shows no liv
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+import os
+import re
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, final
 
+from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.segment import Segment
 from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
@@ -118,12 +123,71 @@ def _unique(names: Iterator[str] | Sequence[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+#: Control characters a text from the journal (an id, a reason, an error) may hold: C0 (but the
+#: newline), DEL, C1 and the Unicode bidirectional overrides. Written raw they would drive the
+#: terminal (colours, the window title, the cursor), so they are shown escaped: ``\x1b``.
+_CONTROLS = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+#: A width outside this range (``COLUMNS=0``, ``COLUMNS=banana``) is ignored: rich would print
+#: nothing at width 0, and build lines of that many spaces at a huge one.
+_WIDTHS = range(20, 1001)
+#: The width used when neither the terminal nor ``COLUMNS`` gives a usable one.
+_DEFAULT_WIDTH = 80
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character (see ``_CONTROLS``) written as an escape."""
+    return _CONTROLS.sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+class _SafeConsole(Console):
+    """A rich console that writes no control character it did not make itself.
+
+    Every text segment is escaped on its way out (rich's own cursor and style codes are control
+    segments and styles, not text), so nothing printed can drive the terminal, whichever
+    renderable carried it.
+    """
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            Segment(escape_controls(segment.text), segment.style, segment.control)
+            if segment.control is None
+            else segment
+            for segment in buffer
+        )
+
+
+def console_width() -> int | None:
+    """The width to render at: the terminal's or ``$COLUMNS``, unless that is unusable."""
+    columns = os.environ.get("COLUMNS")
+    if columns is None:
+        return None  # rich asks the terminal, else uses 80
+    try:
+        width = int(columns)
+    except ValueError:
+        width = 0
+    if width in _WIDTHS:
+        return width
+    try:
+        width = os.get_terminal_size(sys.stdout.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        width = 0
+    return width if width in _WIDTHS else _DEFAULT_WIDTH
+
+
 @final
 class Screen:
-    """Human output on stdout, through one rich console (colour only on a terminal)."""
+    """Human output on stdout, through one rich console (colour only on a terminal).
+
+    Nothing it prints can drive the terminal: control characters in the data are escaped.
+    """
 
     def __init__(self) -> None:
-        self.console = Console(highlight=False)
+        self.console = _SafeConsole(highlight=False, width=console_width())
 
     @property
     def interactive(self) -> bool:
@@ -131,8 +195,8 @@ class Screen:
         return self.console.is_terminal
 
     def note(self, text: str) -> None:
-        """One plain line of text."""
-        self.console.print(Text(text))
+        """One plain line of text (not wrapped: a path in it stays whole)."""
+        self.console.print(Text(text), soft_wrap=True)
 
     def outcome(self, outcome: Outcome, *, notes: Sequence[str | None] = ()) -> None:
         """The summary of a run: state, reason, result or error, steps, partials, retry advice.
@@ -261,10 +325,25 @@ def _summary(outcome: Outcome, notes: Sequence[str]) -> Iterator[RenderableType]
         yield Text("retry: the run is still active")
 
 
+#: The most the tool column asks for so that a name is not cut in two.
+_UNBROKEN = 22
+#: The widest the other columns get: their values wrap at spaces ("external,/idempotent").
+_STEP_WIDTHS = {"policy": 13, "effect": 10, "status": 11, "attempts": 8}
+
+
 def _steps_table(steps: Sequence[StepRecord]) -> Table:
-    table = Table(title="steps", title_justify="left")
+    """The steps of a run, compact enough that at 80 columns a tool name up to ~22 characters is
+    never cut in two (it was: "send_ema/il")."""
+    table = Table(title="steps", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    longest = max(len(step.tool) for step in steps)
     for column in ("#", "tool", "policy", "effect", "status", "attempts"):
-        table.add_column(column, overflow="fold", justify="right" if column == "#" else "left")
+        table.add_column(
+            column,
+            overflow="fold",
+            justify="right" if column == "#" else "left",
+            min_width=min(longest, _UNBROKEN) if column == "tool" else None,
+            max_width=_STEP_WIDTHS.get(column),
+        )
     for step in steps:
         table.add_row(
             str(step.index),

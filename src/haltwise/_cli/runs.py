@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .._core.exceptions import InputError
+from .._core.exceptions import HaltwiseError, InputError
 from .._core.outcome import Outcome
 from .._core.records import RunRecord
 from .._core.states import State
@@ -19,7 +19,9 @@ from .base import (
     json_option,
     parse_assumed,
     print_json,
+    reading,
     run_async,
+    store_in_use,
     store_option,
     warn,
 )
@@ -128,8 +130,10 @@ def status_command(task_id: str, as_json: bool, store: str | None) -> int:
     """Show run ID: state, steps, partial results and retry advice."""
 
     async def main() -> int:
-        async with Runtime(store) as runtime:
-            snapshot = await runtime.store.load(task_id)
+        async with reading(store) as journal:
+            if journal is None:
+                raise HaltwiseError(f"no run with id {task_id!r}: there is no store at {where()}")
+            snapshot = await journal.load(task_id)
         outcome = snapshot.outcome()
         if as_json:
             print_json(outcome.to_json())
@@ -202,14 +206,18 @@ def resume_command(
 def list_command(state: str | None, as_json: bool, store: str | None) -> int:
     """List the runs in the store, oldest first."""
 
-    async def main() -> list[Outcome]:
-        async with Runtime(store) as runtime:
-            runs = await runtime.store.list_runs(State(state) if state else None)
-            return [(await runtime.store.load(run.id)).outcome() for run in runs]
+    async def main() -> list[Outcome] | None:
+        async with reading(store) as journal:
+            if journal is None:
+                return None  # nothing has run with this store yet: reading creates none
+            runs = await journal.list_runs(State(state) if state else None)
+            return [(await journal.load(run.id)).outcome() for run in runs]
 
     outcomes = run_async(main)
     if as_json:
-        print_json({"runs": [_run_row(outcome) for outcome in outcomes]})
+        print_json({"runs": [_run_row(outcome) for outcome in outcomes or ()]})
+    elif outcomes is None:
+        Screen().note(f"no runs: there is no store at {where()}")
     else:
         Screen().runs(outcomes)
     return 0
@@ -274,6 +282,11 @@ def _run_row(outcome: Outcome) -> dict[str, Any]:
         "reason": outcome.reason,
         "retry": outcome.retry.value,
     }
+
+
+def where() -> str:
+    """The store the command looked in, for a message."""
+    return store_in_use() or "the default place"
 
 
 def _owner_gone(run: RunRecord) -> str | None:

@@ -9,8 +9,7 @@ import anyio
 import click
 
 from .._core.exceptions import InputError
-from .._journal.check import verify
-from .._journal.store import open_store
+from .._journal.check import check_store
 from .base import json_option, run_async, store_option
 from .foreground import parse_input
 from .render import Screen
@@ -24,12 +23,7 @@ def check_command(as_json: bool, store: str | None) -> int:
     owner, partial results are contiguous. Exit 0 if sound, 1 with the findings if not."""
 
     async def main() -> int:
-        journal = open_store(store)
-        await journal.open()
-        try:
-            report = await verify(journal)
-        finally:
-            await journal.close()
+        report = await check_store(store)
         if as_json:
             click.echo(json.dumps(report.to_json()))
         else:

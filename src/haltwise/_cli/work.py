@@ -8,7 +8,7 @@ import signal
 import anyio
 import click
 
-from .._core.exceptions import InputError
+from .._core.exceptions import BadRow, InputError
 from .._runtime.runtime import Runtime
 from .._runtime.tool import Task
 from .._runtime.worker import Worker
@@ -83,6 +83,7 @@ def worker_command(file: str, concurrency: int, store: str | None) -> int:
                 worker_names(file, tasks),
                 concurrency=concurrency,
                 on_hand_over=_say_handing_over,
+                on_bad_row=_say_skipping,
             )
             stop = anyio.Event()
             async with anyio.create_task_group() as group:
@@ -92,6 +93,10 @@ def worker_command(file: str, concurrency: int, store: str | None) -> int:
         return 0
 
     return run_async(main)
+
+
+def _say_skipping(row: BadRow) -> None:
+    click.echo(f"haltwise: skipping a run: {row.describe()}", err=True)
 
 
 def _say_handing_over(runs: int) -> None:

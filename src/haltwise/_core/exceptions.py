@@ -17,7 +17,9 @@ Cancellation is not an error, so it stands outside the error tree::
         ├── UnknownStepError      a run taken over has an unknown step it may not run again
         ├── ChildRunError         a child task's run failed or was cancelled on its own (.task_id)
         ├── StoreError            the store is unusable: bad URL, not a haltwise store, I/O error
-        │   └── SchemaVersionError  the store was written by a newer haltwise
+        │   ├── SchemaVersionError  the store was written by a newer haltwise
+        │   ├── NoStoreError      a read-only opening found no store at that place (.url)
+        │   └── CorruptRowError   a journal row does not parse (.rows: which, .readable: the rest)
         ├── NotInTaskError        emit()/checkpoint()/idempotency_key() outside a task or tool
         ├── LoadError             a FILE.py or module cannot be loaded, or has no such task
         └── SchemaError           a tool's parameters cannot be described as JSON schema
@@ -28,7 +30,8 @@ A failed run's outcome carries the task's *own* exception type and text, not the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import final
+from dataclasses import dataclass
+from typing import Any, final
 
 
 class Cancelled(BaseException):
@@ -174,6 +177,63 @@ class StoreError(HaltwiseError):
 
 class SchemaVersionError(StoreError):
     """The store was written by a newer version of haltwise than this one."""
+
+
+@final
+class NoStoreError(StoreError):
+    """A store opened read-only (``status``, ``list``, ``check``) does not exist there.
+
+    Reading never creates a store. ``url`` is the store's URL as a message may show it.
+    """
+
+    def __init__(self, url: str) -> None:
+        super().__init__(f"there is no store at {url}")
+        self.url = url
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class BadRow:
+    """One journal row that does not parse.
+
+    ``table`` is the table (``runs``, ``steps``, ``partials``, ``events``, ``haltwise_meta``),
+    ``run_id`` the run it belongs to (``""`` for the meta table), ``where`` the row within the
+    run (``""`` for the run's own row, ``"step 3"``, ``"partial 0"``, ``"event 17"``) and
+    ``problem`` what is wrong with it, naming the column.
+    """
+
+    table: str
+    run_id: str
+    where: str
+    problem: str
+
+    def describe(self) -> str:
+        """``run 'r1' (runs row), column state: 'bogus' is not a run state``."""
+        where = f" {self.where}" if self.where else ""
+        owner = f"run {self.run_id!r}{where}" if self.run_id else self.where
+        return f"{owner} ({self.table} row), {self.problem}"
+
+
+@final
+class CorruptRowError(StoreError):
+    """The journal holds rows that do not parse (edited by hand, or written by a bug).
+
+    ``rows`` names each one (at least one); the message names the first. A listing that met
+    such rows raises this after reading the others: ``readable`` holds the records it could
+    read, in order (empty for an operation on one run), so that ``check`` can report the bad
+    rows as findings and a worker can skip them and go on with the rest.
+    """
+
+    def __init__(self, rows: Sequence[BadRow], readable: Sequence[Any] = ()) -> None:
+        first = rows[0]
+        more = f" (and {len(rows) - 1} more unreadable rows)" if len(rows) > 1 else ""
+        super().__init__(
+            f"unreadable row in the store: {first.describe()}{more}; "
+            "'haltwise check' lists every such row",
+            task_id=first.run_id or None,
+        )
+        self.rows = tuple(rows)
+        self.readable = tuple(readable)
 
 
 class NotInTaskError(HaltwiseError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,7 +124,33 @@ def dump_json(value: Any, what: str) -> str:
         return json.dumps(value, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as error:
         raise InputError(f"{what} is not JSON-serialisable: {error}") from None
+    except RecursionError:
+        raise InputError(f"{what} is nested too deeply to be journaled") from None
 
 
 def load_json(text: str | None) -> Any:
     return None if text is None else json.loads(text)
+
+
+def parse_json_text(text: str, what: str) -> Any:
+    """Parse JSON a user gave (``--input``, ``--assume-done``, a request body).
+
+    Raises :class:`InputError` naming ``what`` for text that is not JSON, and for JSON the
+    journal could not hold: an integer longer than Python converts (4,300 digits), nesting
+    deeper than the parser recurses, ``NaN`` or ``Infinity``. The message is one line.
+    """
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as error:
+        raise InputError(f"{what} is not valid JSON: {error}") from None
+    except RecursionError:
+        raise InputError(f"{what} is nested too deeply") from None
+    except ValueError as error:  # an integer with too many digits, NaN, Infinity
+        detail = str(error)
+        if "integer string conversion" in detail:
+            detail = f"an integer longer than {sys.get_int_max_str_digits()} digits"
+        raise InputError(f"{what} holds a value the journal cannot keep: {detail}") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
+from .._core.exceptions import CorruptRowError, NoStoreError
 from .._core.records import Event, RunRecord
 from .._core.states import State, StepStatus, is_allowed
 from .owner import owner_alive
 from .store import Store, open_store
 
 _ACTIVE = (State.PENDING, State.RUNNING, State.CANCELLING)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,34 +54,64 @@ async def verify(store: Store) -> CheckReport:
     previous ended), ``state-mismatch`` (the run's state is not where its events end),
     ``orphaned-step`` (a step left ``running`` with no live owner: the run awaits takeover),
     ``owned-final-run`` (a final run still has an owner), ``step-gap`` (step indexes are not
-    0..n-1) and ``partial-gap`` (partial results are not numbered 0..n-1).
+    0..n-1), ``partial-gap`` (partial results are not numbered 0..n-1) and ``unreadable-row``
+    (a row that does not parse: a bad state, JSON that is not JSON, a bad owner...; the run's
+    other checks are skipped where they would need that row).
     """
-    runs = await store.list_runs()
-    events_by_run: dict[str, list[Event]] = {}
-    for event in await store.events():
-        events_by_run.setdefault(event.run_id, []).append(event)
-    partial_seqs = await store.partial_seqs()
     findings: list[Finding] = []
+    runs: list[RunRecord] = await _readable(store.list_runs(), findings)
+    total = len(runs) + len(findings)  # each finding so far is a run row that does not parse
+    events_by_run: dict[str, list[Event]] = {}
+    for event in await _readable(store.events(), findings):
+        events_by_run.setdefault(event.run_id, []).append(event)
+    unreadable = {finding.run for finding in findings}
+    partial_seqs = await store.partial_seqs()
     for run in runs:
-        findings.extend(_check_events(run, events_by_run.get(run.id, [])))
+        if run.id not in unreadable:
+            findings.extend(_check_events(run, events_by_run.get(run.id, [])))
         findings.extend(_check_partials(run.id, partial_seqs.get(run.id, [])))
-        findings.extend(await _check_steps(store, run))
-    return CheckReport(runs=len(runs), findings=tuple(findings))
+        try:
+            findings.extend(await _check_steps(store, run))
+        except CorruptRowError as error:
+            findings.extend(_unreadable(error))
+    return CheckReport(runs=total, findings=tuple(findings))
+
+
+async def check_store(url: str | None) -> CheckReport:
+    """Open the store at ``url`` (as everywhere: ``$HALTWISE_STORE``, else the default SQLite
+    file), read-only, run :func:`verify` and close it. A store whose own meta row does not parse
+    cannot be opened: that row is then the one finding. Where there is no store, there is
+    nothing to check (and none is created)."""
+    store = open_store(url, read_only=True)
+    try:
+        await store.open()
+    except NoStoreError:
+        return CheckReport(runs=0, findings=())  # reading creates no store: nothing to check
+    except CorruptRowError as error:
+        return CheckReport(runs=0, findings=tuple(_unreadable(error)))
+    try:
+        return await verify(store)
+    finally:
+        await store.close()
 
 
 def verify_store(url: str | None = None) -> CheckReport:
-    """Open the store at ``url`` (default as everywhere: ``$HALTWISE_STORE``, else the default
-    SQLite file), run :func:`verify` and close it. Blocking."""
+    """:func:`check_store`, blocking."""
+    return anyio.run(check_store, url)
 
-    async def main() -> CheckReport:
-        store = open_store(url)
-        await store.open()
-        try:
-            return await verify(store)
-        finally:
-            await store.close()
 
-    return anyio.run(main)
+async def _readable(listing: Awaitable[list[_T]], findings: list[Finding]) -> list[_T]:
+    """The records a listing could read; each row it could not becomes a finding."""
+    try:
+        return await listing
+    except CorruptRowError as error:
+        findings.extend(_unreadable(error))
+        return list(error.readable)
+
+
+def _unreadable(error: CorruptRowError) -> Iterator[Finding]:
+    for row in error.rows:
+        yield Finding(row.run_id, "unreadable-row", row.describe())
 
 
 def _check_events(run: RunRecord, events: Sequence[Event]) -> Iterator[Finding]:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Collection
@@ -48,31 +47,34 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from .._core.exceptions import StoreError, UnknownRunError
+from .._core.exceptions import NoStoreError, StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
-from .._core.records import (
-    Event,
-    Owner,
-    PartialKey,
-    RunRecord,
-    RunSnapshot,
-    dump_json,
-    load_json,
-)
+from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .rows import (
-    PARTIAL_COLUMNS,
     RUN_COLUMNS,
-    STEP_COLUMNS,
     error_to_text,
     event_from_row,
     partial_key,
+    partials_from_rows,
+    read_all,
     run_from_row,
-    step_from_row,
+    steps_from_rows,
     transition_fields,
 )
 from .schema import POSTGRES, SCHEMA_VERSION, parse_version, upgrade_statements
-from .store import UNSET, LostOwnershipError, NewRun, StepStart, check_transition, plan_cancel
+from .secrets import MASK, redact, safe_url
+from .sql import (
+    RunWrite,
+    Statements,
+    check_fence,
+    event_parameters,
+    insert_run_parameters,
+    plan_cancel_write,
+    plan_create,
+    plan_transition,
+)
+from .store import UNSET, NewRun, StepStart
 
 _CHANNEL = "haltwise_changes"
 #: advisory lock key that serialises schema creation between processes opening the store at once
@@ -85,35 +87,35 @@ _T = TypeVar("_T")
 _Conn = psycopg.AsyncConnection[DictRow]
 
 
-def _redacted(url: str) -> str:
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
-
-
 def _describe(url: str) -> str:
     """``host:port/dbname`` of a libpq URL (never its password), for messages."""
     try:
         params = conninfo_to_dict(url)
     except psycopg.Error:
-        return _redacted(url)
+        return safe_url(url)
     host = params.get("host") or params.get("hostaddr") or "localhost"
     return f"{host}:{params.get('port') or 5432}/{params.get('dbname') or params.get('user') or ''}"
 
 
 def _one_line(error: BaseException, url: str) -> str:
+    """The first line of a driver's error, without any secret of ``url`` in any spelling (the
+    driver may quote a bad part of the URL as it was given, percent-encoded or not)."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    text = text.replace(url, _redacted(url))
+    text = redact(text, url)
     with contextlib.suppress(psycopg.Error):
         password = conninfo_to_dict(url).get("password")
         if password:
-            text = text.replace(str(password), "***")
+            text = text.replace(str(password), MASK)
     return text
 
 
 class PostgresStore:
     """The PostgreSQL journal (see the module docstring for its locking and notifications)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, read_only: bool = False) -> None:
         self.url = url
+        #: opened by a command that only looks (see open_store): never creates or locks
+        self.read_only = read_only
         self._where = _describe(url)
         self._pool: AsyncConnectionPool[_Conn] | None = None
         self._listen_conn: _Conn | None = None
@@ -134,7 +136,7 @@ class PostgresStore:
         except psycopg.Error as error:
             text = _one_line(error, self.url)
             raise StoreError(
-                f"unusable PostgreSQL store URL {_redacted(self.url)!r}: {text}"
+                f"unusable PostgreSQL store URL {safe_url(self.url)!r}: {text}"
             ) from None
         conn = await self._connect()
         try:
@@ -189,7 +191,8 @@ class PostgresStore:
 
     async def _prepare(self, conn: _Conn) -> None:
         async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            if not self.read_only:  # reading waits for no other process's schema work
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
             cursor = await conn.execute(
                 "SELECT table_name FROM information_schema.tables WHERE table_schema = 'haltwise'"
             )
@@ -207,6 +210,11 @@ class PostgresStore:
                 row = await cursor.fetchone()
                 found = None if row is None else parse_version(row["value"], self._where)
             if found == SCHEMA_VERSION:
+                return
+            if self.read_only:
+                if found is None:
+                    raise NoStoreError(f"{safe_url(self.url)} (no haltwise schema there)")
+                upgrade_statements(POSTGRES, found, self._where)  # refuses a newer version
                 return
             # Checked first because CREATE SCHEMA IF NOT EXISTS needs a privilege even when the
             # schema exists.
@@ -271,30 +279,12 @@ class PostgresStore:
 
         async def op(conn: _Conn) -> tuple[RunRecord, bool]:
             now = time.time()
-            cursor = await conn.execute(
-                "INSERT INTO haltwise.runs (id, task, state, inputs, owner, owner_token, "
-                "lease_until, parent, created_at, updated_at) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
-                (
-                    run.id,
-                    run.task,
-                    run.state.value,
-                    inputs,
-                    run.owner.to_json() if run.owner else None,
-                    run.owner.token if run.owner else None,
-                    run.lease_until,
-                    run.parent,
-                    now,
-                    now,
-                ),
-            )
-            created = cursor.rowcount == 1
-            if created:
-                await _record_event(conn, run.id, None, State.PENDING, None, now)
-                if run.state is not State.PENDING:
-                    await _record_event(conn, run.id, State.PENDING, run.state, None, now)
-                await _notify(conn, run.id)
-            return await _load_run(conn, run.id), created
+            parameters = insert_run_parameters(run, inputs, now)
+            inserted = await (await conn.execute(_SQL.insert_run, parameters)).fetchone()
+            if inserted is None:
+                return await _load_run(conn, run.id), False
+            await _record_events(conn, run.id, plan_create(run, now))
+            return run_from_row(inserted), True
 
         return await self._run(op)
 
@@ -321,36 +311,19 @@ class PostgresStore:
             owner=owner,
             lease_until=lease_until,
         )
-        allowed = frozenset(expected)
 
         async def op(conn: _Conn) -> RunRecord:
-            row = await _lock_run(conn, run_id)
-            if fence is not None and row["owner_token"] != fence:
-                raise _lost(run_id)
-            current = run_from_row(row)
-            check_transition(run_id, current.state, target, allowed)
-            now = time.time()
-            record = await _update_run(conn, run_id, {**fields, "updated_at": now})
-            event_reason = fields.get("reason", current.reason)
-            await _record_event(conn, run_id, current.state, target, event_reason, now)
-            await _notify(conn, run_id)
-            return record
+            current = await _lock_run(conn, run_id)
+            write = plan_transition(current, target, expected, fields, fence=fence, now=time.time())
+            return await _apply(conn, run_id, write)
 
         return await self._run(op)
 
     async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
         async def op(conn: _Conn) -> RunRecord:
-            current = run_from_row(await _lock_run(conn, run_id))
-            plan = plan_cancel(current.state, current.force, force)
-            fields = plan.fields(reason)
-            if not fields:
-                return current
-            now = time.time()
-            record = await _update_run(conn, run_id, {**fields, "updated_at": now})
-            if plan.target is not None:
-                await _record_event(conn, run_id, current.state, plan.target, reason, now)
-            await _notify(conn, run_id)
-            return record
+            current = await _lock_run(conn, run_id)
+            write = plan_cancel_write(current, reason, force, time.time())
+            return current if write is None else await _apply(conn, run_id, write)
 
         return await self._run(op)
 
@@ -358,13 +331,11 @@ class PostgresStore:
         self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None
     ) -> bool:
         async def op(conn: _Conn) -> bool:
-            row = await _lock_run(conn, run_id)
-            if row["owner_token"] != expected_owner:
+            current = await _lock_run(conn, run_id)
+            if (current.owner.token if current.owner else None) != expected_owner:
                 return False
             await conn.execute(
-                "UPDATE haltwise.runs SET owner = %s, owner_token = %s, lease_until = %s, "
-                "updated_at = %s WHERE id = %s",
-                (owner.to_json(), owner.token, lease_until, time.time(), run_id),
+                _SQL.set_owner, (owner.to_json(), owner.token, lease_until, time.time(), run_id)
             )
             await _notify(conn, run_id)
             return True
@@ -373,11 +344,7 @@ class PostgresStore:
 
     async def release(self, run_id: str, owner_token: str) -> None:
         async def op(conn: _Conn) -> None:
-            cursor = await conn.execute(
-                "UPDATE haltwise.runs SET owner = NULL, owner_token = NULL, lease_until = NULL "
-                "WHERE id = %s AND owner_token = %s",
-                (run_id, owner_token),
-            )
+            cursor = await conn.execute(_SQL.release, (run_id, owner_token))
             if cursor.rowcount:
                 await _notify(conn, run_id)
 
@@ -385,11 +352,7 @@ class PostgresStore:
 
     async def heartbeat(self, owner_token: str, lease_until: float) -> int:
         async def op(conn: _Conn) -> int:
-            cursor = await conn.execute(
-                "UPDATE haltwise.runs SET lease_until = %s WHERE owner_token = %s",
-                (lease_until, owner_token),
-            )
-            return cursor.rowcount
+            return (await conn.execute(_SQL.heartbeat, (lease_until, owner_token))).rowcount
 
         return await self._run(op)
 
@@ -400,7 +363,7 @@ class PostgresStore:
         if not task_list or limit <= 0:
             return []
 
-        async def op(conn: _Conn) -> list[RunRecord]:
+        async def op(conn: _Conn) -> list[DictRow]:
             # SKIP LOCKED: concurrent claimers take disjoint runs instead of queueing on a row;
             # a row another claimer took meanwhile fails the re-checked WHERE and is left out.
             cursor = await conn.execute(
@@ -410,15 +373,15 @@ class PostgresStore:
                 f"FOR UPDATE SKIP LOCKED) RETURNING {RUN_COLUMNS}",
                 (owner.to_json(), owner.token, lease_until, task_list, limit),
             )
-            runs = sorted(
-                (run_from_row(row) for row in await cursor.fetchall()),
-                key=lambda run: (run.created_at, run.id),
-            )
-            for run in runs:
-                await _notify(conn, run.id)
-            return runs
+            rows = await cursor.fetchall()
+            for row in rows:
+                await _notify(conn, str(row["id"]))
+            return rows
 
-        return await self._run(op)
+        # Read after the commit: a run whose row does not parse stays claimed (so it does not
+        # hold up the queue) and is reported by CorruptRowError, with the others as readable.
+        claimed = read_all(run_from_row, await self._run(op))
+        return sorted(claimed, key=lambda run: (run.created_at, run.id))
 
     async def start_step(
         self, run_id: str, step: StepStart, *, fence: str
@@ -502,7 +465,7 @@ class PostgresStore:
 
         async def op(conn: _Conn) -> None:
             await _check_fence(conn, run_id, fence)
-            await conn.execute(_INSERT_PARTIAL, row)
+            await conn.execute(_SQL.insert_partial, row)
 
         await self._run(op)
 
@@ -521,14 +484,11 @@ class PostgresStore:
                 conn = self._sync_conn
                 with conn.transaction():
                     # No row lock here (see the module docstring): the last committed owner.
-                    row = conn.execute(
-                        "SELECT owner_token FROM haltwise.runs WHERE id = %s", (run_id,)
-                    ).fetchone()
+                    row = conn.execute(_SQL.fence_row, (run_id,)).fetchone()
                     if row is None:
                         raise UnknownRunError(run_id)
-                    if row["owner_token"] != fence:
-                        raise _lost(run_id)
-                    conn.execute(_INSERT_PARTIAL, partial)
+                    check_fence(run_id, row["owner_token"], fence)
+                    conn.execute(_SQL.insert_partial, partial)
             except psycopg.Error as error:
                 if self._sync_conn is not None and self._sync_conn.broken:
                     self._sync_conn.close()
@@ -539,20 +499,14 @@ class PostgresStore:
         async def op(conn: _Conn) -> RunSnapshot:
             run = await _load_run(conn, run_id)
             async with conn.cursor(row_factory=tuple_row) as rows:  # step_from_row: by position
-                await rows.execute(
-                    f"SELECT {STEP_COLUMNS} FROM haltwise.steps WHERE run_id = %s ORDER BY idx",
-                    (run_id,),
-                )
-                steps = tuple(map(step_from_row, await rows.fetchall()))
-            cursor = await conn.execute(
-                f"SELECT {PARTIAL_COLUMNS} FROM haltwise.partials WHERE run_id = %s ORDER BY seq",
-                (run_id,),
-            )
+                await rows.execute(_SQL.load_steps, (run_id,))
+                steps = steps_from_rows(run_id, await rows.fetchall())
+            cursor = await conn.execute(_SQL.load_partials, (run_id,))
             found = await cursor.fetchall()
             return RunSnapshot(
                 run=run,
                 steps=steps,
-                partials=tuple(load_json(row["value"]) for row in found),
+                partials=partials_from_rows(run_id, [row["value"] for row in found]),
                 partial_keys=tuple(
                     partial_key(row["step"], row["ordinal"], row["seq"]) for row in found
                 ),
@@ -562,25 +516,14 @@ class PostgresStore:
 
     async def list_runs(self, state: State | None = None) -> list[RunRecord]:
         async def op(conn: _Conn) -> list[RunRecord]:
-            if state is None:
-                cursor = await conn.execute(
-                    f"SELECT {RUN_COLUMNS} FROM haltwise.runs ORDER BY created_at, id"
-                )
-            else:
-                cursor = await conn.execute(
-                    f"SELECT {RUN_COLUMNS} FROM haltwise.runs WHERE state = %s "
-                    f"ORDER BY created_at, id",
-                    (state.value,),
-                )
-            return [run_from_row(row) for row in await cursor.fetchall()]
+            cursor = await conn.execute(*_SQL.list_runs(state))
+            return read_all(run_from_row, await cursor.fetchall())
 
         return await self._run(op, read_only=True)
 
     async def partial_seqs(self) -> dict[str, list[int]]:
         async def op(conn: _Conn) -> dict[str, list[int]]:
-            cursor = await conn.execute(
-                "SELECT run_id, seq FROM haltwise.partials ORDER BY run_id, seq"
-            )
+            cursor = await conn.execute(_SQL.partial_seqs)
             seqs: dict[str, list[int]] = {}
             for row in await cursor.fetchall():
                 seqs.setdefault(row["run_id"], []).append(row["seq"])
@@ -590,15 +533,8 @@ class PostgresStore:
 
     async def events(self, run_id: str | None = None) -> list[Event]:
         async def op(conn: _Conn) -> list[Event]:
-            columns = "seq, run_id, source, target, reason, at"
-            if run_id is None:
-                cursor = await conn.execute(f"SELECT {columns} FROM haltwise.events ORDER BY seq")
-            else:
-                cursor = await conn.execute(
-                    f"SELECT {columns} FROM haltwise.events WHERE run_id = %s ORDER BY seq",
-                    (run_id,),
-                )
-            return [event_from_row(row) for row in await cursor.fetchall()]
+            cursor = await conn.execute(*_SQL.events(run_id))
+            return read_all(event_from_row, await cursor.fetchall())
 
         return await self._run(op, read_only=True)
 
@@ -684,10 +620,7 @@ class PostgresStore:
 
 # -- SQL helpers ------------------------------------------------------------------------------
 
-_INSERT_PARTIAL = (
-    "INSERT INTO haltwise.partials (run_id, seq, value, step, ordinal) "
-    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id, seq) DO NOTHING"
-)
+_SQL = Statements(POSTGRES)
 
 
 def _partial_row(
@@ -703,28 +636,19 @@ def _fetched(row: DictRow | None) -> DictRow:
     return row
 
 
-def _lost(run_id: str) -> LostOwnershipError:
-    return LostOwnershipError(f"run {run_id!r} is no longer held by this process", task_id=run_id)
-
-
 async def _load_run(conn: _Conn, run_id: str) -> RunRecord:
-    cursor = await conn.execute(f"SELECT {RUN_COLUMNS} FROM haltwise.runs WHERE id = %s", (run_id,))
-    row = await cursor.fetchone()
+    row = await (await conn.execute(_SQL.load_run, (run_id,))).fetchone()
     if row is None:
         raise UnknownRunError(run_id)
     return run_from_row(row)
 
 
-async def _lock_run(conn: _Conn, run_id: str) -> DictRow:
-    """The run's row with its owner token, locked until the transaction ends."""
-    cursor = await conn.execute(
-        f"SELECT {RUN_COLUMNS}, owner_token FROM haltwise.runs WHERE id = %s FOR UPDATE",
-        (run_id,),
-    )
-    row = await cursor.fetchone()
+async def _lock_run(conn: _Conn, run_id: str) -> RunRecord:
+    """The run, its row locked until the transaction ends."""
+    row = await (await conn.execute(_SQL.load_run + " FOR UPDATE", (run_id,))).fetchone()
     if row is None:
         raise UnknownRunError(run_id)
-    return row
+    return run_from_row(row)
 
 
 #: start_step in one statement; the CTE share-locks the run's row, as _check_fence does
@@ -755,40 +679,25 @@ WHERE run_id = %s AND idx = %s AND EXISTS (SELECT 1 FROM run)
 
 async def _check_fence(conn: _Conn, run_id: str, fence: str) -> DictRow:
     """Raise :class:`LostOwnershipError` unless ``fence`` holds the run; share-lock its row."""
-    cursor = await conn.execute(
-        "SELECT owner_token, state, reason, force FROM haltwise.runs WHERE id = %s FOR SHARE",
-        (run_id,),
-    )
-    row = await cursor.fetchone()
+    row = await (await conn.execute(_SQL.fence_row + " FOR SHARE", (run_id,))).fetchone()
     if row is None:
         raise UnknownRunError(run_id)
-    if row["owner_token"] != fence:
-        raise _lost(run_id)
+    check_fence(run_id, row["owner_token"], fence)
     return row
 
 
-async def _update_run(conn: _Conn, run_id: str, fields: dict[str, Any]) -> RunRecord:
-    assignments = ", ".join(f"{name} = %s" for name in fields)
-    cursor = await conn.execute(
-        f"UPDATE haltwise.runs SET {assignments} WHERE id = %s RETURNING {RUN_COLUMNS}",
-        (*fields.values(), run_id),
-    )
-    return run_from_row(_fetched(await cursor.fetchone()))
+async def _apply(conn: _Conn, run_id: str, write: RunWrite) -> RunRecord:
+    """Write ``write``'s fields to the locked run's row, record its events, notify."""
+    cursor = await conn.execute(_SQL.update_run(write.fields), (*write.fields.values(), run_id))
+    record = run_from_row(_fetched(await cursor.fetchone()))
+    await _record_events(conn, run_id, write)
+    return record
 
 
-async def _record_event(
-    conn: _Conn,
-    run_id: str,
-    source: State | None,
-    target: State,
-    reason: str | None,
-    at: float,
-) -> None:
-    await conn.execute(
-        "INSERT INTO haltwise.events (run_id, source, target, reason, at) "
-        "VALUES (%s, %s, %s, %s, %s)",
-        (run_id, source.value if source else None, target.value, reason, at),
-    )
+async def _record_events(conn: _Conn, run_id: str, write: RunWrite) -> None:
+    async with conn.cursor() as cursor:
+        await cursor.executemany(_SQL.record_event, event_parameters(run_id, write))
+    await _notify(conn, run_id)
 
 
 async def _notify(conn: _Conn, run_id: str) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
+from .._core.exceptions import BadRow, CorruptRowError
 from .._core.outcome import ErrorInfo, StepRecord
-from .._core.policy import Effect
-from .._core.records import Event, Owner, PartialKey, RunRecord, dump_json, load_json
+from .._core.policy import CancelPolicy, Effect
+from .._core.records import Event, Owner, PartialKey, RunRecord, dump_json
 from .._core.states import State, StepStatus
 from .store import UNSET
 
@@ -27,41 +28,186 @@ def error_to_text(error: ErrorInfo | None) -> str | None:
 
 
 def error_from_text(text: str | None) -> ErrorInfo | None:
+    """An error column (``{"type", "message"}``); raises ``ValueError`` if it is not one."""
     if text is None:
         return None
     data = json.loads(text)
-    return ErrorInfo(type=data["type"], message=data["message"])
+    if not isinstance(data, dict):
+        raise ValueError(f"an error object is a JSON object, not {type(data).__name__}")
+    kind, message = data.get("type"), data.get("message")
+    if not isinstance(kind, str) or not isinstance(message, str):
+        raise ValueError('an error object needs the strings "type" and "message"')
+    return ErrorInfo(type=kind, message=message)
+
+
+# -- reading rows: every column checked, a bad row named -------------------------------------
+#
+# A row edited by hand (or written by a bug) must never take a command down with a traceback:
+# each conversion below raises ValueError/KeyError/TypeError/RecursionError on a bad value,
+# and the *_from_row functions turn that into CorruptRowError naming the row and the column.
+
+#: What a conversion of a stored value may raise when the value is bad.
+_BAD_VALUE = (ValueError, KeyError, TypeError, RecursionError, AttributeError, OverflowError)
+#: A bad row's problem is cut to this many characters (it may quote the row's content).
+_PROBLEM_WIDTH = 160
+
+_T = TypeVar("_T")
+
+#: value -> member, a dict lookup: calling the enum costs more, and a load converts every step
+_STATES = {state.value: state for state in State}
+_EFFECTS = {effect.value: effect for effect in Effect}
+_STEP_STATUSES = {status.value: status for status in StepStatus}
+_CANCELS: dict[Any, str | None] = {None: None, **{p.value: p.value for p in CancelPolicy}}
+
+
+def _member(table: dict[Any, _T], what: str) -> Callable[[Any], _T]:
+    def convert(value: Any) -> _T:
+        try:
+            return table[value]
+        except (KeyError, TypeError):
+            raise ValueError(f"{value!r} is not {what}") from None
+
+    return convert
+
+
+_state = _member(_STATES, "a run state")
+_effect = _member(_EFFECTS, "an effect")
+_status = _member(_STEP_STATUSES, "a step status")
+_cancel = _member(_CANCELS, "a cancel policy")
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not text")
+    return value
+
+
+def _optional_text(value: Any) -> str | None:
+    return None if value is None else _text(value)
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{value!r} is not an integer")
+    return value
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise ValueError(f"{value!r} is not a number")
+    return float(value)
+
+
+def _optional_number(value: Any) -> float | None:
+    return None if value is None else _number(value)
+
+
+def _inputs(text: Any) -> dict[str, Any]:
+    data = json.loads(_text(text))
+    if not isinstance(data, dict):
+        raise ValueError(f"the inputs are a JSON object, not {type(data).__name__}")
+    expected = {"args": list, "kwargs": dict, "source": str}
+    for key, kind in expected.items():
+        if key in data and not isinstance(data[key], kind):
+            raise ValueError(f"the inputs' {key!r} is not a {kind.__name__}")
+    return data
+
+
+def _owner(text: Any) -> Owner | None:
+    if not text:
+        return None
+    owner = Owner.from_json(_text(text))
+    _text(owner.token), _text(owner.host), _number(owner.started)
+    return owner
+
+
+def _json(value: Any) -> Any:
+    return None if value is None else json.loads(_text(value))
+
+
+def _flag(value: Any) -> bool:
+    if value not in (0, 1):  # True and False compare equal to 1 and 0
+        raise ValueError(f"{value!r} is not a boolean")
+    return bool(value)
+
+
+def _problem(column: str, error: BaseException) -> str:
+    if isinstance(error, RecursionError):
+        detail = "nested too deeply to read"
+    elif isinstance(error, KeyError):
+        detail = f"missing key {error}"
+    else:
+        detail = str(error) or type(error).__name__
+    text = f"column {column}: {detail}"
+    return text if len(text) <= _PROBLEM_WIDTH else text[: _PROBLEM_WIDTH - 1] + "…"
+
+
+_Checks = Sequence[tuple[str, Callable[[Any], Any]]]
+
+
+def _checked(table: str, run_id: str, where: str, checks: _Checks, row: Sequence[Any]) -> list[Any]:
+    """Convert each value of ``row`` with its column's converter, or raise CorruptRowError."""
+    values = []
+    for (column, convert), value in zip(checks, row, strict=True):
+        try:
+            values.append(convert(value))
+        except _BAD_VALUE as error:
+            raise CorruptRowError([BadRow(table, run_id, where, _problem(column, error))]) from None
+    return values
+
+
+_RUN_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
+    ("id", _text),
+    ("task", _text),
+    ("state", _state),
+    ("inputs", _inputs),
+    ("reason", _optional_text),
+    ("force", _flag),
+    ("result", _json),
+    ("error", error_from_text),
+    ("cancel_error", error_from_text),
+    ("owner", _owner),
+    ("lease_until", _optional_number),
+    ("parent", _optional_text),
+    ("created_at", _number),
+    ("updated_at", _number),
+)
+_RUN_NAMES = tuple(column for column, _ in _RUN_CHECKS)
 
 
 def run_from_row(row: Mapping[str, Any]) -> RunRecord:
-    return RunRecord(
-        id=row["id"],
-        task=row["task"],
-        state=State(row["state"]),
-        inputs=json.loads(row["inputs"]),
-        reason=row["reason"],
-        force=bool(row["force"]),
-        result=load_json(row["result"]),
-        error=error_from_text(row["error"]),
-        cancel_error=error_from_text(row["cancel_error"]),
-        owner=Owner.from_json(row["owner"]) if row["owner"] else None,
-        lease_until=row["lease_until"],
-        parent=row["parent"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
+    """A run from a row with the columns of ``RUN_COLUMNS``; :class:`CorruptRowError` if any
+    value does not parse (the error names the run and the column)."""
+    run_id = row["id"]
+    values = _checked("runs", str(run_id), "", _RUN_CHECKS, [row[column] for column in _RUN_NAMES])
+    return RunRecord(**dict(zip(_RUN_NAMES, values, strict=True)))
 
 
-#: value -> member, a dict lookup: calling the enum costs more, and a load converts every step
-_EFFECTS = {effect.value: effect for effect in Effect}
-_STEP_STATUSES = {status.value: status for status in StepStatus}
+_STEP_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
+    ("idx", _integer),
+    ("tool", _text),
+    ("cancel", _cancel),
+    ("effect", _effect),
+    ("idempotent", _flag),
+    ("status", _status),
+    ("attempts", _integer),
+    ("result", _json),
+    ("error", error_from_text),
+    ("idem_key", _text),
+    ("args", _json),
+    ("cleanup", _flag),
+    ("call_id", _optional_text),
+    ("fingerprint", _optional_text),
+)
 
 
 def step_from_row(row: Sequence[Any]) -> StepRecord:
-    """A step from a row of ``STEP_COLUMNS``, in that order.
+    """A step from a row of ``STEP_COLUMNS``, in that order; raises on a bad value (unnamed:
+    :func:`steps_from_rows` names the row).
 
     By position, not by name: a load converts every step of the run, and looking columns up by
-    name cost about a third of it.
+    name cost about a third of it. This is the fast path: one check per column, no call for
+    the columns that are plain values.
     """
     (
         index,
@@ -79,6 +225,16 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         call_id,
         fingerprint,
     ) = row
+    if (
+        type(index) is not int
+        or type(attempts) is not int
+        or type(tool) is not str
+        or type(key) is not str
+        or cancel not in _CANCELS
+        or not (call_id is None or type(call_id) is str)
+        or not (fingerprint is None or type(fingerprint) is str)
+    ):
+        raise ValueError("a step column holds a value of the wrong type")
     return StepRecord(
         index=index,
         tool=tool,
@@ -109,15 +265,74 @@ def partial_key(step: int | None, ordinal: int | None, seq: int) -> PartialKey:
     return (step, seq if ordinal is None else ordinal)
 
 
+def steps_from_rows(run_id: str, rows: Sequence[Sequence[Any]]) -> tuple[StepRecord, ...]:
+    """Every step of run ``run_id`` from its rows; :class:`CorruptRowError` naming the bad ones."""
+    try:
+        return tuple(map(step_from_row, rows))
+    except _BAD_VALUE:
+        pass
+    bad: list[BadRow] = []
+    for position, row in enumerate(rows):
+        try:
+            step_from_row(row)
+        except _BAD_VALUE:
+            where = f"step {row[0]}" if type(row[0]) is int else f"step #{position}"
+            try:
+                _checked("steps", run_id, where, _STEP_CHECKS, row)
+                bad.append(BadRow("steps", run_id, where, "a column holds a bad value"))
+            except CorruptRowError as error:
+                bad.extend(error.rows)
+    raise CorruptRowError(bad)
+
+
+def partials_from_rows(run_id: str, values: Sequence[Any]) -> tuple[Any, ...]:
+    """Run ``run_id``'s partial results from their stored texts, in order."""
+    try:
+        return tuple(json.loads(value) for value in values)
+    except _BAD_VALUE:
+        pass
+    bad: list[BadRow] = []
+    for seq, value in enumerate(values):
+        try:
+            _json(value)
+        except _BAD_VALUE as error:
+            bad.append(BadRow("partials", run_id, f"partial {seq}", _problem("value", error)))
+    raise CorruptRowError(bad)
+
+
+_EVENT_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
+    ("run_id", _text),
+    ("seq", _integer),
+    ("source", lambda value: None if value is None else _state(value)),
+    ("target", _state),
+    ("reason", _optional_text),
+    ("at", _number),
+)
+_EVENT_NAMES = tuple(column for column, _ in _EVENT_CHECKS)
+
+
 def event_from_row(row: Mapping[str, Any]) -> Event:
-    return Event(
-        run_id=row["run_id"],
-        seq=row["seq"],
-        source=State(row["source"]) if row["source"] else None,
-        target=State(row["target"]),
-        reason=row["reason"],
-        at=row["at"],
+    """An event from its row; :class:`CorruptRowError` naming it if a value does not parse."""
+    where = f"event {row['seq']}"
+    values = _checked(
+        "events", str(row["run_id"]), where, _EVENT_CHECKS, [row[name] for name in _EVENT_NAMES]
     )
+    return Event(**dict(zip(_EVENT_NAMES, values, strict=True)))
+
+
+def read_all(parse: Callable[[Any], _T], rows: Iterable[Any]) -> list[_T]:
+    """``parse`` every row; if some do not parse, raise :class:`CorruptRowError` naming them
+    all, with the rows that did parse as its ``readable``."""
+    good: list[_T] = []
+    bad: list[BadRow] = []
+    for row in rows:
+        try:
+            good.append(parse(row))
+        except CorruptRowError as error:
+            bad.extend(error.rows)
+    if bad:
+        raise CorruptRowError(bad, good)
+    return good
 
 
 def transition_fields(

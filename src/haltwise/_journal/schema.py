@@ -22,7 +22,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .._core.exceptions import SchemaVersionError, StoreError
+from .._core.exceptions import BadRow, CorruptRowError, SchemaVersionError
 
 __all__ = [
     "INDEXES",
@@ -316,9 +316,11 @@ def parse_version(text: object, where: str) -> int:
     try:
         version = int(str(text))
     except ValueError:
-        raise StoreError(f"{where} has an unreadable schema version ({str(text)[:40]!r})") from None
+        version = 0
     if version < 1:
-        raise StoreError(f"{where} has an unreadable schema version ({version})")
+        # A bad row like any other: check reports it as a finding, every command names it.
+        problem = f"unreadable schema version ({str(text)[:40]!r}) in {where}"
+        raise CorruptRowError([BadRow("haltwise_meta", "", "schema_version", problem)])
     return version
 
 

@@ -12,41 +12,49 @@ URL: ``sqlite:///relative.db`` or ``sqlite:////absolute.db``; options ``?synchro
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import sqlite3
 import time
 from collections.abc import Collection
 from functools import partial
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import anyio
 
-from .._core.exceptions import StoreError, UnknownRunError
+from .._core.exceptions import NoStoreError, StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .rows import (
-    PARTIAL_COLUMNS,
     RUN_COLUMNS,
-    STEP_COLUMNS,
     error_to_text,
     event_from_row,
     partial_key,
+    partials_from_rows,
+    read_all,
     run_from_row,
-    step_from_row,
+    steps_from_rows,
     transition_fields,
 )
 from .schema import SCHEMA_VERSION, SQLITE, parse_version, upgrade_statements
+from .secrets import safe_url
+from .sql import (
+    RunWrite,
+    Statements,
+    check_fence,
+    event_parameters,
+    insert_run_parameters,
+    plan_cancel_write,
+    plan_create,
+    plan_transition,
+)
 from .sqlite_writer import Op, Writer, store_error
 from .store import (
     UNSET,
-    LostOwnershipError,
     NewRun,
     StepStart,
-    check_transition,
-    plan_cancel,
 )
 
 #: The page size of a new store file (bytes).
@@ -63,6 +71,8 @@ _CACHE_KIB = 16384
 #: kind of VM a wake-up costs ~100-200 us of CPU, and reading data_version ~30 us more: at
 #: 10 ms an idle run used 2.1-3.0% of a core, over issue 4's 2%).
 _POLL_INTERVAL = 0.015
+
+_SQL = Statements(SQLITE)
 
 _START_STEP = """
 INSERT INTO steps (run_id, idx, tool, cancel, effect, idempotent, status, attempts, idem_key,
@@ -106,32 +116,57 @@ def _settle_step(parameters: tuple[Any, ...], conn: sqlite3.Connection) -> None:
         _check_fence(conn, parameters[-2], parameters[-1])
 
 
+#: The longest busy timeout SQLite can hold (its milliseconds are a 32-bit integer), seconds.
+_MAX_BUSY_TIMEOUT = 2_147_483
+
+
 def _parse_url(url: str) -> tuple[str, str, float]:
     parts = urlsplit(url)
+    shown = safe_url(url)
     if parts.netloc not in ("", "localhost") or not parts.path or parts.path == "/":
-        raise StoreError(f"unusable SQLite store URL {url!r}: expected sqlite:///PATH.db")
+        raise StoreError(f"unusable SQLite store URL {shown!r}: expected sqlite:///PATH.db")
     # sqlite:///rel.db -> "/rel.db" -> "rel.db"; sqlite:////abs.db -> "//abs.db" -> "/abs.db"
     path = parts.path[1:]
+    if "\x00" in path:
+        raise StoreError(f"unusable SQLite store URL {shown!r}: the path holds a NUL character")
     options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
     synchronous = options.pop("synchronous", "full").upper()
     if synchronous not in ("FULL", "NORMAL", "EXTRA", "OFF"):
-        raise StoreError(f"unusable SQLite store URL {url!r}: synchronous={synchronous.lower()}")
-    try:
-        busy_timeout = float(options.pop("busy_timeout", "60"))
-    except ValueError:
-        raise StoreError(f"unusable SQLite store URL {url!r}: busy_timeout") from None
+        raise StoreError(
+            f"unusable SQLite store URL {shown!r}: synchronous={synchronous.lower()!r}"
+        )
+    busy_timeout = _busy_timeout(options.pop("busy_timeout", "60"), shown)
     if options:
-        raise StoreError(f"unusable SQLite store URL {url!r}: unknown option {next(iter(options))}")
+        raise StoreError(
+            f"unusable SQLite store URL {shown!r}: unknown option {next(iter(options))!r}"
+        )
     return path, synchronous, busy_timeout
+
+
+def _busy_timeout(text: str, shown: str) -> float:
+    """``?busy_timeout=SECONDS``: a number from 0 to what SQLite can hold (not nan, not inf)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= _MAX_BUSY_TIMEOUT:
+        raise StoreError(
+            f"unusable SQLite store URL {shown!r}: busy_timeout={text[:20]!r} is not a number "
+            f"of seconds from 0 to {_MAX_BUSY_TIMEOUT}"
+        )
+    return seconds
 
 
 class SQLiteStore:
     """The SQLite journal (see the module docstring for its concurrency and durability)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, read_only: bool = False) -> None:
         self.url = url
         self.path, self.synchronous, self.busy_timeout = _parse_url(url)
-        self._writer = Writer(self.path, self.busy_timeout, self._connect, self._prepare)
+        #: opened by a command that only looks (see open_store): never creates or locks
+        self.read_only = read_only
+        prepare = self._check_readable if read_only else self._prepare
+        self._writer = Writer(self.path, self.busy_timeout, self._connect, prepare)
         self._watch: sqlite3.Connection | None = None
         self._data_version = 0
         self._changes = 0  # changes of data_version seen by any waiter
@@ -141,6 +176,16 @@ class SQLiteStore:
     async def open(self) -> None:
         if self._writer.running:
             return
+        if self.read_only:
+            if not os.path.isfile(self.path):
+                raise NoStoreError(f"sqlite:///{os.path.abspath(self.path)}")
+        else:
+            self._make_directory()
+        await self._writer.start()
+        self._watch = self._connect()
+        self._data_version = self._read_data_version()
+
+    def _make_directory(self) -> None:
         try:
             directory = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(directory, exist_ok=True)
@@ -148,9 +193,6 @@ class SQLiteStore:
             raise StoreError(
                 f"cannot create the store directory for {self.path}: {error}"
             ) from None
-        await self._writer.start()
-        self._watch = self._connect()
-        self._data_version = self._read_data_version()
 
     async def close(self) -> None:
         await self._writer.stop()
@@ -159,12 +201,17 @@ class SQLiteStore:
             self._watch = None
 
     def _connect(self) -> sqlite3.Connection:
+        # Read-only: SQLite's own read-only mode, so that nothing can be created or written.
+        target = (
+            f"file:{quote(os.path.abspath(self.path))}?mode=ro" if self.read_only else self.path
+        )
         try:
             conn = sqlite3.connect(
-                self.path,
+                target,
                 timeout=self.busy_timeout,
                 isolation_level=None,
                 check_same_thread=False,
+                uri=self.read_only,
             )
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
@@ -219,6 +266,29 @@ class SQLiteStore:
                 conn.execute("ROLLBACK")
             raise
 
+    def _check_readable(self, conn: sqlite3.Connection) -> None:
+        """The read-only counterpart of :meth:`_prepare`: is this a haltwise store we can read?
+
+        Takes no lock and writes nothing (no WAL switch, no migration), so it never waits
+        behind another process's write transaction.
+        """
+        try:
+            tables = {
+                row[0]
+                for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+            if not tables:
+                raise NoStoreError(f"sqlite:///{os.path.abspath(self.path)}")
+            if "haltwise_meta" not in tables:
+                raise StoreError(f"{self.path} is not a haltwise store (it holds other tables)")
+            row = conn.execute(
+                "SELECT value FROM haltwise_meta WHERE key = 'schema_version'"
+            ).fetchone()
+        except sqlite3.Error as error:
+            raise store_error(self.path, error) from None
+        if row is not None:
+            upgrade_statements(SQLITE, parse_version(row[0], self.path), self.path)  # newer?
+
     def _upgrade(self, conn: sqlite3.Connection, has_meta: bool) -> None:
         """Create the schema, or upgrade an older one in place (inside the caller's transaction)."""
         found = None
@@ -240,28 +310,11 @@ class SQLiteStore:
 
         def op(conn: sqlite3.Connection) -> tuple[RunRecord, bool]:
             now = time.time()
-            inserted = conn.execute(
-                "INSERT INTO runs (id, task, state, inputs, owner, owner_token, lease_until, "
-                "parent, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                f"ON CONFLICT (id) DO NOTHING RETURNING {RUN_COLUMNS}",
-                (
-                    run.id,
-                    run.task,
-                    run.state.value,
-                    inputs,
-                    run.owner.to_json() if run.owner else None,
-                    run.owner.token if run.owner else None,
-                    run.lease_until,
-                    run.parent,
-                    now,
-                    now,
-                ),
-            ).fetchone()
+            parameters = insert_run_parameters(run, inputs, now)
+            inserted = conn.execute(_SQL.insert_run, parameters).fetchone()
             if inserted is None:
                 return _load_run(conn, run.id), False
-            _record_event(conn, run.id, None, State.PENDING, None, now)
-            if run.state is not State.PENDING:
-                _record_event(conn, run.id, State.PENDING, run.state, None, now)
+            _record_events(conn, run.id, plan_create(run, now))
             return run_from_row(inserted), True
 
         result: tuple[RunRecord, bool] = await self._writer.call(op)
@@ -293,14 +346,8 @@ class SQLiteStore:
 
         def op(conn: sqlite3.Connection) -> RunRecord:
             current = _load_run(conn, run_id)
-            if fence is not None and (current.owner is None or current.owner.token != fence):
-                raise _lost(run_id)
-            check_transition(run_id, current.state, target, expected)
-            now = time.time()
-            record = _update_run(conn, run_id, {**fields, "updated_at": now})
-            event_reason = fields.get("reason", current.reason)
-            _record_event(conn, run_id, current.state, target, event_reason, now)
-            return record
+            write = plan_transition(current, target, expected, fields, fence=fence, now=time.time())
+            return _apply(conn, run_id, write)
 
         record: RunRecord = await self._writer.call(op)
         return record
@@ -308,15 +355,8 @@ class SQLiteStore:
     async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
         def op(conn: sqlite3.Connection) -> RunRecord:
             current = _load_run(conn, run_id)
-            plan = plan_cancel(current.state, current.force, force)
-            fields = plan.fields(reason)
-            if not fields:
-                return current
-            now = time.time()
-            record = _update_run(conn, run_id, {**fields, "updated_at": now})
-            if plan.target is not None:
-                _record_event(conn, run_id, current.state, plan.target, reason, now)
-            return record
+            write = plan_cancel_write(current, reason, force, time.time())
+            return current if write is None else _apply(conn, run_id, write)
 
         record: RunRecord = await self._writer.call(op)
         return record
@@ -327,8 +367,7 @@ class SQLiteStore:
         def op(conn: sqlite3.Connection) -> bool:
             _load_run(conn, run_id)
             cursor = conn.execute(
-                "UPDATE runs SET owner = ?, owner_token = ?, lease_until = ?, updated_at = ? "
-                "WHERE id = ? AND owner_token IS ?",
+                _SQL.set_owner + " AND owner_token IS ?",
                 (owner.to_json(), owner.token, lease_until, time.time(), run_id, expected_owner),
             )
             return cursor.rowcount == 1
@@ -338,20 +377,13 @@ class SQLiteStore:
 
     async def release(self, run_id: str, owner_token: str) -> None:
         def op(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "UPDATE runs SET owner = NULL, owner_token = NULL, lease_until = NULL "
-                "WHERE id = ? AND owner_token = ?",
-                (run_id, owner_token),
-            )
+            conn.execute(_SQL.release, (run_id, owner_token))
 
         await self._writer.call(op)
 
     async def heartbeat(self, owner_token: str, lease_until: float) -> int:
         def op(conn: sqlite3.Connection) -> int:
-            cursor = conn.execute(
-                "UPDATE runs SET lease_until = ? WHERE owner_token = ?", (lease_until, owner_token)
-            )
-            return cursor.rowcount
+            return conn.execute(_SQL.heartbeat, (lease_until, owner_token)).rowcount
 
         count: int = await self._writer.call(op)
         return count
@@ -361,27 +393,22 @@ class SQLiteStore:
     ) -> list[RunRecord]:
         task_list = sorted(tasks)
 
-        def op(conn: sqlite3.Connection) -> list[RunRecord]:
+        def op(conn: sqlite3.Connection) -> list[sqlite3.Row]:
             if not task_list or limit <= 0:
                 return []
             marks = ", ".join("?" for _ in task_list)
-            ids = [
-                row[0]
-                for row in conn.execute(
-                    f"SELECT id FROM runs WHERE state = 'pending' AND owner_token IS NULL "
-                    f"AND task IN ({marks}) ORDER BY created_at, id LIMIT ?",
-                    (*task_list, limit),
-                )
-            ]
-            for run_id in ids:
-                conn.execute(
-                    "UPDATE runs SET owner = ?, owner_token = ?, lease_until = ? WHERE id = ?",
-                    (owner.to_json(), owner.token, lease_until, run_id),
-                )
-            return [_load_run(conn, run_id) for run_id in ids]
+            # One statement, as on PostgreSQL: the writer holds the lock, so no claimer races it.
+            return conn.execute(
+                "UPDATE runs SET owner = ?, owner_token = ?, lease_until = ? WHERE id IN "
+                f"(SELECT id FROM runs WHERE state = 'pending' AND owner_token IS NULL "
+                f"AND task IN ({marks}) ORDER BY created_at, id LIMIT ?) RETURNING {RUN_COLUMNS}",
+                (owner.to_json(), owner.token, lease_until, *task_list, limit),
+            ).fetchall()
 
-        claimed: list[RunRecord] = await self._writer.call(op)
-        return claimed
+        rows: list[sqlite3.Row] = await self._writer.call(op)
+        # Read after the commit: a run whose row does not parse stays claimed (so it does not
+        # hold up the queue) and is reported by CorruptRowError, with the others as readable.
+        return sorted(read_all(run_from_row, rows), key=lambda run: (run.created_at, run.id))
 
     async def start_step(
         self, run_id: str, step: StepStart, *, fence: str
@@ -453,11 +480,7 @@ class SQLiteStore:
 
         def op(conn: sqlite3.Connection) -> None:
             _check_fence(conn, run_id, fence)
-            conn.execute(
-                "INSERT INTO partials (run_id, seq, value, step, ordinal) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (run_id, seq) DO NOTHING",
-                (run_id, seq, text, step, ordinal),
-            )
+            conn.execute(_SQL.insert_partial, (run_id, seq, text, step, ordinal))
 
         return op
 
@@ -466,17 +489,12 @@ class SQLiteStore:
             run = _load_run(conn, run_id)
             rows = conn.cursor()
             rows.row_factory = None  # plain tuples: step_from_row reads them by position
-            rows.execute(
-                f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY idx", (run_id,)
-            )
-            steps = tuple(map(step_from_row, rows))
-            found = conn.execute(
-                f"SELECT {PARTIAL_COLUMNS} FROM partials WHERE run_id = ? ORDER BY seq", (run_id,)
-            ).fetchall()
+            steps = steps_from_rows(run_id, rows.execute(_SQL.load_steps, (run_id,)).fetchall())
+            found = conn.execute(_SQL.load_partials, (run_id,)).fetchall()
             return RunSnapshot(
                 run=run,
                 steps=steps,
-                partials=tuple(json.loads(row[0]) for row in found),
+                partials=partials_from_rows(run_id, [row[0] for row in found]),
                 partial_keys=tuple(partial_key(row[1], row[2], row[3]) for row in found),
             )
 
@@ -485,14 +503,7 @@ class SQLiteStore:
 
     async def list_runs(self, state: State | None = None) -> list[RunRecord]:
         def op(conn: sqlite3.Connection) -> list[RunRecord]:
-            sql = f"SELECT {RUN_COLUMNS} FROM runs"
-            args: tuple[Any, ...] = ()
-            if state is not None:
-                sql += " WHERE state = ?"
-                args = (state.value,)
-            return [
-                run_from_row(row) for row in conn.execute(sql + " ORDER BY created_at, id", args)
-            ]
+            return read_all(run_from_row, conn.execute(*_SQL.list_runs(state)))
 
         runs: list[RunRecord] = await self._writer.call(op, write=False, bulk=True)
         return runs
@@ -500,7 +511,7 @@ class SQLiteStore:
     async def partial_seqs(self) -> dict[str, list[int]]:
         def op(conn: sqlite3.Connection) -> dict[str, list[int]]:
             seqs: dict[str, list[int]] = {}
-            for row in conn.execute("SELECT run_id, seq FROM partials ORDER BY run_id, seq"):
+            for row in conn.execute(_SQL.partial_seqs):
                 seqs.setdefault(row[0], []).append(row[1])
             return seqs
 
@@ -509,12 +520,7 @@ class SQLiteStore:
 
     async def events(self, run_id: str | None = None) -> list[Event]:
         def op(conn: sqlite3.Connection) -> list[Event]:
-            sql = "SELECT seq, run_id, source, target, reason, at FROM events"
-            args: tuple[Any, ...] = ()
-            if run_id is not None:
-                sql += " WHERE run_id = ?"
-                args = (run_id,)
-            return [event_from_row(row) for row in conn.execute(sql + " ORDER BY seq", args)]
+            return read_all(event_from_row, conn.execute(*_SQL.events(run_id)))
 
         events: list[Event] = await self._writer.call(op, write=False, bulk=True)
         return events
@@ -565,46 +571,26 @@ class SQLiteStore:
 
 
 def _load_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
-    row = conn.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
+    row = conn.execute(_SQL.load_run, (run_id,)).fetchone()
     if row is None:
         raise UnknownRunError(run_id)
     return run_from_row(row)
 
 
 def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.Row:
-    row: sqlite3.Row | None = conn.execute(
-        "SELECT owner_token, state, reason, force FROM runs WHERE id = ?", (run_id,)
-    ).fetchone()
+    row: sqlite3.Row | None = conn.execute(_SQL.fence_row, (run_id,)).fetchone()
     if row is None:
         raise UnknownRunError(run_id)
-    if row["owner_token"] != fence:
-        raise _lost(run_id)
+    check_fence(run_id, row["owner_token"], fence)
     return row
 
 
-def _lost(run_id: str) -> LostOwnershipError:
-    return LostOwnershipError(f"run {run_id!r} is no longer held by this process", task_id=run_id)
-
-
-def _update_run(conn: sqlite3.Connection, run_id: str, fields: dict[str, Any]) -> RunRecord:
-    """Write ``fields`` to the run's row (it exists) and return the run as updated."""
-    assignments = ", ".join(f"{name} = ?" for name in fields)
-    row = conn.execute(
-        f"UPDATE runs SET {assignments} WHERE id = ? RETURNING {RUN_COLUMNS}",
-        (*fields.values(), run_id),
-    ).fetchone()
+def _apply(conn: sqlite3.Connection, run_id: str, write: RunWrite) -> RunRecord:
+    """Write ``write``'s fields to the run's row (it exists), record its events, return the run."""
+    row = conn.execute(_SQL.update_run(write.fields), (*write.fields.values(), run_id)).fetchone()
+    _record_events(conn, run_id, write)
     return run_from_row(row)
 
 
-def _record_event(
-    conn: sqlite3.Connection,
-    run_id: str,
-    source: State | None,
-    target: State,
-    reason: str | None,
-    at: float,
-) -> None:
-    conn.execute(
-        "INSERT INTO events (run_id, source, target, reason, at) VALUES (?, ?, ?, ?, ?)",
-        (run_id, source.value if source else None, target.value, reason, at),
-    )
+def _record_events(conn: sqlite3.Connection, run_id: str, write: RunWrite) -> None:
+    conn.executemany(_SQL.record_event, event_parameters(run_id, write))

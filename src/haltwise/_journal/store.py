@@ -26,6 +26,7 @@ from .._core.outcome import ErrorInfo
 from .._core.policy import Effect
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot
 from .._core.states import State, StepStatus, is_allowed
+from .secrets import remember, safe_url
 
 DEFAULT_STORE_URL = "sqlite:///.haltwise/haltwise.db"
 #: Environment variable naming the store when none is given.
@@ -224,17 +225,25 @@ def store_url_from(url: str | None) -> str:
     return url or os.environ.get(STORE_ENV) or DEFAULT_STORE_URL
 
 
-def open_store(url: str | None = None) -> Store:
+def open_store(url: str | None = None, *, read_only: bool = False) -> Store:
     """Build (not yet open) the store for ``url`` (see :func:`store_url_from`).
 
     ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db`` and ``postgresql://...``
-    (or ``postgres://``) are understood; anything else raises :class:`StoreError`.
+    (or ``postgres://``) are understood; anything else raises :class:`StoreError`. The URL's
+    secrets are remembered, so that no message this process prints shows them
+    (:mod:`.secrets`).
+
+    ``read_only=True`` is for commands that only look: opening then never creates, migrates or
+    locks anything, waits for no other process's write lock, and raises
+    :class:`~haltwise._core.exceptions.NoStoreError` if there is no store there. Only the
+    reading operations may be used.
     """
     resolved = store_url_from(url)
+    remember(resolved)
     if resolved.startswith("sqlite://"):
         from .sqlite import SQLiteStore
 
-        return SQLiteStore(resolved)
+        return SQLiteStore(resolved, read_only=read_only)
     if resolved.startswith(("postgresql://", "postgres://")):
         try:
             from .postgres import PostgresStore
@@ -242,9 +251,9 @@ def open_store(url: str | None = None) -> Store:
             raise StoreError(
                 f"the PostgreSQL store needs psycopg: pip install 'haltwise[postgres]' ({error})"
             ) from None
-        return PostgresStore(resolved)
+        return PostgresStore(resolved, read_only=read_only)
     raise StoreError(
-        f"unusable store URL {resolved!r}: expected sqlite:///PATH.db or postgresql://..."
+        f"unusable store URL {safe_url(resolved)!r}: expected sqlite:///PATH.db or postgresql://..."
     )
 
 

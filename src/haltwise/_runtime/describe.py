@@ -11,11 +11,11 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .._core.exceptions import SchemaError
 from .._core.policy import CancelPolicy, Effect, ToolPolicy
-from .tool import ToolSpec, as_spec
+from .tool import ToolSpec, as_spec, spec_of
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
@@ -209,7 +209,7 @@ def parameters_schema(tool: object) -> dict[str, Any]:
     """
     import pydantic  # here, not at import: describing a tool must not load pydantic
 
-    tool = as_spec(tool)
+    tool = _with_fn(tool)
     parameters = _parameters(tool)
     fields: dict[str, Any] = {f"p{i}": _field(param) for i, param in enumerate(parameters)}
     try:
@@ -222,6 +222,14 @@ def parameters_schema(tool: object) -> dict[str, Any]:
         raise SchemaError(f"tool {tool.name!r}: {first_line}", tool=tool.name) from error
     schema.pop("title", None)
     return schema
+
+
+def _with_fn(tool: object) -> ToolSpec:
+    """A tool's spec; a task (which has ``fn`` and ``name`` as a spec does) passes as it is."""
+    spec = spec_of(tool)
+    if spec is None and hasattr(tool, "fn") and hasattr(tool, "name"):
+        return cast(ToolSpec, tool)
+    return as_spec(tool)
 
 
 @functools.cache

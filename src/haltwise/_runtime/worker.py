@@ -9,12 +9,13 @@ owner compare-and-set). Stopping a worker hands its runs over instead of cancell
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
 
-from .._core.exceptions import RunOwnedError, StoreError, UnknownRunError
+from .._core.exceptions import BadRow, CorruptRowError, RunOwnedError, StoreError, UnknownRunError
+from .._core.records import RunRecord
 from .._core.states import State
 from .._journal.owner import owner_alive
 from .runtime import Runtime, TaskHandle
@@ -40,6 +41,7 @@ class Worker:
         *,
         concurrency: int = 4,
         on_hand_over: Callable[[int], None] | None = None,
+        on_bad_row: Callable[[BadRow], None] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -48,6 +50,9 @@ class Worker:
         self.concurrency = concurrency
         #: called with the number of runs being handed over, once they were told to stop
         self.on_hand_over = on_hand_over
+        #: called once for each journal row that does not parse: the worker skips its run
+        self.on_bad_row = on_bad_row
+        self._bad_rows: set[BadRow] = set()
         self.handles: dict[str, TaskHandle] = {}
         self._next_scan = 0.0
 
@@ -98,11 +103,13 @@ class Worker:
         free = self.concurrency - self._busy()
         if free <= 0:
             return
-        claimed = await self.runtime.store.claim_pending(
-            self.runtime.owner,
-            self.tasks,
-            lease_until=time.time() + self.runtime.lease,
-            limit=free,
+        claimed = await self._readable(
+            self.runtime.store.claim_pending(
+                self.runtime.owner,
+                self.tasks,
+                lease_until=time.time() + self.runtime.lease,
+                limit=free,
+            )
         )
         for record in claimed:
             await self._adopt(record.id)
@@ -111,7 +118,7 @@ class Worker:
         store = self.runtime.store
         found = []
         for state in (State.CANCELLING, State.RUNNING, State.PENDING):
-            for run in await store.list_runs(state):
+            for run in await self._readable(store.list_runs(state)):
                 if run.task not in self.tasks or self.runtime.is_active(run.id):
                     continue
                 if run.owner is None:
@@ -124,11 +131,33 @@ class Worker:
                     found.append(run.id)  # includes a pending run claimed by a worker that died
         return found
 
+    async def _readable(self, listing: Awaitable[list[RunRecord]]) -> list[RunRecord]:
+        """The runs of a listing whose rows parse; the others are reported and skipped.
+
+        A claimed run whose row does not parse stays claimed by this worker (so that it does
+        not hold up the queue); ``check`` reports it, and it is worked once its row is mended.
+        """
+        try:
+            return await listing
+        except CorruptRowError as error:
+            self._skip(error)
+            return list(error.readable)
+
+    def _skip(self, error: CorruptRowError) -> None:
+        for row in error.rows:
+            if row not in self._bad_rows:
+                self._bad_rows.add(row)
+                if self.on_bad_row is not None:
+                    self.on_bad_row(row)
+
     async def _adopt(self, run_id: str) -> None:
         try:
             snapshot = await self.runtime.store.load(run_id)
             handle = await self.runtime.adopt(run_id, self.tasks[snapshot.run.task])
         except (RunOwnedError, UnknownRunError):
             return  # another worker was quicker
+        except CorruptRowError as error:
+            self._skip(error)
+            return
         if handle is not None:
             self.handles[run_id] = handle

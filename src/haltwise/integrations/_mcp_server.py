@@ -1,0 +1,233 @@
+"""``haltwise mcp FILE.py``: the file's tasks as the tools of an MCP server on stdio.
+
+One ``tools/call`` is one haltwise run of the task, with the call's arguments as its keyword
+inputs. The run id is the request's ``_meta["haltwise/idempotency-key"]`` when the client gives
+one, so a retried call with the same key is answered from the same run (a run already final is
+reported as it is; one left behind by a dead server is taken over and continued); otherwise it is
+new. Each partial result the run emits is sent as a ``notifications/progress`` (``progress`` =
+how many partials so far, ``message`` = the partial as JSON) when the client asked for progress.
+The client's ``notifications/cancelled`` cancels the run with reason ``"client"``: its steps
+settle by their policies in this process although no response is sent. A completed run answers
+with its result (text: the result as JSON; ``structuredContent``: ``{"result": result}``); a
+cancelled or failed run with an MCP error result (``isError``) whose text names the state, the
+reason and the retry advice. Every answer carries the run's outcome (the ``status --json``
+object) in ``_meta["haltwise/outcome"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import anyio
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
+from mcp.server.stdio import stdio_server
+
+from .._core.exceptions import InputError, RunOwnedError
+from .._core.outcome import Outcome
+from .._core.states import State
+from .._runtime.describe import mcp_annotations, parameters_schema
+from .._runtime.loader import find_tools, load_module
+from .._runtime.runtime import Runtime, TaskHandle
+from .._runtime.tool import Task, Tool, ToolSpec
+
+__all__ = ["IDEMPOTENCY_KEY", "OUTCOME_KEY", "serve", "served_tasks"]
+
+#: The ``_meta`` key that carries a call's idempotency key (and so its run id).
+IDEMPOTENCY_KEY = "haltwise/idempotency-key"
+#: The result ``_meta`` key that carries the run's outcome (the ``status --json`` object).
+OUTCOME_KEY = "haltwise/outcome"
+#: How often a call's run is looked at for new partial results, in seconds.
+_POLL = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class ServedTask:
+    """One task of the served file, as an MCP tool."""
+
+    #: the MCP tool name: the module attribute the task is bound to
+    name: str
+    task: Task[..., Any]
+    #: the name its runs record, as ``haltwise run FILE.py:TASK`` would (``agent.py:research``)
+    run_name: str
+    #: the file's absolute path, kept with the run so that ``haltwise resume`` finds the task
+    source: str
+
+
+def served_tasks(file: str | os.PathLike[str]) -> tuple[list[ServedTask], list[ToolSpec]]:
+    """Load ``file`` and return its tasks (in definition order) and its tools.
+
+    Raises :class:`~haltwise.LoadError` if the file cannot be loaded and
+    :class:`~haltwise.InputError` if it defines no task.
+    """
+    module = load_module(os.fspath(file))
+    source = str(Path(module.__file__ or file).resolve())
+    served = [
+        ServedTask(name, value, f"{Path(source).name}:{name}", source)
+        for name, value in vars(module).items()
+        if isinstance(value, Task) and not name.startswith("_")
+    ]
+    if not served:
+        raise InputError(f"{file}: no @haltwise.task in this file")
+    return served, find_tools(module)
+
+
+def describe_task(served: ServedTask, tools: Sequence[ToolSpec]) -> types.Tool:
+    """The MCP declaration of one task: its parameters, its tools' policies as hints and text."""
+    hints = [mcp_annotations(tool.policy) for tool in tools]
+    annotations = types.ToolAnnotations(
+        read_only_hint=all(h["readOnlyHint"] for h in hints),
+        destructive_hint=any(h["destructiveHint"] for h in hints),
+        idempotent_hint=bool(hints) and all(h["idempotentHint"] for h in hints),
+        open_world_hint=any(h["openWorldHint"] for h in hints),
+    )
+    doc = (served.task.fn.__doc__ or "").strip()
+    summary = "; ".join(_policy_summary(tool) for tool in tools) or "none"
+    text = (f"{doc}\n\n" if doc else "") + (
+        f"Runs as one haltwise run (its tools: {summary}). Cancelling the call cancels the run; "
+        f"pass _meta[{IDEMPOTENCY_KEY!r}] to make a retried call answer from the same run."
+    )
+    # parameters_schema reads only .fn and .name, which a task has as a tool does
+    schema = parameters_schema(cast("Tool[..., Any]", served.task))
+    return types.Tool(
+        name=served.name, description=text, input_schema=schema, annotations=annotations
+    )
+
+
+def _policy_summary(tool: ToolSpec) -> str:
+    policy = tool.policy
+    cancel = policy.cancel.value if policy.cancel else "undeclared"
+    idempotent = ", idempotent" if policy.idempotent else ""
+    return f"{tool.name} ({cancel}, {policy.effect.value}{idempotent})"
+
+
+def outcome_result(outcome: Outcome) -> types.CallToolResult:
+    """The ``tools/call`` answer for a final run (see the module docstring)."""
+    meta = {OUTCOME_KEY: outcome.to_json()}
+    if outcome.state is State.COMPLETED:
+        text = json.dumps(outcome.result)
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=text)],
+            structured_content={"result": outcome.result},
+            _meta=meta,
+        )
+    reason = f", reason {outcome.reason!r}" if outcome.reason else ""
+    error = f": {outcome.error.type}: {outcome.error.message}" if outcome.error else ""
+    text = f"run {outcome.id!r} {outcome.state.value}{reason}{error}; retry: {outcome.retry.value}"
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)], _meta=meta, is_error=True
+    )
+
+
+class TaskServer:
+    """The MCP request handlers over one :class:`~haltwise.Runtime` and one file's tasks."""
+
+    def __init__(
+        self, runtime: Runtime, served: Sequence[ServedTask], tools: Sequence[ToolSpec]
+    ) -> None:
+        self.runtime = runtime
+        self.tasks = {item.name: item for item in served}
+        self.declarations = [describe_task(item, tools) for item in served]
+
+    def server(self) -> Server[Any]:
+        """A lowlevel MCP server whose ``tools/list`` and ``tools/call`` are these handlers."""
+        return Server("haltwise", on_list_tools=self.list_tools, on_call_tool=self.call_tool)
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=self.declarations)
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        served = self.tasks.get(params.name)
+        if served is None:
+            return _error_text(f"no task {params.name!r} here; tools: {', '.join(self.tasks)}")
+        arguments = dict(params.arguments or {})
+        try:
+            served.task.bind_inputs((), arguments)
+            handle = await self._start(served, arguments, _run_id(ctx))
+        except InputError as error:
+            return _error_text(str(error))
+        try:
+            outcome = await self._follow(ctx, handle)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await handle.cancel(reason="client")
+            raise
+        return outcome_result(outcome)
+
+    async def _start(
+        self, served: ServedTask, arguments: dict[str, Any], run_id: str
+    ) -> TaskHandle:
+        handle = await self.runtime.start_named(
+            served.task,
+            (),
+            arguments,
+            task_id=run_id,
+            name=served.run_name,
+            source=served.source,
+        )
+        if self.runtime.is_active(run_id):
+            return handle
+        # The key names a run this server did not just start: final, or left by another process.
+        if not (await handle.status()).state.is_final:
+            try:
+                return await self.runtime.resume(run_id, task=served.task)
+            except RunOwnedError:
+                pass  # a live process works it: wait for its outcome
+        return handle
+
+    async def _follow(self, ctx: ServerRequestContext[Any, Any], handle: TaskHandle) -> Outcome:
+        """Wait for the run's final state, sending each new partial result as progress."""
+        sent = 0
+        while True:
+            final: Outcome | None = None
+            with anyio.move_on_after(_POLL):
+                final = await handle.outcome()
+            outcome = final or await handle.status()
+            sent = await _report(ctx, outcome.partials, sent)
+            if final is not None:
+                return final
+
+
+async def _report(ctx: ServerRequestContext[Any, Any], partials: Sequence[Any], sent: int) -> int:
+    for index in range(sent, len(partials)):
+        await ctx.session.report_progress(index + 1, None, json.dumps(partials[index]))
+    return max(sent, len(partials))
+
+
+def _run_id(ctx: ServerRequestContext[Any, Any]) -> str:
+    meta: Any = ctx.meta or {}
+    key = meta.get(IDEMPOTENCY_KEY) if isinstance(meta, dict) else None
+    if key is None:
+        return uuid.uuid4().hex
+    if not isinstance(key, str) or not key:
+        raise InputError(f"_meta[{IDEMPOTENCY_KEY!r}] must be a non-empty string")
+    return key
+
+
+def _error_text(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+
+
+async def serve(file: str | os.PathLike[str], *, store: str | None = None) -> None:
+    """Serve ``file``'s tasks over MCP on this process's stdin and stdout until stdin closes.
+
+    ``store`` is a store URL (default ``$HALTWISE_STORE``, else the default SQLite file). When
+    the client goes away, the runs still active are cancelled with reason ``"shutdown"`` and
+    settle by their policies before this returns. Raises :class:`~haltwise.LoadError` or
+    :class:`~haltwise.InputError` (before serving anything) if the file cannot be served.
+    """
+    served, tools = served_tasks(file)
+    async with Runtime(store) as runtime, stdio_server() as (read_stream, write_stream):
+        server = TaskServer(runtime, served, tools).server()
+        await server.run(read_stream, write_stream, server.create_initialization_options())

@@ -1,0 +1,236 @@
+"""``haltwise mcp FILE.py`` as a real stdio subprocess, driven by the MCP SDK's own client.
+
+Every tool of the served file appends a line to ``effects.log`` when its effect happens, so a test
+counts side effects; a gated tool waits for a ``release-NAME`` file, so a test holds a step in
+flight exactly as long as it needs (polling the journal with a deadline, never sleeping blindly).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+import haltwise
+
+pytestmark = pytest.mark.anyio
+
+AGENT = '''
+from pathlib import Path
+
+import anyio
+
+import haltwise
+
+HERE = Path(__file__).parent
+
+
+def effect(name):
+    with open(HERE / "effects.log", "a") as log:
+        log.write(name + "\\n")
+
+
+async def until_released(name):
+    with anyio.fail_after(60):
+        while not (HERE / f"release-{name}").exists():
+            await anyio.sleep(0.005)
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def search(query: str) -> list:
+    effect("search")
+    return [query + "-a", query + "-b"]
+
+
+@haltwise.tool(cancel="finish", effect="external", idempotent=True)
+async def charge(amount: int) -> str:
+    await until_released("charge")
+    effect("charge")
+    return f"charged {amount}"
+
+
+@haltwise.task
+async def research(topic: str, amount: int = 5) -> dict:
+    """Search a topic and pay for the report."""
+    hits = await search(topic)
+    for hit in hits:
+        haltwise.emit({"hit": hit})
+    receipt = await charge(amount)
+    return {"hits": hits, "receipt": receipt}
+'''
+
+PATIENCE = 30.0
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Path:
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT)
+    return agent
+
+
+def effects(tmp_path: Path) -> list[str]:
+    log = tmp_path / "effects.log"
+    return log.read_text().split() if log.exists() else []
+
+
+@asynccontextmanager
+async def mcp_session(agent: Path) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "haltwise", "mcp", str(agent), "--store", store_of(agent)],
+        cwd=str(agent.parent),
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+def store_of(agent: Path) -> str:
+    return f"sqlite:///{agent.parent}/haltwise.db"
+
+
+async def status(agent: Path, run_id: str) -> haltwise.Outcome:
+    async with haltwise.Runtime(store_of(agent)) as runtime:
+        return await runtime.status(run_id)
+
+
+async def wait_for(agent: Path, run_id: str, state: haltwise.State) -> haltwise.Outcome:
+    with anyio.fail_after(PATIENCE):
+        while True:
+            try:
+                outcome = await status(agent, run_id)
+            except haltwise.UnknownRunError:
+                outcome = None
+            if outcome is not None and outcome.state is state:
+                return outcome
+            await anyio.sleep(0.02)
+
+
+async def wait_for_step(agent: Path, run_id: str, count: int) -> None:
+    with anyio.fail_after(PATIENCE):
+        while True:
+            try:
+                if len((await status(agent, run_id)).steps) >= count:
+                    return
+            except haltwise.UnknownRunError:
+                pass
+            await anyio.sleep(0.02)
+
+
+def key(run_id: str) -> dict[str, Any]:
+    return {"haltwise/idempotency-key": run_id}
+
+
+async def test_lists_each_task_as_a_tool_with_its_schema_and_policy_hints(served: Path) -> None:
+    async with mcp_session(served) as session:
+        listed = (await session.list_tools()).tools
+    assert [tool.name for tool in listed] == ["research"]
+    research = listed[0]
+    assert research.input_schema["required"] == ["topic"]
+    assert set(research.input_schema["properties"]) == {"topic", "amount"}
+    assert research.description is not None
+    assert "Search a topic" in research.description
+    assert "charge (finish, external, idempotent)" in research.description
+    hints = research.annotations
+    assert hints is not None
+    assert hints.read_only_hint is False
+    assert hints.open_world_hint is True
+    assert hints.idempotent_hint is False  # search is not idempotent
+
+
+async def test_a_call_is_one_run_with_progress_and_a_retry_is_answered_from_it(
+    served: Path,
+) -> None:
+    (served.parent / "release-charge").touch()
+    progress: list[tuple[float, str | None]] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, message))
+
+    async with mcp_session(served) as session:
+        first = await session.call_tool(
+            "research", {"topic": "cats"}, progress_callback=on_progress, meta=key("r1")
+        )
+        again = await session.call_tool("research", {"topic": "cats"}, meta=key("r1"))
+    assert not first.is_error
+    expected = {"hits": ["cats-a", "cats-b"], "receipt": "charged 5"}
+    assert json.loads(first.content[0].text) == expected  # type: ignore[union-attr]
+    assert first.structured_content == {"result": expected}
+    assert again.structured_content == {"result": expected}
+    assert [json.loads(m or "") for _, m in progress] == [{"hit": "cats-a"}, {"hit": "cats-b"}]
+    assert [v for v, _ in progress] == [1, 2]
+    assert effects(served.parent) == ["search", "charge"]  # the retry ran nothing
+    outcome = await status(served, "r1")
+    assert outcome.state is haltwise.State.COMPLETED
+    assert outcome.task == "agent.py:research"
+    assert [step.tool for step in outcome.steps] == ["search", "charge"]
+
+
+async def test_the_clients_cancel_is_a_haltwise_cancel_and_finish_is_honoured(
+    served: Path,
+) -> None:
+    async with mcp_session(served) as session:
+        async with anyio.create_task_group() as group:
+
+            async def call() -> None:
+                await session.call_tool("research", {"topic": "dogs"}, meta=key("c1"))
+
+            group.start_soon(call)
+            await wait_for_step(served, "c1", 2)  # charge (finish) is in flight
+            group.cancel_scope.cancel()  # the SDK sends notifications/cancelled
+        cancelling = await wait_for(served, "c1", haltwise.State.CANCELLING)
+        assert cancelling.reason == "client"
+        (served.parent / "release-charge").touch()  # the finish step may now end
+        outcome = await wait_for(served, "c1", haltwise.State.CANCELLED)
+        assert outcome.reason == "client"
+        assert [step.status for step in outcome.steps] == [
+            haltwise.StepStatus.COMMITTED,
+            haltwise.StepStatus.COMMITTED,
+        ]
+        assert effects(served.parent) == ["search", "charge"]
+        # the same key again: the cancelled run answers, as an MCP error result
+        answer = await session.call_tool("research", {"topic": "dogs"}, meta=key("c1"))
+    assert answer.is_error
+    text = answer.content[0].text  # type: ignore[union-attr]
+    assert text == "run 'c1' cancelled, reason 'client'; retry: resume"
+    assert answer.meta is not None
+    assert answer.meta["haltwise/outcome"]["state"] == "cancelled"
+    assert effects(served.parent) == ["search", "charge"]
+
+
+async def test_bad_arguments_are_an_error_result_not_a_run(served: Path) -> None:
+    async with mcp_session(served) as session:
+        answer = await session.call_tool("research", {"subject": "x"}, meta=key("bad"))
+        unknown = await session.call_tool("nope", {})
+    assert answer.is_error
+    assert "research" in answer.content[0].text  # type: ignore[union-attr]
+    assert unknown.is_error
+    with pytest.raises(haltwise.UnknownRunError):
+        await status(served, "bad")
+    assert effects(served.parent) == []
+
+
+def test_mcp_without_tasks_exits_2(tmp_path: Path) -> None:
+    import subprocess
+
+    empty = tmp_path / "empty.py"
+    empty.write_text("import haltwise\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "haltwise", "mcp", str(empty)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith("no @haltwise.task in this file")
+    assert "Traceback" not in done.stderr
