@@ -125,6 +125,8 @@ class PostgresStore:
         self._inflight: set[asyncio.Task[Any]] = set()
         self._sync_lock = threading.Lock()
         self._sync_conn: psycopg.Connection[DictRow] | None = None
+        #: what loads read: a read-only store of an older version lacks the newer columns
+        self._reads = _SQL
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -215,6 +217,7 @@ class PostgresStore:
                 if found is None:
                     raise NoStoreError(f"{safe_url(self.url)} (no haltwise schema there)")
                 upgrade_statements(POSTGRES, found, self._where)  # refuses a newer version
+                self._reads = Statements(POSTGRES, found)
                 return
             # Checked first because CREATE SCHEMA IF NOT EXISTS needs a privilege even when the
             # schema exists.
@@ -499,9 +502,9 @@ class PostgresStore:
         async def op(conn: _Conn) -> RunSnapshot:
             run = await _load_run(conn, run_id)
             async with conn.cursor(row_factory=tuple_row) as rows:  # step_from_row: by position
-                await rows.execute(_SQL.load_steps, (run_id,))
+                await rows.execute(self._reads.load_steps, (run_id,))
                 steps = steps_from_rows(run_id, await rows.fetchall())
-            cursor = await conn.execute(_SQL.load_partials, (run_id,))
+            cursor = await conn.execute(self._reads.load_partials, (run_id,))
             found = await cursor.fetchall()
             return RunSnapshot(
                 run=run,

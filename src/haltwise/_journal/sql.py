@@ -21,8 +21,11 @@ from typing import Any
 from .._core.records import RunRecord
 from .._core.states import State
 from .rows import PARTIAL_COLUMNS, RUN_COLUMNS, STEP_COLUMNS
-from .schema import Dialect
+from .schema import SCHEMA_VERSION, Dialect
 from .store import LostOwnershipError, NewRun, check_transition, plan_cancel
+
+#: the schema version that added steps.call_id/fingerprint and partials.step/ordinal
+_STEP_IDENTITY_VERSION = 3
 
 __all__ = [
     "RunWrite",
@@ -101,8 +104,14 @@ def plan_cancel_write(current: RunRecord, reason: str, force: bool, now: float) 
 class Statements:
     """Every statement the two stores share, rendered for one dialect (built once per store)."""
 
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Dialect, version: int = SCHEMA_VERSION) -> None:
+        """``version``: the schema version of the store read (an older one, opened read-only and
+        so not upgraded, lacks the newer columns: they read as NULL)."""
         p, q = dialect.param, dialect.qualify
+        step_columns, partial_columns = STEP_COLUMNS, PARTIAL_COLUMNS
+        if version < _STEP_IDENTITY_VERSION:
+            step_columns = step_columns.replace("call_id, fingerprint", "NULL, NULL")
+            partial_columns = partial_columns.replace("step, ordinal", "NULL, NULL")
         self.param = p
         self.runs, self.steps = q("runs"), q("steps")
         self.insert_run = (
@@ -129,9 +138,9 @@ class Statements:
             f"INSERT INTO {q('partials')} (run_id, seq, value, step, ordinal) "
             f"VALUES ({p}, {p}, {p}, {p}, {p}) ON CONFLICT (run_id, seq) DO NOTHING"
         )
-        self.load_steps = f"SELECT {STEP_COLUMNS} FROM {q('steps')} WHERE run_id = {p} ORDER BY idx"
+        self.load_steps = f"SELECT {step_columns} FROM {q('steps')} WHERE run_id = {p} ORDER BY idx"
         self.load_partials = (
-            f"SELECT {PARTIAL_COLUMNS} FROM {q('partials')} WHERE run_id = {p} ORDER BY seq"
+            f"SELECT {partial_columns} FROM {q('partials')} WHERE run_id = {p} ORDER BY seq"
         )
         self.partial_seqs = f"SELECT run_id, seq FROM {q('partials')} ORDER BY run_id, seq"
         self._events = f"SELECT seq, run_id, source, target, reason, at FROM {q('events')}"

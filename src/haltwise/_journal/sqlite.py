@@ -170,6 +170,8 @@ class SQLiteStore:
         self._watch: sqlite3.Connection | None = None
         self._data_version = 0
         self._changes = 0  # changes of data_version seen by any waiter
+        #: what loads read: a read-only store of an older version lacks the newer columns
+        self._reads = _SQL
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -287,7 +289,10 @@ class SQLiteStore:
         except sqlite3.Error as error:
             raise store_error(self.path, error) from None
         if row is not None:
-            upgrade_statements(SQLITE, parse_version(row[0], self.path), self.path)  # newer?
+            found = parse_version(row[0], self.path)
+            upgrade_statements(SQLITE, found, self.path)  # refuses a newer version
+            if found < SCHEMA_VERSION:
+                self._reads = Statements(SQLITE, found)
 
     def _upgrade(self, conn: sqlite3.Connection, has_meta: bool) -> None:
         """Create the schema, or upgrade an older one in place (inside the caller's transaction)."""
@@ -489,8 +494,9 @@ class SQLiteStore:
             run = _load_run(conn, run_id)
             rows = conn.cursor()
             rows.row_factory = None  # plain tuples: step_from_row reads them by position
-            steps = steps_from_rows(run_id, rows.execute(_SQL.load_steps, (run_id,)).fetchall())
-            found = conn.execute(_SQL.load_partials, (run_id,)).fetchall()
+            reads = self._reads
+            steps = steps_from_rows(run_id, rows.execute(reads.load_steps, (run_id,)).fetchall())
+            found = conn.execute(reads.load_partials, (run_id,)).fetchall()
             return RunSnapshot(
                 run=run,
                 steps=steps,

@@ -338,6 +338,10 @@ class _Flight:
             return await spec.fn(*self.args, **self.kwargs)
         if spec.is_async:
             self.inner = asyncio.ensure_future(spec.fn(*self.args, **self.kwargs))
+            if self.run.forced and not self.shielded:
+                # A forced cancel came first: the body is stopped at its first await, as a
+                # body running in the caller's task would be.
+                asyncio.get_running_loop().call_soon(self.inner.cancel)
         else:
             self.thread = start_thread(spec.fn, self.args, self.kwargs)
             self.inner = self.thread.result
