@@ -6,6 +6,8 @@ import functools
 import io
 import json
 import math
+import subprocess
+import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -15,11 +17,9 @@ import pytest
 from rich.console import Console
 
 import haltwise
-from haltwise import CancelPolicy, Effect, Tool
+from haltwise import Tool
 from haltwise._analysis.audit import AuditReport, FindingCode, audit_tools
-from haltwise._core.policy import ToolPolicy
 from haltwise._runtime.loader import load_tools
-from haltwise._runtime.tool import ToolSpec, tool_function
 
 
 def delete_note(text: str) -> None:
@@ -37,10 +37,8 @@ def make(**policy: Any) -> Tool[..., Any]:
 
 
 def rollback_without_compensate() -> Tool[..., Any]:
-    # The decorator refuses this declaration, so build the policy by hand, as a bug elsewhere
-    # (or a future decorator) might.
-    policy = ToolPolicy(cancel=CancelPolicy.ROLLBACK, effect=Effect.WRITE, effect_declared=True)
-    return tool_function(ToolSpec(delete_note, policy, "undo_nothing"))
+    # Declared as a user would: the decorator accepts it, the audit reports it (issue 15, 14).
+    return haltwise.tool(cancel="rollback", effect="write", name="undo_nothing")(delete_note)
 
 
 def codes(tools: list[Tool[..., Any]], deadline: float | None = None) -> list[str]:
@@ -297,3 +295,36 @@ def test_render_rich_prints_every_tool_and_finding(report: AuditReport) -> None:
 def test_render_rich_prints_names_literally() -> None:
     text = render(audit_tools([make(name="[bold]x[/bold]", effect="read")]))
     assert "[bold]x[/bold]" in text
+
+
+ROLLBACK_FILE = """
+import haltwise
+
+
+@haltwise.tool(cancel="rollback", effect="write", grace=5)
+async def insert_row(text: str) -> int:
+    return 1
+"""
+
+
+def test_audit_of_a_file_reports_rollback_without_compensate(tmp_path: Path) -> None:
+    """Issue 15, item 14: the file imports (no PolicyError at decoration) and the audit shows
+    the contract's finding; --strict exits 1 on it."""
+    (tmp_path / "agent.py").write_text(ROLLBACK_FILE)
+
+    def audit(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "haltwise", "audit", "agent.py", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    done = audit("--json")
+    assert done.returncode == 0, done.stderr
+    findings = json.loads(done.stdout)["findings"]
+    assert [(f["tool"], f["code"]) for f in findings] == [
+        ("insert_row", "rollback-without-compensate")
+    ]
+    assert audit("--strict").returncode == 1

@@ -525,8 +525,8 @@ def test_resume_after_cancel_does_not_repeat_committed_steps(env: Env) -> None:
     env.release("think")
     elsewhere = env.root / "elsewhere"
     elsewhere.mkdir()
-    resumed = subprocess.run(  # from another directory: the task is found by its source path
-        [sys.executable, "-m", "haltwise", "resume", "r1", "--json"],
+    resumed = subprocess.run(  # from outside the project: the file must be named
+        [sys.executable, "-m", "haltwise", "resume", "r1", "../agent.py", "--json"],
         cwd=elsewhere,
         env=env.environ(),
         text=True,

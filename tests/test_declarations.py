@@ -20,7 +20,6 @@ def noop(*args: Any) -> None:
     [
         ({"cancel": "sometimes"}, "unknown cancel='sometimes'"),
         ({"effect": "explosive"}, "unknown effect='explosive'"),
-        ({"cancel": "rollback"}, "needs compensate="),
         ({"grace": -1}, "grace= must be a finite number"),
         ({"grace": float("inf")}, "grace= must be a finite number"),
         ({"grace": "10"}, "grace= must be a number"),
@@ -67,6 +66,61 @@ def test_cancelled_is_not_an_exception_and_errors_share_one_base() -> None:
         obj = getattr(haltwise, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert issubclass(obj, haltwise.HaltwiseError), name
+
+
+def test_rollback_without_compensate_is_declared_and_left_to_audit() -> None:
+    """Issue 15, item 14: audit reports it (the contract's finding); declaring it is no error."""
+    policy = toolkit.write_no_undo.policy
+    assert policy.cancel is haltwise.CancelPolicy.ROLLBACK and policy.compensate is None
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_rollback_call_with_nothing_to_undo_it_is_unknown(
+    store_url: str,
+) -> None:
+    toolkit.reset()
+    async with haltwise.Runtime(store_url) as rt:
+        handle = await rt.start(toolkit.one_step, "write_no_undo", task_id="nu")
+        await toolkit.between.wait()
+        toolkit.go_on.set()
+        await toolkit.entered.wait()
+        await handle.cancel()
+        outcome = await handle.outcome()
+    assert outcome.state is State.CANCELLED
+    assert [step.status for step in outcome.steps] == [StepStatus.COMMITTED, StepStatus.UNKNOWN]
+    assert outcome.retry is haltwise.Retry.RECONCILE
+
+
+@pytest.mark.anyio
+async def test_checkpoint_outside_a_task_is_an_error() -> None:
+    """Issue 15, item 13: as NotInTaskError documents (it used to return silently)."""
+    with pytest.raises(haltwise.NotInTaskError, match="checkpoint"):
+        await haltwise.checkpoint()
+
+
+def test_no_deprecated_coroutine_check_in_the_runtime() -> None:
+    """Issue 15, item 20: asyncio.iscoroutinefunction is deprecated (3.14); inspect's is used."""
+    import pathlib
+
+    source = pathlib.Path(haltwise.__file__).parent
+    offenders = [
+        str(path.relative_to(source))
+        for path in source.rglob("*.py")
+        if "asyncio.iscoroutinefunction" in path.read_text()
+    ]
+    assert offenders == []
+
+
+def test_the_license_is_an_spdx_string() -> None:
+    """Issue 15, item 24: ``license = { text = ... }`` is deprecated by setuptools."""
+    import pathlib
+    import tomllib
+
+    pyproject = pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml"
+    data = tomllib.loads(pyproject.read_text())
+    assert data["project"]["license"] == "MIT"
+    requires = data["build-system"]["requires"]
+    assert any(r.replace(" ", "").startswith("setuptools>=77") for r in requires), requires
 
 
 def test_emit_and_key_outside_a_task() -> None:

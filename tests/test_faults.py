@@ -82,7 +82,11 @@ async def test_with_many_runs_a_locked_database_never_stalls_the_event_loop(
             await rt.start(toolkit.one_step, "read_async", task_id=f"m{i}") for i in range(5)
         ]
         with anyio.fail_after(10):
-            while toolkit.calls["quick"] < len(handles):  # each run is at the gate
+            # each run is at the gate, its first partial durable: an emit still waiting for
+            # its commit would block the loop behind the lock held below (emit is synchronous)
+            while toolkit.calls["quick"] < len(handles) or not all(
+                [(await handle.status()).partials for handle in handles]
+            ):
                 await anyio.sleep(0.01)
         holder = threading.Thread(target=hold_the_write_lock, args=(path, locked, unlock))
         holder.start()

@@ -69,7 +69,9 @@ def test_load_target_returns_module_and_task(agent: Path) -> None:
     assert task is module.research
     assert module.__name__ == module_name_for(agent)
     assert sys.modules[module.__name__] is module
-    assert task.name == f"{module.__name__}:research"
+    # named after its file, never the internal module name (issue 15, item 12)
+    assert task.name == "agent.py:research"
+    assert task.source == str(agent.resolve())
 
 
 def test_spec_without_task_returns_module_only(agent: Path) -> None:

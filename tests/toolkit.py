@@ -138,6 +138,12 @@ def write_plain(value: Any) -> Any:
     return _hold_blocking("write_plain", value)
 
 
+@haltwise.tool(cancel="rollback", effect="write", grace=5.0)
+async def write_no_undo(value: Any) -> Any:
+    """rollback with nothing to undo it: audit reports it, a cancel mid-call leaves unknown."""
+    return await _hold("write_no_undo", value)
+
+
 @haltwise.tool
 async def undeclared(value: Any) -> Any:
     return await _hold("undeclared", value)
@@ -171,6 +177,7 @@ TOOLS = {
     "charge_idempotent": charge_idempotent,
     "write_async": write_async,
     "write_plain": write_plain,
+    "write_no_undo": write_no_undo,
     "undeclared": undeclared,
 }
 

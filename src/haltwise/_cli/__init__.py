@@ -17,6 +17,7 @@ from .. import __version__
 from .._core.exceptions import HaltwiseError, UnknownRunError
 from . import mcp, runs, verify, work
 from .base import USAGE, fail, store_in_use
+from .signals import RELAY
 
 __all__ = ["cli", "main", "run_cli"]
 
@@ -76,4 +77,6 @@ def _where_looked() -> str:
 
 def main() -> NoReturn:
     """The ``haltwise`` console script."""
-    sys.exit(run_cli())
+    code = run_cli()
+    RELAY.ignore_from_now()  # the exit code is the run's, whatever signal comes now
+    sys.exit(code)

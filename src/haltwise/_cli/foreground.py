@@ -2,9 +2,10 @@
 
 SIGINT (Ctrl-C) cancels the run with reason ``"user"``, SIGTERM with reason ``"shutdown"``; a
 second signal of either kind forces the cancel (``finish`` steps are not waited for, no
-compensation runs). The signal handlers are installed by :func:`signals_as_cancels` before the
-run starts, so a signal that arrives while it is starting is queued, not lost, and never turns
-into a ``KeyboardInterrupt``.
+compensation runs). The signal handler (:mod:`.signals`) is installed before anything is
+loaded and stays for the whole command, so a signal that arrives while the run is starting is
+queued, not lost, one that arrives after it ended is absorbed, and none turns into a
+``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import anyio
 from .._core.exceptions import HaltwiseError, InputError, RunOwnedError, UnknownRunError
 from .._core.outcome import Outcome
 from .._core.records import RunRecord, parse_json_text
-from .._journal.owner import owner_alive
+from .._journal.owner import held_by_live_owner
 from .._runtime.runtime import Runtime
 from .._runtime.tool import Task
 from .render import LiveView, Screen
+from .signals import RELAY, SIGNAL_REASONS
+from .sources import trusted_spec
 
 __all__ = [
     "SIGNAL_REASONS",
@@ -41,8 +44,6 @@ __all__ = [
     "worker_names",
 ]
 
-#: The cancel reason each signal stands for.
-SIGNAL_REASONS = {signal.SIGINT: "user", signal.SIGTERM: "shutdown"}
 #: How often the live view reads the journal (seconds).
 _REFRESH = 0.1
 
@@ -99,11 +100,12 @@ class Foreground:
 async def signals_as_cancels(runtime: Runtime, *, quiet: bool) -> AsyncIterator[Foreground]:
     """Turn SIGINT/SIGTERM into cancels of the run the yielded :class:`Foreground` follows.
 
-    Signals received before :meth:`Foreground.follow` names the run are queued and acted on then.
+    Signals received before :meth:`Foreground.follow` names the run are queued and acted on then
+    (the handler is :data:`~.signals.RELAY`, installed here if the command has not already).
     ``quiet`` suppresses the one-line notes on stderr (for ``--json``).
     """
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
-        yield Foreground(runtime, received, quiet=quiet)
+    RELAY.install()
+    yield Foreground(runtime, RELAY.signals(), quiet=quiet)
 
 
 def _tell(text: str) -> None:
@@ -159,14 +161,13 @@ def source_of(target: str, module_file: str | None) -> str | None:
     return str(Path(module_file).resolve())
 
 
-def task_of(run: RunRecord) -> Task[..., Any]:
-    """Load the task of a journaled run: from its recorded source file, else its spec."""
+def task_of(run: RunRecord, file: str | None = None, *, moved: bool = False) -> Task[..., Any]:
+    """Load the task of a journaled run: from ``file`` if the caller named one, else from the
+    file the journal names if it lies in the current project, else from its module name (see
+    :mod:`.sources` for what is refused)."""
     from .._runtime.loader import load_target
 
-    source = run.inputs.get("source")
-    attribute = run.task.rpartition(":")[2]
-    spec = f"{source}:{attribute}" if isinstance(source, str) and attribute else run.task
-    _, task = load_target(spec)
+    _, task = load_target(trusted_spec(run, file, moved=moved))
     if task is None:
         raise InputError(f"run {run.id!r}: cannot tell its task from {run.task!r}")
     return task
@@ -184,7 +185,7 @@ async def existing_run(runtime: Runtime, task_id: str) -> Outcome | None:
     run = snapshot.run
     if run.state.is_final:
         return snapshot.outcome()
-    if run.owner is not None and owner_alive(run.owner, run.lease_until):
+    if run.owner is not None and held_by_live_owner(run):
         raise RunOwnedError(task_id, run.owner.describe())
     raise HaltwiseError(_not_final_words(run), task_id=task_id)
 

@@ -205,7 +205,9 @@ class Screen:
         there who holds an active run and what a cancelling run waits for).
         """
         for part in _summary(outcome, [note for note in notes if note]):
-            self.console.print(part)
+            # A line of text is not wrapped by rich (a path or an id in it stays whole, for
+            # copying); the terminal wraps it. Tables fit the width.
+            self.console.print(part, soft_wrap=isinstance(part, Text))
 
     def findings(self, report: CheckReport) -> None:
         """``check``: one line when the store is sound, else a table of the findings."""

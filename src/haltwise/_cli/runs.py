@@ -36,6 +36,8 @@ from .foreground import (
     task_of,
 )
 from .render import Screen, cancelling_line
+from .signals import RELAY
+from .sources import journaled_file
 
 
 @click.command("run")
@@ -61,6 +63,7 @@ def run_command(
     """
     from .._runtime.loader import load_target
 
+    RELAY.install()  # from now on a signal is queued for the run, never a KeyboardInterrupt
     kwargs = parse_input(input_json)
     module, task = load_target(target)
     if task is None:
@@ -138,7 +141,11 @@ def status_command(task_id: str, as_json: bool, store: str | None) -> int:
         if as_json:
             print_json(outcome.to_json())
         else:
-            notes = (_owner_words(snapshot.run), cancelling_line(snapshot))
+            notes = (
+                _source_words(snapshot.run),
+                _owner_words(snapshot.run),
+                cancelling_line(snapshot),
+            )
             Screen().outcome(outcome, notes=notes)
         return 0
 
@@ -147,6 +154,12 @@ def status_command(task_id: str, as_json: bool, store: str | None) -> int:
 
 @click.command("resume")
 @click.argument("task_id", metavar="ID")
+@click.argument("file", metavar="[FILE.py]", required=False)
+@click.option(
+    "--moved",
+    is_flag=True,
+    help="FILE.py is where the run's file moved to: load it although the journal names another.",
+)
 @click.option(
     "--assume-done",
     "assume_done",
@@ -167,20 +180,28 @@ def status_command(task_id: str, as_json: bool, store: str | None) -> int:
 @store_option
 def resume_command(
     task_id: str,
+    file: str | None,
+    moved: bool,
     assume_done: dict[int, Any],
     rerun: Sequence[int],
     deadline: float | None,
     as_json: bool,
     store: str | None,
 ) -> int:
-    """Continue run ID from its journal, in the foreground (signals as for 'run')."""
+    """Continue run ID from its journal, in the foreground (signals as for 'run').
+
+    The task is loaded from the file the journal names if that lies in the current project;
+    a file outside it runs only if named as FILE.py (the journal alone never decides what
+    runs), and a FILE.py other than the journal's only with --moved.
+    """
+    RELAY.install()  # from now on a signal is queued for the run, never a KeyboardInterrupt
 
     async def main() -> int:
         async with Runtime(store) as runtime:
             snapshot = await runtime.store.load(task_id)
             if snapshot.run.state is State.COMPLETED:
                 return _report(snapshot.outcome(), as_json)
-            task = task_of(snapshot.run)
+            task = task_of(snapshot.run, file, moved=moved)
             async with signals_as_cancels(runtime, quiet=as_json) as foreground:
                 handle = await runtime.resume(
                     task_id,
@@ -296,6 +317,12 @@ def _owner_gone(run: RunRecord) -> str | None:
     if owner_alive(run.owner, run.lease_until):
         return None
     return f"its owner ({run.owner.describe()}) is gone"
+
+
+def _source_words(run: RunRecord) -> str | None:
+    """The line ``status`` shows about the file ``resume`` would load the task from."""
+    named = journaled_file(run)
+    return f"source: {named}" if named is not None else None
 
 
 def _owner_words(run: RunRecord) -> str | None:

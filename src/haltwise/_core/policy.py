@@ -39,6 +39,13 @@ class Effect(StrEnum):
         return self in (Effect.WRITE, Effect.EXTERNAL)
 
 
+def effective_cancel(declared: CancelPolicy | str | None) -> CancelPolicy:
+    """What a cancel does to a call of a tool that declared ``declared`` (a policy, its journaled
+    value, or None): the declared policy, and ``finish`` when none was declared (CONTRACT.md,
+    "Tool policies": not declared behaves as ``finish``)."""
+    return CancelPolicy(declared) if declared else CancelPolicy.FINISH
+
+
 @dataclass(frozen=True, slots=True)
 class ToolPolicy:
     """The declared (or defaulted) policy of one tool.
@@ -59,7 +66,7 @@ class ToolPolicy:
     @property
     def effective_cancel(self) -> CancelPolicy:
         """The behaviour on cancel: the declared policy, ``finish`` when undeclared."""
-        return self.cancel if self.cancel is not None else CancelPolicy.FINISH
+        return effective_cancel(self.cancel)
 
     @property
     def may_defer_settle(self) -> bool:
@@ -84,18 +91,15 @@ class ToolPolicy:
         """Validate the arguments of ``@haltwise.tool`` and build the policy.
 
         Raises :class:`PolicyError` (naming the tool) for an unknown ``cancel=`` or ``effect=``,
-        ``rollback`` without ``compensate``, a non-callable ``compensate``, or a grace that is
-        negative, not a number, or not finite.
+        a non-callable ``compensate``, or a grace that is negative, not a number, or not
+        finite. ``rollback`` without ``compensate`` is accepted: ``audit`` reports it
+        (``rollback-without-compensate``), and a call cancelled mid-way, having nothing to undo
+        it, becomes ``unknown``.
         """
         cancel_policy = None if cancel is None else _parse(CancelPolicy, cancel, "cancel", name)
         effect_value = Effect.EXTERNAL if effect is None else _parse(Effect, effect, "effect", name)
         if compensate is not None and not callable(compensate):
             raise PolicyError(f"tool {name!r}: compensate= must be callable", tool=name)
-        if cancel_policy is CancelPolicy.ROLLBACK and compensate is None:
-            raise PolicyError(
-                f"tool {name!r}: cancel='rollback' needs compensate=, the function that undoes it",
-                tool=name,
-            )
         if not isinstance(idempotent, bool):
             raise PolicyError(f"tool {name!r}: idempotent= must be True or False", tool=name)
         return cls(

@@ -12,10 +12,9 @@ import anyio
 from .._core.exceptions import CorruptRowError, NoStoreError
 from .._core.records import Event, RunRecord
 from .._core.states import State, StepStatus, is_allowed
-from .owner import owner_alive
+from .owner import held_by_live_owner
 from .store import Store, open_store
 
-_ACTIVE = (State.PENDING, State.RUNNING, State.CANCELLING)
 _T = TypeVar("_T")
 
 
@@ -156,9 +155,7 @@ async def _check_steps(store: Store, run: RunRecord) -> list[Finding]:
     indexes = [step.index for step in steps]
     if indexes != list(range(len(indexes))):
         findings.append(Finding(run.id, "step-gap", f"step indexes are {indexes}"))
-    live = (
-        run.owner is not None and run.state in _ACTIVE and owner_alive(run.owner, run.lease_until)
-    )
+    live = held_by_live_owner(run)
     for step in steps:
         if step.status is StepStatus.RUNNING and not live:
             findings.append(

@@ -7,7 +7,7 @@ import socket
 import time
 import uuid
 
-from .._core.records import Owner
+from .._core.records import Owner, RunRecord
 
 #: Seconds a lease lasts without a heartbeat (CONTRACT.md: default 15 s).
 DEFAULT_LEASE = 15.0
@@ -59,3 +59,14 @@ def owner_alive(owner: Owner, lease_until: float | None, *, now: float | None = 
         started = _process_start(owner.pid)
         return started is None or not owner.started or started == owner.started
     return lease_until is not None and lease_until > (now if now is not None else time.time())
+
+
+def held_by_live_owner(run: RunRecord) -> bool:
+    """Whether someone is working ``run``: it is active (not final) and its owner is alive.
+
+    A final run is never held (whatever its owner column says), and neither is an active run
+    with no owner (submitted and not claimed, or released by a worker's SIGTERM).
+    """
+    return (
+        not run.state.is_final and run.owner is not None and owner_alive(run.owner, run.lease_until)
+    )

@@ -27,14 +27,12 @@ from .._core.exceptions import (
 from .._core.outcome import Outcome
 from .._core.records import RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
-from .._journal.owner import DEFAULT_LEASE, new_owner, owner_alive
+from .._journal.owner import DEFAULT_LEASE, held_by_live_owner, new_owner
 from .._journal.store import LostOwnershipError, NewRun, Store, open_store
 from .ending import call_task, fail_refused, finish, settle_takeover
 from .run_context import Probe, RunContext
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
-
-_ACTIVE = (State.PENDING, State.RUNNING, State.CANCELLING)
 
 
 class TaskHandle:
@@ -160,6 +158,7 @@ class Runtime:
             raise InputError(f"{task!r} is not a @haltwise.task")
         task.bind_inputs(args, kwargs)
         inputs: dict[str, Any] = {"args": list(args), "kwargs": kwargs}
+        source = source or task.source
         if source is not None:
             inputs["source"] = source
         dump_json(inputs, f"the inputs of task {task.name!r}")
@@ -347,6 +346,7 @@ class Runtime:
         kwargs = dict(kwargs or {})
         task.bind_inputs(args, kwargs)
         inputs: dict[str, Any] = {"args": list(args), "kwargs": kwargs}
+        source = source or task.source
         if source is not None:
             inputs["source"] = source
         run_id = task_id if task_id is not None else uuid.uuid4().hex
@@ -441,7 +441,7 @@ class Runtime:
         owner = run.owner
         if owner is not None and owner.token == self.owner.token:
             return  # claimed for us already (a worker's claim_pending)
-        if owner is not None and run.state in _ACTIVE and owner_alive(owner, run.lease_until):
+        if owner is not None and held_by_live_owner(run):
             raise RunOwnedError(run.id, owner.describe())
         claimed = await self.store.claim(
             run.id,

@@ -24,6 +24,7 @@ propagates as it came; one haltwise requested is raised into the task as
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import time
 import zlib
@@ -531,7 +532,7 @@ async def compensate(
     with anyio.move_on_after(tool.policy.grace, shield=True) as scope:
         run.shield_scopes.append(scope)
         try:
-            if asyncio.iscoroutinefunction(undo):
+            if inspect.iscoroutinefunction(undo):
                 await undo(*args, **kwargs)
             else:
                 await start_thread(undo, args, kwargs).result

@@ -7,7 +7,7 @@ from typing import Any
 
 from .._core.exceptions import ResumeRefusedError
 from .._core.outcome import StepRecord
-from .._core.policy import CancelPolicy
+from .._core.policy import CancelPolicy, effective_cancel
 from .._core.records import RunSnapshot
 from .._core.states import StepStatus
 from .run_context import RunContext
@@ -17,7 +17,7 @@ from .tool import TOOLS
 
 def step_policy(step: StepRecord) -> CancelPolicy:
     """The behaviour a journaled step was started under (undeclared behaves as ``finish``)."""
-    return CancelPolicy(step.cancel) if step.cancel else CancelPolicy.FINISH
+    return effective_cancel(step.cancel)
 
 
 def orphan_status(step: StepRecord) -> StepStatus | None:

@@ -73,11 +73,13 @@ async def checkpoint() -> None:
     """Act on a pending cancel request: raise :class:`~haltwise.Cancelled` if one is due.
 
     Level-triggered, as in Trio: once a cancel was requested, every later checkpoint raises
-    again, except inside :func:`shield`. Outside a task it only yields to the event loop.
+    again, except inside :func:`shield`. Raises :class:`~haltwise.NotInTaskError` outside a
+    task (there is no run whose cancel it could act on).
     """
     run = current_run()
-    if run is not None:
-        run.raise_if_cancelled()
+    if run is None:
+        raise NotInTaskError("haltwise.checkpoint() was called outside a task")
+    run.raise_if_cancelled()
     await anyio.lowlevel.checkpoint()
 
 

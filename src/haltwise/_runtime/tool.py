@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload, runtime_checkable
 
 from .._core.exceptions import NotInTaskError, PolicyError
@@ -145,10 +147,21 @@ class Task(Generic[P, R]):
     outside any run it raises :class:`~haltwise.NotInTaskError`.
     """
 
-    def __init__(self, fn: Callable[P, Awaitable[R]], on_cancel: OnCancel, name: str) -> None:
+    def __init__(
+        self,
+        fn: Callable[P, Awaitable[R]],
+        on_cancel: OnCancel,
+        name: str,
+        *,
+        source: str | None = None,
+    ) -> None:
         self.fn = fn
         self.on_cancel = on_cancel
         self.name = name
+        #: the absolute path of the script or file that defines the task when it is not an
+        #: importable module (``python agent.py``, a file the command line loaded): runs record
+        #: it, so that ``haltwise resume`` can load the task again
+        self.source = source
         self.signature = inspect.signature(fn)
         self._as_step: Tool[..., Any] | None = None
         functools.update_wrapper(self, fn)
@@ -338,7 +351,27 @@ def task(
             raise PolicyError(
                 f"@haltwise.task needs an async function; {label!r} is not one (write 'async def')"
             )
-        task_name = name or f"{function.__module__}:{function.__qualname__}"
-        return Task(function, policy, task_name)
+        default_name, source = _name_and_source(function)
+        return Task(function, policy, name or default_name, source=source)
 
     return decorate if fn is None else decorate(fn)
+
+
+#: The module names files get when the command line loads them (see loader.module_name_for).
+_LOADED_FILE_PREFIX = "haltwise_user_"
+
+
+def _name_and_source(function: Callable[..., Any]) -> tuple[str, str | None]:
+    """A task's default name (``module:qualname``) and its source file.
+
+    A task defined in a script (``python agent.py``: module ``__main__``) or in a file the
+    command line loaded (an internal module name) is named after its file, ``agent.py:quick``,
+    as the command line names it, and its file's path is kept: a name like
+    ``__main__:research`` could not be resumed from any other process.
+    """
+    module_name = function.__module__
+    file = getattr(sys.modules.get(module_name), "__file__", None)
+    if file and (module_name == "__main__" or module_name.startswith(_LOADED_FILE_PREFIX)):
+        path = Path(file).resolve()
+        return f"{path.name}:{function.__qualname__}", str(path)
+    return f"{module_name}:{function.__qualname__}", None
