@@ -2,78 +2,51 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
-import subprocess
-import sys
+import sqlite3
+import time
 from collections import Counter
 from pathlib import Path
 
 import anyio
+import pytest
 
 import haltwise
 from haltwise import State, StepStatus
+from test_crash import kill_and_resume, spawn, wait_started
 
 AGENT = Path(__file__).with_name("concurrent_crash_agent.py")
 ROUNDS = 6
 
 
-def spawn(store: str, run_id: str, world: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(AGENT), store, run_id, str(world)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "CRASH_STEP_DELAY": "0.05"},
-    )
-
-
-def wait_started(proc: subprocess.Popen[str]) -> None:
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.strip() == "started", (line, proc.stderr.read() if proc.stderr else "")
-
-
-async def running_steps(store: str, run_id: str) -> int:
-    async with haltwise.Runtime(store) as rt:
+def running_steps(store: str, run_id: str) -> int:
+    """Steps of ``run_id`` journaled running, read straight from the file (fast: a poll)."""
+    path = store.removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(path, timeout=10)) as conn:
         try:
-            steps = (await rt.status(run_id)).steps
-        except haltwise.UnknownRunError:
+            row = conn.execute(
+                "SELECT count(*) FROM steps WHERE run_id = ? AND status = 'running'", (run_id,)
+            ).fetchone()
+        except sqlite3.OperationalError:  # the schema is not there yet
             return 0
-    return sum(step.status is StepStatus.RUNNING for step in steps)
+    return int(row[0])
 
 
 def kill_when_in_flight(store: str, run_id: str, world: Path, wanted: int) -> None:
     """Start the agent and kill -9 it once ``wanted`` steps are running at once."""
-    proc = spawn(store, run_id, world)
+    proc = spawn(store, run_id, world, AGENT)
     wait_started(proc)
     try:
-        for _ in range(2000):
-            if anyio.run(running_steps, store, run_id) >= wanted:
-                break
+        deadline = time.monotonic() + 30
+        while running_steps(store, run_id) < wanted:
+            assert time.monotonic() < deadline, "the steps were never in flight together"
+            time.sleep(0.002)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait()
-
-
-def finish(store: str, run_id: str, world: Path, rng: random.Random, kills: int) -> int:
-    """Kill the agent at random moments (``kills`` times at most), then let it complete."""
-    done = 0
-    while True:
-        proc = spawn(store, run_id, world)
-        wait_started(proc)
-        if done < kills:
-            try:
-                proc.wait(timeout=rng.uniform(0.0, 0.4))
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-                done += 1
-                continue
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, (out, err)
-        return done
 
 
 def check(store: str, run_id: str, world: Path, kills: int) -> None:
@@ -83,30 +56,24 @@ def check(store: str, run_id: str, world: Path, kills: int) -> None:
 
     outcome = anyio.run(load)
     assert outcome.state is State.COMPLETED
-    assert outcome.result == [
-        [f"a{r}", f"charged-{r}", f"note-{r}", f"b{r}"] for r in range(ROUNDS)
-    ]
+    kinds = ("look", "charge", "note", "look")
+    values = (lambda i: i * 2, lambda i: f"charged-{i}", lambda i: f"note-{i}", lambda i: i * 2)
+    assert outcome.result == [[values[k](4 * r + k) for k in range(4)] for r in range(ROUNDS)]
     assert list(outcome.partials) == [{"round": r} for r in range(ROUNDS)]
     executions = Counter(line for line in (world / "executions").read_text().splitlines())
     for step in outcome.steps:
         assert step.status is StepStatus.COMMITTED
-        assert step.call_id is not None
-    by_call = {step.call_id: step for step in outcome.steps}
-    for r in range(ROUNDS):
-        for call, line in (
-            (f"r{r}-a", f"look-a {r}"),
-            (f"r{r}-charge", f"charge {r}"),
-            (f"r{r}-note", f"note {r}"),
-            (f"r{r}-b", f"look-b {r}"),
-        ):
-            assert 1 <= executions[line] <= by_call[call].attempts, (call, executions[line])
-        assert (world / f"w-{r}").read_text().splitlines() == [str(r)], "a note written twice"
-    reruns = sum(executions[line] - 1 for line in executions if not line.startswith("undo"))
+        number = int(str(step.call_id).removeprefix("call-"))
+        ran = executions[f"{kinds[number % 4]} {number}"]
+        assert 1 <= ran <= step.attempts, (step, ran)
+    for number in range(2, 4 * ROUNDS, 4):
+        assert (world / f"w-{number}").read_text().splitlines() == [str(number)], "written twice"
+    reruns = sum(count - 1 for line, count in executions.items() if not line.startswith("undo"))
     assert reruns <= 4 * kills, "at most the steps in flight run again after a kill"
     charges: dict[str, set[str]] = {}
     for line in (world / "charges").read_text().splitlines():
-        round_, key = line.split()
-        charges.setdefault(round_, set()).add(key)
+        number, key = line.split()
+        charges.setdefault(number, set()).add(key)
     assert len(charges) == ROUNDS
     assert all(len(keys) == 1 for keys in charges.values()), "a charge changed its key"
     report = haltwise.verify_store(store)
@@ -114,14 +81,15 @@ def check(store: str, run_id: str, world: Path, kills: int) -> None:
 
 
 def test_kill_9_with_concurrent_steps_in_flight_then_takeover(
-    sqlite_url: str, tmp_path: Path
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("CRASH_STEP_DELAY", "0.2")  # long enough to see them all in flight
     world = tmp_path / "world"
     world.mkdir()
     kill_when_in_flight(sqlite_url, "c0", world, wanted=3)
     dead = haltwise.verify_store(sqlite_url)
     assert {f.code for f in dead.findings} == {"orphaned-step"}, dead.findings
-    kills = 1 + finish(sqlite_url, "c0", world, random.Random(5), kills=0)
+    kills = 1 + kill_and_resume(sqlite_url, "c0", world, random.Random(5), AGENT)
     check(sqlite_url, "c0", world, kills)
 
 
@@ -130,5 +98,5 @@ def test_kill_9_at_random_moments_with_concurrent_steps(sqlite_url: str, tmp_pat
     for round_ in range(3):
         world = tmp_path / f"world{round_}"
         world.mkdir()
-        kills = finish(sqlite_url, f"k{round_}", world, rng, kills=4)
+        kills = kill_and_resume(sqlite_url, f"k{round_}", world, rng, AGENT)
         check(sqlite_url, f"k{round_}", world, kills)

@@ -235,17 +235,29 @@ def tool(
         if not callable(function):
             raise PolicyError(f"@haltwise.tool needs a function, not {function!r}")
         tool_name = name or function.__name__
-        policy = ToolPolicy.declare(
-            name=tool_name,
-            cancel=cancel,
-            effect=effect,
-            idempotent=idempotent,
-            compensate=compensate,
-            grace=grace,
-        )
+        policy = _policy(tool_name, cancel, effect, idempotent, compensate, grace)
         return tool_function(ToolSpec(function, policy, tool_name))
 
     return decorate if fn is None else decorate(fn)
+
+
+def _policy(
+    name: str,
+    cancel: str | CancelPolicy | None,
+    effect: str | Effect | None,
+    idempotent: bool,
+    compensate: Callable[..., Any] | None,
+    grace: float | None,
+) -> ToolPolicy:
+    """The policy the keywords of :func:`tool` (and :func:`step`) declare, validated."""
+    return ToolPolicy.declare(
+        name=name,
+        cancel=cancel,
+        effect=effect,
+        idempotent=idempotent,
+        compensate=compensate,
+        grace=grace,
+    )
 
 
 #: haltwise.step() declarations seen so far, by their arguments (bounded: see _step_spec)
@@ -299,14 +311,7 @@ def _step_spec(
     if not callable(fn):
         raise PolicyError(f"haltwise.step() needs a callable, not {fn!r}")
     step_name = name or getattr(fn, "__name__", None) or type(fn).__name__
-    policy = ToolPolicy.declare(
-        name=step_name,
-        cancel=cancel,
-        effect=effect,
-        idempotent=idempotent,
-        compensate=compensate,
-        grace=grace,
-    )
+    policy = _policy(step_name, cancel, effect, idempotent, compensate, grace)
     # Registered only if a takeover may need it to compensate after a crash.
     spec = ToolSpec(fn, policy, step_name, register=policy.compensate is not None)
     if key:
