@@ -19,6 +19,7 @@ from rich.console import Console
 import haltwise
 from haltwise import Tool
 from haltwise._analysis.audit import AuditReport, FindingCode, audit_tools
+from haltwise._core.policy import ToolPolicy
 from haltwise._runtime.loader import load_tools
 
 
@@ -41,6 +42,19 @@ def rollback_without_compensate() -> Tool[..., Any]:
     return haltwise.tool(cancel="rollback", effect="write", name="undo_nothing")(delete_note)
 
 
+def retrying_external() -> Tool[..., Any]:
+    policy = ToolPolicy.declare(
+        name="charge",
+        cancel="finish",
+        effect="external",
+        idempotent=False,
+        compensate=None,
+        grace=5,
+        retries=2,
+    )
+    return Tool(delete_note, policy, "charge")
+
+
 def codes(tools: list[Tool[..., Any]], deadline: float | None = None) -> list[str]:
     return [finding.code.value for finding in audit_tools(tools, deadline=deadline).findings]
 
@@ -54,6 +68,7 @@ TRIGGERS: list[tuple[str, Callable[[], Tool[..., Any]], float | None]] = [
     ("interruptible-side-effect", lambda: make(cancel="interruptible", effect="write"), None),
     ("finish-unbounded-external", lambda: make(cancel="finish", effect="external"), None),
     ("grace-exceeds-deadline", lambda: make(cancel="finish", effect="write", grace=60), 10.0),
+    ("retries-repeat-effect", retrying_external, None),
 ]
 
 

@@ -51,6 +51,7 @@ def test_states_and_advice_are_the_contract_words() -> None:
         "pending",
         "running",
         "cancelling",
+        "paused",
         "cancelled",
         "completed",
         "failed",

@@ -45,9 +45,11 @@ import anyio
 
 from ._analysis.explore_checks import (
     Baseline,
+    PauseTrial,
     Point,
     Trial,
     after_cancel,
+    after_pause,
     after_resume,
     effect_counts,
 )
@@ -58,6 +60,7 @@ from ._analysis.recorder import record_effect as record_effect
 from ._analysis.recorder import tagged
 from ._core.exceptions import HaltwiseError, InputError
 from ._core.outcome import Outcome, Retry
+from ._core.records import RunSnapshot
 from ._core.states import State, StepStatus
 from ._runtime.run_context import SHIELDED, current_run
 from ._runtime.runtime import Runtime
@@ -127,32 +130,46 @@ class ExploreReport:
     task: str
     baseline: Outcome
     points: tuple[PointReport, ...]
+    #: with ``pauses=True``: one report per point for a pause there, then unpause (``state`` is
+    #: the run's while it waited, ``paused`` unless the pause never took effect)
+    pauses: tuple[PointReport, ...] | None = None
 
     @property
     def ok(self) -> bool:
-        return all(point.ok for point in self.points)
+        return all(point.ok for point in (*self.points, *(self.pauses or ())))
 
     @property
     def violations(self) -> tuple[str, ...]:
-        """Every violation at every point, in the order of the points."""
-        return tuple(v for point in self.points for v in point.violations)
+        """Every violation at every point (cancels, then pauses), in the order of the points."""
+        return tuple(v for point in (*self.points, *(self.pauses or ())) for v in point.violations)
 
     def to_json(self) -> dict[str, Any]:
-        """The ``haltwise explore --json`` object: ``{"ok", "points": [...]}``."""
-        return {"ok": self.ok, "points": [point.to_json() for point in self.points]}
+        """The ``haltwise explore --json`` object: ``{"ok", "points": [...]}``, and
+        ``"pauses": [...]`` (the same shape) when pauses were explored."""
+        data: dict[str, Any] = {"ok": self.ok, "points": [p.to_json() for p in self.points]}
+        if self.pauses is not None:
+            data["pauses"] = [point.to_json() for point in self.pauses]
+        return data
 
     def explain(self) -> str:
         """A plain-text table of every cancel point, then every violation in full."""
-        rows = [("AT", "FORCE", "STATE", "RETRY", "CHECK")] + [
-            (
-                p.at,
-                "yes" if p.force else "no",
-                p.state.value,
-                p.retry.value,
-                "ok" if p.ok else f"{len(p.violations)} violation(s)",
-            )
-            for p in self.points
-        ]
+        rows = (
+            [("AT", "FORCE", "STATE", "RETRY", "CHECK")]
+            + [
+                (
+                    p.at,
+                    "yes" if p.force else "no",
+                    p.state.value,
+                    p.retry.value,
+                    "ok" if p.ok else f"{len(p.violations)} violation(s)",
+                )
+                for p in self.points
+            ]
+            + [
+                (f"pause {p.at}", "-", p.state.value, p.retry.value, _check_words(p))
+                for p in self.pauses or ()
+            ]
+        )
         widths = [max(len(row[column]) for row in rows) for column in range(5)]
         lines = [self.headline(), ""]
         lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
@@ -175,6 +192,10 @@ class ExploreReport:
         )
 
 
+def _check_words(point: PointReport) -> str:
+    return "ok" if point.ok else f"{len(point.violations)} violation(s)"
+
+
 def explore(
     task: Task[..., Any],
     /,
@@ -182,6 +203,7 @@ def explore(
     store_dir: str | Path | None = None,
     reset: Reset | None = None,
     recorder: Recorder | None = None,
+    pauses: bool = False,
     **kwargs: Any,
 ) -> ExploreReport:
     """Explore every cancel point of ``task(*args, **kwargs)``; blocking (runs its own loop).
@@ -190,7 +212,9 @@ def explore(
     (a new subdirectory of it, kept afterwards); by default a temporary directory that is
     removed. ``reset`` is called (and awaited, if it returns an awaitable) before every run, to
     put the tools' world back as it was. ``recorder`` lets you inspect what was counted
-    afterwards. A task argument named like one of these options must go through
+    afterwards. ``pauses=True`` also pauses the task at every point, unpauses it, and checks
+    that nothing was in flight while it was paused and that nothing was lost or repeated
+    (:attr:`ExploreReport.pauses`). A task argument named like one of these options must go through
     :func:`explore_async`. Cannot be called from a running event loop: await
     :func:`explore_async` there. Raises :class:`~haltwise.InputError` if the arguments do not
     fit the task, :class:`~haltwise.HaltwiseError` if the uninterrupted run does not end.
@@ -203,6 +227,7 @@ def explore(
         store_dir=store_dir,
         reset=reset,
         recorder=recorder,
+        pauses=pauses,
     )
     return anyio.run(run)
 
@@ -216,6 +241,7 @@ async def explore_async(
     reset: Reset | None = None,
     recorder: Recorder | None = None,
     name: str | None = None,
+    pauses: bool = False,
 ) -> ExploreReport:
     """:func:`explore` for async code, with the task's arguments as ``args`` and ``kwargs``.
 
@@ -231,7 +257,7 @@ async def explore_async(
     watcher = recorder if recorder is not None else Recorder()
     with _scratch(store_dir) as root, watcher.watching():
         explorer = _Explorer(task, call_args, call_kwargs, root, reset, watcher)
-        return await explorer.explore(name or task.name)
+        return await explorer.explore(name or task.name, pauses=pauses)
 
 
 @contextmanager
@@ -253,6 +279,8 @@ class _Probe:
     target: tuple[str, int] | None = None
     force: bool = False
     fired: bool = False
+    #: what to do at ``target``: ``"cancel"`` or ``"pause"``
+    verb: str = "cancel"
 
     def __post_init__(self) -> None:
         self.seen: list[tuple[str, int]] = []
@@ -265,7 +293,10 @@ class _Probe:
         if self.fired or (kind, index) != self.target:
             return
         self.fired = True
-        await self.runtime.cancel(self.run_id, reason="explore", force=self.force)
+        if self.verb == "pause":
+            await self.runtime.pause(self.run_id)
+        else:
+            await self.runtime.cancel(self.run_id, reason="explore", force=self.force)
 
 
 class _Explorer:
@@ -287,14 +318,48 @@ class _Explorer:
         self.reset = reset
         self.recorder = recorder
 
-    async def explore(self, name: str) -> ExploreReport:
+    async def explore(self, name: str, *, pauses: bool = False) -> ExploreReport:
         baseline = await self._baseline()
         points = [
             await self._trial(number, point, force, baseline)
             for number, point in enumerate(baseline.points)
             for force in (False, True)
         ]
-        return ExploreReport(task=name, baseline=baseline.outcome, points=tuple(points))
+        paused = None
+        if pauses:
+            paused = tuple(
+                [
+                    await self._pause_trial(number, point, baseline)
+                    for number, point in enumerate(baseline.points)
+                ]
+            )
+        return ExploreReport(
+            task=name, baseline=baseline.outcome, points=tuple(points), pauses=paused
+        )
+
+    async def _pause_trial(self, number: int, point: Point, baseline: Baseline) -> PointReport:
+        run_id = f"explore-{number:03d}-pause"
+        await self._reset()
+        async with self._runtime(run_id) as rt:
+            probe = _Probe(rt, run_id, (point.kind, point.index), verb="pause")
+            with tagged(run_id, 0):
+                await rt.start_named(self.task, self.args, self.kwargs, task_id=run_id, probe=probe)
+            paused = await _paused(rt, run_id)
+            await rt.unpause(run_id)
+            final, timed_out = await self._settled(rt, run_id)
+        trial = PauseTrial(point, run_id, paused, final)
+        found = after_pause(trial, baseline, self.recorder)
+        if timed_out:
+            found.append(f"the run did not end within {ATTEMPT_TIMEOUT:g} s of the unpause")
+        state = paused.run.state if paused is not None else final.state
+        return PointReport(
+            at=point.label,
+            force=False,
+            state=state,
+            retry=paused.outcome().retry if paused is not None else final.retry,
+            violations=tuple(f"{trial.where}: {sentence}" for sentence in found),
+            final_state=final.state,
+        )
 
     async def _baseline(self) -> Baseline:
         run_id = "explore-baseline"
@@ -411,6 +476,16 @@ class _Explorer:
 
     def _runtime(self, run_id: str) -> Runtime:
         return Runtime(f"sqlite:///{self.root / run_id}.db")
+
+
+async def _paused(rt: Runtime, run_id: str) -> RunSnapshot | None:
+    """The journal once the run waits paused; None if it ended (or timed out) first."""
+    with anyio.move_on_after(ATTEMPT_TIMEOUT):
+        while rt.is_active(run_id):
+            if rt.is_paused(run_id):
+                return await rt.store.load(run_id)
+            await anyio.sleep(0.001)
+    return None
 
 
 def _needs_resume(outcome: Outcome, baseline: Outcome) -> bool:

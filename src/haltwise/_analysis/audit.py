@@ -39,6 +39,8 @@ class FindingCode(StrEnum):
     FINISH_UNBOUNDED_EXTERNAL = "finish-unbounded-external"
     #: the tool may run on after a cancel for longer than the whole deadline
     GRACE_EXCEEDS_DEADLINE = "grace-exceeds-deadline"
+    #: ``retries=`` on a non-idempotent ``external`` tool: each retry may repeat the effect
+    RETRIES_REPEAT_EFFECT = "retries-repeat-effect"
 
 
 @final
@@ -156,6 +158,9 @@ def audit_tools(tools: Iterable[object], *, deadline: float | None = None) -> Au
     * ``grace-exceeds-deadline``: only when ``deadline`` (seconds) is given: a tool that waits
       after a cancel (``finish``, ``rollback`` or undeclared, not ``interruptible``) has a grace
       longer than the deadline, so a run can end up to that grace after its deadline.
+    * ``retries-repeat-effect``: ``retries=`` on a non-idempotent ``external`` tool (declared or
+      assumed): an attempt that failed after its effect happened (a timeout, a lost answer) is
+      run again, and the effect happens again.
 
     A tool listed twice (the same object) is audited once. Raises :class:`ValueError` if
     ``deadline`` is not a finite positive number.
@@ -284,6 +289,21 @@ def _grace_exceeds_deadline(tool: ToolSpec, deadline: float | None) -> Finding |
     )
 
 
+def _retries_repeat_effect(tool: ToolSpec, deadline: float | None) -> Finding | None:
+    policy = tool.policy
+    if not policy.retries or policy.effect is not Effect.EXTERNAL or policy.idempotent:
+        return None
+    return Finding(
+        tool.name,
+        FindingCode.RETRIES_REPEAT_EFFECT,
+        f"tool {tool.name!r} retries failed calls (retries={policy.retries}) but is external and "
+        "not idempotent: an attempt that failed after its effect happened (a timeout, a lost "
+        "answer) runs again, and the effect happens again",
+        "hand haltwise.idempotency_key() (the same in every attempt) to the API and declare "
+        "idempotent=True, or drop retries=",
+    )
+
+
 _CHECKS: tuple[_Check, ...] = (
     _undeclared_cancel,
     _undeclared_effect,
@@ -291,6 +311,7 @@ _CHECKS: tuple[_Check, ...] = (
     _interruptible_side_effect,
     _finish_unbounded_external,
     _grace_exceeds_deadline,
+    _retries_repeat_effect,
 )
 
 

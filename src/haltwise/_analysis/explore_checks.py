@@ -13,10 +13,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._core.outcome import Outcome, Retry, StepRecord
+from .._core.records import RunSnapshot
 from .._core.states import State, StepStatus
 from .recorder import EffectRecord, Recorder
 
-__all__ = ["Baseline", "Point", "Trial", "after_cancel", "after_resume", "effect_counts"]
+__all__ = [
+    "Baseline",
+    "PauseTrial",
+    "Point",
+    "Trial",
+    "after_cancel",
+    "after_pause",
+    "after_resume",
+    "effect_counts",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,3 +296,79 @@ def _steps_by_index(*outcomes: Outcome | None) -> dict[int, StepRecord]:
 def _tool(steps: dict[int, Any], index: int) -> str:
     step = steps.get(index)
     return step.tool if step is not None else "?"
+
+
+# -- a pause at one point, then unpause ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PauseTrial:
+    """What happened when the run was paused at ``point`` and then unpaused.
+
+    ``paused`` is the journal as it was while the run waited paused (``None`` if it never
+    paused); ``final`` the outcome once unpaused.
+    """
+
+    point: Point
+    run_id: str
+    paused: RunSnapshot | None
+    final: Outcome
+
+    @property
+    def where(self) -> str:
+        return f"pause {self.point.label}"
+
+
+def after_pause(trial: PauseTrial, baseline: Baseline, recorder: Recorder) -> list[str]:
+    """The invariants of a pause and unpause: nothing in flight while paused, nothing started
+    after the point, and then the same end as the uninterrupted run with nothing lost and
+    nothing repeated."""
+    if trial.paused is None:
+        return [f"the pause requested {trial.point.label} never took effect"]
+    final = trial.final
+    return [
+        *_settled_while_paused(trial.paused),
+        *_no_step_after_pause(trial),
+        *_final_matches(final, baseline.outcome),
+        *_each_step_once(trial, recorder),
+        *_same_effects(trial, baseline, recorder),
+    ]
+
+
+def _settled_while_paused(paused: RunSnapshot) -> Iterator[str]:
+    for step in paused.steps:
+        if step.status is not StepStatus.COMMITTED:
+            yield (
+                f"step {step.index} ({step.tool}) was {step.status.value} while the run was "
+                "paused; a pause lets every step in flight run to its end"
+            )
+
+
+def _no_step_after_pause(trial: PauseTrial) -> Iterator[str]:
+    assert trial.paused is not None
+    point = trial.point
+    last = point.index - 1 if point.kind == "before" else point.index
+    for step in trial.paused.steps:
+        if step.index > last:
+            yield f"step {step.index} ({step.tool}) started after the pause was requested"
+
+
+def _each_step_once(trial: PauseTrial, recorder: Recorder) -> Iterator[str]:
+    for step in trial.final.steps:
+        ran = len(recorder.executions_of(trial.run_id, step.index))
+        if ran > 1 or step.attempts > 1:
+            yield (
+                f"step {step.index} ({step.tool}) ran {max(ran, step.attempts)} times; a pause "
+                "must repeat nothing"
+            )
+
+
+def _same_effects(trial: PauseTrial, baseline: Baseline, recorder: Recorder) -> Iterator[str]:
+    counts = effect_counts(recorder.live_effects(trial.run_id))
+    for index, name in sorted(set(counts) | set(baseline.effects)):
+        got, want = counts[index, name], baseline.effects[index, name]
+        if got != want:
+            yield (
+                f"step {index} made its effect {name!r} {got} time(s), the uninterrupted run "
+                f"{want}: a pause must lose and repeat nothing"
+            )

@@ -34,10 +34,12 @@ def render_rich(report: ExploreReport, console: Console) -> None:
     table = Table(show_edge=False, header_style="bold")
     for column in ("at", "force", "state", "retry", "check"):
         table.add_column(column)
-    for point in report.points:
+    for verb, point in [("", p) for p in report.points] + [
+        ("pause ", p) for p in report.pauses or ()
+    ]:
         table.add_row(
-            Text(point.at),
-            Text("yes" if point.force else "no"),
+            Text(verb + point.at),
+            Text("-" if verb else "yes" if point.force else "no"),
             Text(point.state.value, style=_STATE_STYLE.get(point.state.value, "")),
             Text(point.retry.value),
             _check(point),

@@ -15,7 +15,7 @@ import click
 
 from .. import __version__
 from .._core.exceptions import HaltwiseError, UnknownRunError
-from . import mcp, runs, verify, work
+from . import mcp, runs, verbs, verify, work
 from .base import USAGE, fail, store_in_use
 from .signals import RELAY
 
@@ -39,6 +39,9 @@ for _command in (
     runs.resume_command,
     runs.list_command,
     runs.audit_command,
+    verbs.pause_command,
+    verbs.unpause_command,
+    verbs.fork_command,
     work.submit_command,
     work.worker_command,
     verify.check_command,

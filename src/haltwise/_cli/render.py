@@ -34,7 +34,7 @@ from .._runtime.tool import TOOLS
 if TYPE_CHECKING:
     from .._analysis.audit import AuditReport
 
-__all__ = ["LiveView", "Screen", "cancelling_line", "retry_words"]
+__all__ = ["LiveView", "Screen", "cancelling_line", "pause_line", "retry_words"]
 
 #: How a partial result longer than this is cut in human output (the JSON keeps it whole).
 _PARTIAL_WIDTH = 200
@@ -47,6 +47,7 @@ _STATE_STYLE = {
     State.FAILED: "bold red",
     State.CANCELLED: "bold yellow",
     State.CANCELLING: "yellow",
+    State.PAUSED: "bold cyan",
 }
 _STATUS_STYLE = {
     StepStatus.COMMITTED: "green",
@@ -112,6 +113,26 @@ def cancelling_line(snapshot: RunSnapshot) -> str | None:
             return f"cancelling: waiting for {step.tool} (finish{grace})"
         case None:
             return f"cancelling: waiting for {step.tool} (undeclared, so finish{grace})"
+
+
+def pause_line(snapshot: RunSnapshot) -> str | None:
+    """What a pause does to the run now, in words; ``None`` if no pause is in effect or asked.
+
+    ``"paused: waiting at a checkpoint; haltwise unpause ID continues it (resume does too)"``, or
+    for a run still ``running`` with a pause requested, which steps it lets end first.
+    """
+    run = snapshot.run
+    if run.state is State.PAUSED:
+        return (
+            f"paused: waiting at a checkpoint; 'haltwise unpause {run.id}' continues it "
+            "(resume does the same)"
+        )
+    if not run.pause or run.state.is_final:
+        return None
+    in_flight = [step.tool for step in snapshot.steps if step.status is StepStatus.RUNNING]
+    if not in_flight:
+        return "pause requested: pausing at the next checkpoint"
+    return f"pause requested: letting {', '.join(in_flight)} end first, then pausing"
 
 
 def _grace(tool: str) -> str:
@@ -284,9 +305,9 @@ class LiveView:
             parts.append(Text(f"  ... {len(partials) - _LIVE_PARTIALS} earlier partials", "dim"))
         for value in partials[-_LIVE_PARTIALS:]:
             parts.append(Text.assemble(("  partial ", "dim"), _partial_text(value)))
-        waiting = cancelling_line(snapshot)
-        if waiting is not None:
-            parts.append(Text(waiting, style="yellow"))
+        for waiting in (cancelling_line(snapshot), pause_line(snapshot)):
+            if waiting is not None:
+                parts.append(Text(waiting, style="yellow"))
         return Group(*parts)
 
     def _step_line(self, step: StepRecord) -> RenderableType:
@@ -323,6 +344,9 @@ def _summary(outcome: Outcome, notes: Sequence[str]) -> Iterator[RenderableType]
             yield Text.assemble("  ", _partial_text(value))
     if outcome.state.is_final:
         yield Text.assemble(("retry: ", "bold"), retry_words(outcome))
+    elif outcome.state is State.PAUSED:
+        advice = f"resume: unpause it (haltwise unpause {outcome.id})"
+        yield Text.assemble(("retry: ", "bold"), advice)
     else:
         yield Text("retry: the run is still active")
 

@@ -35,7 +35,7 @@ from .foreground import (
     source_of,
     task_of,
 )
-from .render import Screen, cancelling_line
+from .render import Screen, cancelling_line, pause_line
 from .signals import RELAY
 from .sources import journaled_file
 
@@ -111,7 +111,7 @@ def cancel_command(task_id: str, reason: str, force: bool, wait: bool, store: st
                 screen.note(f"run {task_id} is already {before.state}; nothing to cancel")
                 return 0
             record = await runtime.cancel(task_id, reason=reason, force=force)
-            screen.note(_cancel_words(record, force))
+            screen.note(_cancel_words(record, force, before.state))
             gone = _owner_gone(record)
             if gone:
                 warn(
@@ -145,6 +145,7 @@ def status_command(task_id: str, as_json: bool, store: str | None) -> int:
                 _source_words(snapshot.run),
                 _owner_words(snapshot.run),
                 cancelling_line(snapshot),
+                pause_line(snapshot),
             )
             Screen().outcome(outcome, notes=notes)
         return 0
@@ -337,7 +338,9 @@ def _owner_words(run: RunRecord) -> str | None:
     return f"owner: {run.owner.describe()}"
 
 
-def _cancel_words(run: RunRecord, force: bool) -> str:
+def _cancel_words(run: RunRecord, force: bool, before: State) -> str:
+    if run.state is State.CANCELLED and before is State.PAUSED:
+        return f"run {run.id} was {State.PAUSED}: cancelled at once (nothing was in flight)"
     if run.state is State.CANCELLED:
         return f"run {run.id} was {State.PENDING}: cancelled before it began"
     forced = ", forced" if force else ""

@@ -36,9 +36,17 @@ def check_command(as_json: bool, store: str | None) -> int:
 @click.command("explore")
 @click.argument("target", metavar="FILE.py:TASK")
 @click.option("--input", "input_json", metavar="JSON", help="A JSON object of keyword arguments.")
+@click.option(
+    "--pause",
+    "pauses",
+    is_flag=True,
+    help="Also pause at every point, then unpause: nothing may be lost or repeated.",
+)
 @json_option
 @store_option
-def explore_command(target: str, input_json: str | None, as_json: bool, store: str | None) -> int:
+def explore_command(
+    target: str, input_json: str | None, pauses: bool, as_json: bool, store: str | None
+) -> int:
     """Cancel the task at every checkpoint and in the middle of every step (plainly and with
     force), each in a scratch store, resume where the advice allows, and check the
     invariants. The --store is left untouched; the tools run for real. Exit 0 if all hold."""
@@ -50,7 +58,8 @@ def explore_command(target: str, input_json: str | None, as_json: bool, store: s
     _, task = load_target(target)
     if task is None:
         raise InputError(f"{target!r}: name the task to explore as FILE.py:TASK")
-    report = anyio.run(functools.partial(explore_async, task, kwargs=kwargs, name=target))
+    explore = functools.partial(explore_async, task, kwargs=kwargs, name=target, pauses=pauses)
+    report = anyio.run(explore)
     if as_json:
         click.echo(json.dumps(report.to_json()))
     else:

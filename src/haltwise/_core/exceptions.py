@@ -14,6 +14,7 @@ Cancellation is not an error, so it stands outside the error tree::
         ├── ResumeRefusedError    resume refused until unknown steps are resolved (.task_id, .steps)
         ├── InvalidTransitionError  a transition the table forbids (.task_id, .source, .target)
         ├── NonDeterminismError   the task asked for another tool than the journal holds
+        ├── StepTimeoutError      a step ran longer than its tool's timeout= (.task_id, .index)
         ├── UnknownStepError      a run taken over has an unknown step it may not run again
         ├── ChildRunError         a child task's run failed or was cancelled on its own (.task_id)
         ├── StoreError            the store is unusable: bad URL, not a haltwise store, I/O error
@@ -113,6 +114,21 @@ class InvalidTransitionError(HaltwiseError):
         )
         self.source = source
         self.target = target
+
+
+class StepTimeoutError(HaltwiseError):
+    """A step ran longer than its tool's ``timeout=``: it was stopped as a cancel of that step
+    alone would stop it, then recorded ``failed``. The task sees it as an ordinary exception
+    (it may catch it); the run is not cancelled."""
+
+    def __init__(self, task_id: str, index: int, tool: str, timeout: float) -> None:
+        super().__init__(
+            f"run {task_id!r}: step {index} ({tool}) ran longer than its timeout of {timeout:g} s",
+            task_id=task_id,
+        )
+        self.index = index
+        self.tool = tool
+        self.timeout = timeout
 
 
 class NonDeterminismError(HaltwiseError):

@@ -81,9 +81,15 @@ class StepRecord:
 
 
 def retry_advice(state: State, steps: Sequence[StepRecord]) -> Retry:
-    """The contract's retry rule: the first of none, reconcile, resume, restart that applies."""
+    """The contract's retry rule: the first of none, reconcile, resume, restart that applies.
+
+    A ``paused`` run is advised ``resume``: resuming it means unpausing it, and nothing is
+    settled or lost while it waits.
+    """
     if state is State.COMPLETED:
         return Retry.NONE
+    if state is State.PAUSED:
+        return Retry.RESUME
     if any(s.status is StepStatus.UNKNOWN and not s.idempotent for s in steps):
         return Retry.RECONCILE
     if any(_restart_repeats(step) for step in steps):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, StrEnum
@@ -47,6 +48,21 @@ def effective_cancel(declared: CancelPolicy | str | None) -> CancelPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class Backoff:
+    """How long a step waits before each retry: ``first`` seconds before the first, then
+    ``factor`` times longer each time, never more than ``max``. No jitter: the waits are the
+    same in every run (a cancel during one lands at once)."""
+
+    first: float = 1.0
+    factor: float = 2.0
+    max: float = 30.0
+
+    def delay(self, retry: int) -> float:
+        """Seconds to wait before retry number ``retry`` (1 for the first retry)."""
+        return float(min(self.max, self.first * self.factor ** (retry - 1)))
+
+
+@dataclass(frozen=True, slots=True)
 class ToolPolicy:
     """The declared (or defaulted) policy of one tool.
 
@@ -62,6 +78,12 @@ class ToolPolicy:
     grace: float = DEFAULT_GRACE
     effect_declared: bool = False
     grace_declared: bool = False
+    #: seconds a call may run before it is stopped as a cancel of that step alone would stop it,
+    #: then recorded ``failed`` with ``StepTimeoutError``; None: no limit
+    timeout: float | None = None
+    #: failed attempts (an exception, a timeout) retried in the same step, at most this many
+    retries: int = 0
+    backoff: Backoff = Backoff()
 
     @property
     def effective_cancel(self) -> CancelPolicy:
@@ -87,14 +109,20 @@ class ToolPolicy:
         idempotent: bool,
         compensate: Callable[..., Any] | None,
         grace: float | None,
+        timeout: float | None = None,
+        retries: int = 0,
+        backoff: tuple[float, float, float] | None = None,
     ) -> ToolPolicy:
         """Validate the arguments of ``@haltwise.tool`` and build the policy.
 
         Raises :class:`PolicyError` (naming the tool) for an unknown ``cancel=`` or ``effect=``,
-        a non-callable ``compensate``, or a grace that is negative, not a number, or not
-        finite. ``rollback`` without ``compensate`` is accepted: ``audit`` reports it
-        (``rollback-without-compensate``), and a call cancelled mid-way, having nothing to undo
-        it, becomes ``unknown``.
+        a non-callable ``compensate``, a grace that is negative, not a number, or not finite, a
+        ``timeout`` that is not a finite number of seconds > 0 or is given to a ``finish`` or
+        undeclared tool (such a call cannot be stopped), ``retries`` that is not a whole number
+        >= 0, or a ``backoff`` that is not ``(first_s, factor, max_s)`` with
+        ``0 <= first_s <= max_s`` and ``factor >= 1``. ``rollback`` without ``compensate`` is
+        accepted: ``audit`` reports it (``rollback-without-compensate``), and a call cancelled
+        mid-way, having nothing to undo it, becomes ``unknown``.
         """
         cancel_policy = None if cancel is None else _parse(CancelPolicy, cancel, "cancel", name)
         effect_value = Effect.EXTERNAL if effect is None else _parse(Effect, effect, "effect", name)
@@ -110,6 +138,9 @@ class ToolPolicy:
             grace=_parse_grace(grace, name),
             effect_declared=effect is not None,
             grace_declared=grace is not None,
+            timeout=_parse_timeout(timeout, cancel_policy, name),
+            retries=_parse_retries(retries, name),
+            backoff=_parse_backoff(backoff, name),
         )
 
 
@@ -137,3 +168,51 @@ def _parse_grace(grace: float | None, name: str) -> float:
             tool=name,
         )
     return float(grace)
+
+
+def _seconds(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and not math.isnan(value)
+
+
+def _parse_timeout(timeout: float | None, cancel: CancelPolicy | None, name: str) -> float | None:
+    if timeout is None:
+        return None
+    if not _seconds(timeout) or not 0 < timeout < math.inf:
+        raise PolicyError(
+            f"tool {name!r}: timeout= must be a finite number of seconds > 0, not {timeout!r}",
+            tool=name,
+        )
+    if cancel not in (CancelPolicy.INTERRUPTIBLE, CancelPolicy.ROLLBACK):
+        declared = f"cancel={cancel.value!r}" if cancel else "no cancel= (so 'finish')"
+        raise PolicyError(
+            f"tool {name!r}: timeout= needs a call that can be stopped, and it has {declared}; "
+            "declare cancel='interruptible' or 'rollback'",
+            tool=name,
+        )
+    return float(timeout)
+
+
+def _parse_retries(retries: int, name: str) -> int:
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise PolicyError(
+            f"tool {name!r}: retries= must be a whole number >= 0, not {retries!r}", tool=name
+        )
+    return retries
+
+
+def _parse_backoff(backoff: tuple[float, float, float] | None, name: str) -> Backoff:
+    if backoff is None:
+        return Backoff()
+    wrong = PolicyError(
+        f"tool {name!r}: backoff= must be (first_s, factor, max_s) with 0 <= first_s <= max_s "
+        f"and factor >= 1, all finite, not {backoff!r}",
+        tool=name,
+    )
+    if not isinstance(backoff, tuple | list) or len(backoff) != 3:
+        raise wrong
+    first, factor, most = backoff
+    if not all(_seconds(v) and math.isfinite(v) for v in backoff):
+        raise wrong
+    if not (0 <= first <= most and factor >= 1):
+        raise wrong
+    return Backoff(float(first), float(factor), float(most))

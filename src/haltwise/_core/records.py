@@ -57,6 +57,8 @@ class RunRecord:
     inputs: dict[str, Any]
     reason: str | None = None
     force: bool = False
+    #: a pause was requested and not undone (stays set while the run is ``paused``)
+    pause: bool = False
     result: Any = None
     error: ErrorInfo | None = None
     cancel_error: ErrorInfo | None = None

@@ -13,7 +13,9 @@ class State(StrEnum):
     """The state of one run of a task.
 
     ``CANCELLED``, ``COMPLETED`` and ``FAILED`` are final for a run; only ``resume`` leaves
-    ``CANCELLED`` or ``FAILED`` (back to ``RUNNING``, same task id, same journal).
+    ``CANCELLED`` or ``FAILED`` (back to ``RUNNING``, same task id, same journal). ``PAUSED`` is
+    not final: the run keeps its owner and waits at a checkpoint until it is unpaused (back to
+    ``RUNNING``) or cancelled (straight to ``CANCELLED``: nothing is in flight to settle).
     """
 
     #: recorded, not begun (``submit``, or the instant before a runtime begins it)
@@ -22,6 +24,8 @@ class State(StrEnum):
     RUNNING = "running"
     #: a cancel was requested; the in-flight step is settling by its policy
     CANCELLING = "cancelling"
+    #: a pause was requested and every in-flight step has ended: the run waits at a checkpoint
+    PAUSED = "paused"
     #: stopped early on purpose; never shares a state with a failure
     CANCELLED = "cancelled"
     #: the task function returned
@@ -45,6 +49,9 @@ TRANSITIONS: frozenset[tuple[State, State]] = frozenset(
         (State.RUNNING, State.COMPLETED),
         (State.RUNNING, State.FAILED),
         (State.RUNNING, State.CANCELLING),
+        (State.RUNNING, State.PAUSED),
+        (State.PAUSED, State.RUNNING),
+        (State.PAUSED, State.CANCELLED),
         (State.CANCELLING, State.CANCELLED),
         (State.CANCELLING, State.COMPLETED),
         (State.CANCELLED, State.RUNNING),

@@ -52,8 +52,9 @@ async def verify(store: Store) -> CheckReport:
     ``bad-transition`` (an event the state table forbids, or one that does not start where the
     previous ended), ``state-mismatch`` (the run's state is not where its events end),
     ``orphaned-step`` (a step left ``running`` with no live owner: the run awaits takeover),
-    ``owned-final-run`` (a final run still has an owner), ``step-gap`` (step indexes are not
-    0..n-1), ``partial-gap`` (partial results are not numbered 0..n-1) and ``unreadable-row``
+    ``owned-final-run`` (a final run still has an owner), ``step-running-while-paused`` (a
+    ``paused`` run with a step in flight), ``step-gap`` (step indexes are not 0..n-1),
+    ``partial-gap`` (partial results are not numbered 0..n-1) and ``unreadable-row``
     (a row that does not parse: a bad state, JSON that is not JSON, a bad owner...; the run's
     other checks are skipped where they would need that row).
     """
@@ -157,7 +158,16 @@ async def _check_steps(store: Store, run: RunRecord) -> list[Finding]:
         findings.append(Finding(run.id, "step-gap", f"step indexes are {indexes}"))
     live = held_by_live_owner(run)
     for step in steps:
-        if step.status is StepStatus.RUNNING and not live:
+        if step.status is StepStatus.RUNNING and run.state is State.PAUSED:
+            findings.append(
+                Finding(
+                    run.id,
+                    "step-running-while-paused",
+                    f"step {step.index} ({step.tool}) is running but the run is paused; a run "
+                    "pauses only once its steps in flight have ended",
+                )
+            )
+        elif step.status is StepStatus.RUNNING and not live:
             findings.append(
                 Finding(
                     run.id,

@@ -38,6 +38,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, Collection
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -65,16 +66,20 @@ from .rows import (
 from .schema import POSTGRES, SCHEMA_VERSION, parse_version, upgrade_statements
 from .secrets import MASK, redact, safe_url
 from .sql import (
+    Plan,
     RunWrite,
     Statements,
     check_fence,
     event_parameters,
     insert_run_parameters,
+    pause_signals_of,
     plan_cancel_write,
     plan_create,
+    plan_pause_write,
     plan_transition,
+    plan_unpause_write,
 )
-from .store import UNSET, NewRun, StepStart
+from .store import UNSET, NewRun, PauseSignal, StepStart
 
 _CHANNEL = "haltwise_changes"
 #: advisory lock key that serialises schema creation between processes opening the store at once
@@ -125,8 +130,6 @@ class PostgresStore:
         self._inflight: set[asyncio.Task[Any]] = set()
         self._sync_lock = threading.Lock()
         self._sync_conn: psycopg.Connection[DictRow] | None = None
-        #: what loads read: a read-only store of an older version lacks the newer columns
-        self._reads = _SQL
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -217,7 +220,6 @@ class PostgresStore:
                 if found is None:
                     raise NoStoreError(f"{safe_url(self.url)} (no haltwise schema there)")
                 upgrade_statements(POSTGRES, found, self._where)  # refuses a newer version
-                self._reads = Statements(POSTGRES, found)
                 return
             # Checked first because CREATE SCHEMA IF NOT EXISTS needs a privilege even when the
             # schema exists.
@@ -287,6 +289,8 @@ class PostgresStore:
             if inserted is None:
                 return await _load_run(conn, run.id), False
             await _record_events(conn, run.id, plan_create(run, now))
+            if run.fork is not None:
+                await conn.execute(_SQL.copy_steps, (run.id, run.fork.source, run.fork.from_step))
             return run_from_row(inserted), True
 
         return await self._run(op)
@@ -323,12 +327,41 @@ class PostgresStore:
         return await self._run(op)
 
     async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
+        return await self._request(run_id, partial(_cancel_plan, reason, force))
+
+    async def _request(self, run_id: str, plan: Plan) -> RunRecord:
+        """Lock the run, ``plan`` the write, apply it (if any): one transaction."""
+
         async def op(conn: _Conn) -> RunRecord:
             current = await _lock_run(conn, run_id)
-            write = plan_cancel_write(current, reason, force, time.time())
+            write = plan(current, time.time())
             return current if write is None else await _apply(conn, run_id, write)
 
         return await self._run(op)
+
+    async def request_pause(self, run_id: str) -> RunRecord:
+        return await self._request(run_id, plan_pause_write)
+
+    async def request_unpause(self, run_id: str) -> RunRecord:
+        return await self._request(run_id, plan_unpause_write)
+
+    async def pause_signals(
+        self, run_ids: Collection[str], *, watched: Collection[str]
+    ) -> dict[str, PauseSignal]:
+        ids = list(run_ids)
+        if not ids:
+            return {}
+
+        async def op(conn: _Conn) -> dict[str, PauseSignal]:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(
+                    "SELECT id, state, pause, reason, force FROM haltwise.runs "
+                    "WHERE id = ANY(%s) AND (pause OR id = ANY(%s))",
+                    (ids, list(watched)),
+                )
+                return pause_signals_of(await rows.fetchall(), set(ids))
+
+        return await self._run(op, read_only=True)
 
     async def claim(
         self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None
@@ -502,9 +535,9 @@ class PostgresStore:
         async def op(conn: _Conn) -> RunSnapshot:
             run = await _load_run(conn, run_id)
             async with conn.cursor(row_factory=tuple_row) as rows:  # step_from_row: by position
-                await rows.execute(self._reads.load_steps, (run_id,))
+                await rows.execute(_SQL.load_steps, (run_id,))
                 steps = steps_from_rows(run_id, await rows.fetchall())
-            cursor = await conn.execute(self._reads.load_partials, (run_id,))
+            cursor = await conn.execute(_SQL.load_partials, (run_id,))
             found = await cursor.fetchall()
             return RunSnapshot(
                 run=run,
@@ -687,6 +720,10 @@ async def _check_fence(conn: _Conn, run_id: str, fence: str) -> DictRow:
         raise UnknownRunError(run_id)
     check_fence(run_id, row["owner_token"], fence)
     return row
+
+
+def _cancel_plan(reason: str, force: bool, current: RunRecord, now: float) -> RunWrite | None:
+    return plan_cancel_write(current, reason, force, now)
 
 
 async def _apply(conn: _Conn, run_id: str, write: RunWrite) -> RunRecord:

@@ -11,15 +11,26 @@ from .._core.outcome import ErrorInfo, StepRecord
 from .._core.policy import CancelPolicy, Effect
 from .._core.records import Event, Owner, PartialKey, RunRecord, dump_json
 from .._core.states import State, StepStatus
+from .schema import TABLES
 from .store import UNSET
 
 RUN_COLUMNS = (
     "id, task, state, inputs, reason, force, result, error, cancel_error, owner, lease_until, "
-    "parent, created_at, updated_at"
+    "parent, created_at, updated_at, pause"
 )
 STEP_COLUMNS = (
     "idx, tool, cancel, effect, idempotent, status, attempts, result, error, idem_key, args, "
     "cleanup, call_id, fingerprint"
+)
+
+
+#: every column of a step but its run id: what a fork copies from its source run
+STEP_COPY_COLUMNS = ", ".join(
+    column.name
+    for table in TABLES
+    if table.name == "steps"
+    for column in table.columns
+    if column.name != "run_id"
 )
 
 
@@ -171,6 +182,7 @@ _RUN_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     ("parent", _optional_text),
     ("created_at", _number),
     ("updated_at", _number),
+    ("pause", _flag),
 )
 _RUN_NAMES = tuple(column for column, _ in _RUN_CHECKS)
 

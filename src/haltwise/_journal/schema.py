@@ -39,6 +39,7 @@ __all__ = [
     "Table",
     "create_statements",
     "parse_version",
+    "read_views",
     "upgrade_statements",
 ]
 
@@ -78,9 +79,13 @@ class Table:
 
 @dataclass(frozen=True, slots=True)
 class Index:
+    """An index; with ``where``, a partial index of the rows for which that condition (written
+    the same in every dialect) holds."""
+
     name: str
     table: str
     columns: tuple[str, ...]
+    where: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +109,14 @@ def _text(name: str, *, not_null: bool = False) -> Column:
     return Column(name, Kind.TEXT, not_null=not_null)
 
 
-#: Version 3: how a replayed call is matched to its journaled step (the framework's call id, and a
+#: a pause was requested and not undone (set while the run is ``paused``)
+_PAUSE = Column("pause", Kind.BOOLEAN, not_null=True, default=False)
+#: the runs with a pause requested, for the watcher (``Store.pause_signals``): nearly always none
+_PAUSING = Index("runs_pausing", "runs", ("id",), where="pause")
+#: Version 4: how a replayed call is matched to its journaled step (the framework's call id, and a
 #: fingerprint of its arguments checked on replay).
 _STEP_IDENTITY = (_text("call_id"), _text("fingerprint"))
-#: Version 3: which step emitted a partial result (NULL: the task's own code) and its ordinal
+#: Version 4: which step emitted a partial result (NULL: the task's own code) and its ordinal
 #: among that emitter's partials, so that a replayed step does not emit it again.
 _PARTIAL_ORIGIN = (Column("step", Kind.INTEGER), Column("ordinal", Kind.INTEGER))
 
@@ -137,6 +146,7 @@ TABLES: tuple[Table, ...] = (
             _text("parent"),
             Column("created_at", Kind.REAL, not_null=True),
             Column("updated_at", Kind.REAL, not_null=True),
+            _PAUSE,
         ),
         primary_key=("id",),
     ),
@@ -193,6 +203,7 @@ INDEXES: tuple[Index, ...] = (
     Index("events_by_run", "events", ("run_id", "seq")),
     Index("runs_by_created", "runs", ("created_at", "id")),
     Index("runs_by_task", "runs", ("task", "created_at")),
+    _PAUSING,
 )
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -204,8 +215,9 @@ MIGRATIONS: tuple[Migration, ...] = (
             Index("runs_by_task", "runs", ("task", "created_at")),
         ),
     ),
+    Migration(3, "the pause request of a run (issue 18)", (AddColumn("runs", _PAUSE), _PAUSING)),
     Migration(
-        3,
+        4,
         "step identity (call id, argument fingerprint) and the step that emitted each partial",
         (
             *(AddColumn("steps", column) for column in _STEP_IDENTITY),
@@ -256,9 +268,10 @@ class Dialect:
         return f"CREATE TABLE IF NOT EXISTS {self.qualify(table.name)} ({', '.join(parts)}){tail}"
 
     def create_index(self, index: Index) -> str:
+        where = f" WHERE {index.where}" if index.where else ""
         return (
             f"CREATE INDEX IF NOT EXISTS {index.name} ON {self.qualify(index.table)} "
-            f"({', '.join(index.columns)})"
+            f"({', '.join(index.columns)}){where}"
         )
 
     def change(self, change: AddColumn | Index) -> str:
@@ -322,6 +335,33 @@ def parse_version(text: object, where: str) -> int:
         problem = f"unreadable schema version ({str(text)[:40]!r}) in {where}"
         raise CorruptRowError([BadRow("haltwise_meta", "", "schema_version", problem)])
     return version
+
+
+def _default_sql(dialect: Dialect, column: Column) -> str:
+    """The value an added column holds in existing rows: its default, else NULL."""
+    return "NULL" if column.default is None else dialect._literal(column)
+
+
+def read_views(dialect: Dialect, found: int) -> list[str]:
+    """For a reader that may not upgrade a store of version ``found`` (a read-only SQLite
+    connection): temporary views, one per table that later migrations added columns to, that
+    shadow the table and show each missing column with its default, so that the newest
+    statements read the older store as they read a new one.
+
+    SQLite only (an unqualified name finds a temporary view before the table).
+    """
+    added: dict[str, list[Column]] = {}
+    for migration in MIGRATIONS:
+        if migration.version > found:
+            for change in migration.changes:
+                if isinstance(change, AddColumn):
+                    added.setdefault(change.table, []).append(change.column)
+    return [
+        f"CREATE TEMP VIEW IF NOT EXISTS {table} AS SELECT *, "
+        + ", ".join(f"{_default_sql(dialect, column)} AS {column.name}" for column in columns)
+        + f" FROM main.{table}"
+        for table, columns in added.items()
+    ]
 
 
 def upgrade_statements(dialect: Dialect, found: int | None, where: str) -> Sequence[str]:

@@ -14,27 +14,36 @@ what a cancel request does in each state) are decided in exactly one place for b
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .._core.records import RunRecord
 from .._core.states import State
-from .rows import PARTIAL_COLUMNS, RUN_COLUMNS, STEP_COLUMNS
-from .schema import SCHEMA_VERSION, Dialect
-from .store import LostOwnershipError, NewRun, check_transition, plan_cancel
-
-#: the schema version that added steps.call_id/fingerprint and partials.step/ordinal
-_STEP_IDENTITY_VERSION = 3
+from .rows import PARTIAL_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, STEP_COPY_COLUMNS
+from .schema import Dialect
+from .store import (
+    LostOwnershipError,
+    NewRun,
+    PauseSignal,
+    check_transition,
+    plan_cancel,
+    plan_pause,
+    plan_unpause,
+)
 
 __all__ = [
+    "Plan",
     "RunWrite",
     "Statements",
     "check_fence",
     "lost",
+    "pause_signals_of",
     "plan_cancel_write",
     "plan_create",
+    "plan_pause_write",
     "plan_transition",
+    "plan_unpause_write",
 ]
 
 
@@ -47,6 +56,10 @@ class RunWrite:
     #: ``(source, target, reason)`` of each transition, in order
     events: tuple[tuple[State | None, State, str | None], ...]
     at: float
+
+
+#: a request's plan: the run as read in the write's transaction and the time -> the write
+Plan = Callable[[RunRecord, float], RunWrite | None]
 
 
 def lost(run_id: str) -> LostOwnershipError:
@@ -64,8 +77,9 @@ def check_fence(run_id: str, owner_token: str | None, fence: str | None) -> None
 
 
 def plan_create(run: NewRun, now: float) -> RunWrite:
-    """A new run's events: its creation as ``pending``, then its start if created ``running``."""
-    events: list[tuple[State | None, State, str | None]] = [(None, State.PENDING, None)]
+    """A new run's events: its creation as ``pending`` (a fork's says what it was forked from),
+    then its start if created ``running``."""
+    events: list[tuple[State | None, State, str | None]] = [(None, State.PENDING, run.note)]
     if run.state is not State.PENDING:
         events.append((State.PENDING, run.state, None))
     return RunWrite(fields={}, events=tuple(events), at=now)
@@ -82,10 +96,10 @@ def plan_transition(
 ) -> RunWrite:
     """A compare-and-set transition of ``current`` (see :meth:`Store.transition`)."""
     check_fence(current.id, current.owner.token if current.owner else None, fence)
-    check_transition(current.id, current.state, target, expected)
+    implied = check_transition(current.id, current, target, expected)
     reason = fields.get("reason", current.reason)
     return RunWrite(
-        fields={**fields, "updated_at": now},
+        fields={**fields, **implied, "updated_at": now},
         events=((current.state, target, reason),),
         at=now,
     )
@@ -101,17 +115,39 @@ def plan_cancel_write(current: RunRecord, reason: str, force: bool, now: float) 
     return RunWrite(fields={**fields, "updated_at": now}, events=events, at=now)
 
 
+def plan_pause_write(current: RunRecord, now: float) -> RunWrite | None:
+    """A pause request on ``current`` (see :meth:`Store.request_pause`); None: no change.
+
+    No event: the request is not a transition (the run's checkpoint records ``paused``)."""
+    fields = plan_pause(current)
+    return RunWrite(fields={**fields, "updated_at": now}, events=(), at=now) if fields else None
+
+
+def plan_unpause_write(current: RunRecord, now: float) -> RunWrite | None:
+    """An unpause of ``current`` (see :meth:`Store.request_unpause`); None: no change."""
+    target, fields = plan_unpause(current)
+    if not fields:
+        return None
+    events = () if target is None else ((current.state, target, current.reason),)
+    return RunWrite(fields={**fields, "updated_at": now}, events=events, at=now)
+
+
+def pause_signals_of(
+    rows: Iterable[Sequence[Any]], wanted: Collection[str]
+) -> dict[str, PauseSignal]:
+    """The rows of :attr:`Statements.pausing` (or of the same columns) among ``wanted``."""
+    return {
+        row[0]: PauseSignal(State(row[1]), bool(row[2]), row[3], bool(row[4]))
+        for row in rows
+        if row[0] in wanted
+    }
+
+
 class Statements:
     """Every statement the two stores share, rendered for one dialect (built once per store)."""
 
-    def __init__(self, dialect: Dialect, version: int = SCHEMA_VERSION) -> None:
-        """``version``: the schema version of the store read (an older one, opened read-only and
-        so not upgraded, lacks the newer columns: they read as NULL)."""
+    def __init__(self, dialect: Dialect) -> None:
         p, q = dialect.param, dialect.qualify
-        step_columns, partial_columns = STEP_COLUMNS, PARTIAL_COLUMNS
-        if version < _STEP_IDENTITY_VERSION:
-            step_columns = step_columns.replace("call_id, fingerprint", "NULL, NULL")
-            partial_columns = partial_columns.replace("step, ordinal", "NULL, NULL")
         self.param = p
         self.runs, self.steps = q("runs"), q("steps")
         self.insert_run = (
@@ -138,10 +174,18 @@ class Statements:
             f"INSERT INTO {q('partials')} (run_id, seq, value, step, ordinal) "
             f"VALUES ({p}, {p}, {p}, {p}, {p}) ON CONFLICT (run_id, seq) DO NOTHING"
         )
-        self.load_steps = f"SELECT {step_columns} FROM {q('steps')} WHERE run_id = {p} ORDER BY idx"
+        self.load_steps = f"SELECT {STEP_COLUMNS} FROM {q('steps')} WHERE run_id = {p} ORDER BY idx"
         self.load_partials = (
-            f"SELECT {partial_columns} FROM {q('partials')} WHERE run_id = {p} ORDER BY seq"
+            f"SELECT {PARTIAL_COLUMNS} FROM {q('partials')} WHERE run_id = {p} ORDER BY seq"
         )
+        #: a fork's journal: the source's steps before the fork's first step (parameters: the
+        #: fork's id, the source's id, the first step)
+        self.copy_steps = (
+            f"INSERT INTO {q('steps')} (run_id, {STEP_COPY_COLUMNS}) "
+            f"SELECT {p}, {STEP_COPY_COLUMNS} FROM {q('steps')} WHERE run_id = {p} AND idx < {p}"
+        )
+        #: the runs with a pause requested ("WHERE pause", as the partial index says it)
+        self.pausing = f"SELECT id, state, pause, reason, force FROM {q('runs')} WHERE pause"
         self.partial_seqs = f"SELECT run_id, seq FROM {q('partials')} ORDER BY run_id, seq"
         self._events = f"SELECT seq, run_id, source, target, reason, at FROM {q('events')}"
         self._runs = f"SELECT {RUN_COLUMNS} FROM {q('runs')}"

@@ -38,24 +38,24 @@ from .rows import (
     steps_from_rows,
     transition_fields,
 )
-from .schema import SCHEMA_VERSION, SQLITE, parse_version, upgrade_statements
+from .schema import SCHEMA_VERSION, SQLITE, parse_version, read_views, upgrade_statements
 from .secrets import safe_url
 from .sql import (
+    Plan,
     RunWrite,
     Statements,
     check_fence,
     event_parameters,
     insert_run_parameters,
+    pause_signals_of,
     plan_cancel_write,
     plan_create,
+    plan_pause_write,
     plan_transition,
+    plan_unpause_write,
 )
 from .sqlite_writer import Op, Writer, store_error
-from .store import (
-    UNSET,
-    NewRun,
-    StepStart,
-)
+from .store import UNSET, NewRun, PauseSignal, StepStart
 
 #: The page size of a new store file (bytes).
 _PAGE_SIZE = 1024
@@ -170,8 +170,6 @@ class SQLiteStore:
         self._watch: sqlite3.Connection | None = None
         self._data_version = 0
         self._changes = 0  # changes of data_version seen by any waiter
-        #: what loads read: a read-only store of an older version lacks the newer columns
-        self._reads = _SQL
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -291,8 +289,11 @@ class SQLiteStore:
         if row is not None:
             found = parse_version(row[0], self.path)
             upgrade_statements(SQLITE, found, self.path)  # refuses a newer version
-            if found < SCHEMA_VERSION:
-                self._reads = Statements(SQLITE, found)
+            try:
+                for statement in read_views(SQLITE, found):
+                    conn.execute(statement)  # an older store reads as a new one
+            except sqlite3.Error as error:
+                raise store_error(self.path, error) from None
 
     def _upgrade(self, conn: sqlite3.Connection, has_meta: bool) -> None:
         """Create the schema, or upgrade an older one in place (inside the caller's transaction)."""
@@ -320,6 +321,8 @@ class SQLiteStore:
             if inserted is None:
                 return _load_run(conn, run.id), False
             _record_events(conn, run.id, plan_create(run, now))
+            if run.fork is not None:
+                conn.execute(_SQL.copy_steps, (run.id, run.fork.source, run.fork.from_step))
             return run_from_row(inserted), True
 
         result: tuple[RunRecord, bool] = await self._writer.call(op)
@@ -358,13 +361,44 @@ class SQLiteStore:
         return record
 
     async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
+        return await self._request(run_id, partial(_cancel_plan, reason, force))
+
+    async def _request(self, run_id: str, plan: Plan) -> RunRecord:
+        """Read the run, ``plan`` the write, apply it (if any): one transaction."""
+
         def op(conn: sqlite3.Connection) -> RunRecord:
             current = _load_run(conn, run_id)
-            write = plan_cancel_write(current, reason, force, time.time())
+            write = plan(current, time.time())
             return current if write is None else _apply(conn, run_id, write)
 
         record: RunRecord = await self._writer.call(op)
         return record
+
+    async def request_pause(self, run_id: str) -> RunRecord:
+        return await self._request(run_id, plan_pause_write)
+
+    async def request_unpause(self, run_id: str) -> RunRecord:
+        return await self._request(run_id, plan_unpause_write)
+
+    async def pause_signals(
+        self, run_ids: Collection[str], *, watched: Collection[str]
+    ) -> dict[str, PauseSignal]:
+        # On the watch connection, as cancel_requests: the partial index holds only the runs
+        # with a pause requested, and the watched runs are read by their key.
+        wanted = set(run_ids)
+        if not wanted or self._watch is None:
+            return {}
+        try:
+            rows = self._watch.execute(_SQL.pausing).fetchall()
+            if watched:
+                marks = ", ".join("?" for _ in watched)
+                rows += self._watch.execute(
+                    f"SELECT id, state, pause, reason, force FROM runs WHERE id IN ({marks})",
+                    tuple(watched),
+                ).fetchall()
+        except sqlite3.Error as error:
+            raise store_error(self.path, error) from None
+        return pause_signals_of(rows, wanted)
 
     async def claim(
         self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None
@@ -494,9 +528,8 @@ class SQLiteStore:
             run = _load_run(conn, run_id)
             rows = conn.cursor()
             rows.row_factory = None  # plain tuples: step_from_row reads them by position
-            reads = self._reads
-            steps = steps_from_rows(run_id, rows.execute(reads.load_steps, (run_id,)).fetchall())
-            found = conn.execute(reads.load_partials, (run_id,)).fetchall()
+            steps = steps_from_rows(run_id, rows.execute(_SQL.load_steps, (run_id,)).fetchall())
+            found = conn.execute(_SQL.load_partials, (run_id,)).fetchall()
             return RunSnapshot(
                 run=run,
                 steps=steps,
@@ -589,6 +622,10 @@ def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.R
         raise UnknownRunError(run_id)
     check_fence(run_id, row["owner_token"], fence)
     return row
+
+
+def _cancel_plan(reason: str, force: bool, current: RunRecord, now: float) -> RunWrite | None:
+    return plan_cancel_write(current, reason, force, now)
 
 
 def _apply(conn: sqlite3.Connection, run_id: str, write: RunWrite) -> RunRecord:

@@ -53,6 +53,10 @@ class NewRun:
     A run created ``running`` (a runtime starting it at once) has two events, its creation as
     ``pending`` and its start, recorded in the same transaction: its history reads as if it had
     been created and then started, with no moment at which it was ``pending``.
+
+    A fork (``fork`` set) gets, in the same transaction, a copy of the steps of run ``fork.source``
+    before ``fork.from_step`` (they replay, as committed steps do on resume), and its creation
+    event's reason says what it was forked from.
     """
 
     id: str
@@ -62,6 +66,32 @@ class NewRun:
     owner: Owner | None = None
     lease_until: float | None = None
     parent: str | None = None
+    fork: ForkOf | None = None
+
+    @property
+    def note(self) -> str | None:
+        """The reason recorded with the run's creation event."""
+        if self.fork is None:
+            return None
+        return f"fork of {self.fork.source} from step {self.fork.from_step}"
+
+
+@dataclass(frozen=True, slots=True)
+class ForkOf:
+    """Where a forked run comes from: its source run, and the first step it runs anew."""
+
+    source: str
+    from_step: int
+
+
+@dataclass(frozen=True, slots=True)
+class PauseSignal:
+    """A run's state and pause request, as :meth:`Store.pause_signals` reads them."""
+
+    state: State
+    pause: bool
+    reason: str | None
+    force: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +234,31 @@ class Store(Protocol):
     async def cancel_requests(self, run_ids: Collection[str]) -> dict[str, tuple[str, bool]]:
         """Among ``run_ids``, those in ``cancelling``: ``{id: (reason, force)}``."""
 
+    async def request_pause(self, run_id: str) -> RunRecord:
+        """Record a pause request atomically and return the run as it is afterwards.
+
+        A ``pending`` or ``running`` run gains ``pause`` (its state does not change: the runtime
+        working it moves it to ``paused`` at its next checkpoint with nothing in flight, through
+        :meth:`transition`); any other run is left as it is.
+        """
+
+    async def request_unpause(self, run_id: str) -> RunRecord:
+        """Undo a pause atomically and return the run as it is afterwards.
+
+        ``paused`` -> ``running`` (an event, the request cleared, the owner kept); a ``pending``
+        or ``running`` run with a pause requested loses the request; any other run is left as
+        it is.
+        """
+
+    async def pause_signals(
+        self, run_ids: Collection[str], *, watched: Collection[str]
+    ) -> dict[str, PauseSignal]:
+        """Among ``run_ids``, those with a pause requested, plus every run of ``watched``.
+
+        What the runtime's watcher needs to act on other processes' pause, unpause and cancel
+        requests for runs it holds; ``watched`` are the runs it holds with a pause requested.
+        """
+
     def set_concurrency(self, active_runs: int) -> None:
         """A hint: how many runs this process works on the store now.
 
@@ -258,11 +313,26 @@ def open_store(url: str | None = None, *, read_only: bool = False) -> Store:
 
 
 def check_transition(
-    run_id: str, current: State, target: State, expected: Collection[State]
-) -> None:
-    """Raise :class:`InvalidTransitionError` unless ``current -> target`` may happen now."""
-    if current not in expected or not is_allowed(current, target):
-        raise InvalidTransitionError(run_id, current.value, target.value)
+    run_id: str, current: RunRecord, target: State, expected: Collection[State]
+) -> dict[str, Any]:
+    """Raise :class:`InvalidTransitionError` unless ``current -> target`` may happen now;
+    return the columns the transition writes besides the caller's (the pause request's rule).
+
+    A run enters ``paused`` only while a pause is requested (an unpause or a cancel recorded
+    first wins). The request is cleared when the run leaves ``paused`` for ``running`` (an
+    unpause) and when it ends; a ``pending`` run starting keeps it (it pauses at its first
+    checkpoint).
+    """
+    state = current.state
+    if (
+        state not in expected
+        or not is_allowed(state, target)
+        or (target is State.PAUSED and not current.pause)
+    ):
+        raise InvalidTransitionError(run_id, state.value, target.value)
+    if target.is_final or (state is State.PAUSED and target is State.RUNNING):
+        return {"pause": False}
+    return {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +345,8 @@ class CancelPlan:
 
     @property
     def release(self) -> bool:
-        """A run cancelled before it began has no owner any more (final runs are unowned)."""
+        """A run cancelled before it began, or while paused, has no owner any more (final
+        runs are unowned)."""
         return self.target is not None and self.target.is_final
 
     def fields(self, reason: str) -> dict[str, Any]:
@@ -287,16 +358,34 @@ class CancelPlan:
             fields["force"] = True
         if self.target is not None:
             fields["state"] = self.target.value
+            fields["pause"] = False  # a cancel overrides a pause request
         if self.release:
             fields.update(owner=None, owner_token=None, lease_until=None)
         return fields
 
 
 def plan_cancel(current: State, current_force: bool, force: bool) -> CancelPlan:
-    if current is State.PENDING:
+    """``pending`` and ``paused`` runs have nothing in flight: they end ``cancelled`` at once."""
+    if current in (State.PENDING, State.PAUSED):
         return CancelPlan(State.CANCELLED, set_reason=True, set_force=force)
     if current is State.RUNNING:
         return CancelPlan(State.CANCELLING, set_reason=True, set_force=force)
     if current is State.CANCELLING and force and not current_force:
         return CancelPlan(None, set_reason=False, set_force=True)
     return CancelPlan(None, set_reason=False, set_force=False)
+
+
+def plan_pause(current: RunRecord) -> dict[str, Any]:
+    """The run columns a pause request writes (see :meth:`Store.request_pause`)."""
+    if current.state in (State.PENDING, State.RUNNING) and not current.pause:
+        return {"pause": True}
+    return {}
+
+
+def plan_unpause(current: RunRecord) -> tuple[State | None, dict[str, Any]]:
+    """The state an unpause moves the run to (None: stays) and the columns it writes."""
+    if current.state is State.PAUSED:
+        return State.RUNNING, {"state": State.RUNNING.value, "pause": False}
+    if current.pause:
+        return None, {"pause": False}
+    return None, {}

@@ -17,6 +17,7 @@ import anyio
 from .._core.exceptions import Cancelled, InputError, NonDeterminismError
 from .._core.outcome import StepRecord
 from .._core.records import PartialKey, RunSnapshot
+from .pause import PauseGate
 
 if TYPE_CHECKING:
     from .._journal.store import Store
@@ -137,6 +138,7 @@ class RunContext:
     #: the asyncio task that runs the task function
     body_task: asyncio.Task[Any] | None = None
     done: anyio.Event = field(default_factory=anyio.Event)
+    pause: PauseGate = field(default_factory=PauseGate)
 
     @classmethod
     def for_snapshot(cls, snapshot: RunSnapshot | None, **fields: Any) -> RunContext:
@@ -161,8 +163,10 @@ class RunContext:
         """Act on a cancel request already recorded in the store (in-process delivery).
 
         The task function's scope is cancelled (a cancel lands at its next await outside steps
-        and shields) and every step in flight is told, to settle by its own policy.
+        and shields) and every step in flight is told, to settle by its own policy. A cancel
+        overrides a pause: a checkpoint waiting in a pause goes on, and raises.
         """
+        self.pause.lift()
         first = self.cancel_reason is None
         if first:
             self.cancel_reason = reason
@@ -195,6 +199,8 @@ class RunContext:
     def land(self, index: int) -> None:
         """The step has settled (or never started): stop tracking it."""
         self.flights.pop(index, None)
+        if self.pause.requested:
+            self.pause.wake()  # a checkpoint waiting for the steps to end may pause the run now
         if not self.flights and self._all_settled is not None:
             self._all_settled.set()
             self._all_settled = None

@@ -28,8 +28,10 @@ from .._core.outcome import Outcome
 from .._core.records import RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .._journal.owner import DEFAULT_LEASE, held_by_live_owner, new_owner
-from .._journal.store import LostOwnershipError, NewRun, Store, open_store
+from .._journal.store import ForkOf, LostOwnershipError, NewRun, Store, open_store
 from .ending import call_task, fail_refused, finish, settle_takeover
+from .fork import ForkPlan, plan_fork
+from .pause import deliver_pause_signals
 from .run_context import Probe, RunContext
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
@@ -51,8 +53,16 @@ class TaskHandle:
         """
         await self._runtime.cancel(self.id, reason=reason, force=force)
 
+    async def pause(self) -> None:
+        """Request a pause (see :meth:`Runtime.pause`); returns once the request is durable."""
+        await self._runtime.pause(self.id)
+
+    async def unpause(self) -> None:
+        """Undo a pause (see :meth:`Runtime.unpause`)."""
+        await self._runtime.unpause(self.id)
+
     async def outcome(self) -> Outcome:
-        """Wait until the run is in a final state and return its outcome."""
+        """Wait until the run is in a final state and return its outcome (through any pause)."""
         return await self._runtime.outcome(self.id)
 
     async def status(self) -> Outcome:
@@ -198,7 +208,8 @@ class Runtime:
     ) -> TaskHandle:
         """Continue run ``task_id`` from its journal; return its handle once it is running again.
 
-        A ``completed`` run runs nothing. A run whose owner died is taken over: its orphaned
+        A ``completed`` run runs nothing; a ``paused`` run is unpaused (:meth:`unpause`). A run
+        whose owner died is taken over: its orphaned
         steps are settled by their policies and, if it was ``cancelling``, the cancel is finished
         (``cancelled``, saga included) before it resumes. Refuses with
         :class:`~haltwise.RunOwnedError` while a live owner holds it, and with
@@ -210,21 +221,84 @@ class Runtime:
         _check_deadline(deadline)
         done = dict(assume_done or {})
         again = frozenset(rerun or ())
-        if task_id in self._active:
-            raise RunOwnedError(task_id, f"this runtime ({self.owner.describe()})")
         snapshot = await self.store.load(task_id)
         run = snapshot.run
+        if run.state is State.PAUSED:
+            await self.unpause(task_id, task=task)  # resuming a paused run means unpausing it
+            return TaskHandle(self, task_id)
+        if task_id in self._active:
+            raise RunOwnedError(task_id, f"this runtime ({self.owner.describe()})")
         if run.state is State.COMPLETED:
             return TaskHandle(self, task_id)
-        the_task = task or TASKS.get(run.task)
-        if the_task is None:
-            raise HaltwiseError(
-                f"run {task_id!r} is of task {run.task!r}, which is not loaded in this process",
-                task_id=task_id,
-            )
+        the_task = self._task_of(run, task)
         _check_step_indexes(task_id, snapshot, done, again)
         snapshot = await self._take_over(snapshot, the_task, done, again)
         return await self._continue(snapshot, the_task, done, again, deadline, probe)
+
+    @staticmethod
+    def _task_of(run: RunRecord, task: Task[..., Any] | None) -> Task[..., Any]:
+        the_task = task or TASKS.get(run.task)
+        if the_task is None:
+            raise HaltwiseError(
+                f"run {run.id!r} is of task {run.task!r}, which is not loaded in this process",
+                task_id=run.id,
+            )
+        return the_task
+
+    async def fork_plan(
+        self, task_id: str, *, from_step: int, new_id: str | None = None
+    ) -> ForkPlan:
+        """What :meth:`fork` would do: the steps it replays and the committed ``write`` and
+        ``external`` steps it runs again. Raises :class:`~haltwise.InputError` as :meth:`fork`."""
+        plan = plan_fork(await self.store.load(task_id), from_step)
+        if new_id is not None:
+            with contextlib.suppress(UnknownRunError):
+                await self.store.load(new_id)
+                raise InputError(f"a run with id {new_id!r} exists already", task_id=new_id)
+        return plan
+
+    async def fork(
+        self,
+        task_id: str,
+        *,
+        from_step: int,
+        new_id: str | None = None,
+        task: Task[..., Any] | None = None,
+        deadline: float | None = None,
+    ) -> TaskHandle:
+        """Start a new run of run ``task_id``'s task and inputs, its steps before ``from_step``
+        replayed from that run (not run), the rest run anew; return the new run's handle.
+
+        The source run is not changed; the new run's creation event says what it was forked
+        from. Everything committed from ``from_step`` on with effect ``write`` or ``external``
+        happens again (see :meth:`fork_plan`). ``new_id`` defaults to a new id. Raises
+        :class:`~haltwise.InputError` if ``from_step`` is out of range or a step before it is
+        not committed, or if ``new_id`` exists; ``task`` defaults to the registered task.
+        """
+        _check_deadline(deadline)
+        snapshot = await self.store.load(task_id)
+        plan_fork(snapshot, from_step)
+        source = snapshot.run
+        the_task = self._task_of(source, task)
+        run_id = new_id if new_id is not None else uuid.uuid4().hex
+        if not run_id or not isinstance(run_id, str):
+            raise InputError("a fork's id must be a non-empty string")
+        new = NewRun(
+            id=run_id,
+            task=source.task,
+            inputs=source.inputs,
+            state=State.RUNNING,
+            owner=self.owner,
+            lease_until=self._lease_until(),
+            fork=ForkOf(task_id, from_step),
+        )
+        _, created = await self.store.create_run(new)
+        if not created:
+            raise InputError(f"a run with id {run_id!r} exists already", task_id=run_id)
+        snapshot = await self.store.load(run_id)
+        ctx = self._context(run_id, the_task, snapshot, {}, frozenset())
+        self._launch(ctx, source.inputs, deadline)
+        return TaskHandle(self, run_id)
 
     async def adopt(self, task_id: str, task: Task[..., Any]) -> TaskHandle | None:
         """Take over a run for a worker: a ``pending`` run, or one whose owner is gone.
@@ -246,7 +320,7 @@ class Runtime:
         if was_cancelling:
             await self.store.release(task_id, self.owner.token)
             return None
-        return await self._continue(snapshot, task, {}, frozenset(), None, None)
+        return await self._continue(snapshot, task, {}, frozenset(), None, None, unpause=False)
 
     async def _take_over(
         self,
@@ -274,24 +348,34 @@ class Runtime:
         again: frozenset[int],
         deadline: float | None,
         probe: Probe | None,
+        *,
+        unpause: bool = True,
     ) -> TaskHandle:
-        """Record the caller's word on unknown steps, go back to ``running`` and launch."""
+        """Record the caller's word on unknown steps, go back to ``running`` and launch.
+
+        A ``paused`` run goes back to ``running`` only if ``unpause``; otherwise (a worker taking
+        it over) it stays paused, waiting at its first checkpoint, as a pause requested before
+        the takeover makes it pause there.
+        """
         task_id = snapshot.run.id
         fence = self.owner.token
         for index, result in done.items():
             await self.store.settle_step(
                 task_id, index, StepStatus.COMMITTED, result=result, fence=fence
             )
-        if snapshot.run.state is not State.RUNNING:
+        state = snapshot.run.state
+        if state is not State.RUNNING and (unpause or state is not State.PAUSED):
             await self.store.transition(
                 task_id,
                 State.RUNNING,
-                expected={State.PENDING, State.CANCELLED, State.FAILED},
+                expected={State.PENDING, State.CANCELLED, State.FAILED, State.PAUSED},
                 reason=None,
                 fence=fence,
             )
         snapshot = await self.store.load(task_id)
         ctx = self._context(task_id, task, snapshot, done, again)
+        ctx.pause.requested = snapshot.run.pause
+        ctx.pause.paused = snapshot.run.state is State.PAUSED
         ctx.probe = probe
         self._launch(ctx, snapshot.run.inputs, deadline)
         return TaskHandle(self, task_id)
@@ -397,9 +481,53 @@ class Runtime:
             raise InputError("a cancel reason must be a non-empty string")
         record = await self.store.request_cancel(task_id, reason, force=force)
         ctx = self._active.get(task_id)
-        if ctx is not None and record.state is State.CANCELLING:
+        if ctx is not None and record.state in (State.CANCELLING, State.CANCELLED):
+            # cancelling: settle what is in flight; cancelled (it was paused): stop its task
             ctx.request_cancel(record.reason or reason, force=record.force)
         return record
+
+    async def pause(self, task_id: str) -> RunRecord:
+        """Ask run ``task_id`` to pause at its next checkpoint (any process may hold the run).
+
+        Nothing is cancelled: steps in flight run to their end whatever their policy (the run
+        stays ``running``, with ``pause`` set, until they have), then the run is ``paused``,
+        waiting at that checkpoint with its owner, until :meth:`unpause` or a cancel (which ends
+        it ``cancelled`` at once). A ``pending`` run pauses at its first checkpoint once it
+        runs. Returns the run as it is right after the request; a run that is ``cancelling``,
+        ``paused`` or final is left as it is. Raises :class:`~haltwise.UnknownRunError` for an
+        unknown id.
+        """
+        record = await self.store.request_pause(task_id)
+        ctx = self._active.get(task_id)
+        if ctx is not None and record.pause and not ctx.pause.requested:
+            ctx.pause.request()
+        return record
+
+    async def unpause(self, task_id: str, *, task: Task[..., Any] | None = None) -> RunRecord:
+        """Undo a pause: a ``paused`` run goes back to ``running`` and continues where it waits.
+
+        A paused run whose owner is gone (it died, or a worker handed the run over) is taken over
+        and continued here from its journal, as :meth:`resume` does (``task`` defaults to the
+        task registered under the run's name). A pause requested but not yet in effect is
+        withdrawn. Any other run is left as it is. Returns the run as it is afterwards.
+        """
+        snapshot = await self.store.load(task_id)
+        run = snapshot.run
+        if run.state is State.PAUSED and not (task_id in self._active or held_by_live_owner(run)):
+            the_task = self._task_of(run, task)
+            snapshot = await self._take_over(snapshot, the_task, {}, frozenset())
+            await self._continue(snapshot, the_task, {}, frozenset(), None, None)
+            return (await self.store.load(task_id)).run
+        record = await self.store.request_unpause(task_id)
+        ctx = self._active.get(task_id)
+        if ctx is not None and not record.pause:
+            ctx.pause.lift()
+        return record
+
+    def is_paused(self, task_id: str) -> bool:
+        """Whether run ``task_id`` is worked here and waiting in a pause."""
+        ctx = self._active.get(task_id)
+        return ctx is not None and ctx.pause.paused
 
     async def status(self, task_id: str) -> Outcome:
         """The run's outcome as journaled now (its state may not be final)."""
@@ -542,6 +670,7 @@ class Runtime:
                         ctx.cancel_reason is None or (force and not ctx.forced)
                     ):
                         ctx.request_cancel(reason, force=force)
+                await deliver_pause_signals(self.store, self._active)
             if time.time() >= next_beat:
                 next_beat = time.time() + self.lease / 3
                 await self.store.heartbeat(self.owner.token, self._lease_until())

@@ -45,6 +45,7 @@ from .._core.policy import CancelPolicy
 from .._core.records import JSONText, dump_json
 from .._core.states import StepStatus
 from .._journal.store import StepStart
+from .pause import pause_point
 from .run_context import CALL_ID, CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext, StepContext
 from .threads import ThreadCall, start_thread
 
@@ -68,6 +69,8 @@ async def call_tool(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any
         if spec.is_async:
             return await spec.fn(*args, **kwargs)
         return spec.fn(*args, **kwargs)
+    if run.pause.requested:
+        await pause_point(run)
     run.raise_if_cancelled()
     if run.probe is not None:
         # The point before a step that is never begun: its index must stay free.
@@ -83,6 +86,8 @@ async def call_tool(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any
     await _between_steps(run, flight.replayed)
     if run.probe is not None:
         await _probe(run, "after", flight.index)
+    if run.pause.requested:
+        await pause_point(run)
     run.raise_if_cancelled()
     return result
 

@@ -11,6 +11,7 @@ import anyio
 
 from .._core.exceptions import NotInTaskError
 from .._core.records import JSONText, PartialKey, dump_json
+from .pause import pause_point
 from .run_context import CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext, current_run
 
 __all__ = [
@@ -70,7 +71,8 @@ def _next_partial(value: Any, name: str) -> tuple[RunContext, int, JSONText, Par
 
 
 async def checkpoint() -> None:
-    """Act on a pending cancel request: raise :class:`~haltwise.Cancelled` if one is due.
+    """Act on a pending cancel or pause request: raise :class:`~haltwise.Cancelled` if a cancel
+    is due; wait here while the run is paused (see :meth:`haltwise.Runtime.pause`).
 
     Level-triggered, as in Trio: once a cancel was requested, every later checkpoint raises
     again, except inside :func:`shield`. Raises :class:`~haltwise.NotInTaskError` outside a
@@ -79,6 +81,7 @@ async def checkpoint() -> None:
     run = current_run()
     if run is None:
         raise NotInTaskError("haltwise.checkpoint() was called outside a task")
+    await pause_point(run)
     run.raise_if_cancelled()
     await anyio.lowlevel.checkpoint()
 

@@ -80,12 +80,14 @@ class Worker:
                 await anyio.sleep(POLL_INTERVAL)
 
     def _busy(self) -> int:
+        """How many of the ``concurrency`` slots are taken: a paused run holds none (it keeps
+        its owner, this worker, but only waits)."""
         self.handles = {
             run_id: handle
             for run_id, handle in self.handles.items()
             if self.runtime.is_active(run_id)
         }
-        return len(self.handles)
+        return sum(not self.runtime.is_paused(run_id) for run_id in self.handles)
 
     async def work_once(self) -> None:
         """Claim what there is room for: orphaned runs first, then pending ones.
@@ -117,12 +119,13 @@ class Worker:
     async def _orphans(self) -> list[str]:
         store = self.runtime.store
         found = []
-        for state in (State.CANCELLING, State.RUNNING, State.PENDING):
+        for state in (State.CANCELLING, State.RUNNING, State.PAUSED, State.PENDING):
             for run in await self._readable(store.list_runs(state)):
                 if run.task not in self.tasks or self.runtime.is_active(run.id):
                     continue
                 if run.owner is None:
-                    # Handed over (running), or never claimed (pending: claim_pending's job).
+                    # Handed over (running, paused), or never claimed (pending: claim_pending's
+                    # job).
                     if state is not State.PENDING:
                         found.append(run.id)
                 elif run.owner.token == self.runtime.owner.token:

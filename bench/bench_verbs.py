@@ -1,0 +1,127 @@
+"""Pause latency, in process and from another process, beside a cancel of the same run (SQLite).
+
+The run is a loop of trivial steps (``tick``: interruptible, effect none), so a pause lands at
+the next checkpoint, between two steps. Measured:
+
+1. In process: ``Runtime.pause`` -> the run recorded ``paused`` (the checkpoint's transition
+   committed), and ``Runtime.unpause`` -> stepping again; the baseline in the same run is
+   ``Runtime.cancel`` of the same kind of run -> recorded ``cancelled``.
+2. From another process (wall clock, both on this host): this process calls ``Runtime.pause``
+   on a run the other process works; request -> paused there, unpause -> running there; the
+   baseline is a cancel of the same kind of run -> final there.
+
+usage: python bench/bench_verbs.py [--trials N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+from _report import header, percentile, table
+from bench_cross_process import read_event
+
+import haltwise
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _pause_target import ticker  # noqa: E402
+
+#: how long a run ticks before it is paused or cancelled (seconds)
+_WARMUP = 0.01
+
+
+async def until_paused(rt: haltwise.Runtime, run_id: str, paused: bool) -> None:
+    """Poll this process's own view of the run (0.2 ms) until it is (not) paused."""
+    while rt.is_paused(run_id) is not paused:
+        await anyio.sleep(0.0002)
+
+
+async def in_process(url: str, trials: int) -> tuple[list[float], list[float], list[float]]:
+    paused, resumed, cancelled = [], [], []
+    async with haltwise.Runtime(url) as rt:
+        for i in range(trials):
+            handle = await rt.start(ticker, task_id=f"p{i}")
+            await anyio.sleep(_WARMUP)
+            start = time.perf_counter()
+            await handle.pause()
+            await until_paused(rt, handle.id, True)
+            paused.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            await handle.unpause()
+            await until_paused(rt, handle.id, False)
+            resumed.append(time.perf_counter() - start)
+            await handle.cancel()
+            await handle.outcome()
+            other = await rt.start(ticker, task_id=f"c{i}")
+            await anyio.sleep(_WARMUP)
+            start = time.perf_counter()
+            await other.cancel()
+            await other.outcome()
+            cancelled.append(time.perf_counter() - start)
+    return paused, resumed, cancelled
+
+
+async def cross_process(url: str, trials: int) -> tuple[list[float], list[float], list[float]]:
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "_pause_target.py"), url, str(2 * trials)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    paused, resumed, cancelled = [], [], []
+    async with haltwise.Runtime(url) as rt:
+        for i in range(2 * trials):
+            await anyio.to_thread.run_sync(read_event, proc, "started")
+            await anyio.sleep(_WARMUP)
+            run_id = f"p{i}"
+            if i % 2:  # the baseline: a cancel of the same kind of run
+                start = time.time()
+                await rt.cancel(run_id)
+                final = await anyio.to_thread.run_sync(read_event, proc, "final")
+                cancelled.append(float(final[2]) - start)
+                continue
+            start = time.time()
+            await rt.pause(run_id)
+            fields = await anyio.to_thread.run_sync(read_event, proc, "paused")
+            paused.append(float(fields[2]) - start)
+            start = time.time()
+            await rt.unpause(run_id)
+            fields = await anyio.to_thread.run_sync(read_event, proc, "resumed")
+            resumed.append(float(fields[2]) - start)
+            await rt.cancel(run_id)
+            await anyio.to_thread.run_sync(read_event, proc, "final")
+    proc.wait(timeout=30)
+    return paused, resumed, cancelled
+
+
+def row(name: str, values: list[float]) -> list[object]:
+    p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
+    return [name, len(values), f"{p50 * 1e3:.2f}", f"{p99 * 1e3:.2f}", f"{max(values) * 1e3:.2f}"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trials", type=int, default=100)
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="haltwise-verbs-"))
+    print(header("Pause and unpause latency (SQLite, WAL + FULL)"))
+    local = anyio.run(in_process, f"sqlite:///{base / 'local.db'}", args.trials)
+    remote = anyio.run(cross_process, f"sqlite:///{base / 'remote.db'}", args.trials)
+    rows = [
+        row("same process: pause -> paused", local[0]),
+        row("same process: unpause -> running", local[1]),
+        row("baseline, same process: cancel -> cancelled", local[2]),
+        row("other process: pause -> paused there", remote[0]),
+        row("other process: unpause -> running there", remote[1]),
+        row("baseline, other process: cancel -> final there", remote[2]),
+    ]
+    print(table(["what", "trials", "p50 ms", "p99 ms", "max ms"], rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""``pause`` and ``unpause`` end to end: real processes on both stores, side effects counted.
+
+The run is worked by one ``haltwise run`` (or ``worker``) process; the pause, unpause and cancel
+come from others, so every request crosses processes through the store (SQLite's data-version
+watcher, PostgreSQL's LISTEN/NOTIFY).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from test_cli import AGENT, PATIENCE, Env, error_line, finish, statuses, step_is
+from test_cli_postgres import PgEnv
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
+    (tmp_path / "agent.py").write_text(AGENT)
+    if request.param == "sqlite":
+        return Env(tmp_path)
+    return PgEnv(tmp_path, request.getfixturevalue("pg_url"))
+
+
+def paused(env: Env, run_id: str) -> dict[str, object]:
+    return env.wait_for(run_id, "paused", lambda s: s["state"] == "paused")
+
+
+def test_pause_from_another_process_lets_the_step_end_then_unpause_goes_on(env: Env) -> None:
+    run = env.start_flow("t1", "interruptible", "--json")
+    asked = env.hw("pause", "t1")
+    assert asked.returncode == 0, asked.stderr
+    assert "pause requested for run t1" in asked.stdout
+    held = env.status("t1")
+    assert held is not None and held["state"] == "running" and step_is(held, 2, "running")
+    assert "pause requested" in env.hw("status", "t1").stdout
+    env.release("think")  # the interruptible step is not interrupted: it runs to its end
+    seen = paused(env, "t1")
+    assert statuses(seen) == ["committed", "committed", "committed"]
+    assert seen["retry"] == "resume"
+    assert "haltwise unpause t1" in env.hw("status", "t1").stdout
+    listed = json.loads(env.hw("list", "--state", "paused", "--json").stdout)["runs"]
+    assert [(r["id"], r["state"]) for r in listed] == [("t1", "paused")]
+    assert env.hw("check").returncode == 0
+    again = env.hw("unpause", "t1", "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {"id": "t1", "state": "running", "pause": False}
+    code, outcome, err = finish(run)
+    assert code == 0, err
+    assert isinstance(outcome, dict) and outcome["state"] == "completed"
+    assert env.effects() == ["search", "record:cats", "think", "record:done"]
+
+
+def test_pause_wait_json_and_a_cancel_of_the_paused_run(env: Env) -> None:
+    run = env.start_flow("t2", "finish", "--json")
+    assert env.hw("pause", "t2").returncode == 0
+    env.release("send_email")
+    asked = env.hw("pause", "t2", "--wait", "--json")  # asked again: waits for the first
+    assert asked.returncode == 0, asked.stderr
+    assert json.loads(asked.stdout) == {"id": "t2", "state": "paused", "pause": True}
+    cancelled = env.hw("cancel", "t2", "--reason", "budget")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "cancelled at once" in cancelled.stdout
+    now = env.status("t2")
+    assert now is not None and (now["state"], now["reason"]) == ("cancelled", "budget")
+    code, outcome, _ = finish(run)
+    assert code == 3
+    assert isinstance(outcome, dict) and statuses(outcome) == ["committed"] * 3
+    assert env.effects().count("record:done") == 0, "no step ran after the pause"
+    assert env.hw("check").returncode == 0
+
+
+def test_unpause_continues_a_paused_run_whose_owner_died(env: Env) -> None:
+    run = env.start_flow("t3", "interruptible")
+    assert env.hw("pause", "t3").returncode == 0
+    env.release("think")
+    paused(env, "t3")
+    run.kill()  # kill -9: the paused run's owner is gone
+    run.communicate(timeout=PATIENCE)
+    done = env.hw("unpause", "t3", "--json")
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout)
+    assert outcome["state"] == "completed"
+    assert outcome["result"] == "cats"
+    assert env.effects() == ["search", "record:cats", "think", "record:done"], "nothing repeated"
+
+
+def test_a_worker_hands_a_paused_run_over_and_another_keeps_it_paused(env: Env) -> None:
+    env.hw("submit", "agent.py:flow", "--input", '{"policy": "interruptible"}', "--id", "w1")
+    first = env.popen("worker", "agent.py")
+    env.wait_for("w1", "its step in flight", lambda s: step_is(s, 2, "running"))
+    assert env.hw("pause", "w1").returncode == 0
+    env.release("think")
+    paused(env, "w1")
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=PATIENCE)
+    assert first.returncode == 0, err
+    held = env.status("w1")
+    assert held is not None and held["state"] == "paused", "handed over, still paused"
+    second = env.popen("worker", "agent.py")
+    try:
+        env.wait_for("w1", "taken over", lambda _: "owner: pid" in env.hw("status", "w1").stdout)
+        assert (env.status("w1") or {})["state"] == "paused"
+        assert env.hw("unpause", "w1").returncode == 0
+        env.wait_for("w1", "completed", lambda s: s["state"] == "completed")
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.communicate(timeout=PATIENCE)
+    assert second.returncode == 0
+    assert env.effects() == ["search", "record:cats", "think", "record:done"]
+
+
+def test_pause_and_unpause_of_runs_they_do_not_apply_to(env: Env) -> None:
+    env.release("send_email")
+    assert (
+        env.hw("run", "agent.py:flow", "--input", '{"policy": "finish"}', "--id", "d").returncode
+        == 0
+    )
+    done = env.hw("pause", "d")
+    assert (done.returncode, done.stdout.strip()) == (
+        0,
+        "run d is already completed; nothing to pause",
+    )
+    done = env.hw("unpause", "d")
+    assert done.returncode == 0 and "not paused" in done.stdout
+    assert "no run with id 'missing'" in error_line(env.hw("pause", "missing"))
+    assert "no run with id 'missing'" in error_line(env.hw("unpause", "missing"))
