@@ -7,6 +7,7 @@ another for its side effects. Shared options and exit codes live in :mod:`.base`
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -15,7 +16,7 @@ import click
 
 from .. import __version__
 from .._core.exceptions import HaltwiseError, UnknownRunError
-from . import mcp, runs, verbs, verify, work
+from . import mcp, runs, serve, verbs, verify, work
 from .base import USAGE, fail, store_in_use
 from .signals import RELAY
 
@@ -35,10 +36,12 @@ def cli() -> None:
 for _command in (
     runs.run_command,
     runs.cancel_command,
+    runs.prune_command,
     runs.status_command,
     runs.resume_command,
     runs.list_command,
     runs.audit_command,
+    serve.serve_command,
     verbs.pause_command,
     verbs.unpause_command,
     verbs.fork_command,
@@ -51,8 +54,15 @@ for _command in (
     cli.add_command(_command)
 
 
+#: Loggers whose records are not for the command line's user: psycopg_pool logs every failed
+#: reconnection during a PostgreSQL outage (some twenty lines before the one clear error).
+QUIET_LOGGERS = ("psycopg.pool",)
+
+
 def run_cli(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         code = cli.main(args=argv, prog_name="haltwise", standalone_mode=False)
     except click.UsageError as error:

@@ -16,17 +16,26 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from functools import partial
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
 import anyio
 
-from .._core.exceptions import NoStoreError, StoreError, UnknownRunError
+from .._core.exceptions import NoStoreError, StoreError, StoreGoneError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
+from .._core.views import Change, RunSummary
+from .operator_sql import (
+    OperatorSQL,
+    cancel_writes,
+    change_from_row,
+    sort_named,
+    summary_from_row,
+    times_from_rows,
+)
 from .rows import (
     RUN_COLUMNS,
     error_to_text,
@@ -54,7 +63,14 @@ from .sql import (
     plan_unpause_write,
 )
 from .sqlite_writer import Op, Writer, store_error
-from .store import UNSET, NewRun, PauseSignal, StepStart
+from .store import (
+    UNSET,
+    CancelResult,
+    NewRun,
+    PauseSignal,
+    RunJournal,
+    StepStart,
+)
 
 #: The page size of a new store file (bytes).
 _PAGE_SIZE = 1024
@@ -72,6 +88,7 @@ _CACHE_KIB = 16384
 _POLL_INTERVAL = 0.015
 
 _SQL = Statements(SQLITE)
+_OPS = OperatorSQL(SQLITE)
 
 _START_STEP = """
 INSERT INTO steps (run_id, idx, tool, cancel, effect, idempotent, status, attempts, idem_key,
@@ -169,6 +186,7 @@ class SQLiteStore:
         self._watch: sqlite3.Connection | None = None
         self._data_version = 0
         self._changes = 0  # changes of data_version seen by any waiter
+        self._identity: tuple[int, int] | None = None  # (device, inode) of the file as opened
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -183,6 +201,7 @@ class SQLiteStore:
         await self._writer.start()
         self._watch = self._connect()
         self._data_version = self._read_data_version()
+        self._identity = _file_identity(self.path)
 
     def _make_directory(self) -> None:
         try:
@@ -514,17 +533,9 @@ class SQLiteStore:
         return op
 
     async def load(self, run_id: str) -> RunSnapshot:
-        def op(conn: sqlite3.Connection) -> RunSnapshot:
-            run = _load_run(conn, run_id)
-            rows = conn.cursor()
-            rows.row_factory = None  # plain tuples: step_from_row reads them by position
-            steps = steps_from_rows(run_id, rows.execute(_SQL.load_steps, (run_id,)).fetchall())
-            partials = partials_from_rows(
-                run_id, [row[0] for row in conn.execute(_SQL.load_partials, (run_id,))]
-            )
-            return RunSnapshot(run=run, steps=steps, partials=partials)
-
-        snapshot: RunSnapshot = await self._writer.call(op, write=False)
+        snapshot: RunSnapshot = await self._writer.call(
+            partial(_load_snapshot, run_id=run_id), write=False
+        )
         return snapshot
 
     async def list_runs(self, state: State | None = None) -> list[RunRecord]:
@@ -565,6 +576,100 @@ class SQLiteStore:
             raise store_error(self.path, error) from None
         return {row[0]: (row[1] or "user", bool(row[2])) for row in rows if row[0] in wanted}
 
+    # -- the operator's operations (their SQL: operator_sql) ------------------------------------
+
+    async def run_page(
+        self,
+        *,
+        states: Collection[State],
+        tasks: Collection[str] | None,
+        limit: int,
+        before: tuple[float, str] | None,
+    ) -> list[RunSummary]:
+        sql, params = _OPS.run_page(states=states, tasks=tasks, limit=limit, before=before)
+
+        def op(conn: sqlite3.Connection) -> list[RunSummary]:
+            return [summary_from_row(tuple(row)) for row in conn.execute(sql, params)]
+
+        page: list[RunSummary] = await self._writer.call(op, write=False)
+        return page
+
+    async def task_names(self) -> list[str]:
+        def op(conn: sqlite3.Connection) -> list[str]:
+            return [row[0] for row in conn.execute(_OPS.task_names())]
+
+        names: list[str] = await self._writer.call(op, write=False)
+        return names
+
+    async def inspect(self, run_id: str) -> RunJournal:
+        def op(conn: sqlite3.Connection) -> RunJournal:
+            snapshot = _load_snapshot(conn, run_id)
+            events = read_all(event_from_row, conn.execute(*_SQL.events(run_id)))
+            times = times_from_rows(conn.execute(_OPS.step_times(), (run_id,)))
+            return RunJournal(snapshot=snapshot, events=tuple(events), step_times=times)
+
+        journal: RunJournal = await self._writer.call(op, write=False)
+        return journal
+
+    async def request_cancels(
+        self,
+        *,
+        ids: Sequence[str] | None,
+        states: Collection[State],
+        tasks: Collection[str] | None,
+        reason: str,
+        force: bool,
+        dry_run: bool = False,
+    ) -> CancelResult:
+        def op(conn: sqlite3.Connection) -> CancelResult:
+            if ids is not None:
+                rows = conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(ids),))
+            else:
+                rows = conn.execute(*_OPS.active_runs(states=states, tasks=tasks, lock=False))
+            chosen, final, unknown = sort_named(read_all(run_from_row, rows), ids)
+            if dry_run:
+                return CancelResult(tuple(chosen), final, unknown)
+            writes, reached = cancel_writes(_OPS, chosen, reason, force, time.time())
+            for write in writes:
+                conn.executemany(write.sql, write.rows)
+            after = conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(reached),))
+            return CancelResult(tuple(read_all(run_from_row, after)), final, unknown)
+
+        result: CancelResult = await self._writer.call(op, bulk=True)
+        return result
+
+    async def prune(
+        self, *, ended_before: float, states: Collection[State], dry_run: bool = False
+    ) -> list[str]:
+        sql, params = _OPS.prunable(states, lock=False)
+
+        def op(conn: sqlite3.Connection) -> list[str]:
+            ids = [row[0] for row in conn.execute(sql, (*params, ended_before))]
+            if ids and not dry_run:
+                bound = _OPS.id_list(ids)
+                for statement in _OPS.prune_deletes():
+                    conn.execute(statement, (bound,))
+            return ids
+
+        pruned: list[str] = await self._writer.call(op, write=not dry_run, bulk=True)
+        return pruned
+
+    async def changes_after(self, seq: int, *, limit: int) -> tuple[list[Change], float]:
+        def op(conn: sqlite3.Connection) -> tuple[list[Change], float]:
+            rows = conn.execute(_OPS.changes_after(), (seq, limit))
+            changes = [change_from_row(tuple(row)) for row in rows]
+            return changes, float(conn.execute(_OPS.now()).fetchone()[0])
+
+        result: tuple[list[Change], float] = await self._writer.call(op, write=False)
+        return result
+
+    async def last_change(self) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            return int(conn.execute(_OPS.last_change()).fetchone()[0])
+
+        seq: int = await self._writer.call(op, write=False)
+        return seq
+
     def set_concurrency(self, active_runs: int) -> None:
         # One run: commit each write at once (no wait). Several: group commit, batched per
         # iteration of the event loop (see _sqlite_writer).
@@ -578,22 +683,60 @@ class SQLiteStore:
         while self._changes == start and time.monotonic() < deadline:
             self._writer.flush_deferred(older_than=_POLL_INTERVAL)
             await anyio.sleep(min(_POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
+            self._check_file()
             version = self._read_data_version()
             if version != self._data_version:
                 self._data_version = version
                 self._changes += 1
         return self._changes
 
+    def _check_file(self) -> None:
+        """Raise :class:`StoreGoneError` (for good) if the store's file was deleted or replaced.
+
+        SQLite goes on writing to a deleted file it holds open: without this, a run would end
+        ``completed`` with nothing durable, and no other process could see or cancel it.
+        """
+        if self._writer.lost is None and _file_identity(self.path) != self._identity:
+            self._writer.lost = StoreGoneError(
+                f"store {self.path}: the file was deleted or replaced while in use; nothing "
+                "written since is durable"
+            )
+        if self._writer.lost is not None:
+            raise self._writer.lost
+
     def _read_data_version(self) -> int:
+        """``PRAGMA data_version`` on the watch connection. A failure is raised (as
+        :class:`StoreError`), never swallowed: a stale version would freeze the detection of
+        other processes' changes (their cancels) without anyone noticing."""
         if self._watch is None:
             return 0
         try:
             return int(self._watch.execute("PRAGMA data_version").fetchone()[0])
-        except sqlite3.Error:
-            return self._data_version
+        except sqlite3.Error as error:
+            raise store_error(self.path, error) from None
 
 
 # -- SQL helpers run by the writer thread ------------------------------------------------------
+
+
+def _load_snapshot(conn: sqlite3.Connection, run_id: str) -> RunSnapshot:
+    run = _load_run(conn, run_id)
+    rows = conn.cursor()
+    rows.row_factory = None  # plain tuples: step_from_row reads them by position
+    steps = steps_from_rows(run_id, rows.execute(_SQL.load_steps, (run_id,)).fetchall())
+    partials = partials_from_rows(
+        run_id, [row[0] for row in conn.execute(_SQL.load_partials, (run_id,))]
+    )
+    return RunSnapshot(run=run, steps=steps, partials=partials)
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """``(device, inode)`` of the file at ``path``, None if there is none."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
 
 
 def _load_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:

@@ -16,7 +16,7 @@ import pydantic
 from pydantic.fields import FieldInfo
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaWarningKind
 
-from .._core.exceptions import SchemaError
+from .._core.exceptions import InputError, SchemaError
 from .._core.policy import CancelPolicy, Effect, ToolPolicy
 from .tool import Tool
 
@@ -181,7 +181,7 @@ def tool_schema(tool: Tool[..., Any], *, format: SchemaFormat = "openai") -> dic
             "inputSchema": parameters,
             "annotations": mcp_annotations(tool.policy),
         }
-    raise ValueError(f"unknown schema format {format!r}; expected 'openai' or 'mcp'")
+    raise InputError(f"unknown schema format {format!r}; expected 'openai' or 'mcp'")
 
 
 def mcp_annotations(policy: ToolPolicy) -> dict[str, bool]:

@@ -6,10 +6,11 @@ It knows no store by name (only the :class:`~haltwise._store.Store` interface) a
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -22,15 +23,26 @@ from .._core.exceptions import (
     ResumeRefusedError,
     RunOwnedError,
     StoreError,
+    StoreGoneError,
     UnknownRunError,
 )
 from .._core.outcome import Outcome
 from .._core.records import RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
+from .._core.views import CancelBatch, Change, RunDetail, RunPage
 from .._journal.owner import DEFAULT_LEASE, held_by_live_owner, new_owner
 from .._journal.store import ForkOf, LostOwnershipError, NewRun, Store, open_store
 from .ending import call_task, fail_refused, finish, settle_takeover
 from .fork import ForkPlan, plan_fork
+from .operator import (
+    feed,
+    inspect_run,
+    page_of_runs,
+    parse_state,
+    registered_task,
+    resolve_task,
+    stand_in_task,
+)
 from .pause import deliver_pause_signals
 from .run_context import Probe, RunContext
 from .takeover import refuse_unknown
@@ -62,7 +74,11 @@ class TaskHandle:
         await self._runtime.unpause(self.id)
 
     async def outcome(self) -> Outcome:
-        """Wait until the run is in a final state and return its outcome (through any pause)."""
+        """Wait until the run is in a final state and return its outcome (through any pause).
+
+        Raises :class:`~haltwise.StoreError`, on every call, if this runtime stopped working the
+        run because its journal could not be written (see :meth:`Runtime.outcome`).
+        """
         return await self._runtime.outcome(self.id)
 
     async def status(self) -> Outcome:
@@ -85,6 +101,12 @@ class Runtime:
     """
 
     def __init__(self, store: str | Store | None = None, *, lease: float = DEFAULT_LEASE) -> None:
+        if (
+            isinstance(lease, bool)
+            or not isinstance(lease, int | float)
+            or not 0 < lease < math.inf
+        ):
+            raise InputError(f"lease must be a finite number of seconds > 0, not {lease!r}")
         self.store: Store = open_store(store) if store is None or isinstance(store, str) else store
         self.lease = lease
         self.owner = new_owner()
@@ -162,6 +184,7 @@ class Runtime:
         ``FILE.py:TASK``) and the absolute path of the file that defines the task (kept in the
         run's inputs as ``"source"``, so that ``resume`` can load it from any directory).
         ``probe`` is for :mod:`haltwise.testing`: awaited at every cancel point of the run."""
+        self._require_entered()
         if not isinstance(task, Task):
             raise InputError(f"{task!r} is not a @haltwise.task")
         task.bind_inputs(args, kwargs)
@@ -169,7 +192,10 @@ class Runtime:
         source = source or task.source
         if source is not None:
             inputs["source"] = source
-        dump_json(inputs, f"the inputs of task {task.name!r}")
+        # The task sees its inputs as they come back from the journal, from the first attempt
+        # on: a tuple is a list, a dict's int keys are strings, on every attempt alike
+        # (issue 15, item 5), so a resume cannot take another path than the first attempt.
+        inputs = json.loads(dump_json(inputs, f"the inputs of task {task.name!r}"))
         _check_deadline(deadline)
         run_id = task_id if task_id is not None else uuid.uuid4().hex
         if not run_id or not isinstance(run_id, str):
@@ -216,6 +242,7 @@ class Runtime:
         or ``rerun`` (indexes to run again). ``task`` defaults to the task registered under the
         run's recorded name.
         """
+        self._require_entered()
         _check_deadline(deadline)
         done = dict(assume_done or {})
         again = frozenset(rerun or ())
@@ -307,6 +334,7 @@ class Runtime:
         Raises :class:`~haltwise.RunOwnedError` if a live owner holds it or another process
         took it first.
         """
+        self._require_entered()
         snapshot = await self.store.load(task_id)
         if snapshot.run.state.is_final:
             return None
@@ -459,11 +487,138 @@ class Runtime:
         if not isinstance(reason, str) or not reason:
             raise InputError("a cancel reason must be a non-empty string")
         record = await self.store.request_cancel(task_id, reason, force=force)
-        ctx = self._active.get(task_id)
-        if ctx is not None and record.state in (State.CANCELLING, State.CANCELLED):
-            # cancelling: settle what is in flight; cancelled (it was paused): stop its task
-            ctx.request_cancel(record.reason or reason, force=record.force)
-        return record
+        return await self._after_cancel(record)
+
+    async def _after_cancel(self, record: RunRecord) -> RunRecord:
+        """Deliver a recorded cancel here, or settle the run if nobody works it."""
+        ctx = self._active.get(record.id)
+        if ctx is not None:
+            if record.state in (State.CANCELLING, State.CANCELLED):
+                # cancelling: settle what is in flight; cancelled (it was paused): stop its task
+                ctx.request_cancel(record.reason or "user", force=record.force)
+            return record
+        if not self._orphaned(record):
+            return record
+        return await self._settle_orphan(record.id)
+
+    def _orphaned(self, run: RunRecord) -> bool:
+        """A ``cancelling`` run that nobody works: released, or its owner is gone."""
+        if run.state is not State.CANCELLING:
+            return False
+        if run.owner is not None and run.owner.token == self.owner.token:
+            return False  # this runtime holds it (working it, or taking it over right now)
+        return not held_by_live_owner(run)
+
+    async def _settle_orphan(self, task_id: str) -> RunRecord:
+        """Finish the cancel of a run nobody works, as a takeover would (CONTRACT.md, cancel):
+        settle its steps by their policies, run its saga, record ``cancelled``."""
+        run = (await self.store.load(task_id)).run
+        # Without its task here, its steps still settle by their journaled policies, but a
+        # rollback step's compensation and the task's saga cannot run (the step is unknown).
+        task = registered_task(run) or stand_in_task(run.task)
+        with contextlib.suppress(RunOwnedError):  # another process took it first: it finishes
+            await self.adopt(task_id, task)
+        return (await self.store.load(task_id)).run
+
+    async def cancel_many(
+        self,
+        ids: Sequence[str] | None = None,
+        *,
+        task: str | None = None,
+        state: State | str | None = None,
+        reason: str = "user",
+        force: bool = False,
+        dry_run: bool = False,
+    ) -> CancelBatch:
+        """Cancel several runs in one transaction: the runs ``ids``, or (``ids=None``) every
+        active run of ``task`` (a name as :meth:`list_runs` takes it) in ``state``.
+
+        Each run is cancelled as by :meth:`cancel` (and a run nobody works is settled here);
+        ``dry_run`` changes nothing and reports which runs would be cancelled.
+        """
+        if not isinstance(reason, str) or not reason:
+            raise InputError("a cancel reason must be a non-empty string")
+        chosen = parse_state(state)
+        if chosen is not None and chosen.is_final:
+            raise InputError(f"a {chosen} run cannot be cancelled: name an active state")
+        if ids is not None and (task is not None or chosen is not None):
+            raise InputError("name runs by id, or by task and state, not both")
+        tasks = None if task is None else await resolve_task(self.store, task)
+        result = await self.store.request_cancels(
+            ids=None if ids is None else list(dict.fromkeys(ids)),
+            states=() if chosen is None else (chosen,),
+            tasks=tasks,
+            reason=reason,
+            force=force,
+            dry_run=dry_run,
+        )
+        states = {record.id: record.state for record in result.already_final}
+        settled = []
+        for record in result.reached:
+            after = record if dry_run else await self._after_cancel(record)
+            states[record.id] = after.state
+            if self._orphaned(record) and after.state.is_final:
+                settled.append(record.id)
+        return CancelBatch(
+            cancelled=tuple(record.id for record in result.reached),
+            already_final=tuple(record.id for record in result.already_final),
+            unknown=result.unknown,
+            dry_run=dry_run,
+            states=states,
+            settled_here=tuple(settled),
+        )
+
+    async def prune(
+        self, older_than: float, *, state: State | str | None = None, dry_run: bool = False
+    ) -> list[str]:
+        """Delete the final runs that ended more than ``older_than`` seconds ago (with their
+        steps, partial results and history) and return their ids; ``state`` narrows it to one
+        final state. An active run is never deleted. ``dry_run`` deletes nothing."""
+        if isinstance(older_than, bool) or not isinstance(older_than, int | float):
+            raise InputError("older_than must be a number of seconds")
+        if not older_than >= 0 or math.isinf(older_than):
+            raise InputError(
+                f"older_than must be a finite number of seconds >= 0, not {older_than}"
+            )
+        chosen = parse_state(state)
+        if chosen is not None and not chosen.is_final:
+            raise InputError(f"prune deletes final runs only, not {chosen} ones")
+        return await self.store.prune(
+            ended_before=time.time() - older_than,
+            states=() if chosen is None else (chosen,),
+            dry_run=dry_run,
+        )
+
+    # -- the read API ----------------------------------------------------------------------------
+
+    async def inspect(self, task_id: str) -> RunDetail:
+        """Run ``task_id`` in full: its outcome so far (steps, partials, retry advice), its owner
+        and whether that owner is alive, its transitions with their times, and, while it is
+        ``cancelling``, the steps it waits for with their policy and the grace left.
+        Raises :class:`~haltwise.UnknownRunError` for an unknown id."""
+        return await inspect_run(self.store, task_id)
+
+    async def list_runs(
+        self,
+        *,
+        state: State | str | None = None,
+        task: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """Up to ``limit`` runs, newest created first, in one query; ``page.next`` is the
+        ``cursor`` of the next page (``None`` on the last). ``task`` is a name as the listing
+        shows it (``agent.py:research``) or its bare function name when that is unambiguous."""
+        return await page_of_runs(self.store, state=state, task=task, limit=limit, cursor=cursor)
+
+    def changes(
+        self, since: int | None = None, *, run_id: str | None = None
+    ) -> AsyncIterator[Change]:
+        """The journal's changes (transitions, step starts and settlements, partial results)
+        committed after change number ``since`` (from now on when ``None``), in order, as they
+        happen, by any process sharing the store; only run ``run_id``'s when given. Each
+        :class:`Change` has a ``seq``: pass the last one seen as ``since`` to miss nothing."""
+        return feed(self.store, since, None if run_id is None else {run_id})
 
     async def pause(self, task_id: str) -> RunRecord:
         """Ask run ``task_id`` to pause at its next checkpoint (any process may hold the run).
@@ -513,11 +668,20 @@ class Runtime:
         return (await self.store.load(task_id)).outcome()
 
     async def outcome(self, task_id: str) -> Outcome:
-        """Wait for the run to reach a final state and return its outcome."""
+        """Wait for the run to reach a final state and return its outcome.
+
+        A ``cancelling`` run that nobody works any more (its owner died meanwhile, or released
+        it) is settled here, as :meth:`cancel` would: waiting for it never hangs.
+
+        Raises :class:`~haltwise.StoreError` if this runtime stopped working the run because
+        its journal could not be written (a full disk, a lost database): every call raises it,
+        until the run is resumed here. A run this runtime does not work is waited for until
+        whoever works it records a final state.
+        """
         ctx = self._active.get(task_id)
         if ctx is not None:
             await ctx.done.wait()
-        broken = self._broken.pop(task_id, None)
+        broken = self._broken.get(task_id)
         if broken is not None:
             raise StoreError(
                 f"run {task_id!r} stopped because its journal could not be written ({broken}); "
@@ -528,6 +692,9 @@ class Runtime:
             snapshot = await self.store.load(task_id)
             if snapshot.run.state.is_final:
                 return snapshot.outcome()
+            if self._orphaned(snapshot.run):
+                await self._settle_orphan(task_id)  # its owner died while we waited
+                continue
             await self.store.wait_for_change(0.5)
 
     def is_active(self, task_id: str) -> bool:
@@ -583,9 +750,16 @@ class Runtime:
             rerun=rerun,
         )
 
-    def _launch(self, ctx: RunContext, inputs: dict[str, Any], deadline: float | None) -> None:
+    def _require_entered(self) -> None:
+        """Refuse to run anything before ``async with``: checked before any write, so that no
+        run is left ``running`` in the journal, owned by this live process, that nobody works."""
         if self._task_group is None:
             raise HaltwiseError("use the Runtime as 'async with haltwise.Runtime(...) as rt:'")
+
+    def _launch(self, ctx: RunContext, inputs: dict[str, Any], deadline: float | None) -> None:
+        self._require_entered()
+        assert self._task_group is not None
+        self._broken.pop(ctx.run_id, None)  # worked again here: a new chance for its journal
         self._active[ctx.run_id] = ctx
         self.store.set_concurrency(len(self._active))
         self._wake.set()
@@ -627,11 +801,17 @@ class Runtime:
         """Deliver other processes' cancel requests and renew leases, until the runtime ends.
 
         A store that is unreachable for a while (a lost database connection) is retried: the
-        runs go on meanwhile, and their own writes wait for the store.
+        runs go on meanwhile, and their own writes wait for the store. A store that is gone for
+        good (its file deleted or replaced) stops every run here at once: each ends with that
+        error (see :meth:`outcome`), its last durable state standing.
         """
         while True:
             try:
                 await self._watch_until_error()
+            except StoreGoneError:
+                for ctx in list(self._active.values()):
+                    ctx.request_cancel("store lost", force=True)  # its next write fails
+                await anyio.sleep(0.5)
             except StoreError:
                 await anyio.sleep(0.5)
 
