@@ -63,6 +63,10 @@ class StepRecord:
     #: made after a cancel was delivered (cleanup inside ``haltwise.shield``): part of that
     #: cancellation, so a resume does not replay it and numbers its own steps around it
     cleanup: bool = False
+    #: the tool-call id it was made under (``haltwise.call_id``): a replay matches it by this
+    call_id: str | None = None
+    #: a fingerprint of its arguments: a replay with other arguments is non-deterministic
+    fingerprint: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,18 +81,36 @@ class StepRecord:
 
 
 def retry_advice(state: State, steps: Sequence[StepRecord]) -> Retry:
+    """The contract's retry rule over a run's steps (see :func:`advice`)."""
+    return advice(
+        state,
+        unknown_unsafe=any(s.status is StepStatus.UNKNOWN and not s.idempotent for s in steps),
+        repeats_harm=any(would_repeat(s) for s in steps),
+    )
+
+
+def would_repeat(step: StepRecord) -> bool:
+    """A restart from scratch would do this step's effect again."""
+    done = step.status is StepStatus.COMMITTED or (
+        step.status is StepStatus.UNKNOWN and step.idempotent
+    )
+    return done and step.effect.repeats_harm
+
+
+def advice(state: State, *, unknown_unsafe: bool, repeats_harm: bool) -> Retry:
     """The contract's retry rule: the first of none, reconcile, resume, restart that applies.
 
-    A ``paused`` run is advised ``resume``: resuming it means unpausing it, and nothing is
-    settled or lost while it waits.
+    ``unknown_unsafe``: a step is ``unknown`` and its tool is not idempotent; ``repeats_harm``:
+    a ``committed`` step, or an ``unknown`` step of an idempotent tool, has effect ``write`` or
+    ``external``. (A listing computes both in SQL, from the same definitions.)
     """
     if state is State.COMPLETED:
         return Retry.NONE
     if state is State.PAUSED:
         return Retry.RESUME
-    if any(s.status is StepStatus.UNKNOWN and not s.idempotent for s in steps):
+    if unknown_unsafe:
         return Retry.RECONCILE
-    if any(s.status is StepStatus.COMMITTED and s.effect.repeats_harm for s in steps):
+    if repeats_harm:
         return Retry.RESUME
     return Retry.RESTART
 

@@ -56,9 +56,11 @@ START_COLUMNS: tuple[tuple[str, str], ...] = (
     ("args", "text"),
     ("cleanup", "boolean"),
     ("started_at", "double precision"),
+    ("call_id", "text"),
+    ("fingerprint", "text"),
 )
 #: the columns a restarted step (a new attempt) takes from the new start
-_RESTART_COLUMNS = ("args", "started_at")
+_RESTART_COLUMNS = ("args", "started_at", "call_id", "fingerprint")
 #: (column, SQL array type) of a settlement, in the order of :func:`settle_row`
 SETTLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("run_id", "text"),
