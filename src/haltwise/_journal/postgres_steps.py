@@ -13,13 +13,14 @@ flight form the next batch (group commit).
 A settlement made with ``durable=False`` (see :meth:`Store.settle_step`) is not waited for: it is
 held in memory and rides with the next batch, whoever's write that is (a sequential run's next
 step start, typically), or is committed on its own after :data:`DEFER_SECONDS` if no write
-comes (asynchronously: ``synchronous_commit = off``; the next synchronous commit of any session
-makes it durable, since WAL is flushed in order). The store flushes it before any other
-operation of the same store object, so one caller's writes still commit in the order they were
-made. docs/design.md ("Why a settlement may ride with the next write") says why this is safe.
+comes. The store flushes it before any other operation of the same store object, so one
+caller's writes still commit in the order they were made; the blocking ``emit`` path, which may
+run while the event loop is blocked, writes the deferred settlements itself in its own
+transaction, before its partial result. docs/design.md ("Why a settlement may ride with the
+next write") says why this is safe.
 
 Within one statement a step row may be written once: a batch in which a (run, step) comes twice
-is split where it repeats, the parts run in order in one transaction. A batch that fails as a
+is split where it repeats, the parts committed in order. A batch that fails as a
 whole (a driver error) is retried write by write, so that one bad write fails only its caller.
 """
 
@@ -168,8 +169,8 @@ class StepWriter:
         self._wake: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._flushes: list[asyncio.Future[None]] = []
-        #: deferred settlements taken into the batch being committed
-        self._deferred_inflight = 0
+        #: deferred settlements taken into the batch being committed (guarded by _lock)
+        self._inflight: list[tuple[Any, ...]] = []
         #: set when the oldest deferred settlement has waited DEFER_SECONDS
         self._deferred_due = False
         #: counts the times _deferred became non-empty (tells a timer whether it is stale)
@@ -225,7 +226,7 @@ class StepWriter:
     def has_deferred(self) -> bool:
         """Whether a deferred settlement is not committed yet (held, or in the batch being
         committed)."""
-        return bool(self._deferred) or self._deferred_inflight > 0
+        return bool(self._deferred or self._inflight)
 
     async def flush(self) -> None:
         """Commit the deferred settlements now (asynchronously, see the module docstring) and
@@ -244,10 +245,12 @@ class StepWriter:
 
     def take_deferred(self) -> list[tuple[Any, ...]]:
         """Hand the deferred settlements to a caller that commits them itself, before its own
-        write (any thread): their rows, in order."""
+        write (any thread, the loop's included, while the loop is blocked): their rows, in
+        order, with those of the batch being committed (written again: a settlement is the
+        same write twice, and the caller's write must not become durable before them)."""
         with self._lock:
             taken, self._deferred = self._deferred, []
-        return [write.row for write in taken]
+            return [*self._inflight, *(write.row for write in taken)]
 
     # -- the committer -----------------------------------------------------------------------
 
@@ -277,10 +280,10 @@ class StepWriter:
                 continue
             with self._lock:
                 deferred, self._deferred = self._deferred, []
+                self._inflight = [write.row for write in deferred]
             self._deferred_due = False
             batch, self._queue = [*deferred, *self._queue], []
             flushes, self._flushes = self._flushes, []
-            self._deferred_inflight = len(deferred)
             try:
                 if batch:
                     await self._commit(batch)
@@ -289,7 +292,8 @@ class StepWriter:
                 for write in batch:
                     self._fail(write, failure)
             finally:
-                self._deferred_inflight = 0
+                with self._lock:
+                    self._inflight = []
             for done in flushes:
                 if not done.done():
                     done.set_result(None)
@@ -321,28 +325,24 @@ class StepWriter:
             write.done.set_exception(error)
 
     async def _execute(self, batch: list[_Write]) -> dict[tuple[bool, str, int], Any]:
-        """Commit ``batch`` (retrying deadlocks); ``{(start?, run, index): result}``."""
-        waited = any(write.done is not None for write in batch)
-        parts = _split(batch)
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                conn = await self._connection()
-                if len(parts) == 1 and waited:
-                    return await _write_part(conn, parts[0])  # autocommit: one round trip
-                async with conn.transaction():
-                    if not waited:
-                        await conn.execute("SET LOCAL synchronous_commit = off")
-                    found: dict[tuple[bool, str, int], Any] = {}
-                    for part in parts:
-                        found.update(await _write_part(conn, part))
-                    return found
-            except (errors.DeadlockDetected, errors.SerializationFailure) as error:
-                if attempt >= _RETRIES:
+        """Commit ``batch``, part after part (retrying deadlocks); ``{(start?, run, index):
+        result}``. Each part is one statement in autocommit mode: it commits on the server
+        whatever this process does meanwhile, so no transaction of the writer ever waits for the
+        event loop (a blocked loop, in ``emit``, cannot hold up a lock the writer holds)."""
+        found: dict[tuple[bool, str, int], Any] = {}
+        for part in _split(batch):
+            attempt = 0
+            while True:
+                attempt += 1
+                try:
+                    found.update(await _write_part(await self._connection(), part))
+                    break
+                except (errors.DeadlockDetected, errors.SerializationFailure) as error:
+                    if attempt >= _RETRIES:
+                        raise self._error(error) from None
+                except psycopg.Error as error:
                     raise self._error(error) from None
-            except psycopg.Error as error:
-                raise self._error(error) from None
+        return found
 
     async def _connection(self) -> _Conn:
         conn = self._conn
