@@ -470,8 +470,11 @@ class PostgresStore:
         result_text = None if result is None else dump_json(result, f"step {index}'s result")
         row = (run_id, index, status.value, result_text, error_to_text(error), time.time(), fence)
         self._steps.raise_deferred_error()
+        if not durable:
+            self._steps.defer(row)  # no wait: nothing to shield
+            return
         with anyio.CancelScope(shield=True):  # see Store.settle_step
-            if not await self._steps.settle(row, durable=durable):
+            if not await self._steps.settle(row):
                 # raises if the run is not ours; a step that was never started stays unwritten
                 await self._run(partial(_check_fence, run_id=run_id, fence=fence))
 

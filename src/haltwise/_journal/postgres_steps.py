@@ -4,7 +4,7 @@ A step's start and settlement are the writes a run makes most often. Instead of 
 a pooled connection each, they go to a :class:`StepWriter`: one committer task with a dedicated
 connection takes every write queued meanwhile (by every run of this process) and commits them
 with **one statement** (one round trip, one transaction, one WAL flush): the writes travel as
-arrays (``unnest``), the run rows are share-locked with the fence check as before, and the
+two JSON arrays of rows, the run rows are share-locked with the fence check as before, and the
 statement returns which starts and settlements were written (with each start's attempts and its
 run's cancel state). Each caller waits for the commit that holds its own write, so what was
 durable when its coroutine returned is still durable then; writes queued while a batch is in
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -73,10 +74,15 @@ SETTLE_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _unnest(name: str, columns: Sequence[tuple[str, str]]) -> str:
-    arrays = ", ".join(f"%s::{kind}[]" for _, kind in (*columns, ("fence", "text")))
-    names = ", ".join(name for name, _ in (*columns, ("fence", "text")))
-    return f"{name} AS (SELECT * FROM unnest({arrays}) AS u({names}))"
+def _rows(name: str, columns: Sequence[tuple[str, str]]) -> str:
+    """A CTE ``name`` of the rows of one JSON array parameter (each row an array, in the order
+    of ``columns`` then the fence): one text parameter instead of an array per column, which
+    the driver would have to build in Python."""
+    fields = ", ".join(
+        f"(e->>{i})::{kind} AS {column}"
+        for i, (column, kind) in enumerate((*columns, ("fence", "text")))
+    )
+    return f"{name} AS (SELECT {fields} FROM json_array_elements(%s::json) AS t(e))"
 
 
 def _batch_sql() -> str:
@@ -89,8 +95,8 @@ def _batch_sql() -> str:
     restart = ", ".join(f"{n} = excluded.{n}" for n in _RESTART_COLUMNS)
     settled = ", ".join(f"{n} = u.{n}" for n, _ in SETTLE_COLUMNS[2:])
     return f"""
-WITH {_unnest("settle_in", SETTLE_COLUMNS)},
-{_unnest("start_in", START_COLUMNS)},
+WITH {_rows("settle_in", SETTLE_COLUMNS)},
+{_rows("start_in", START_COLUMNS)},
 run AS (
     SELECT r.id, r.owner_token, r.state, r.reason, r.force FROM haltwise.runs r
     WHERE (r.id, r.owner_token) IN (SELECT run_id, fence FROM settle_in
@@ -203,20 +209,21 @@ class StepWriter:
         found = await self._submit(_Write(True, row))
         return found if isinstance(found, Started) else None
 
-    async def settle(self, row: tuple[Any, ...], *, durable: bool) -> bool:
+    async def settle(self, row: tuple[Any, ...]) -> bool:
         """Write a settlement (``settle_row``); False if no step row was written (the fence did
-        not hold, or no such step). A deferred one (``durable=False``) returns True at once."""
-        if not durable:
-            with self._lock:
-                first = not self._deferred
-                self._deferred.append(_Write(False, row))
-            if first:  # the committer looks again once this one has waited long enough
-                self._deferred_rounds += 1
-                asyncio.get_running_loop().call_later(
-                    DEFER_SECONDS, self._deferred_waited, self._deferred_rounds
-                )
-            return True
+        not hold, or no such step)."""
         return bool(await self._submit(_Write(False, row)))
+
+    def defer(self, row: tuple[Any, ...]) -> None:
+        """Hold a settlement (``durable=False``) for the next batch (see the module docstring)."""
+        with self._lock:
+            first = not self._deferred
+            self._deferred.append(_Write(False, row))
+        if first:  # the committer looks again once this one has waited long enough
+            self._deferred_rounds += 1
+            asyncio.get_running_loop().call_later(
+                DEFER_SECONDS, self._deferred_waited, self._deferred_rounds
+            )
 
     def _deferred_waited(self, rounds: int) -> None:
         if rounds == self._deferred_rounds and self._deferred:
@@ -260,7 +267,7 @@ class StepWriter:
         write.done = asyncio.get_running_loop().create_future()
         self._queue.append(write)
         self._poke()
-        return await asyncio.shield(write.done)
+        return await write.done  # the store's callers shield this wait
 
     def _poke(self) -> None:
         wake = self._wake
@@ -272,10 +279,10 @@ class StepWriter:
         while True:
             if not (self._queue or self._flushes or self._deferred_due):
                 self._wake = loop.create_future()
+                # Woken by the first write queued: the runs made ready with it (by the commit
+                # just made) run first, and queue their writes, before this task does.
                 await self._wake
                 self._wake = None
-                # Let every run that is ready this turn of the loop queue its write first.
-                await asyncio.sleep(0)
             if not (self._queue or self._flushes or self._deferred_due):
                 continue
             with self._lock:
@@ -351,6 +358,8 @@ class StepWriter:
                 with contextlib.suppress(psycopg.Error):
                     await conn.close()
             self._conn = conn = await self._connect()
+            # One statement shape, executed all the time: plan it once.
+            await conn.execute("SET plan_cache_mode = force_generic_plan")
         return conn
 
 
@@ -373,14 +382,9 @@ def _split(batch: list[_Write]) -> list[list[_Write]]:
 
 def batch_parameters(
     starts: Sequence[tuple[Any, ...]], settles: Sequence[tuple[Any, ...]]
-) -> list[Any]:
-    """The statement's parameters: one array per column, settlements' then starts'."""
-    settle_arrays = [list(column) for column in zip(*settles, strict=True)] if settles else None
-    start_arrays = [list(column) for column in zip(*starts, strict=True)] if starts else None
-    return [
-        *(settle_arrays or [[] for _ in range(len(SETTLE_COLUMNS) + 1)]),
-        *(start_arrays or [[] for _ in range(len(START_COLUMNS) + 1)]),
-    ]
+) -> tuple[str, str]:
+    """The statement's two parameters: the settlements' rows, then the starts', as JSON."""
+    return json.dumps(settles), json.dumps(starts)
 
 
 async def _write_part(conn: _Conn, part: list[_Write]) -> dict[tuple[bool, str, int], Any]:
