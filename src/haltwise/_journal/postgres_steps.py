@@ -401,7 +401,35 @@ async def _write_part(conn: _Conn, part: list[_Write]) -> dict[tuple[bool, str, 
     return found
 
 
+def _settle_unlocked_sql() -> str:
+    """Settlements written without waiting for any lock: no share lock on the run rows (the
+    fence is the last committed owner, as for the blocking partial path), and step rows that
+    another transaction holds are skipped (see :func:`write_deferred`)."""
+    settled = ", ".join(f"{n} = u.{n}" for n, _ in SETTLE_COLUMNS[2:])
+    return f"""
+WITH {_rows("u", SETTLE_COLUMNS)},
+free AS (
+    SELECT s.run_id, s.idx FROM haltwise.steps s JOIN u ON s.run_id = u.run_id AND s.idx = u.idx
+    FOR UPDATE OF s SKIP LOCKED
+)
+UPDATE haltwise.steps s SET {settled}
+FROM u JOIN free ON free.run_id = u.run_id AND free.idx = u.idx
+WHERE s.run_id = u.run_id AND s.idx = u.idx
+    AND EXISTS (SELECT 1 FROM haltwise.runs r WHERE r.id = u.run_id AND r.owner_token = u.fence)
+"""
+
+
+_SETTLE_UNLOCKED = _settle_unlocked_sql()
+
+
 def write_deferred(conn: psycopg.Connection[DictRow], rows: Sequence[tuple[Any, ...]]) -> None:
-    """Write deferred settlements on a synchronous connection, inside the caller's transaction."""
+    """Write deferred settlements on a synchronous connection, inside the caller's transaction.
+
+    The caller may be the event loop's own thread, blocked: nothing here may wait for a lock
+    that a transaction needing the loop holds. So no row lock on the runs, and a step row
+    locked by someone else is skipped: the writer's own batch holding it (it rewrites the same
+    settlement and commits it), or another process taking the run over (the fence has moved:
+    the settlement is not ours to write any more).
+    """
     if rows:
-        conn.execute(_BATCH, batch_parameters([], rows), prepare=True)
+        conn.execute(_SETTLE_UNLOCKED, (json.dumps(rows),), prepare=True)
