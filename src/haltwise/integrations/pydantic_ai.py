@@ -11,9 +11,9 @@
   are passed through unjournaled.)
 - Pydantic AI's own cancel (``CancellationToken.cancel()``, ``AgentRun.cancel()``,
   ``RunContext.cancel()``, ``timeout=``) cancels the asyncio task driving the run. Where that
-  lands in a model request or a tool call, the step settles by its policy and the run is
-  cancelled with reason ``"host"``; the ``RunCancelled`` (``RunTimedOut``) Pydantic AI then raises
-  ends the run ``cancelled`` (kept as its ``cancel_error``), never ``failed``.
+  lands in a model request or a tool call, the step settles by its policy (haltwise's host-cancel
+  settlement); the ``RunCancelled`` (``RunTimedOut``) Pydantic AI then raises ends the run
+  ``cancelled`` with reason ``"host"`` (kept as its ``cancel_error``), never ``failed``.
 - A history reused after a cancel: Pydantic AI closes each call that has no return with a
   synthesized ``outcome='interrupted'`` return, also a call that *committed* after the cancel (a
   ``finish`` call allowed to end) -- a new run would then call it again and charge twice.
@@ -52,7 +52,7 @@ from pydantic_ai.settings import ModelSettings  # noqa: E402
 
 import haltwise  # noqa: E402
 
-from ._common import MODEL_STEP, call_id, cancel_run_for_host, model_request  # noqa: E402
+from ._common import MODEL_STEP, call_id, model_request  # noqa: E402
 from ._conversation import (  # noqa: E402
     SettledCall,
     current_run_outcome,
@@ -77,8 +77,10 @@ def tool(haltwise_tool: haltwise.Tool[..., Any]) -> Tool[Any]:
             await remember_from_journal(ctx.tool_call_id or "")
             raise
         except asyncio.CancelledError:
+            # Pydantic AI's own cancel (or a host's): the step settled by its policy; the core
+            # records the run cancelled (reason host) when RunCancelled reaches the task. A
+            # cancel request from here would race Pydantic AI's uncancel() at its edge.
             await remember_from_journal(ctx.tool_call_id or "")
-            await cancel_run_for_host()
             raise
         if ctx.tool_call_id:
             remember_committed(ctx.tool_call_id, value)
@@ -124,11 +126,7 @@ class JournaledModel(WrapperModel):
             response = await self.wrapped.request(closed, model_settings, model_request_parameters)
             return ModelMessagesTypeAdapter.dump_python([response], mode="json")
 
-        try:
-            data = await model_request(ask, name=self.step_name)
-        except asyncio.CancelledError:
-            await cancel_run_for_host()
-            raise
+        data = await model_request(ask, name=self.step_name)
         (response,) = ModelMessagesTypeAdapter.validate_python(data)
         assert isinstance(response, ModelResponse)
         return response
