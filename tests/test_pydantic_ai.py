@@ -25,7 +25,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import fw_kit
 import haltwise
-from fw_kit import GATED
+from fw_kit import GATED, Kit, statuses
 from haltwise.integrations.pydantic_ai import JournaledModel, close_dangling, tool
 
 pytestmark = pytest.mark.anyio
@@ -137,3 +137,80 @@ def test_close_dangling_answers_a_last_response_from_the_outcome() -> None:
     assert part.tool_call_id == "z1"
     assert part.outcome == "interrupted"
     assert str(part.content).startswith("[haltwise] interrupted")
+
+
+async def test_parallel_tool_calls_cancelled_mid_way(sqlite_url: str) -> None:
+    Script.load(
+        [
+            calls(
+                ("lookup", {"item": "tea"}, "p-lookup"),
+                ("charge", {"amount": 5}, "p-charge"),
+                ("browse", {"item": "tea"}, "p-browse"),
+            ),
+            text("bought tea"),
+        ]
+    )
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        handle = await runtime.start(shop, "buy tea", task_id="par")
+        await Kit.entered["charge"].wait(timeout=fw_kit.PATIENCE)
+        await Kit.entered["browse"].wait(timeout=fw_kit.PATIENCE)
+        await handle.cancel(reason="user")
+        Kit.release["charge"].set()
+        cancelled = await handle.outcome()
+        assert cancelled.state is haltwise.State.CANCELLED, cancelled
+        assert sorted(statuses(cancelled)) == [
+            ("browse", "interrupted"),
+            ("charge", "committed"),
+            ("lookup", "committed"),
+            ("model", "committed"),
+        ]
+        Kit.release["browse"].set()
+        Script.load([text("bought tea")])
+        resumed = await (await runtime.resume("par")).outcome()
+    assert resumed.result == "bought tea"
+    assert Kit.effects == {"lookup": 1, "charge": 1, "browse": 1}
+    assert len(Script.requests) == 1
+
+
+async def test_own_cancel_is_a_haltwise_cancel_and_a_reused_history_does_not_charge_twice(
+    sqlite_url: str,
+) -> None:
+    Script.load(turns("finish"))
+    Script.token = CancellationToken()
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        handle = await runtime.start(shop, "buy tea", task_id="own")
+        await Kit.entered["charge"].wait(timeout=fw_kit.PATIENCE)
+        Script.token.cancel()  # Pydantic AI's own cancel
+        Kit.release["charge"].set()
+        outcome = await handle.outcome()
+        assert outcome.state is haltwise.State.CANCELLED, outcome
+        assert outcome.reason == "host"
+        assert outcome.cancel_error is not None
+        assert outcome.cancel_error.type == "RunCancelled"
+        assert statuses(outcome)[-1] == ("charge", "committed")
+        assert Kit.effects == {"lookup": 1, "charge": 1}
+
+        # The history Pydantic AI kept, reused by a new agent run in a new haltwise run:
+        (error,) = Script.cancelled
+        history = error.all_messages()
+        Script.load([text("bought tea")])
+        Script.token = None
+
+        @haltwise.task
+        async def carry_on() -> str:
+            agent = make_agent()
+            return (await agent.run("go on", message_history=history)).output
+
+        again = await (await runtime.start(carry_on, task_id="again")).outcome()
+    assert again.result == "bought tea"
+    assert Kit.effects == {"lookup": 1, "charge": 1}  # not charged twice
+    (sent,) = Script.requests
+    returns = {
+        part.tool_call_id: part
+        for message in sent
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, ToolReturnPart)
+    }
+    assert returns["c2"].outcome == "success"
+    assert returns["c2"].content == "charged 5"

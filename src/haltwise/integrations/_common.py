@@ -79,10 +79,9 @@ def call_id(value: str | None) -> AbstractContextManager[None]:
     """``haltwise.call_id(value)``: the steps begun inside are matched on replay by this id.
 
     A missing or empty id (a framework that did not give one) leaves the steps matched by their
-    order. Until ``haltwise.call_id`` is on main (issue 14), every step is matched by its order.
+    order.
     """
-    enter = getattr(haltwise, "call_id", None)
-    return enter(value) if enter is not None and value else nullcontext()
+    return haltwise.call_id(value) if value else nullcontext()
 
 
 async def model_request(ask: Callable[[], Awaitable[T]], *, name: str = MODEL_STEP) -> T:
@@ -98,28 +97,8 @@ async def model_request(ask: Callable[[], Awaitable[T]], *, name: str = MODEL_ST
 async def journaled(fn: Callable[[], Awaitable[T]], *, name: str, **policy: Any) -> T:
     """``await fn()`` as one step named ``name`` with the ``@haltwise.tool`` keywords ``policy``
     (``haltwise.step``); ``fn`` returns a JSON value, which a replay returns without calling it."""
-    step = getattr(haltwise, "step", None)
-    if step is not None:
-        value: T = await step(fn, name=name, **policy)
-        return value
-    # Until haltwise.step is on main (issue 14): the same step through a tool of that name.
-    return await _step_tool(name, policy)(fn)  # type: ignore[no-any-return]
-
-
-_STEP_TOOLS: dict[tuple[str, str], haltwise.Tool[..., Any]] = {}
-
-
-def _step_tool(name: str, policy: dict[str, Any]) -> haltwise.Tool[..., Any]:
-    key = (name, repr(sorted(policy.items())))
-    found = _STEP_TOOLS.get(key)
-    if found is None:
-
-        async def request(ask: Callable[[], Awaitable[Any]]) -> Any:
-            return await ask()
-
-        found = haltwise.tool(name=name, **policy)(request)
-        _STEP_TOOLS[key] = found
-    return found
+    value: T = await haltwise.step(fn, name=name, **policy)
+    return value
 
 
 async def cancel_run_for_host() -> None:

@@ -13,7 +13,9 @@
   ``RunContext.cancel()``, ``timeout=``) cancels the asyncio task driving the run. Where that
   lands in a model request or a tool call, the step settles by its policy (haltwise's host-cancel
   settlement); the ``RunCancelled`` (``RunTimedOut``) Pydantic AI then raises ends the run
-  ``cancelled`` with reason ``"host"`` (kept as its ``cancel_error``), never ``failed``.
+  ``cancelled`` with reason ``"host"`` (kept as its ``cancel_error``), never ``failed``, also
+  when the cancel landed between two steps (importing this module registers ``RunCancelled`` as
+  a host-cancel error with the runtime).
 - A history reused after a cancel: Pydantic AI closes each call that has no return with a
   synthesized ``outcome='interrupted'`` return, also a call that *committed* after the cancel (a
   ``finish`` call allowed to end) -- a new run would then call it again and charge twice.
@@ -38,6 +40,7 @@ from ._common import require
 require("pydantic_ai", "pydantic_ai", "pydantic-ai")
 
 from pydantic_ai import RunContext, Tool  # noqa: E402
+from pydantic_ai.exceptions import RunCancelled  # noqa: E402
 from pydantic_ai.messages import (  # noqa: E402
     ModelMessage,
     ModelMessagesTypeAdapter,
@@ -52,6 +55,7 @@ from pydantic_ai.settings import ModelSettings  # noqa: E402
 
 import haltwise  # noqa: E402
 
+from .._runtime.ending import HOST_CANCEL_ERRORS  # noqa: E402
 from ._common import MODEL_STEP, call_id, model_request  # noqa: E402
 from ._conversation import (  # noqa: E402
     SettledCall,
@@ -63,6 +67,11 @@ from ._conversation import (  # noqa: E402
 )
 
 __all__ = ["JournaledModel", "close_dangling", "tool"]
+
+# Pydantic AI's own cancel, wherever it landed (in a step or between two), ends the run
+# ``cancelled`` with reason "host" when its RunCancelled (RunTimedOut) reaches the task.
+if RunCancelled not in HOST_CANCEL_ERRORS:
+    HOST_CANCEL_ERRORS.append(RunCancelled)
 
 
 def tool(haltwise_tool: haltwise.Tool[..., Any]) -> Tool[Any]:
