@@ -20,7 +20,7 @@ from langchain_core.outputs import ChatResult
 
 import fw_kit
 import haltwise
-from fw_kit import GATED, Kit, statuses
+from fw_kit import GATED, Kit
 from haltwise.integrations.langchain import HaltwiseMiddleware, close_dangling, tool
 
 pytestmark = pytest.mark.anyio
@@ -164,40 +164,10 @@ async def test_langgraphs_own_cancel_is_a_haltwise_cancel_and_finish_is_honoured
         await Kit.entered["charge"].wait(timeout=fw_kit.PATIENCE)
         Kit.release["charge"].set()
         outcome = await handle.outcome()
-    assert outcome.state is haltwise.State.CANCELLED, outcome
-    assert outcome.reason == "host"
-    assert statuses(outcome)[-1] == ("charge", "committed")
-    assert Kit.effects == {"lookup": 1, "charge": 1}
+    fw_kit.assert_host_cancel_honoured_finish(outcome)
 
 
 async def test_parallel_tool_calls_cancelled_mid_way(sqlite_url: str) -> None:
-    load(
-        [
-            calls(
-                ("lookup", {"item": "tea"}, "p-lookup"),
-                ("charge", {"amount": 5}, "p-charge"),
-                ("browse", {"item": "tea"}, "p-browse"),
-            ),
-            AIMessage(content="bought tea"),
-        ]
-    )
-    async with haltwise.Runtime(sqlite_url) as runtime:
-        handle = await runtime.start(shop, "buy tea", task_id="par")
-        await Kit.entered["charge"].wait(timeout=fw_kit.PATIENCE)
-        await Kit.entered["browse"].wait(timeout=fw_kit.PATIENCE)
-        await handle.cancel(reason="user")
-        Kit.release["charge"].set()
-        cancelled = await handle.outcome()
-        assert cancelled.state is haltwise.State.CANCELLED, cancelled
-        assert sorted(statuses(cancelled)) == [
-            ("browse", "interrupted"),
-            ("charge", "committed"),
-            ("lookup", "committed"),
-            ("model", "committed"),
-        ]
-        Kit.release["browse"].set()
-        load([AIMessage(content="bought tea")])
-        resumed = await (await runtime.resume("par")).outcome()
-    assert resumed.result == "bought tea"
-    assert Kit.effects == {"lookup": 1, "charge": 1, "browse": 1}
+    load([calls(*fw_kit.PARALLEL_CALLS), AIMessage(content="bought tea")])
+    await fw_kit.parallel_calls_cancelled(sqlite_url, shop, last_answer_only)
     assert len(Script.requests) == 1

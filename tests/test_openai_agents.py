@@ -17,7 +17,7 @@ from agents.testing import ModelStep, ScriptedModel, assistant_message, function
 
 import fw_kit
 import haltwise
-from fw_kit import GATED, Kit, statuses
+from fw_kit import GATED, Kit
 from haltwise.integrations.openai_agents import (
     JournaledModel,
     close_dangling,
@@ -137,35 +137,9 @@ def test_close_dangling_says_what_became_of_an_unfinished_call() -> None:
 
 
 async def test_parallel_tool_calls_cancelled_mid_way(sqlite_url: str) -> None:
-    Script.model = ScriptedModel(
-        [
-            [
-                function_call("lookup", {"item": "tea"}, call_id="p-lookup"),
-                function_call("charge", {"amount": 5}, call_id="p-charge"),
-                function_call("browse", {"item": "tea"}, call_id="p-browse"),
-            ],
-            [assistant_message("bought tea")],
-        ]
-    )
-    async with haltwise.Runtime(sqlite_url) as runtime:
-        handle = await runtime.start(shop, "buy tea", task_id="par")
-        await Kit.entered["charge"].wait(timeout=fw_kit.PATIENCE)
-        await Kit.entered["browse"].wait(timeout=fw_kit.PATIENCE)
-        await handle.cancel(reason="user")
-        Kit.release["charge"].set()
-        cancelled = await handle.outcome()
-        assert cancelled.state is haltwise.State.CANCELLED, cancelled
-        assert sorted(statuses(cancelled)) == [
-            ("browse", "interrupted"),
-            ("charge", "committed"),
-            ("lookup", "committed"),
-            ("model", "committed"),
-        ]
-        Kit.release["browse"].set()
-        Script.model = ScriptedModel([[assistant_message("bought tea")]])
-        resumed = await (await runtime.resume("par")).outcome()
-    assert resumed.result == "bought tea"
-    assert Kit.effects == {"lookup": 1, "charge": 1, "browse": 1}
+    first = [function_call(name, args, call_id=cid) for name, args, cid in fw_kit.PARALLEL_CALLS]
+    Script.model = ScriptedModel([first, [assistant_message("bought tea")]])
+    await fw_kit.parallel_calls_cancelled(sqlite_url, shop, last_answer_only)
     assert len(Script.model.calls) == 1
 
 
@@ -179,10 +153,7 @@ async def test_the_sdks_own_cancel_is_a_haltwise_cancel_and_finish_is_honoured(
         Script.streams[0].cancel()  # the SDK's own immediate cancel
         Kit.release["charge"].set()
         outcome = await handle.outcome()
-    assert outcome.state is haltwise.State.CANCELLED, outcome
-    assert outcome.reason == "host"
-    assert statuses(outcome)[-1] == ("charge", "committed")
-    assert Kit.effects == {"lookup": 1, "charge": 1}
+    fw_kit.assert_host_cancel_honoured_finish(outcome)
     # the conversation the SDK kept: every call has a result, the committed one its own
     items = close_dangling(Script.streams[0].to_input_list(), outcome)
     outputs = {i["call_id"]: i["output"] for i in items if i.get("type") == "function_call_output"}
