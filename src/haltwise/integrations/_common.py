@@ -2,8 +2,7 @@
 
 The adapters use the public ``haltwise`` API, with one exception: :func:`cancel_run_for_host`
 reaches the current run's :class:`~haltwise.Runtime` through the run context, because the public
-API offers no way for code inside a run to request a cancel of that run without raising (and a
-framework that swallows exceptions in its own tasks would lose a raised ``Cancelled``).
+API offers no way for code inside a run to request a cancel of that run without raising.
 
 Every adapter module starts with :func:`require`, so that importing it without its framework
 installed raises :class:`MissingExtraError` (an :class:`ImportError` *and* a
@@ -102,13 +101,14 @@ async def journaled(fn: Callable[[], Awaitable[T]], *, name: str, **policy: Any)
 
 
 async def cancel_run_for_host() -> None:
-    """A cancel the framework itself made reached a haltwise step: cancel the run, reason ``host``.
+    """Cancel the current run with reason ``host``: the framework stopped the agent quietly.
 
-    Called by the adapters when an ``asyncio.CancelledError`` that haltwise did not request
-    leaves a step (the step has already settled by its policy): the framework is stopping the
-    agent, so the run is recorded ``cancelling`` at once and ends ``cancelled`` instead of
-    ``completed`` with whatever the framework returns. Does nothing outside a task or when a
-    cancel is already requested. Shielded: it completes although the caller is being cancelled.
+    For a framework whose own cancel raises nothing into the task (the Agents SDK's streamed
+    ``cancel()`` just ends the stream): the run is recorded ``cancelling`` at once and ends
+    ``cancelled`` instead of ``completed`` with whatever the framework returns. (A framework
+    cancel that raises into the task, or reaches a step, is the core's host-cancel rule.) Does
+    nothing outside a task or when a cancel is already requested. Shielded: it completes although
+    the caller is being cancelled.
     """
     run = current_run()
     if run is None or haltwise.cancel_requested():

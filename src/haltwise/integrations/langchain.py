@@ -55,7 +55,6 @@ import haltwise  # noqa: E402
 from ._common import (  # noqa: E402
     MODEL_STEP,
     call_id,
-    cancel_run_for_host,
     journaled,
     model_request,
 )
@@ -86,7 +85,6 @@ def tool(haltwise_tool: haltwise.Tool[..., Any]) -> BaseTool:
             raise
         except asyncio.CancelledError:
             await remember_from_journal(tool_call_id or "")
-            await cancel_run_for_host()
             raise
         if tool_call_id:
             remember_committed(tool_call_id, value)
@@ -141,11 +139,7 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
             response = await handler(request)
             return [message_to_dict(message) for message in response.result]
 
-        try:
-            data = await model_request(ask, name=self.step_name)
-        except asyncio.CancelledError:
-            await cancel_run_for_host()
-            raise
+        data = await model_request(ask, name=self.step_name)
         return ModelResponse(result=messages_from_dict(data))
 
     async def awrap_tool_call(
@@ -154,14 +148,10 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
         handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
     ) -> ToolMessage | Command[Any]:
         ours = request.tool is not None and bool((request.tool.metadata or {}).get(_MARK))
-        try:
-            with call_id(request.tool_call.get("id")):
-                if ours:
-                    return await handler(request)
-                return await _foreign_tool_step(request, handler)
-        except asyncio.CancelledError:
-            await cancel_run_for_host()
-            raise
+        with call_id(request.tool_call.get("id")):
+            if ours:
+                return await handler(request)
+            return await _foreign_tool_step(request, handler)
 
 
 async def _foreign_tool_step(

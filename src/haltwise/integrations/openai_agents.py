@@ -86,7 +86,6 @@ def function_tool(tool: haltwise.Tool[..., Any]) -> FunctionTool:
             raise
         except asyncio.CancelledError:
             await remember_from_journal(ctx.tool_call_id)
-            await cancel_run_for_host()
             raise
         except haltwise.HaltwiseError:
             raise
@@ -143,11 +142,7 @@ class JournaledModel(Model):
         )
 
     async def _journaled(self, ask: Any) -> Any:
-        try:
-            return await model_request(ask, name=self.name)
-        except asyncio.CancelledError:
-            await cancel_run_for_host()
-            raise
+        return await model_request(ask, name=self.name)
 
     async def close(self) -> None:
         await self.model.close()
