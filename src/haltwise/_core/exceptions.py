@@ -132,17 +132,32 @@ class StepTimeoutError(HaltwiseError):
 
 
 class NonDeterminismError(HaltwiseError):
-    """On replay the task asked for a different tool at a step index than the journal holds."""
+    """On replay the task made a different call at a step than the journal holds.
 
-    def __init__(self, task_id: str, index: int, journaled: str, requested: str) -> None:
+    ``what`` says what differs: ``"tool"`` (``journaled`` and ``requested`` are the two tool
+    names) or ``"arguments"`` (the same tool, called with arguments whose fingerprint differs
+    from the journal's; the arguments themselves are never put in the message).
+    """
+
+    def __init__(
+        self, task_id: str, index: int, journaled: str, requested: str, *, what: str = "tool"
+    ) -> None:
+        if what == "arguments":
+            detail = (
+                f"step {index} ({journaled}) is called with other arguments than the journal holds"
+            )
+        else:
+            detail = (
+                f"step {index} is {journaled!r} in the journal but the task now calls {requested!r}"
+            )
         super().__init__(
-            f"run {task_id!r}: step {index} is {journaled!r} in the journal but the task now "
-            f"calls {requested!r}; the task is not deterministic on resume",
+            f"run {task_id!r}: {detail}; the task is not deterministic on resume",
             task_id=task_id,
         )
         self.index = index
         self.journaled = journaled
         self.requested = requested
+        self.what = what
 
 
 class UnknownStepError(HaltwiseError):

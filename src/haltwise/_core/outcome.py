@@ -63,6 +63,10 @@ class StepRecord:
     #: made after a cancel was delivered (cleanup inside ``haltwise.shield``): part of that
     #: cancellation, so a resume does not replay it and numbers its own steps around it
     cleanup: bool = False
+    #: the tool-call id it was made under (``haltwise.call_id``): a replay matches it by this
+    call_id: str | None = None
+    #: a fingerprint of its arguments: a replay with other arguments is non-deterministic
+    fingerprint: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,9 +92,22 @@ def retry_advice(state: State, steps: Sequence[StepRecord]) -> Retry:
         return Retry.RESUME
     if any(s.status is StepStatus.UNKNOWN and not s.idempotent for s in steps):
         return Retry.RECONCILE
-    if any(s.status is StepStatus.COMMITTED and s.effect.repeats_harm for s in steps):
+    if any(_restart_repeats(step) for step in steps):
         return Retry.RESUME
     return Retry.RESTART
+
+
+def _restart_repeats(step: StepRecord) -> bool:
+    """Would a new run (new idempotency keys) repeat this step's effect on the world?
+
+    A committed write or external call would run again; so would an ``unknown`` one of an
+    idempotent tool, whose key protects a resume but not a restart.
+    """
+    if not step.effect.repeats_harm:
+        return False
+    return step.status is StepStatus.COMMITTED or (
+        step.status is StepStatus.UNKNOWN and step.idempotent
+    )
 
 
 @dataclass(frozen=True, slots=True)
