@@ -700,7 +700,10 @@ SELECT %s::text, %s::integer, %s::text, %s::text, %s::text, %s::boolean, 'runnin
 FROM run
 ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = s.attempts + 1,
     result = NULL, error = NULL, args = excluded.args, started_at = excluded.started_at,
-    settled_at = NULL, call_id = excluded.call_id, fingerprint = excluded.fingerprint
+    settled_at = NULL, call_id = excluded.call_id, fingerprint = excluded.fingerprint,
+    errors = CASE WHEN s.error IS NULL THEN s.errors ELSE (coalesce(s.errors, '[]')::jsonb
+        || jsonb_build_array(s.error::jsonb || jsonb_build_object('attempt', s.attempts)))::text
+        END
 RETURNING s.attempts, (SELECT state FROM run) AS state, (SELECT reason FROM run) AS reason,
     (SELECT force FROM run) AS force
 """

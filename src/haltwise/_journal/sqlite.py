@@ -81,7 +81,9 @@ SELECT ?, ?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?
 WHERE EXISTS (SELECT 1 FROM runs WHERE id = ? AND owner_token = ?)
 ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = attempts + 1,
     result = NULL, error = NULL, args = excluded.args, started_at = excluded.started_at,
-    settled_at = NULL, call_id = excluded.call_id, fingerprint = excluded.fingerprint
+    settled_at = NULL, call_id = excluded.call_id, fingerprint = excluded.fingerprint,
+    errors = CASE WHEN error IS NULL THEN errors ELSE json_insert(coalesce(errors, '[]'), '$[#]',
+        json_set(json(error), '$.attempt', attempts)) END
 RETURNING attempts, (SELECT state = 'cancelling' FROM runs WHERE id = steps.run_id)
 """
 
