@@ -44,7 +44,8 @@ demo: install
 
 # The benchmarks run in their own venv: the peers they compare haltwise with (DBOS Transact,
 # LangGraph's SQLite checkpointer) and matplotlib are never dependencies of the project. The
-# postgres extra is for the fleet benchmark (PostgreSQL beside SQLite).
+# postgres extra is for the fleet benchmark (PostgreSQL beside SQLite), the framework extras for
+# the adapters' benchmark.
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 BENCH_PACKAGES := dbos langgraph langgraph-checkpoint-sqlite matplotlib
@@ -53,7 +54,7 @@ $(BENCH_VENV):
 	$(PYTHON) -m venv $(BENCH_VENV)
 
 $(BENCH_STAMP): pyproject.toml Makefile | $(BENCH_VENV)
-	$(BENCH_VENV)/bin/python -m pip install -q -e '.[postgres]' $(BENCH_PACKAGES)
+	$(BENCH_VENV)/bin/python -m pip install -q -e '.[postgres,openai-agents,pydantic-ai,langchain,mcp]' $(BENCH_PACKAGES)
 	touch $@
 
 bench: $(BENCH_STAMP)

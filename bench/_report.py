@@ -8,6 +8,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
@@ -42,3 +43,45 @@ def header(title: str) -> str:
         f"- machine: {platform.machine()}, {platform.system()} {platform.release()}, "
         f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}\n"
     )
+
+
+def throughput_plot(
+    series: Sequence[tuple[str, Sequence[int], Sequence[float], dict[str, str]]],
+    runs: Sequence[int],
+    ceiling: tuple[float, str, int, str],
+    xlabel: str,
+    title: str,
+    path: Path,
+) -> str:
+    """Plot steps per second against concurrent runs, log-log: each ``(label, runs, rates,
+    line style)`` of ``series``, and the one-commit ceiling ``(steps/s, by what, the target's
+    multiple, at how many runs)`` with its target as lines; save to ``path``. Returns what it
+    did (matplotlib may be missing: it is in the benchmark venv only)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed here (make bench installs it): no plot"
+    figure, axes = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+    for label, xs, ys, style in series:
+        axes.plot(xs, ys, label=label, **style)
+    roof, by, multiple, at = ceiling
+    axes.axhline(roof, color="grey", linestyle="--", label=f"one commit per step ({by})")
+    axes.axhline(
+        multiple * roof, color="grey", linestyle=":", label=f"{multiple}x that (the target at {at})"
+    )
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xticks(runs, [f"{n:,}" for n in runs])
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel("durable steps per second (all runs)")
+    axes.set_title(title)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+    return f"plot written to {path}"

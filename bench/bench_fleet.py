@@ -223,16 +223,20 @@ class Stores:
             self.pg_missing = f"{error}: pip install 'haltwise[postgres]'"
             return
         try:
-            server = PostgresServer()
+            server = PostgresServer(durable=True)
             server.start()
         except (PostgresUnavailable, RuntimeError) as error:
             self.pg_missing = str(error)
             return
         self.server = server
         with psycopg.connect(server.dsn, autocommit=True) as conn:
-            for setting in ("fsync", "full_page_writes"):
-                conn.execute(f"ALTER SYSTEM SET {setting} = on")
-            conn.execute("SELECT pg_reload_conf()")
+            # Read back, not assumed: an ALTER SYSTEM cannot override the server's command line
+            # (the fleet numbers before 2026-12-01 were measured with fsync off because of it).
+            settings = [("fsync", "on"), ("full_page_writes", "on"), ("synchronous_commit", "on")]
+            for name, expected in settings:
+                found = conn.execute(f"SHOW {name}").fetchone()
+                if not found or found[0] != expected:
+                    raise RuntimeError(f"the benchmark server has {name}={found}, not {expected}")
             row = conn.execute("SHOW server_version").fetchone()
             self.pg_version = str(row[0]) if row else "?"
 

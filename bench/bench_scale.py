@@ -32,11 +32,12 @@ from typing import Any
 
 import anyio
 from _peer_haltwise import trivial_run
-from _report import header, median, table
+from _report import header, median, table, throughput_plot
 from bench_core import raw_loop
 
 import haltwise
-from haltwise._journal.sqlite import _CACHE_KIB, _PAGE_SIZE, _SCHEMA, _SETTLE_STEP, _START_STEP
+from haltwise._journal.schema import SQLITE, create_statements
+from haltwise._journal.sqlite import _CACHE_KIB, _PAGE_SIZE, _SETTLE_STEP, _START_STEP
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 EFFECTS = ("none", "write")
@@ -73,7 +74,7 @@ def sql_alone(path: Path, runs: int, steps_: int) -> float:
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
-    for statement in filter(str.strip, _SCHEMA.split(";")):
+    for statement in create_statements(SQLITE):
         conn.execute(statement)
     ids = [f"run-{k}" for k in range(runs)]
     conn.executemany(
@@ -103,36 +104,28 @@ def ceiling(base: Path, repeat: int, commits: int = 1000) -> float:
 
 
 def plot(report: dict[str, Any], path: Path) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed here (make bench installs it): no plot"
     runs = report["runs"]
-    figure, axes = plt.subplots(figsize=(7.5, 4.5), dpi=120)
-    for effect, marker in zip(EFFECTS, ("o", "s"), strict=True):
-        rates = [cell["median"] for cell in report["cells"][effect]]
-        axes.plot(runs, rates, marker=marker, label=f'haltwise, effect="{effect}"')
+    series: list[tuple[str, list[int], list[float], dict[str, str]]] = [
+        (
+            f'haltwise, effect="{effect}"',
+            runs,
+            [cell["median"] for cell in report["cells"][effect]],
+            {"marker": marker},
+        )
+        for effect, marker in zip(EFFECTS, ("o", "s"), strict=True)
+    ]
     alone = [cell["median"] for cell in report["cells"]["sql_alone"]]
-    axes.plot(runs, alone, marker="^", linestyle="-.", label="haltwise's SQL alone (no runtime)")
-    roof = report["ceiling_steps_per_s"]
-    axes.axhline(roof, color="grey", linestyle="--", label="one commit per step (raw sqlite3)")
-    axes.axhline(10 * roof, color="grey", linestyle=":", label="10x that (the target at 1,000)")
-    axes.set_xscale("log")
-    axes.set_yscale("log")
-    axes.set_xticks(runs, [f"{n:,}" for n in runs])
-    axes.set_xlabel(f"concurrent runs in one process ({report['steps']} steps each)")
-    axes.set_ylabel("durable steps per second (all runs)")
-    axes.set_title("haltwise on SQLite (WAL, synchronous=FULL): throughput vs concurrency")
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
-    plt.close(figure)
-    return f"plot written to {path}"
+    series.append(
+        ("haltwise's SQL alone (no runtime)", runs, alone, {"marker": "^", "linestyle": "-."})
+    )
+    return throughput_plot(
+        series,
+        runs,
+        (report["ceiling_steps_per_s"], "raw sqlite3", 10, "1,000"),
+        f"concurrent runs in one process ({report['steps']} steps each)",
+        "haltwise on SQLite (WAL, synchronous=FULL): throughput vs concurrency",
+        path,
+    )
 
 
 def main() -> None:

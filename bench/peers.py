@@ -104,6 +104,11 @@ def measure(row: Row, kind: str, db: Path, count: int) -> dict[str, Any]:
     done = subprocess.run(
         [*command, str(db), str(count)], capture_output=True, text=True, timeout=600
     )
+    return worker_result(done)
+
+
+def worker_result(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The JSON a worker process printed last, or ``{"error": its last line of stderr}``."""
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         errors = done.stderr.strip().splitlines()
@@ -113,9 +118,9 @@ def measure(row: Row, kind: str, db: Path, count: int) -> dict[str, Any]:
     return found
 
 
-def versions() -> dict[str, str]:
+def versions(packages: list[str] | tuple[str, ...] = tuple(PACKAGES)) -> dict[str, str]:
     found = {}
-    for package in PACKAGES:
+    for package in packages:
         try:
             found[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
@@ -149,17 +154,23 @@ def cancel_section(base: Path, trials: int) -> list[dict[str, Any]]:
         found = measure(row, "cancel", base / f"cancel-{n}.db", trials)
         entry: dict[str, Any] = {"system": row.label, "variant": row.variant, **found}
         if "trials" in found:
-            runs = found["trials"]
-            for name in ("told", "final", "stopped"):
-                values = [t[name] for t in runs]
-                entry[f"{name}_p50_ms"] = percentile(values, 0.5) * 1e3
-                entry[f"{name}_p95_ms"] = percentile(values, 0.95) * 1e3
-            for name in ("rerun_committed", "completed_twice"):
-                entry[f"{name}_total"] = sum(t[name] for t in runs)
-                entry[f"{name}_trials"] = sum(1 for t in runs if t[name])
-            entry["resumed_all"] = all(t["resumed"] for t in runs)
+            entry.update(summarise_trials(found["trials"]))
         results.append(entry)
     return results
+
+
+def summarise_trials(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """p50/p95 of each cancel trial's times (ms) and the totals of what ran again."""
+    entry: dict[str, Any] = {}
+    for name in ("told", "final", "stopped"):
+        values = [t[name] for t in runs]
+        entry[f"{name}_p50_ms"] = percentile(values, 0.5) * 1e3
+        entry[f"{name}_p95_ms"] = percentile(values, 0.95) * 1e3
+    for name in ("rerun_committed", "completed_twice"):
+        entry[f"{name}_total"] = sum(t[name] for t in runs)
+        entry[f"{name}_trials"] = sum(1 for t in runs if t[name])
+    entry["resumed_all"] = all(t["resumed"] for t in runs)
+    return entry
 
 
 def _fastest(rows: list[dict[str, Any]], prefix: str) -> dict[str, Any] | None:
@@ -246,9 +257,32 @@ def print_tables(report: dict[str, Any], steps: int, repeat: int, trials: int) -
         f"\n2-3. Cancel, then resume: runs of 10 steps x 50 ms cancelled at random moments, "
         f"{trials} trials (ms from the cancel call):\n"
     )
+    print(cancel_table(report["cancel"]))
+    print(
+        "\nTargets (ratios in this run; per-step ratios are medians of the per-repetition "
+        "ratios):\n"
+    )
+    rows = [
+        [t["target"], t["goal"], t["value"], "met" if t["met"] else "MISSED"]
+        for t in report["targets"]
+    ]
+    print(table(["target", "goal", "measured", ""], rows))
+    overhead = report["overhead"]
+    ours = next((r for r in overhead if r["variant"] == "none"), None)
+    small_pages = next((r for r in overhead if r["variant"] == "FULL-1024"), None)
+    beside = _paired(ours, small_pages)
+    if beside is not None:
+        print(
+            f"\nNot a target, for reading the third: haltwise / the raw loop with 1 KiB pages "
+            f"(haltwise's page size) = {beside:.2f}x"
+        )
+
+
+def cancel_table(entries: list[dict[str, Any]]) -> str:
+    """The cancel-then-resume table of :func:`summarise_trials` entries."""
     rows = []
-    for r in report["cancel"]:
-        if "trials" not in r:
+    for r in entries:
+        if "told_p50_ms" not in r:
             rows.append([r["system"], "not run: " + r.get("error", "?"), *["-"] * 5])
             continue
         rows.append(
@@ -271,25 +305,7 @@ def print_tables(report: dict[str, Any], steps: int, repeat: int, trials: int) -
         "steps completed twice",
         "resume completed",
     ]
-    print(table(headers, rows))
-    print(
-        "\nTargets (ratios in this run; per-step ratios are medians of the per-repetition "
-        "ratios):\n"
-    )
-    rows = [
-        [t["target"], t["goal"], t["value"], "met" if t["met"] else "MISSED"]
-        for t in report["targets"]
-    ]
-    print(table(["target", "goal", "measured", ""], rows))
-    overhead = report["overhead"]
-    ours = next((r for r in overhead if r["variant"] == "none"), None)
-    small_pages = next((r for r in overhead if r["variant"] == "FULL-1024"), None)
-    beside = _paired(ours, small_pages)
-    if beside is not None:
-        print(
-            f"\nNot a target, for reading the third: haltwise / the raw loop with 1 KiB pages "
-            f"(haltwise's page size) = {beside:.2f}x"
-        )
+    return table(headers, rows)
 
 
 def main() -> None:

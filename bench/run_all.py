@@ -1,8 +1,9 @@
 """Run every benchmark in sequence with this interpreter (``make bench``: the benchmark venv).
 
 The order: core overheads, cross-process cancel, the peers (DBOS, LangGraph), throughput at
-scale, the fleet benchmark when ``bench/bench_fleet.py`` exists, then any other
-``bench/bench_*.py`` (by name), so that a new benchmark is never left out. Each runs in its own
+scale, the fleet benchmark when ``bench/bench_fleet.py`` exists, PostgreSQL beside DBOS
+(``bench_postgres.py``), then any other ``bench/bench_*.py`` (by name), so that a new benchmark
+is never left out. Each runs in its own
 process; one that fails does not stop the others, and the exit code is 1 if any failed.
 
 usage: python bench/run_all.py [--quick]   (--quick: fewer steps and trials, for a smoke run)
@@ -31,6 +32,27 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
         ["--runs", "1,10,100", "--repeat", "1", "--json", "{tmp}/t.json", "--png", "{tmp}/t.png"],
     ),
     ("bench_fleet.py", [], []),
+    (
+        "bench_postgres.py",
+        [],
+        [
+            "--steps",
+            "50",
+            "--repeat",
+            "1",
+            "--trials",
+            "3",
+            "--runs",
+            "1,10",
+            "--scale-repeat",
+            "1",
+            "--json",
+            "{tmp}/pg.json",
+            "--png",
+            "{tmp}/pg.png",
+        ],
+    ),
+    ("bench_integrations.py", [], ["--calls", "3", "--runs", "3"]),
 ]
 
 

@@ -105,6 +105,15 @@ def world_counts() -> tuple[list[Any], list[Any], int]:
     return ledger, outbox, int(notes)
 
 
+#: What each policy does to the call a cancel finds in flight (CONTRACT.md, "Tool policies").
+WHY = {
+    "interruptible": "the call was interrupted at once, and runs again on resume",
+    "finish": "the call was let finish within its grace, and its result kept",
+    "rollback": "the call was interrupted, then its compensation undid it",
+    None: "an undeclared tool behaves as finish",
+}
+
+
 def main() -> int:
     shutil.rmtree(OUT, ignore_errors=True)
     OUT.mkdir()
@@ -138,6 +147,11 @@ def main() -> int:
     print(haltwise("status", RUN_ID).stdout.rstrip())
     stopped = status()
     assert stopped["state"] == "cancelled", stopped
+    settled = next(s for s in stopped["steps"] if s["index"] == flying["index"])
+    print(
+        f"   step {settled['index']} ({settled['tool']}) ended {settled['status']} because its "
+        f"policy is {settled['cancel'] or 'undeclared'}: {WHY[settled['cancel']]}"
+    )
 
     say(
         "4. Resume: committed steps replay from the journal, nothing is asked twice",

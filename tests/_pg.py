@@ -63,9 +63,16 @@ def _free_port() -> int:
 
 
 class PostgresServer:
-    """One PostgreSQL cluster, started by :meth:`start` and removed by :meth:`stop`."""
+    """One PostgreSQL cluster, started by :meth:`start` and removed by :meth:`stop`.
 
-    def __init__(self) -> None:
+    The tests' server does not sync to disk (``fsync=off``, ``full_page_writes=off``: a crash of
+    the machine is not what they test); ``durable=True`` (the benchmarks) keeps PostgreSQL's
+    durable defaults. These are given on the server's command line, which no ``ALTER SYSTEM``
+    overrides.
+    """
+
+    def __init__(self, *, durable: bool = False) -> None:
+        self.durable = durable
         self.bin_dir = find_bin_dir()
         self.as_postgres = os.geteuid() == 0
         # mkdtemp under /tmp: mode 0700 but owned by whoever runs the server, and /tmp itself
@@ -109,13 +116,14 @@ class PostgresServer:
             "--no-locale",
             "--no-sync",
         )
+        sync = "on" if self.durable else "off"
         # A free port can be taken between choosing and binding it: try a few.
         for attempt in range(5):
             self.port = _free_port()
             options = (
                 f"-c listen_addresses=127.0.0.1 -c port={self.port} "
                 f"-c unix_socket_directories={self.base} -c max_connections=300 "
-                "-c fsync=off -c full_page_writes=off -c synchronous_commit=on"
+                f"-c fsync={sync} -c full_page_writes={sync} -c synchronous_commit=on"
             )
             try:
                 self._run(

@@ -12,11 +12,13 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from _pg import PostgresServer, create_database
 from test_cli import AGENT, PATIENCE, Env, error_line
 
 
@@ -98,6 +100,12 @@ def test_a_busy_timeout_that_is_no_usable_number_is_refused(env: Env, timeout: s
         assert "busy_timeout" in error_line(env.hw(*args, "--store", url))
 
 
+@pytest.mark.parametrize("concurrency", ["0", "-1", "10001", "99999999999999999999", "x"])
+def test_a_worker_concurrency_out_of_range_is_exit_2(env: Env, concurrency: str) -> None:
+    """Found by the sweep: a 20-digit concurrency overflowed SQLite's integer (a traceback)."""
+    assert "--concurrency" in error_line(env.hw("worker", "agent.py", "--concurrency", concurrency))
+
+
 # -- item 8: COLUMNS that rich cannot use --------------------------------------------------------
 
 
@@ -119,6 +127,17 @@ def test_an_unusable_terminal_width_still_prints_everything(env: Env, columns: s
         assert done.returncode == 0, done.stderr
         assert expected in done.stdout, (args, done.stdout)
         assert max(map(len, done.stdout.splitlines())) <= 1000
+
+
+def test_at_80_columns_tool_names_are_not_cut_in_two(env: Env) -> None:
+    """Issue 15, item 23: the steps table used to fold ``send_email`` into two lines."""
+    env.release("send_email")
+    extra = {"COLUMNS": "80"}
+    ran = hw_with(env, extra, "run", "agent.py:flow", "--input", '{"policy": "finish"}')
+    assert ran.returncode == 0, ran.stderr
+    for tool in ("search", "record", "send_email"):
+        assert tool in ran.stdout
+    assert max(map(len, ran.stdout.splitlines())) <= 80
 
 
 # -- item 9: terminal escapes from the journal -------------------------------------------------
@@ -209,3 +228,35 @@ def test_read_only_commands_do_not_wait_behind_another_writer(env: Env) -> None:
     assert answers["status"]["state"] == "completed"
     assert [run["id"] for run in answers["list"]["runs"]] == ["r1"]
     assert answers["check"]["ok"] is True
+
+
+# -- item 11: a PostgreSQL outage ------------------------------------------------------------
+
+
+def test_a_postgres_outage_prints_one_line_and_no_driver_log_noise(tmp_path: Path) -> None:
+    """The server of a run in flight goes down: the run stops with the one clear line (its last
+    durable state standing), without the pool's twenty lines of reconnection logs before it."""
+    server = PostgresServer()
+    server.start()
+    try:
+        url = create_database(server.dsn)
+        (tmp_path / "agent.py").write_text(AGENT)
+        env = Env(tmp_path)
+        environ = {**env.environ(), "HALTWISE_STORE": url}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "haltwise", "run", "agent.py:flow", "--input",
+             '{"policy": "interruptible"}', "--json"],
+            cwd=tmp_path, env=environ, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        deadline = time.monotonic() + PATIENCE
+        while "record:cats" not in env.effects():
+            assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+            time.sleep(0.01)
+        server._run("pg_ctl", "stop", "-m", "immediate", "-w", "-D", str(server.data))
+        env.release("think")
+        out, err = process.communicate(timeout=PATIENCE * 3)
+    finally:
+        server.stop()
+    done = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    assert "could not be written" in error_line(done)

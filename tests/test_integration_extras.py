@@ -13,7 +13,10 @@ from haltwise.integrations._common import MissingExtraError, require
 
 #: integration module -> (the framework module it needs, the extra that installs it)
 INTEGRATIONS = {
+    "langchain": ("langchain.agents", "langchain"),
     "mcp": ("mcp", "mcp"),
+    "openai_agents": ("agents", "openai-agents"),
+    "pydantic_ai": ("pydantic_ai", "pydantic-ai"),
 }
 
 

@@ -46,6 +46,8 @@ async def until_released(name):
 
 @haltwise.tool(cancel="interruptible", effect="read")
 async def search(query: str) -> list:
+    if query == "boom":
+        raise ValueError("no such topic")
     effect("search")
     return [query + "-a", query + "-b"]
 
@@ -197,14 +199,26 @@ async def test_the_clients_cancel_is_a_haltwise_cancel_and_finish_is_honoured(
             haltwise.StepStatus.COMMITTED,
         ]
         assert effects(served.parent) == ["search", "charge"]
-        # the same key again: the cancelled run answers, as an MCP error result
+        # the same key again: the cancelled run is resumed; the committed charge is replayed
         answer = await session.call_tool("research", {"topic": "dogs"}, meta=key("c1"))
+    assert not answer.is_error
+    assert answer.structured_content == {
+        "result": {"hits": ["dogs-a", "dogs-b"], "receipt": "charged 5"}
+    }
+    assert effects(served.parent) == ["search", "charge"]
+    assert (await status(served, "c1")).state is haltwise.State.COMPLETED
+
+
+async def test_a_failed_run_answers_with_an_error_result_naming_state_and_retry(
+    served: Path,
+) -> None:
+    async with mcp_session(served) as session:
+        answer = await session.call_tool("research", {"topic": "boom"}, meta=key("f1"))
     assert answer.is_error
     text = answer.content[0].text  # type: ignore[union-attr]
-    assert text == "run 'c1' cancelled, reason 'client'; retry: resume"
+    assert text == "run 'f1' failed: ValueError: no such topic; retry: restart"
     assert answer.meta is not None
-    assert answer.meta["haltwise/outcome"]["state"] == "cancelled"
-    assert effects(served.parent) == ["search", "charge"]
+    assert answer.meta["haltwise/outcome"]["state"] == "failed"
 
 
 async def test_bad_arguments_are_an_error_result_not_a_run(served: Path) -> None:

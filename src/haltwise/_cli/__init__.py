@@ -7,6 +7,7 @@ another for its side effects. Shared options and exit codes live in :mod:`.base`
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -51,8 +52,15 @@ for _command in (
     cli.add_command(_command)
 
 
+#: Loggers whose records are not for the command line's user: psycopg_pool logs every failed
+#: reconnection during a PostgreSQL outage (some twenty lines before the one clear error).
+QUIET_LOGGERS = ("psycopg.pool",)
+
+
 def run_cli(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         code = cli.main(args=argv, prog_name="haltwise", standalone_mode=False)
     except click.UsageError as error:

@@ -52,11 +52,16 @@ def submit_command(
     return 0
 
 
+#: The most runs one worker may work at a time (a bigger number is a typo, and overflowed the
+#: store's integer when it was passed on as a query limit).
+MAX_CONCURRENCY = 10_000
+
+
 @click.command("worker")
 @click.argument("file", metavar="FILE.py")
 @click.option(
     "--concurrency",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_CONCURRENCY),
     default=4,
     show_default=True,
     help="How many runs to work at a time.",

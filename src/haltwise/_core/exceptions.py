@@ -20,6 +20,7 @@ Cancellation is not an error, so it stands outside the error tree::
         ├── StoreError            the store is unusable: bad URL, not a haltwise store, I/O error
         │   ├── SchemaVersionError  the store was written by a newer haltwise
         │   ├── NoStoreError      a read-only opening found no store at that place (.url)
+        │   ├── StoreGoneError    the store's file was deleted or replaced while in use
         │   └── CorruptRowError   a journal row does not parse (.rows: which, .readable: the rest)
         ├── NotInTaskError        emit()/checkpoint()/idempotency_key() outside a task or tool
         ├── LoadError             a FILE.py or module cannot be loaded, or has no such task
@@ -205,6 +206,15 @@ class NoStoreError(StoreError):
     def __init__(self, url: str) -> None:
         super().__init__(f"there is no store at {url}")
         self.url = url
+
+
+@final
+class StoreGoneError(StoreError):
+    """The SQLite store's file was deleted or replaced while this process had it open.
+
+    Nothing written after that is durable anywhere another process can see, so every later
+    operation of the store raises this, and the runtime stops its runs at once.
+    """
 
 
 @final

@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import anyio
 
-from .._core.exceptions import NoStoreError, StoreError, UnknownRunError
+from .._core.exceptions import NoStoreError, StoreError, StoreGoneError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
@@ -172,6 +172,7 @@ class SQLiteStore:
         self._watch: sqlite3.Connection | None = None
         self._data_version = 0
         self._changes = 0  # changes of data_version seen by any waiter
+        self._identity: tuple[int, int] | None = None  # (device, inode) of the file as opened
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -186,6 +187,7 @@ class SQLiteStore:
         await self._writer.start()
         self._watch = self._connect()
         self._data_version = self._read_data_version()
+        self._identity = _file_identity(self.path)
 
     def _make_directory(self) -> None:
         try:
@@ -593,22 +595,49 @@ class SQLiteStore:
         while self._changes == start and time.monotonic() < deadline:
             self._writer.flush_deferred(older_than=_POLL_INTERVAL)
             await anyio.sleep(min(_POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
+            self._check_file()
             version = self._read_data_version()
             if version != self._data_version:
                 self._data_version = version
                 self._changes += 1
         return self._changes
 
+    def _check_file(self) -> None:
+        """Raise :class:`StoreGoneError` (for good) if the store's file was deleted or replaced.
+
+        SQLite goes on writing to a deleted file it holds open: without this, a run would end
+        ``completed`` with nothing durable, and no other process could see or cancel it.
+        """
+        if self._writer.lost is None and _file_identity(self.path) != self._identity:
+            self._writer.lost = StoreGoneError(
+                f"store {self.path}: the file was deleted or replaced while in use; nothing "
+                "written since is durable"
+            )
+        if self._writer.lost is not None:
+            raise self._writer.lost
+
     def _read_data_version(self) -> int:
+        """``PRAGMA data_version`` on the watch connection. A failure is raised (as
+        :class:`StoreError`), never swallowed: a stale version would freeze the detection of
+        other processes' changes (their cancels) without anyone noticing."""
         if self._watch is None:
             return 0
         try:
             return int(self._watch.execute("PRAGMA data_version").fetchone()[0])
-        except sqlite3.Error:
-            return self._data_version
+        except sqlite3.Error as error:
+            raise store_error(self.path, error) from None
 
 
 # -- SQL helpers run by the writer thread ------------------------------------------------------
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """``(device, inode)`` of the file at ``path``, None if there is none."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
 
 
 def _load_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:

@@ -144,6 +144,8 @@ class Writer:
         #: monotonic time when _deferred last became non-empty
         self._deferred_since = 0.0
         self._deferred_error: BaseException | None = None
+        #: set once the store's file is gone: every later operation raises it
+        self.lost: StoreError | None = None
         # _lock guards _deferred and _pending (items queued or in the writer's hands);
         # conn_lock guards the one connection, used by the writer or by the fast path.
         self._lock = threading.Lock()
@@ -319,7 +321,10 @@ class Writer:
         """
         if self._thread is None:
             raise StoreError(f"store {self.path} is not open")
-        error, self._deferred_error = self._deferred_error, None
+        if self.lost is not None:
+            raise self.lost
+        with self._lock:  # the writer thread sets it under the same lock: no failure is lost
+            error, self._deferred_error = self._deferred_error, None
         if error is not None:
             raise error
         with self._lock:
@@ -416,7 +421,9 @@ class Writer:
 
     def _deferred_done(self, value: Any, error: BaseException | None) -> None:
         if error is not None:
-            self._deferred_error = error  # raised to the next caller of this writer
+            with self._lock:  # raised to the next caller of this writer; the first one kept
+                if self._deferred_error is None:
+                    self._deferred_error = error
 
     async def call(
         self,

@@ -6,6 +6,7 @@ It knows no store by name (only the :class:`~haltwise._store.Store` interface) a
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 import uuid
@@ -22,6 +23,7 @@ from .._core.exceptions import (
     ResumeRefusedError,
     RunOwnedError,
     StoreError,
+    StoreGoneError,
     UnknownRunError,
 )
 from .._core.outcome import Outcome
@@ -62,7 +64,11 @@ class TaskHandle:
         await self._runtime.unpause(self.id)
 
     async def outcome(self) -> Outcome:
-        """Wait until the run is in a final state and return its outcome (through any pause)."""
+        """Wait until the run is in a final state and return its outcome (through any pause).
+
+        Raises :class:`~haltwise.StoreError`, on every call, if this runtime stopped working the
+        run because its journal could not be written (see :meth:`Runtime.outcome`).
+        """
         return await self._runtime.outcome(self.id)
 
     async def status(self) -> Outcome:
@@ -164,6 +170,7 @@ class Runtime:
         ``FILE.py:TASK``) and the absolute path of the file that defines the task (kept in the
         run's inputs as ``"source"``, so that ``resume`` can load it from any directory).
         ``probe`` is for :mod:`haltwise.testing`: awaited at every cancel point of the run."""
+        self._require_entered()
         if not isinstance(task, Task):
             raise InputError(f"{task!r} is not a @haltwise.task")
         task.bind_inputs(args, kwargs)
@@ -171,7 +178,10 @@ class Runtime:
         source = source or task.source
         if source is not None:
             inputs["source"] = source
-        dump_json(inputs, f"the inputs of task {task.name!r}")
+        # The task sees its inputs as they come back from the journal, from the first attempt
+        # on: a tuple is a list, a dict's int keys are strings, on every attempt alike
+        # (issue 15, item 5), so a resume cannot take another path than the first attempt.
+        inputs = json.loads(dump_json(inputs, f"the inputs of task {task.name!r}"))
         _check_deadline(deadline)
         run_id = task_id if task_id is not None else uuid.uuid4().hex
         if not run_id or not isinstance(run_id, str):
@@ -218,6 +228,7 @@ class Runtime:
         or ``rerun`` (indexes to run again). ``task`` defaults to the task registered under the
         run's recorded name.
         """
+        self._require_entered()
         _check_deadline(deadline)
         done = dict(assume_done or {})
         again = frozenset(rerun or ())
@@ -309,6 +320,7 @@ class Runtime:
         Raises :class:`~haltwise.RunOwnedError` if a live owner holds it or another process
         took it first.
         """
+        self._require_entered()
         snapshot = await self.store.load(task_id)
         if snapshot.run.state.is_final:
             return None
@@ -534,11 +546,17 @@ class Runtime:
         return (await self.store.load(task_id)).outcome()
 
     async def outcome(self, task_id: str) -> Outcome:
-        """Wait for the run to reach a final state and return its outcome."""
+        """Wait for the run to reach a final state and return its outcome.
+
+        Raises :class:`~haltwise.StoreError` if this runtime stopped working the run because
+        its journal could not be written (a full disk, a lost database): every call raises it,
+        until the run is resumed here. A run this runtime does not work is waited for until
+        whoever works it records a final state.
+        """
         ctx = self._active.get(task_id)
         if ctx is not None:
             await ctx.done.wait()
-        broken = self._broken.pop(task_id, None)
+        broken = self._broken.get(task_id)
         if broken is not None:
             raise StoreError(
                 f"run {task_id!r} stopped because its journal could not be written ({broken}); "
@@ -601,9 +619,16 @@ class Runtime:
             rerun=rerun,
         )
 
-    def _launch(self, ctx: RunContext, inputs: dict[str, Any], deadline: float | None) -> None:
+    def _require_entered(self) -> None:
+        """Refuse to run anything before ``async with``: checked before any write, so that no
+        run is left ``running`` in the journal, owned by this live process, that nobody works."""
         if self._task_group is None:
             raise HaltwiseError("use the Runtime as 'async with haltwise.Runtime(...) as rt:'")
+
+    def _launch(self, ctx: RunContext, inputs: dict[str, Any], deadline: float | None) -> None:
+        self._require_entered()
+        assert self._task_group is not None
+        self._broken.pop(ctx.run_id, None)  # worked again here: a new chance for its journal
         self._active[ctx.run_id] = ctx
         self.store.set_concurrency(len(self._active) + self._side_steps)
         self._wake.set()
@@ -645,11 +670,17 @@ class Runtime:
         """Deliver other processes' cancel requests and renew leases, until the runtime ends.
 
         A store that is unreachable for a while (a lost database connection) is retried: the
-        runs go on meanwhile, and their own writes wait for the store.
+        runs go on meanwhile, and their own writes wait for the store. A store that is gone for
+        good (its file deleted or replaced) stops every run here at once: each ends with that
+        error (see :meth:`outcome`), its last durable state standing.
         """
         while True:
             try:
                 await self._watch_until_error()
+            except StoreGoneError:
+                for ctx in list(self._active.values()):
+                    ctx.request_cancel("store lost", force=True)  # its next write fails
+                await anyio.sleep(0.5)
             except StoreError:
                 await anyio.sleep(0.5)
 

@@ -71,14 +71,12 @@ async def call_tool(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any
         if spec.is_async:
             return await spec.fn(*args, **kwargs)
         return spec.fn(*args, **kwargs)
-    run.raise_if_cancelled()
     if run.probe is not None:
         # The point before a step that is never begun: its index must stay free.
         await _probe(run, "before", run.numbering.peek(CALL_ID.get()))
-        run.raise_if_cancelled()
     if run.pause.requested:
         await pause_point(run)
-        run.raise_if_cancelled()
+    run.raise_if_cancelled()
     flight = _Flight(run, spec, args, kwargs)
     try:
         result = await flight.perform()

@@ -1,5 +1,10 @@
 """What the framework adapters share: the missing-extra error and the journaled step helpers.
 
+The adapters use the public ``haltwise`` API, with one exception: :func:`cancel_run_for_host`
+reaches the current run's :class:`~haltwise.Runtime` through the run context, because the public
+API offers no way for code inside a run to request a cancel of that run without raising (and a
+framework that swallows exceptions in its own tasks would lose a raised ``Cancelled``).
+
 Every adapter module starts with :func:`require`, so that importing it without its framework
 installed raises :class:`MissingExtraError` (an :class:`ImportError` *and* a
 :class:`~haltwise.HaltwiseError`) naming the extra to install, instead of a bare
@@ -9,11 +14,29 @@ installed raises :class:`MissingExtraError` (an :class:`ImportError` *and* a
 from __future__ import annotations
 
 import importlib
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
 from types import ModuleType
+from typing import Any, TypeVar
+
+import anyio
+
+import haltwise
 
 from .._core.exceptions import HaltwiseError
+from .._runtime.run_context import current_run
 
-__all__ = ["MissingExtraError", "require"]
+__all__ = [
+    "MODEL_STEP",
+    "MissingExtraError",
+    "call_id",
+    "cancel_run_for_host",
+    "journaled",
+    "model_request",
+    "require",
+]
+
+T = TypeVar("T")
 
 
 class MissingExtraError(HaltwiseError, ImportError):
@@ -44,3 +67,72 @@ def require(integration: str, module: str, extra: str) -> ModuleType:
         if error.name is None or not (error.name == module or module.startswith(error.name + ".")):
             raise
         raise MissingExtraError(integration, module, extra) from None
+
+
+# -- journaled calls -------------------------------------------------------------------------
+
+#: The name a model request's step records (``haltwise status`` shows it as the tool).
+MODEL_STEP = "model"
+
+
+def call_id(value: str) -> AbstractContextManager[None]:
+    """``haltwise.call_id(value)``: the steps begun inside are matched on replay by this id.
+
+    Until ``haltwise.call_id`` is on main (issue 14), steps are matched by their order only.
+    """
+    enter = getattr(haltwise, "call_id", None)
+    return enter(value) if enter is not None else nullcontext()
+
+
+async def model_request(ask: Callable[[], Awaitable[T]], *, name: str = MODEL_STEP) -> T:
+    """``await ask()`` as one step of the current run (``interruptible``, ``read``).
+
+    ``ask`` must return a JSON value (the adapters pass the framework's response as JSON and
+    rebuild it): a resume returns the journaled value and does not ask the model again. Outside a
+    task it just calls ``ask``.
+    """
+    return await journaled(ask, name=name, cancel="interruptible", effect="read")
+
+
+async def journaled(fn: Callable[[], Awaitable[T]], *, name: str, **policy: Any) -> T:
+    """``await fn()`` as one step named ``name`` with the ``@haltwise.tool`` keywords ``policy``
+    (``haltwise.step``); ``fn`` returns a JSON value, which a replay returns without calling it."""
+    step = getattr(haltwise, "step", None)
+    if step is not None:
+        value: T = await step(fn, name=name, **policy)
+        return value
+    # Until haltwise.step is on main (issue 14): the same step through a tool of that name.
+    return await _step_tool(name, policy)(fn)  # type: ignore[no-any-return]
+
+
+_STEP_TOOLS: dict[tuple[str, str], haltwise.Tool[..., Any]] = {}
+
+
+def _step_tool(name: str, policy: dict[str, Any]) -> haltwise.Tool[..., Any]:
+    key = (name, repr(sorted(policy.items())))
+    found = _STEP_TOOLS.get(key)
+    if found is None:
+
+        async def request(ask: Callable[[], Awaitable[Any]]) -> Any:
+            return await ask()
+
+        found = haltwise.tool(name=name, **policy)(request)
+        _STEP_TOOLS[key] = found
+    return found
+
+
+async def cancel_run_for_host() -> None:
+    """A cancel the framework itself made reached a haltwise step: cancel the run, reason ``host``.
+
+    Called by the adapters when an ``asyncio.CancelledError`` that haltwise did not request
+    leaves a step (the step has already settled by its policy): the framework is stopping the
+    agent, so the run is recorded ``cancelling`` at once and ends ``cancelled`` instead of
+    ``completed`` with whatever the framework returns. Does nothing outside a task or when a
+    cancel is already requested. Shielded: it completes although the caller is being cancelled.
+    """
+    run = current_run()
+    if run is None or haltwise.cancel_requested():
+        return
+    run_id = run.run_id
+    with anyio.CancelScope(shield=True):
+        await run.runtime.cancel(run_id, reason="host")

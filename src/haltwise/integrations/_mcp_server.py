@@ -2,16 +2,18 @@
 
 One ``tools/call`` is one haltwise run of the task, with the call's arguments as its keyword
 inputs. The run id is the request's ``_meta["haltwise/idempotency-key"]`` when the client gives
-one, so a retried call with the same key is answered from the same run (a run already final is
-reported as it is; one left behind by a dead server is taken over and continued); otherwise it is
-new. Each partial result the run emits is sent as a ``notifications/progress`` (``progress`` =
-how many partials so far, ``message`` = the partial as JSON) when the client asked for progress.
-The client's ``notifications/cancelled`` cancels the run with reason ``"client"``: its steps
-settle by their policies in this process although no response is sent. A completed run answers
-with its result (text: the result as JSON; ``structuredContent``: ``{"result": result}``); a
-cancelled or failed run with an MCP error result (``isError``) whose text names the state, the
-reason and the retry advice. Every answer carries the run's outcome (the ``status --json``
-object) in ``_meta["haltwise/outcome"]``.
+one; otherwise it is new. A retried call with a known key is answered from that run: a completed
+run's result at once; a run that stopped early (cancelled, failed, or left behind by a dead
+server) is resumed from its journal first, so its committed steps do not run again (a resume
+refused because of an ``unknown`` step is an error result naming the step). Each partial result
+the run emits is sent as a ``notifications/progress`` (``progress`` = how many partials so far,
+``message`` = the partial as JSON) when the client asked for progress. The client's
+``notifications/cancelled`` cancels the run with reason ``"client"``: its steps settle by their
+policies in this process although no response is sent. A completed run answers with its result
+(text: the result as JSON; ``structuredContent``: ``{"result": result}``); a cancelled or failed
+run with an MCP error result (``isError``) whose text names the state, the reason and the retry
+advice. Every answer carries the run's outcome (the ``status --json`` object) in
+``_meta["haltwise/outcome"]``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server
 
-from .._core.exceptions import InputError, RunOwnedError
+from .._core.exceptions import HaltwiseError, InputError, RunOwnedError
 from .._core.outcome import Outcome
 from .._core.states import State
 from .._runtime.describe import mcp_annotations, parameters_schema
@@ -155,7 +157,7 @@ class TaskServer:
         try:
             served.task.bind_inputs((), arguments)
             handle = await self._start(served, arguments, _run_id(ctx))
-        except InputError as error:
+        except HaltwiseError as error:  # bad arguments, a resume refused
             return _error_text(str(error))
         try:
             outcome = await self._follow(ctx, handle)
@@ -176,15 +178,13 @@ class TaskServer:
             name=served.run_name,
             source=served.source,
         )
-        if self.runtime.is_active(run_id):
+        if self.runtime.is_active(run_id) or (await handle.status()).state is State.COMPLETED:
             return handle
-        # The key names a run this server did not just start: final, or left by another process.
-        if not (await handle.status()).state.is_final:
-            try:
-                return await self.runtime.resume(run_id, task=served.task)
-            except RunOwnedError:
-                pass  # a live process works it: wait for its outcome
-        return handle
+        # The key names a run that stopped early, or one another process left or works.
+        try:
+            return await self.runtime.resume(run_id, task=served.task)
+        except RunOwnedError:
+            return handle  # a live process works it: answer with its outcome
 
     async def _follow(self, ctx: ServerRequestContext[Any, Any], handle: TaskHandle) -> Outcome:
         """Wait for the run's final state, sending each new partial result as progress."""

@@ -1,0 +1,213 @@
+"""The sweep behind docs/reliability.md: every command and argument with the worst inputs.
+
+``python scripts/sweep.py [PYTHON]`` runs each case as a real ``haltwise`` process (with
+``PYTHON -m haltwise``, default this interpreter) in a scratch directory and prints the
+Markdown table of docs/reliability.md: the input, the exit code, and the first line the command
+printed (paths shown as ``DIR``). ``tests/test_sweep.py`` runs it and checks that every exit
+code is still the documented one, and that no case prints a traceback or a password.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+AGENT = """
+import haltwise
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def search(topic: str) -> list:
+    return [topic]
+
+@haltwise.task
+async def quick(topic: str = "x", n: int = 1):
+    await search(topic)
+    return n
+"""
+
+BIG = "7" * 5000
+DEEP = "[" * 20000 + "]" * 20000
+ESC = "\x1b[31mred\x1b]0;t\x07"
+SECRET = "s3cretPW"
+
+STORE = "sqlite:///DIR/store.db"
+#: (command, arguments, extra environment); DIR in them is the scratch directory
+CASES: list[tuple[str, list[str], dict[str, str]]] = [
+    ("run", ["run", "agent.py"], {}),
+    ("run", ["run", "agent.py:"], {}),
+    ("run", ["run", "agent.py:nosuch"], {}),
+    ("run", ["run", "agent.py:search"], {}),
+    ("run", ["run", "missing.py:quick"], {}),
+    ("run", ["run", "dir.py:quick"], {}),
+    ("run", ["run", "syntax.py:x"], {}),
+    ("run", ["run", "raises.py:x"], {}),
+    ("run", ["run", "exits.py:x"], {}),
+    ("run", ["run", "notasks.py:x"], {}),
+    ("run", ["run", "no.such.module:task"], {}),
+    ("run", ["run", "agent.py:quick", "--input", "{not json"], {}),
+    ("run", ["run", "agent.py:quick", "--input", "[1, 2]"], {}),
+    ("run", ["run", "agent.py:quick", "--input", '{"colour": "red"}'], {}),
+    ("run", ["run", "agent.py:quick", "--input", '{"n": NaN}'], {}),
+    ("run", ["run", "agent.py:quick", "--input", '{"n": ' + BIG + "}"], {}),
+    ("run", ["run", "agent.py:quick", "--input", '{"n": ' + DEEP + "}"], {}),
+    ("run", ["run", "agent.py:quick", "--input", ""], {}),
+    ("run", ["run", "agent.py:quick", "--id", ""], {}),
+    ("run", ["run", "agent.py:quick", "--id", "done1"], {}),
+    ("run", ["run", "agent.py:quick", "--id", ESC], {}),
+    ("run", ["run", "agent.py:quick", "--id", "x" * 100_000], {}),
+    ("run", ["run", "agent.py:quick", "--deadline", "-1"], {}),
+    ("run", ["run", "agent.py:quick", "--deadline", "0"], {}),
+    ("run", ["run", "agent.py:quick", "--deadline", "nan"], {}),
+    ("run", ["run", "agent.py:quick", "--deadline", "inf"], {}),
+    ("run", ["run", "agent.py:quick", "--deadline", "1e308"], {}),
+    ("run", ["run", "agent.py:quick", "--deadline", "abc"], {}),
+    ("cancel", ["cancel", "nosuch"], {}),
+    ("cancel", ["cancel", "done1"], {}),
+    ("cancel", ["cancel", "done1", "--reason", ""], {}),
+    ("cancel", ["cancel", "done1", "--reason", ESC], {}),
+    ("cancel", ["cancel"], {}),
+    ("status", ["status", "nosuch"], {}),
+    ("status", ["status", ""], {}),
+    ("status", ["status", ESC], {}),
+    ("status", ["status", "done1", "--store", "sqlite:///DIR/typo/x.db"], {}),
+    ("resume", ["resume", "nosuch"], {}),
+    ("resume", ["resume", "done1"], {}),
+    ("resume", ["resume", "done1", "--assume-done", "x"], {}),
+    ("resume", ["resume", "done1", "--assume-done", "-1"], {}),
+    ("resume", ["resume", "done1", "--assume-done", "0={bad"], {}),
+    ("resume", ["resume", "done1", "--assume-done", "0=" + BIG], {}),
+    ("resume", ["resume", "done1", "--assume-done", "0=" + DEEP], {}),
+    ("resume", ["resume", "done1", "--rerun", "-1"], {}),
+    ("resume", ["resume", "done1", "--rerun", "99999999999999999999"], {}),
+    ("resume", ["resume", "done1", "missing.py"], {}),
+    ("list", ["list", "--state", "bogus"], {}),
+    ("list", ["list", "--store", "sqlite:///DIR/typo/x.db"], {}),
+    ("list", ["list", "--store", "sqlite:///DIR/junk.db"], {}),
+    ("list", ["list", "--store", "sqlite:///DIR/agent.py/x.db"], {}),
+    ("list", ["list", "--store", "sqlite:///"], {}),
+    ("list", ["list", "--store", "sqlite://host/x.db"], {}),
+    ("list", ["list", "--store", f"{STORE}?busy_timeout=nan"], {}),
+    ("list", ["list", "--store", f"{STORE}?busy_timeout=1e308"], {}),
+    ("list", ["list", "--store", f"{STORE}?synchronous=sometimes"], {}),
+    ("list", ["list", "--store", f"{STORE}?bogus=1"], {}),
+    ("list", ["list", "--store", f"postgresql://u:{SECRET}%ZZ@127.0.0.1:1/db"], {}),
+    ("list", ["list", "--store", f"postgresql://127.0.0.1:1/db?password={SECRET}%ZZ"], {}),
+    ("list", ["list", "--store", f"postgresql://u:{SECRET}@127.0.0.1:1/db"], {}),
+    ("list", ["list", "--store", f"mysql://u:{SECRET}@h/db"], {}),
+    ("list", ["list"], {"HALTWISE_STORE": f"host=h password={SECRET}"}),
+    ("list", ["list"], {"COLUMNS": "0"}),
+    ("list", ["list"], {"COLUMNS": "banana"}),
+    ("audit", ["audit", "missing.py"], {}),
+    ("audit", ["audit", "syntax.py"], {}),
+    ("audit", ["audit", "agent.py", "--deadline", "0"], {}),
+    ("audit", ["audit", "agent.py", "--deadline", "nan"], {}),
+    ("audit", ["audit", "agent.py", "--json", "--markdown"], {}),
+    ("audit", ["audit", "agent.py"], {"COLUMNS": "0"}),
+    ("submit", ["submit", "agent.py:quick", "--input", '{"n": ' + BIG + "}"], {}),
+    ("submit", ["submit", "agent.py:nosuch"], {}),
+    ("submit", ["submit", "agent.py:quick", "--id", "done1"], {}),
+    ("worker", ["worker", "notasks.py"], {}),
+    ("worker", ["worker", "agent.py", "--concurrency", "0"], {}),
+    ("worker", ["worker", "agent.py", "--concurrency", "99999999999999999999"], {}),
+    ("check", ["check", "--store", "sqlite:///DIR/typo/x.db"], {}),
+    ("check", ["check", "--store", "sqlite:///DIR/junk.db"], {}),
+    ("explore", ["explore", "agent.py"], {}),
+    ("explore", ["explore", "agent.py:quick", "--input", DEEP], {}),
+    ("(none)", [], {}),
+    ("(none)", ["bogus-command"], {}),
+]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One case: what was typed, and what the command did."""
+
+    command: str
+    shown: str
+    exit: int
+    first_line: str
+    traceback: bool
+    leak: bool
+    stderr_lines: int
+
+
+def show(text: str, root: str, limit: int = 60) -> str:
+    text = text.replace(root, "DIR")
+    text = text.replace(BIG, "<5000 digits>").replace(DEEP, "<20000 deep>")
+    if any(ord(c) < 32 for c in text):
+        text = text.encode("unicode_escape").decode()
+    text = text.replace("|", "\\|")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def prepare(root: Path) -> None:
+    (root / "agent.py").write_text(AGENT)
+    (root / "syntax.py").write_text("def broken(:\n")
+    (root / "raises.py").write_text("raise RuntimeError('boom at import')\n")
+    (root / "exits.py").write_text("import sys\nsys.exit(4)\n")
+    (root / "notasks.py").write_text("x = 1\n")
+    (root / "dir.py").mkdir()
+    (root / "junk.db").write_bytes(b"not a database" * 100)
+
+
+def sweep(python: str = sys.executable) -> list[Row]:
+    """Run every case in a fresh scratch directory; return what each did."""
+    hw = [python, "-m", "haltwise"]
+    root = Path(tempfile.mkdtemp(prefix="sweep-"))
+    try:
+        prepare(root)
+        env = {**os.environ, "HALTWISE_STORE": STORE.replace("DIR", str(root))}
+        env.pop("COLUMNS", None)
+        subprocess.run(
+            [*hw, "run", "agent.py:quick", "--id", "done1"], cwd=root, env=env, capture_output=True
+        )
+        return [_one(hw, root, env, *case) for case in CASES]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _one(
+    hw: list[str],
+    root: Path,
+    env: dict[str, str],
+    command: str,
+    args: list[str],
+    extra: dict[str, str],
+) -> Row:
+    args = [arg.replace("DIR", str(root)) for arg in args]
+    extra = {key: value.replace("DIR", str(root)) for key, value in extra.items()}
+    done = subprocess.run(
+        [*hw, *args], cwd=root, env={**env, **extra}, capture_output=True, text=True, timeout=120
+    )
+    err = done.stderr.strip().splitlines()
+    first = err[0] if err else (done.stdout.strip().splitlines() or [""])[0]
+    typed = " ".join(args) + "".join(f" {key}={value}" for key, value in extra.items())
+    return Row(
+        command=command,
+        shown=show(typed, str(root), 70),
+        exit=done.returncode,
+        first_line=show(first, str(root), 110),
+        traceback="Traceback" in done.stderr,
+        leak=SECRET in done.stdout + done.stderr,
+        stderr_lines=len(err),
+    )
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = ["| command | input | exit | what happens |", "| --- | --- | --- | --- |"]
+    for row in rows:
+        flags = (" TRACEBACK" if row.traceback else "") + (" LEAK" if row.leak else "")
+        more = f" ({row.stderr_lines} lines)" if row.stderr_lines > 1 else ""
+        lines.append(
+            f"| {row.command} | `{row.shown}` | {row.exit}{flags} | {row.first_line}{more} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown(sweep(*sys.argv[1:2])))

@@ -1,0 +1,264 @@
+"""haltwise inside the OpenAI Agents SDK (CONTRACT.md, "Framework integrations").
+
+- :func:`function_tool` turns a ``@haltwise.tool`` into an ``agents.FunctionTool``: a strict-mode
+  schema from the tool's signature, the cancel policy in the description, and each invocation one
+  step of the current run, keyed by ``ToolContext.tool_call_id`` (so parallel calls of one turn
+  replay by id, whatever order they start in). An ordinary exception of the tool is a ``failed``
+  step and, as the SDK's own ``function_tool`` does, a model-visible error text; haltwise's own
+  exceptions (``Cancelled``, ``HaltwiseError``) are never turned into text: they stop the run.
+- :class:`JournaledModel` wraps any ``agents.Model``: each model request (``get_response`` or
+  ``stream_response``) is one ``interruptible``, ``read`` step whose response is journaled, so a
+  resume replays the answers the model already gave instead of asking again. A streamed request
+  is journaled when the response is complete: its events reach the runner together then.
+- The SDK's own cancel (``RunResultStreaming.cancel()``, a ``Task.cancel()`` of the run, a
+  timeout) that lands in a tool call or a model request is settled there by the step's policy (a
+  ``finish`` call finishes, a ``rollback`` call is compensated) and cancels the run with reason
+  ``"host"``: the run ends ``cancelled``, not ``completed``. A streamed run's ``cancel()`` just
+  ends ``stream_events()`` in the SDK, with no exception, so a task that returns right after the
+  stream would complete: start streamed runs with :func:`run_streamed`, whose stream raises
+  :class:`haltwise.Cancelled` (reason ``"host"``) when it ends because of ``cancel()``.
+- :func:`close_dangling` gives every ``function_call`` of a conversation (``to_input_list()``) a
+  ``function_call_output``: the journaled result for a committed call, a text saying what
+  happened for an interrupted, compensated or unknown one. :class:`JournaledModel` applies it to
+  each request's input, so no request ever carries a call without a result.
+
+Needs the ``openai-agents`` extra: ``pip install 'haltwise[openai-agents]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from ._common import require
+
+require("openai_agents", "agents", "openai-agents")
+
+from agents import Agent, FunctionTool, Model, ModelResponse, Runner  # noqa: E402
+from agents.function_schema import function_schema  # noqa: E402
+from agents.items import TResponseInputItem, TResponseOutputItem, TResponseStreamEvent  # noqa: E402
+from agents.result import RunResultStreaming  # noqa: E402
+from agents.stream_events import StreamEvent  # noqa: E402
+from agents.tool import default_tool_error_function  # noqa: E402
+from agents.tool_context import ToolContext  # noqa: E402
+from agents.usage import Usage  # noqa: E402
+from openai.types.responses import Response, ResponseCompletedEvent  # noqa: E402
+from pydantic import TypeAdapter  # noqa: E402
+
+import haltwise  # noqa: E402
+
+from ._common import MODEL_STEP, call_id, cancel_run_for_host, model_request  # noqa: E402
+from ._conversation import (  # noqa: E402
+    remember_committed,
+    remember_from_journal,
+    settled_calls,
+    unsettled_text,
+)
+
+__all__ = ["JournaledModel", "close_dangling", "function_tool", "run_streamed"]
+
+_OUTPUT_ITEMS: TypeAdapter[list[TResponseOutputItem]] = TypeAdapter(list[TResponseOutputItem])
+
+
+def function_tool(tool: haltwise.Tool[..., Any]) -> FunctionTool:
+    """The haltwise tool as an ``agents.FunctionTool`` (see the module docstring).
+
+    The tool's own signature gives the strict JSON schema (``agents.function_schema``); its
+    :attr:`~haltwise.Tool.description` (docstring plus what a cancel does) is the description.
+    Arguments that do not fit the schema are answered with a model-visible error text and no
+    step is made.
+    """
+    schema = function_schema(tool, name_override=tool.name, description_override=tool.description)
+
+    async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
+        try:
+            parsed = schema.params_pydantic_model(**json.loads(arguments or "{}"))
+        except (ValueError, TypeError) as error:
+            return f"Invalid arguments for tool {tool.name!r}: {error}"
+        args, kwargs = schema.to_call_args(parsed)
+        try:
+            with call_id(ctx.tool_call_id):
+                value = await tool(*args, **kwargs)
+        except haltwise.Cancelled:
+            await remember_from_journal(ctx.tool_call_id)
+            raise
+        except asyncio.CancelledError:
+            await remember_from_journal(ctx.tool_call_id)
+            await cancel_run_for_host()
+            raise
+        except haltwise.HaltwiseError:
+            raise
+        except Exception as error:
+            return default_tool_error_function(ctx, error)
+        remember_committed(ctx.tool_call_id, value)
+        return _as_output(value)
+
+    return FunctionTool(
+        name=tool.name,
+        description=tool.description,
+        params_json_schema=schema.params_json_schema,
+        on_invoke_tool=invoke,
+        strict_json_schema=True,
+    )
+
+
+def _as_output(value: Any) -> Any:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+class JournaledModel(Model):
+    """An ``agents.Model`` whose every request is a step of the current run (see the module
+    docstring). ``name`` is the step's tool name in the journal (default ``"model"``).
+
+    Outside a task it simply forwards to the wrapped model.
+    """
+
+    def __init__(self, model: Model, *, name: str = MODEL_STEP) -> None:
+        self.model = model
+        self.name = name
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        """``Model.get_response`` (same parameters), as a step; its input closed first."""
+        args, kwargs = _closed_input(args, kwargs)
+
+        async def ask() -> dict[str, Any]:
+            return _dump_response(await self.model.get_response(*args, **kwargs))
+
+        return _load_response(await self._journaled(ask))
+
+    async def stream_response(
+        self, *args: Any, **kwargs: Any
+    ) -> AsyncIterator[TResponseStreamEvent]:
+        """``Model.stream_response`` (same parameters), as a step journaled at completion."""
+        args, kwargs = _closed_input(args, kwargs)
+
+        async def ask() -> dict[str, Any]:
+            return await _completed_response(self.model.stream_response(*args, **kwargs))
+
+        completed = Response.model_validate(await self._journaled(ask))
+        yield ResponseCompletedEvent(
+            type="response.completed", response=completed, sequence_number=0
+        )
+
+    async def _journaled(self, ask: Any) -> Any:
+        try:
+            return await model_request(ask, name=self.name)
+        except asyncio.CancelledError:
+            await cancel_run_for_host()
+            raise
+
+    async def close(self) -> None:
+        await self.model.close()
+
+
+def _closed_input(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The request's arguments with its ``input`` (the second parameter) passed through
+    :func:`close_dangling`."""
+    if "input" in kwargs:
+        return args, {**kwargs, "input": close_dangling(kwargs["input"])}
+    if len(args) > 1:
+        return (args[0], close_dangling(args[1]), *args[2:]), kwargs
+    return args, kwargs
+
+
+async def _completed_response(stream: AsyncIterator[TResponseStreamEvent]) -> dict[str, Any]:
+    """Consume a model's event stream; the completed response, as JSON."""
+    completed: Response | None = None
+    async for event in stream:
+        if isinstance(event, ResponseCompletedEvent):
+            completed = event.response
+    if completed is None:
+        raise haltwise.HaltwiseError("the model's stream ended without a completed response")
+    return completed.model_dump(mode="json")
+
+
+def _dump_response(response: ModelResponse) -> dict[str, Any]:
+    usage = response.usage
+    return {
+        "output": _OUTPUT_ITEMS.dump_python(response.output, mode="json"),
+        "usage": {
+            "requests": usage.requests,
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "total_tokens": usage.total_tokens,
+        },
+        "response_id": response.response_id,
+    }
+
+
+def _load_response(data: Mapping[str, Any]) -> ModelResponse:
+    return ModelResponse(
+        output=_OUTPUT_ITEMS.validate_python(data["output"]),
+        usage=Usage(**data["usage"]),
+        response_id=data["response_id"],
+    )
+
+
+def run_streamed(
+    agent: Agent[Any], input: str | list[TResponseInputItem], **kwargs: Any
+) -> RunResultStreaming:
+    """``Runner.run_streamed(agent, input, **kwargs)``, whose own ``cancel()`` cancels the run.
+
+    Inside a task, when the stream ends because ``cancel()`` was called (either mode), the run is
+    cancelled with reason ``"host"`` and ``stream_events()`` raises :class:`haltwise.Cancelled`
+    instead of ending quietly; the steps in flight were settled by their policies. Outside a task
+    it behaves exactly as the SDK's.
+    """
+    result = Runner.run_streamed(agent, input, **kwargs)
+    sdk_cancel, sdk_stream = result.cancel, result.stream_events
+    asked: list[str] = []
+
+    def cancel(mode: Any = "immediate") -> None:
+        asked.append(mode)
+        sdk_cancel(mode)
+
+    async def stream_events() -> AsyncIterator[StreamEvent]:
+        async for event in sdk_stream():
+            yield event
+        if asked:
+            await cancel_run_for_host()
+            await haltwise.checkpoint()
+
+    result.cancel = cancel  # type: ignore[method-assign]
+    result.stream_events = stream_events  # type: ignore[method-assign]
+    return result
+
+
+def close_dangling(
+    items: str | list[TResponseInputItem], outcome: haltwise.Outcome | None = None
+) -> Any:
+    """``items`` with a ``function_call_output`` after every ``function_call`` that has none.
+
+    The output of a call is, from ``outcome`` (the run's outcome, when given) or from what this
+    process saw settle: the journaled result of a committed call (as the tool would have
+    returned it to the model), otherwise a text saying the call was interrupted, compensated or
+    of unknown effect because the run was cancelled. A string input is returned unchanged.
+    """
+    if isinstance(items, str):
+        return items
+    answered = {
+        _field(item, "call_id") for item in items if _field(item, "type") == "function_call_output"
+    }
+    settled = settled_calls(outcome)
+    fixed: list[Any] = []
+    for item in items:
+        fixed.append(item)
+        if _field(item, "type") != "function_call" or _field(item, "call_id") in answered:
+            continue
+        cid = str(_field(item, "call_id"))
+        step = settled.get(cid)
+        output = (
+            _as_output(step.result)
+            if step is not None and step.status is haltwise.StepStatus.COMMITTED
+            else unsettled_text(step)
+        )
+        fixed.append({"type": "function_call_output", "call_id": cid, "output": output})
+    return fixed
+
+
+def _field(item: Any, key: str) -> Any:
+    return item.get(key) if isinstance(item, Mapping) else getattr(item, key, None)

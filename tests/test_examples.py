@@ -1,0 +1,51 @@
+"""Every framework example runs for real (a subprocess each) and says what it promises."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+#: example -> lines its output must contain
+PROMISES = {
+    "openai_agents_agent.py": [
+        "cancelled (reason user, retry resume): model:committed, price:committed, "
+        "model:committed, charge:committed",
+        "model asked again 1 time(s)",
+        "charged once",
+    ],
+    "pydantic_ai_agent.py": [
+        "reserve:compensated",
+        "rooms held after the cancel: []",
+        "model asked again 1 time(s)",
+        "one reservation standing",
+    ],
+    "langchain_agent.py": [
+        "cancelled (reason user, retry restart): model:committed, search:interrupted",
+        "e-mail sent once",
+    ],
+    "mcp_agent.py": [
+        "local: cancelled (reason user): report:interrupted",
+        "remote: cancelled (reason client)",
+        "local: completed (reason None): report:committed",
+        "result: {'result': 'published 81 characters'}",
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROMISES))
+def test_the_example_cancels_resumes_and_keeps_its_promise(name: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / name)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for line in PROMISES[name]:
+        assert line in done.stdout, done.stdout

@@ -1,0 +1,155 @@
+"""haltwise inside LangChain's ``create_agent`` (LangGraph), with LangChain's own fake chat model.
+
+``ScriptedChat`` is ``GenericFakeChatModel`` (answers the n-th request with the n-th message),
+counting requests and able to hold one; a resume gets a script holding only the answers the
+journal does not have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.outputs import ChatResult
+
+import fw_kit
+import haltwise
+from fw_kit import GATED, Kit
+from haltwise.integrations.langchain import HaltwiseMiddleware, close_dangling, tool
+
+pytestmark = pytest.mark.anyio
+
+
+class Script:
+    requests: list[list[BaseMessage]] = []
+    hold: fw_kit.Gate | None = None
+    answering = fw_kit.Gate()
+    answers: Iterator[AIMessage] = iter(())
+
+
+class ScriptedChat(GenericFakeChatModel):
+    """LangChain's fake chat model, counting requests; ``bind_tools`` keeps it as it is."""
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        Script.requests.append(list(messages))
+        if Script.hold is not None:
+            Script.answering.set()
+            await Script.hold.wait(timeout=fw_kit.PATIENCE)
+        return self._generate(messages, stop=stop, **kwargs)
+
+
+def load(answers: list[AIMessage]) -> None:
+    Script.answers, Script.requests = iter(answers), []
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    fw_kit.reset()
+    Script.hold, Script.answering = None, fw_kit.Gate()
+
+
+def make_agent() -> Any:
+    return create_agent(
+        ScriptedChat(messages=Script.answers),
+        tools=[tool(t) for t in fw_kit.ALL_TOOLS],
+        middleware=[HaltwiseMiddleware()],
+    )
+
+
+@haltwise.task
+async def shop(prompt: str) -> str:
+    state = await make_agent().ainvoke({"messages": [HumanMessage(prompt)]})
+    return str(state["messages"][-1].content)
+
+
+@haltwise.task
+async def shop_cancelled_by_langgraph(prompt: str) -> str:
+    """Runs the graph in a task of its own and cancels that task once charge is in flight."""
+    run = asyncio.ensure_future(make_agent().ainvoke({"messages": [HumanMessage(prompt)]}))
+    await Kit.entered["charge"].wait(timeout=fw_kit.PATIENCE)
+    run.cancel()  # LangGraph's own cancel: the graph's task is cancelled
+    state = await run
+    return str(state["messages"][-1].content)
+
+
+def calls(*parts: tuple[str, dict[str, Any], str]) -> AIMessage:
+    return AIMessage(content="", tool_calls=[{"name": n, "args": a, "id": c} for n, a, c in parts])
+
+
+def turns(policy: str) -> list[AIMessage]:
+    gated, args = GATED[policy]
+    return [
+        calls(("lookup", {"item": "tea"}, "c1")),
+        calls((gated.name, args, "c2")),
+        AIMessage(content="bought tea"),
+    ]
+
+
+async def test_a_normal_run_is_one_step_per_model_call_and_tool_call(sqlite_url: str) -> None:
+    load(turns("finish"))
+    await fw_kit.normal_run(sqlite_url, shop)
+    assert len(Script.requests) == 3
+    last = Script.requests[-1]
+    assert [m.content for m in last if isinstance(m, ToolMessage)] == ["tea costs 5", "charged 5"]
+
+
+def test_tool_is_a_structured_tool_with_the_tools_schema() -> None:
+    made = tool(fw_kit.charge)
+    assert made.name == "charge"
+    assert made.description.startswith("Charge the card.")
+    schema = made.tool_call_schema.model_json_schema()  # type: ignore[union-attr]
+    assert schema["required"] == ["amount"]
+    assert list(schema["properties"]) == ["amount"]  # the call id is injected, not asked for
+
+
+def last_answer_only() -> None:
+    Script.hold = None
+    load([AIMessage(content="bought tea")])
+
+
+@pytest.mark.parametrize("policy", sorted(GATED))
+async def test_a_haltwise_cancel_inside_each_policys_tool_then_resume(
+    sqlite_url: str, policy: str
+) -> None:
+    load(turns(policy))
+    await fw_kit.cancel_in_tool_then_resume(sqlite_url, shop, policy, last_answer_only)
+    assert len(Script.requests) == 1  # journaled turns were not asked again
+
+
+async def test_a_cancel_while_the_model_is_answering_lands_at_once(sqlite_url: str) -> None:
+    load([AIMessage(content="too late")])
+    Script.hold = fw_kit.Gate()
+    await fw_kit.cancel_while_answering(sqlite_url, shop, Script.answering, last_answer_only)
+    assert len(Script.requests) == 1
+
+
+def test_close_dangling_puts_the_result_right_after_its_call() -> None:
+    conversation: list[Any] = [
+        HumanMessage("buy"),
+        calls(("browse", {"item": "tea"}, "z1")),
+        HumanMessage("go on"),
+    ]
+    fixed = close_dangling(conversation)
+    assert [type(m).__name__ for m in fixed] == [
+        "HumanMessage",
+        "AIMessage",
+        "ToolMessage",
+        "HumanMessage",
+    ]
+    assert fixed[2].tool_call_id == "z1"
+    assert str(fixed[2].content).startswith("[haltwise] interrupted")

@@ -1,0 +1,136 @@
+"""haltwise inside the OpenAI Agents SDK, with the SDK's own offline ``ScriptedModel``.
+
+The agent's model is ``JournaledModel(ScriptedModel(...))`` and its tools are the kit's haltwise
+tools through ``function_tool``. A resume gets a *new* scripted model holding only the turns the
+journal does not have: had the model been asked again for a journaled turn, the script would
+answer the wrong turn (or raise ``UnexpectedModelCall``), and ``calls`` counts every request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from agents import Agent, RunConfig, Runner
+from agents.result import RunResultStreaming
+from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+
+import fw_kit
+import haltwise
+from fw_kit import GATED
+from haltwise.integrations.openai_agents import (
+    JournaledModel,
+    close_dangling,
+    function_tool,
+    run_streamed,
+)
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = RunConfig(tracing_disabled=True)
+
+
+class Script:
+    """The scripted model the next run's agent talks to, and the streamed results it made."""
+
+    model = ScriptedModel([])
+    streams: list[RunResultStreaming] = []
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    fw_kit.reset()
+    Script.streams = []
+
+
+def make_agent() -> Agent[Any]:
+    return Agent(
+        name="shopper",
+        instructions="Buy what the user asks for.",
+        model=JournaledModel(Script.model),
+        tools=[function_tool(tool) for tool in fw_kit.ALL_TOOLS],
+    )
+
+
+@haltwise.task
+async def shop(prompt: str) -> Any:
+    result = await Runner.run(make_agent(), prompt, run_config=CONFIG)
+    return result.final_output
+
+
+@haltwise.task
+async def shop_streamed(prompt: str) -> Any:
+    result = run_streamed(make_agent(), prompt, run_config=CONFIG)
+    Script.streams.append(result)
+    async for _ in result.stream_events():
+        pass
+    return result.final_output
+
+
+def turns(policy: str) -> list[Any]:
+    """lookup, then the gated tool of ``policy``, then the answer."""
+    gated, args = GATED[policy]
+    return [
+        [function_call("lookup", {"item": "tea"}, call_id="c1")],
+        [function_call(gated.name, args, call_id="c2")],
+        [assistant_message("bought tea")],
+    ]
+
+
+async def test_a_normal_run_is_one_step_per_model_request_and_tool_call(sqlite_url: str) -> None:
+    Script.model = ScriptedModel(turns("finish"))
+    await fw_kit.normal_run(sqlite_url, shop)
+    assert len(Script.model.calls) == 3
+    # the tool's result reached the model as the tool returned it
+    last_input = Script.model.calls[2].input
+    outputs = [item for item in last_input if item.get("type") == "function_call_output"]
+    assert [o["output"] for o in outputs] == ["tea costs 5", "charged 5"]
+
+
+def test_function_tool_has_a_strict_schema_and_the_policy_in_its_description() -> None:
+    tool = function_tool(fw_kit.charge)
+    assert tool.name == "charge"
+    assert tool.strict_json_schema
+    assert tool.params_json_schema["required"] == ["amount"]
+    assert tool.params_json_schema["additionalProperties"] is False
+    assert tool.description.startswith("Charge the card.")
+    assert "cancel" in tool.description.lower()
+
+
+def last_answer_only() -> None:
+    Script.model = ScriptedModel([[assistant_message("bought tea")]])
+
+
+@pytest.mark.parametrize("policy", sorted(GATED))
+async def test_a_haltwise_cancel_inside_each_policys_tool_then_resume(
+    sqlite_url: str, policy: str
+) -> None:
+    Script.model = ScriptedModel(turns(policy))
+    await fw_kit.cancel_in_tool_then_resume(sqlite_url, shop, policy, last_answer_only)
+    assert len(Script.model.calls) == 1  # journaled turns were not asked again
+
+
+async def test_a_cancel_while_the_model_is_answering_lands_at_once(sqlite_url: str) -> None:
+    answering = fw_kit.Gate()
+    never = fw_kit.Gate()
+
+    async def slow_answer(call: Any) -> Any:
+        answering.set()
+        await never.wait(timeout=fw_kit.PATIENCE)
+        return [assistant_message("too late")]
+
+    Script.model = ScriptedModel([ModelStep.respond(slow_answer)])
+    await fw_kit.cancel_while_answering(sqlite_url, shop, answering, last_answer_only)
+    assert len(Script.model.calls) == 1
+
+
+def test_close_dangling_says_what_became_of_an_unfinished_call() -> None:
+    items: list[Any] = [
+        {"role": "user", "content": "buy"},
+        {"type": "function_call", "call_id": "x1", "name": "browse", "arguments": "{}"},
+    ]
+    fixed = close_dangling(items)
+    assert fixed[-1]["type"] == "function_call_output"
+    assert fixed[-1]["call_id"] == "x1"
+    assert fixed[-1]["output"].startswith("[haltwise] interrupted")
+    assert close_dangling(fixed) == fixed  # nothing left to close

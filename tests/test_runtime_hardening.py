@@ -1,0 +1,136 @@
+"""Defects found by reading the runtime and the SQLite store (issue 15, items 4, 5, 15, 16, 17).
+
+Real stores, real files: the store file is deleted under a running run, the watch connection
+is closed under the store, a deferred write is made to fail by a fence that does not hold.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import haltwise
+import toolkit
+from haltwise import State, StepStatus
+from haltwise._core.records import Owner
+from haltwise._journal.store import NewRun, StepStart, open_store
+from test_cli import AGENT, PATIENCE, Env, error_line
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def _fresh_toolkit() -> None:
+    toolkit.reset()
+
+
+@haltwise.task
+async def echo_types(items: Any, mapping: Any) -> list[str]:
+    """What the task function sees of its inputs: their types and keys."""
+    await toolkit.quick(1)
+    return [type(items).__name__, *(type(key).__name__ for key in mapping)]
+
+
+async def test_inputs_are_handed_to_the_task_as_json_gives_them_back(store_url: str) -> None:
+    """Item 5: the first attempt sees what every resume will see (a list, string keys)."""
+    async with haltwise.Runtime(store_url) as rt:
+        handle = await rt.start(echo_types, (1, 2), {1: "a", 2: "b"}, task_id="j")
+        outcome = await handle.outcome()
+    assert outcome.result == ["list", "str", "str"]
+
+
+async def test_start_outside_async_with_records_nothing(store_url: str) -> None:
+    """Item 15: the check comes before the write, so no run is left running and unworked."""
+    runtime = haltwise.Runtime(store_url)
+    await runtime.store.open()
+    try:
+        with pytest.raises(haltwise.HaltwiseError, match="async with"):
+            await runtime.start(toolkit.three_quick, task_id="orphan")
+        with pytest.raises(haltwise.HaltwiseError, match="async with"):
+            await runtime.resume("orphan")
+        assert await runtime.store.list_runs() == []
+    finally:
+        await runtime.store.close()
+
+
+async def test_a_deleted_store_stops_the_run_and_outcome_says_so_every_time(
+    sqlite_url: str,
+) -> None:
+    """Items 4 and 16: the run stops with a clear error, and outcome() raises it on every call
+    instead of raising once and then waiting forever."""
+    path = sqlite_url.removeprefix("sqlite:///")
+    async with haltwise.Runtime(sqlite_url) as rt:
+        handle = await rt.start(toolkit.one_step, "read_async", task_id="gone")
+        await toolkit.between.wait()
+        toolkit.go_on.set()
+        await toolkit.entered.wait()
+        os.unlink(path)
+        for _ in range(2):
+            with anyio.fail_after(PATIENCE), pytest.raises(haltwise.StoreError, match="deleted"):
+                await handle.outcome()
+    assert toolkit.calls["quick"] == 1, "the run went on after its store was gone"
+
+
+def test_a_deleted_store_makes_run_exit_2_with_one_line(tmp_path: Path) -> None:
+    """Item 4 from the command line: the gated step is in flight when the file goes."""
+    (tmp_path / "agent.py").write_text(AGENT)
+    env = Env(tmp_path)
+    process = env.popen("run", "agent.py:flow", "--input", '{"policy": "interruptible"}')
+    until = time.monotonic() + PATIENCE
+    while "record:cats" not in env.effects():
+        assert time.monotonic() < until and process.poll() is None, process.communicate()
+        time.sleep(0.01)
+    (tmp_path / "store.db").unlink()
+    out, err = process.communicate(timeout=PATIENCE)
+    done = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    assert "deleted or replaced" in error_line(done)
+
+
+async def test_a_failing_watch_connection_is_raised_not_swallowed(sqlite_url: str) -> None:
+    """Item 17: a stale data_version would freeze cross-process change detection unnoticed."""
+    store = open_store(sqlite_url)
+    await store.open()
+    try:
+        watch = store._watch  # type: ignore[attr-defined]
+        watch.close()  # the fault: the connection PRAGMA data_version is read on is unusable
+        with pytest.raises(haltwise.StoreError):
+            await store.wait_for_change(0.2)
+    finally:
+        store._watch = None  # type: ignore[attr-defined]
+        await store.close()
+
+
+async def test_a_deferred_write_that_fails_is_raised_by_a_later_operation(sqlite_url: str) -> None:
+    """Item 17: the failure of a write made with durable=False reaches a later caller."""
+    owner = Owner(token="t", host="h", pid=1, started=1.0)
+    store = open_store(sqlite_url)
+    await store.open()
+    try:
+        await store.create_run(
+            NewRun(id="r", task="t", inputs={}, state=State.RUNNING, owner=owner, lease_until=0)
+        )
+        start = StepStart(0, "tool", "finish", haltwise.Effect.WRITE, False, "k")
+        await store.start_step("r", start, fence="t")
+        await store.settle_step("r", 0, StepStatus.COMMITTED, fence="not-the-owner", durable=False)
+        raised = 0
+        for _ in range(5):
+            try:
+                await store.load("r")
+                await store.wait_for_change(0.05)
+            except haltwise.LostOwnershipError:
+                raised += 1
+        assert raised == 1
+        assert (await store.load("r")).steps[0].status is StepStatus.RUNNING
+    finally:
+        await store.close()
+
+
+def test_python_api_outcome_docstrings_say_what_they_raise() -> None:
+    doc = haltwise.TaskHandle.outcome.__doc__ or ""
+    assert "StoreError" in doc and "every call" in doc
