@@ -290,7 +290,9 @@ class PostgresStore:
                 return await _load_run(conn, run.id), False
             await _record_events(conn, run.id, plan_create(run, now))
             if run.fork is not None:
-                await conn.execute(_SQL.copy_steps, (run.id, run.fork.source, run.fork.from_step))
+                fork = (run.id, run.fork.source, run.fork.from_step)
+                await conn.execute(_SQL.copy_steps, fork)
+                await conn.execute(_SQL.copy_partials, fork)
             return run_from_row(inserted), True
 
         return await self._run(op)

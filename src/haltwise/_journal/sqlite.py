@@ -326,7 +326,9 @@ class SQLiteStore:
                 return _load_run(conn, run.id), False
             _record_events(conn, run.id, plan_create(run, now))
             if run.fork is not None:
-                conn.execute(_SQL.copy_steps, (run.id, run.fork.source, run.fork.from_step))
+                fork = (run.id, run.fork.source, run.fork.from_step)
+                conn.execute(_SQL.copy_steps, fork)
+                conn.execute(_SQL.copy_partials, fork)
             return run_from_row(inserted), True
 
         result: tuple[RunRecord, bool] = await self._writer.call(op)
