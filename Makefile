@@ -25,6 +25,7 @@ $(STAMP): pyproject.toml | $(VENV)
 
 test: install
 	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-chromium.sh
 	$(BIN)/ruff check $(LINT_DIRS)
 	$(BIN)/ruff format --check $(LINT_DIRS)
 	$(BIN)/mypy

@@ -499,15 +499,19 @@ def test_status_shows_a_dead_owner(env: Env) -> None:
     assert env.effects() == ["search", "record:cats", "think", "record:done"]
 
 
-def test_cancel_of_a_run_whose_owner_died_warns(env: Env) -> None:
+def test_cancel_of_a_run_whose_owner_died_settles_it_there(env: Env) -> None:
     process = env.start_flow("r1", "interruptible", "--json")
     process.kill()
     process.communicate()
-    done = env.hw("cancel", "r1")
-    assert done.returncode == 0
+    done = env.hw("cancel", "r1", "--wait")
+    assert done.returncode == 0, done.stderr
     assert "cancel requested for run r1" in done.stdout
-    assert "is gone" in done.stderr and "haltwise resume r1" in done.stderr
-    # resume finishes the cancel (the orphaned step is settled), then continues the run
+    assert "settled here" in done.stdout
+    settled = env.status("r1")
+    assert settled is not None
+    assert (settled["state"], settled["reason"]) == ("cancelled", "user")
+    assert statuses(settled) == ["committed", "committed", "interrupted"]
+    # resume continues the cancelled run: the interrupted step runs again, nothing else
     env.release("think")
     resumed = env.hw("resume", "r1", "--json")
     assert resumed.returncode == 0, resumed.stderr
@@ -685,21 +689,21 @@ def test_list_and_state_filter(env: Env) -> None:
     assert env.hw("run", "agent.py:boom", "--id", "b").returncode == 1
     done = env.hw("list", "--json")
     assert done.returncode == 0
-    assert json.loads(done.stdout) == {
+    assert json.loads(done.stdout) == {  # newest created first
         "runs": [
-            {
-                "id": "a",
-                "task": "agent.py:flow",
-                "state": "completed",
-                "reason": None,
-                "retry": "none",
-            },
             {
                 "id": "b",
                 "task": "agent.py:boom",
                 "state": "failed",
                 "reason": None,
                 "retry": "restart",
+            },
+            {
+                "id": "a",
+                "task": "agent.py:flow",
+                "state": "completed",
+                "reason": None,
+                "retry": "none",
             },
         ]
     }

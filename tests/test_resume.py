@@ -102,7 +102,7 @@ async def test_idempotent_unknown_step_reruns_with_the_same_key(store_url: str) 
         outcome = await cancel_in_flight(rt, "charge_idempotent", "k1")
         step = outcome.steps[1]
         assert step.status is StepStatus.UNKNOWN
-        # a restart would charge again under a new key: only a resume is safe
+        # an unknown step of an idempotent external tool: a restart (new keys) would repeat it
         assert outcome.retry is Retry.RESUME
         toolkit.release.set()
         outcome = await (await rt.resume("k1")).outcome()

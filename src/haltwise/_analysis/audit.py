@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, final
 
+from .._core.exceptions import InputError
 from .._core.policy import CancelPolicy, Effect
 from .._runtime.describe import callable_name, cancel_leaves
 from .._runtime.tool import ToolSpec, as_spec
@@ -162,11 +163,12 @@ def audit_tools(tools: Iterable[object], *, deadline: float | None = None) -> Au
       assumed): an attempt that failed after its effect happened (a timeout, a lost answer) is
       run again, and the effect happens again.
 
-    A tool listed twice (the same object) is audited once. Raises :class:`ValueError` if
-    ``deadline`` is not a finite positive number.
+    A tool listed twice (the same object) is audited once. Raises
+    :class:`~haltwise.InputError` (a ``ValueError``) if ``deadline`` is not a finite positive
+    number.
     """
     if deadline is not None and not (0 < deadline < math.inf):
-        raise ValueError(f"deadline must be a finite number of seconds > 0, not {deadline!r}")
+        raise InputError(f"deadline must be a finite number of seconds > 0, not {deadline!r}")
     specs = map(as_spec, tools)
     unique = list({id(item): item for item in specs}.values())
     rows = tuple(_row(item) for item in unique)

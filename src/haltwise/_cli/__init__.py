@@ -16,7 +16,7 @@ import click
 
 from .. import __version__
 from .._core.exceptions import HaltwiseError, UnknownRunError
-from . import mcp, runs, verbs, verify, work
+from . import mcp, runs, serve, verbs, verify, work
 from .base import USAGE, fail, store_in_use
 from .signals import RELAY
 
@@ -36,10 +36,12 @@ def cli() -> None:
 for _command in (
     runs.run_command,
     runs.cancel_command,
+    runs.prune_command,
     runs.status_command,
     runs.resume_command,
     runs.list_command,
     runs.audit_command,
+    serve.serve_command,
     verbs.pause_command,
     verbs.unpause_command,
     verbs.fork_command,

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, final
@@ -24,12 +25,13 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from .._core.outcome import Outcome, Retry, StepRecord
+from .._core.outcome import Outcome, StepRecord
 from .._core.policy import CancelPolicy
 from .._core.records import RunSnapshot
 from .._core.states import State, StepStatus
+from .._core.views import RunSummary, StepWait
 from .._journal.check import CheckReport
-from .._runtime.tool import TOOLS
+from .._runtime.explain import retry_words, waiting_for
 
 if TYPE_CHECKING:
     from .._analysis.audit import AuditReport
@@ -58,61 +60,34 @@ _STATUS_STYLE = {
 }
 
 
-def retry_words(outcome: Outcome) -> str:
-    """The outcome's retry advice as a sentence a person can act on.
-
-    ``restart``: "safe to restart from scratch ..."; ``resume``: names the tools a restart would
-    repeat; ``reconcile``: names each ``unknown`` step and the resume options that settle it.
-    """
-    match outcome.retry:
-        case Retry.NONE:
-            return "none: the run completed"
-        case Retry.RESTART:
-            return "safe to restart from scratch (resuming is safe too)"
-        case Retry.RESUME:
-            repeated = _unique(
-                step.tool
-                for step in outcome.steps
-                if step.status is StepStatus.COMMITTED and step.effect.repeats_harm
-            )
-            return f"resume: restarting would repeat {', '.join(repeated)}"
-        case Retry.RECONCILE:
-            blocked = [
-                s for s in outcome.steps if s.status is StepStatus.UNKNOWN and not s.idempotent
-            ]
-            return "; ".join(
-                f"reconcile step {s.index} ({s.tool}) first: check whether it happened, then "
-                f"resume with --assume-done {s.index} or --rerun {s.index}"
-                for s in blocked
-            )
-
-
-def cancelling_line(snapshot: RunSnapshot) -> str | None:
+def cancelling_line(state: State, forced: bool, waits: Sequence[StepWait]) -> str | None:
     """What a ``cancelling`` run is waiting for, in words; ``None`` if the run is not cancelling.
 
     With a ``finish`` (or undeclared) step in flight: ``"cancelling: waiting for send_email
-    (finish, grace 30s)"``. The grace is known only when the tool is loaded in this process.
+    (finish, grace 30s), 12s left"``. The grace is known only when the tool is loaded in this
+    process, what is left of it only when the cancel's time is at hand.
     """
-    run = snapshot.run
-    if run.state is not State.CANCELLING:
+    if state is not State.CANCELLING:
         return None
-    if run.force:
+    if forced:
         return "cancelling (forced): stopping now"
-    in_flight = [step for step in snapshot.steps if step.status is StepStatus.RUNNING]
-    if not in_flight:
+    if not waits:
         return "cancelling: stopping at the next checkpoint"
-    step = in_flight[-1]
-    policy = CancelPolicy(step.cancel) if step.cancel else None
-    grace = _grace(step.tool)
-    match policy:
-        case CancelPolicy.INTERRUPTIBLE:
-            return f"cancelling: interrupting {step.tool}"
-        case CancelPolicy.ROLLBACK:
-            return f"cancelling: undoing {step.tool} (rollback{grace})"
-        case CancelPolicy.FINISH:
-            return f"cancelling: waiting for {step.tool} (finish{grace})"
-        case None:
-            return f"cancelling: waiting for {step.tool} (undeclared, so finish{grace})"
+    return "cancelling: " + "; ".join(_wait_words(wait) for wait in waits)
+
+
+def _wait_words(wait: StepWait) -> str:
+    grace = "" if wait.grace is None else f", grace {wait.grace:g}s"
+    left = "" if wait.grace_left is None else f", {wait.grace_left:.0f}s left"
+    match wait.policy:
+        case CancelPolicy.INTERRUPTIBLE.value:
+            return f"interrupting {wait.tool}"
+        case CancelPolicy.ROLLBACK.value:
+            return f"undoing {wait.tool} (rollback{grace}){left}"
+        case CancelPolicy.FINISH.value:
+            return f"waiting for {wait.tool} (finish{grace}){left}"
+        case _:
+            return f"waiting for {wait.tool} (undeclared, so finish{grace}){left}"
 
 
 def pause_line(snapshot: RunSnapshot) -> str | None:
@@ -135,13 +110,11 @@ def pause_line(snapshot: RunSnapshot) -> str | None:
     return f"pause requested: letting {', '.join(in_flight)} end first, then pausing"
 
 
-def _grace(tool: str) -> str:
-    found = TOOLS.get(tool)
-    return f", grace {found.policy.grace:g}s" if found is not None else ""
-
-
-def _unique(names: Iterator[str] | Sequence[str]) -> list[str]:
-    return list(dict.fromkeys(names))
+def snapshot_waits(snapshot: RunSnapshot) -> tuple[StepWait, ...]:
+    """The waits of a snapshot (no times at hand: no grace left)."""
+    return waiting_for(
+        snapshot.steps, {}, requested_at=None, forced=snapshot.run.force, now=time.time()
+    )
 
 
 #: Control characters a text from the journal (an id, a reason, an error) may hold: C0 (but the
@@ -242,21 +215,21 @@ class Screen:
             table.add_row(finding.run, finding.code, finding.message)
         self.console.print(table)
 
-    def runs(self, outcomes: Sequence[Outcome]) -> None:
+    def runs(self, runs: Sequence[RunSummary]) -> None:
         """A table of runs (``list``): id, task, state, reason, retry."""
-        if not outcomes:
+        if not runs:
             self.note("no runs")
             return
         table = Table(box=None, pad_edge=False)
         for column in ("id", "task", "state", "reason", "retry"):
             table.add_column(column, overflow="fold")
-        for outcome in outcomes:
+        for run in runs:
             table.add_row(
-                Text(outcome.id),
-                Text(outcome.task),
-                _state_text(outcome.state),
-                Text(outcome.reason or ""),
-                Text(outcome.retry.value if outcome.state.is_final else ""),
+                Text(run.id),
+                Text(run.task),
+                _state_text(run.state),
+                Text(run.reason or ""),
+                Text(run.retry.value if run.state.is_final else ""),
             )
         self.console.print(table)
 
@@ -305,7 +278,8 @@ class LiveView:
             parts.append(Text(f"  ... {len(partials) - _LIVE_PARTIALS} earlier partials", "dim"))
         for value in partials[-_LIVE_PARTIALS:]:
             parts.append(Text.assemble(("  partial ", "dim"), _partial_text(value)))
-        for waiting in (cancelling_line(snapshot), pause_line(snapshot)):
+        waits = snapshot_waits(snapshot)
+        for waiting in (cancelling_line(run.state, run.force, waits), pause_line(snapshot)):
             if waiting is not None:
                 parts.append(Text(waiting, style="yellow"))
         return Group(*parts)

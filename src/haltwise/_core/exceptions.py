@@ -71,8 +71,11 @@ class PolicyError(HaltwiseError):
         self.tool = tool
 
 
-class InputError(HaltwiseError):
-    """Task inputs, a partial result or a tool result cannot be journaled (not JSON, wrong args)."""
+class InputError(HaltwiseError, ValueError):
+    """A value given to haltwise is unusable: task inputs, a partial result or a tool result
+    that cannot be journaled (not JSON, wrong arguments), or an argument out of its range (a
+    deadline, a lease, a shield's seconds, a worker's concurrency). Also a :class:`ValueError`,
+    so code that caught the bare ``ValueError`` some of these used to be keeps working."""
 
 
 class UnknownRunError(HaltwiseError):

@@ -98,33 +98,38 @@ class StepRecord:
 
 
 def retry_advice(state: State, steps: Sequence[StepRecord]) -> Retry:
+    """The contract's retry rule over a run's steps (see :func:`advice`)."""
+    return advice(
+        state,
+        unknown_unsafe=any(s.status is StepStatus.UNKNOWN and not s.idempotent for s in steps),
+        repeats_harm=any(would_repeat(s) for s in steps),
+    )
+
+
+def would_repeat(step: StepRecord) -> bool:
+    """A restart from scratch would do this step's effect again."""
+    done = step.status is StepStatus.COMMITTED or (
+        step.status is StepStatus.UNKNOWN and step.idempotent
+    )
+    return done and step.effect.repeats_harm
+
+
+def advice(state: State, *, unknown_unsafe: bool, repeats_harm: bool) -> Retry:
     """The contract's retry rule: the first of none, reconcile, resume, restart that applies.
 
-    A ``paused`` run is advised ``resume``: resuming it means unpausing it, and nothing is
-    settled or lost while it waits.
+    ``unknown_unsafe``: a step is ``unknown`` and its tool is not idempotent; ``repeats_harm``:
+    a ``committed`` step, or an ``unknown`` step of an idempotent tool, has effect ``write`` or
+    ``external``. (A listing computes both in SQL, from the same definitions.)
     """
     if state is State.COMPLETED:
         return Retry.NONE
     if state is State.PAUSED:
         return Retry.RESUME
-    if any(s.status is StepStatus.UNKNOWN and not s.idempotent for s in steps):
+    if unknown_unsafe:
         return Retry.RECONCILE
-    if any(_restart_repeats(step) for step in steps):
+    if repeats_harm:
         return Retry.RESUME
     return Retry.RESTART
-
-
-def _restart_repeats(step: StepRecord) -> bool:
-    """Would a new run (new idempotency keys) repeat this step's effect on the world?
-
-    A committed write or external call would run again; so would an ``unknown`` one of an
-    idempotent tool, whose key protects a resume but not a restart.
-    """
-    if not step.effect.repeats_harm:
-        return False
-    return step.status is StepStatus.COMMITTED or (
-        step.status is StepStatus.UNKNOWN and step.idempotent
-    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -52,6 +52,15 @@ from .._core.exceptions import NoStoreError, StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
+from .._core.views import Change, RunSummary
+from .operator_sql import (
+    OperatorSQL,
+    cancel_writes,
+    change_from_row,
+    sort_named,
+    summary_from_row,
+    times_from_rows,
+)
 from .rows import (
     RUN_COLUMNS,
     error_to_text,
@@ -79,7 +88,7 @@ from .sql import (
     plan_transition,
     plan_unpause_write,
 )
-from .store import UNSET, NewRun, PauseSignal, StepStart
+from .store import UNSET, CancelResult, NewRun, PauseSignal, RunJournal, StepStart
 
 _CHANNEL = "haltwise_changes"
 #: advisory lock key that serialises schema creation between processes opening the store at once
@@ -535,20 +544,7 @@ class PostgresStore:
 
     async def load(self, run_id: str) -> RunSnapshot:
         async def op(conn: _Conn) -> RunSnapshot:
-            run = await _load_run(conn, run_id)
-            async with conn.cursor(row_factory=tuple_row) as rows:  # step_from_row: by position
-                await rows.execute(_SQL.load_steps, (run_id,))
-                steps = steps_from_rows(run_id, await rows.fetchall())
-            cursor = await conn.execute(_SQL.load_partials, (run_id,))
-            found = await cursor.fetchall()
-            return RunSnapshot(
-                run=run,
-                steps=steps,
-                partials=partials_from_rows(run_id, [row["value"] for row in found]),
-                partial_keys=tuple(
-                    partial_key(row["step"], row["ordinal"], row["seq"]) for row in found
-                ),
-            )
+            return await _load_snapshot(conn, run_id)
 
         return await self._run(op, read_only=True)
 
@@ -591,6 +587,112 @@ class PostgresStore:
                 row["id"]: (row["reason"] or "user", bool(row["force"]))
                 for row in await cursor.fetchall()
             }
+
+        return await self._run(op, read_only=True)
+
+    # -- the operator's operations (their SQL: operator_sql) ------------------------------------
+
+    async def run_page(
+        self,
+        *,
+        states: Collection[State],
+        tasks: Collection[str] | None,
+        limit: int,
+        before: tuple[float, str] | None,
+    ) -> list[RunSummary]:
+        sql, params = _OPS.run_page(states=states, tasks=tasks, limit=limit, before=before)
+
+        async def op(conn: _Conn) -> list[RunSummary]:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(sql, params)
+                return [summary_from_row(row) for row in await rows.fetchall()]
+
+        return await self._run(op, read_only=True)
+
+    async def task_names(self) -> list[str]:
+        async def op(conn: _Conn) -> list[str]:
+            cursor = await conn.execute(_OPS.task_names())
+            return [row["task"] for row in await cursor.fetchall()]
+
+        return await self._run(op, read_only=True)
+
+    async def inspect(self, run_id: str) -> RunJournal:
+        async def op(conn: _Conn) -> RunJournal:
+            snapshot = await _load_snapshot(conn, run_id)
+            cursor = await conn.execute(*_SQL.events(run_id))
+            events = read_all(event_from_row, await cursor.fetchall())
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(_OPS.step_times(), (run_id,))
+                times = times_from_rows(await rows.fetchall())
+            return RunJournal(snapshot=snapshot, events=tuple(events), step_times=times)
+
+        return await self._run(op, read_only=True)
+
+    async def request_cancels(
+        self,
+        *,
+        ids: Sequence[str] | None,
+        states: Collection[State],
+        tasks: Collection[str] | None,
+        reason: str,
+        force: bool,
+        dry_run: bool = False,
+    ) -> CancelResult:
+        async def op(conn: _Conn) -> CancelResult:
+            if ids is not None:
+                query = _OPS.runs_by_ids(lock=not dry_run)
+                cursor = await conn.execute(query, (_OPS.id_list(ids),))
+            else:
+                query, params = _OPS.active_runs(states=states, tasks=tasks, lock=not dry_run)
+                cursor = await conn.execute(query, params)
+            found = read_all(run_from_row, await cursor.fetchall())
+            chosen, final, unknown = sort_named(found, ids)
+            if dry_run:
+                return CancelResult(tuple(chosen), final, unknown)
+            writes, reached = cancel_writes(_OPS, chosen, reason, force, time.time())
+            async with conn.cursor() as batch:
+                for write in writes:
+                    await batch.executemany(write.sql, write.rows)
+            if reached:
+                await _notify(conn, reached[0])
+            cursor = await conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(reached),))
+            after = read_all(run_from_row, await cursor.fetchall())
+            return CancelResult(tuple(after), final, unknown)
+
+        return await self._run(op, read_only=dry_run)
+
+    async def prune(
+        self, *, ended_before: float, states: Collection[State], dry_run: bool = False
+    ) -> list[str]:
+        sql, params = _OPS.prunable(states, lock=not dry_run)
+
+        async def op(conn: _Conn) -> list[str]:
+            cursor = await conn.execute(sql, (*params, ended_before))
+            ids = [row["id"] for row in await cursor.fetchall()]
+            if ids and not dry_run:
+                for statement in _OPS.prune_deletes():
+                    await conn.execute(statement, (_OPS.id_list(ids),))
+            return ids
+
+        return await self._run(op, read_only=dry_run)
+
+    async def changes_after(self, seq: int, *, limit: int) -> tuple[list[Change], float]:
+        async def op(conn: _Conn) -> tuple[list[Change], float]:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(_OPS.changes_after(), (seq, limit))
+                changes = [change_from_row(row) for row in await rows.fetchall()]
+                await rows.execute(_OPS.now())
+                now = await rows.fetchone()
+            return changes, float(now[0]) if now else time.time()
+
+        return await self._run(op)
+
+    async def last_change(self) -> int:
+        async def op(conn: _Conn) -> int:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(_OPS.last_change())
+                row = await rows.fetchone()
+            return int(row[0]) if row else 0
 
         return await self._run(op, read_only=True)
 
@@ -659,6 +761,7 @@ class PostgresStore:
 # -- SQL helpers ------------------------------------------------------------------------------
 
 _SQL = Statements(POSTGRES)
+_OPS = OperatorSQL(POSTGRES)
 
 
 def _partial_row(
@@ -672,6 +775,21 @@ def _fetched(row: DictRow | None) -> DictRow:
     if row is None:  # pragma: no cover - RETURNING of an INSERT always yields a row
         raise StoreError("the store returned no row")
     return row
+
+
+async def _load_snapshot(conn: _Conn, run_id: str) -> RunSnapshot:
+    run = await _load_run(conn, run_id)
+    async with conn.cursor(row_factory=tuple_row) as rows:  # step_from_row: by position
+        await rows.execute(_SQL.load_steps, (run_id,))
+        steps = steps_from_rows(run_id, await rows.fetchall())
+    cursor = await conn.execute(_SQL.load_partials, (run_id,))
+    found = await cursor.fetchall()
+    return RunSnapshot(
+        run=run,
+        steps=steps,
+        partials=partials_from_rows(run_id, [row["value"] for row in found]),
+        partial_keys=tuple(partial_key(row["step"], row["ordinal"], row["seq"]) for row in found),
+    )
 
 
 async def _load_run(conn: _Conn, run_id: str) -> RunRecord:

@@ -204,6 +204,13 @@ _RUN_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
 _RUN_NAMES = tuple(column for column, _ in _RUN_CHECKS)
 
 
+def run_columns(run_id: Any, names: Sequence[str], values: Sequence[Any]) -> list[Any]:
+    """Some columns of a run's row, converted as :func:`run_from_row` converts them;
+    :class:`CorruptRowError` names the run and the column that does not parse."""
+    checks = tuple((name, _RUN_CONVERTERS[name]) for name in names)
+    return _checked("runs", str(run_id), "", checks, values)
+
+
 def run_from_row(row: Mapping[str, Any]) -> RunRecord:
     """A run from a row with the columns of ``RUN_COLUMNS``; :class:`CorruptRowError` if any
     value does not parse (the error names the run and the column)."""
@@ -211,6 +218,8 @@ def run_from_row(row: Mapping[str, Any]) -> RunRecord:
     values = _checked("runs", str(run_id), "", _RUN_CHECKS, [row[column] for column in _RUN_NAMES])
     return RunRecord(**dict(zip(_RUN_NAMES, values, strict=True)))
 
+
+_RUN_CONVERTERS = dict(_RUN_CHECKS)
 
 _STEP_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     ("idx", _integer),

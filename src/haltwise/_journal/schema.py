@@ -31,12 +31,14 @@ __all__ = [
     "SCHEMA_VERSION",
     "SQLITE",
     "TABLES",
+    "TRIGGERS",
     "Column",
     "Dialect",
     "Index",
     "Kind",
     "Migration",
     "Table",
+    "Trigger",
     "create_statements",
     "parse_version",
     "read_views",
@@ -97,12 +99,25 @@ class AddColumn:
 
 
 @dataclass(frozen=True, slots=True)
+class Trigger:
+    """A trigger, in each dialect's own words (their trigger languages differ too much to
+    render one from the other): the statements that create it, idempotently."""
+
+    name: str
+    sqlite: tuple[str, ...]
+    postgresql: tuple[str, ...]
+
+
+Change = AddColumn | Index | Table | Trigger
+
+
+@dataclass(frozen=True, slots=True)
 class Migration:
     """The changes that take a store from ``version - 1`` to ``version``."""
 
     version: int
     summary: str
-    changes: tuple[AddColumn | Index, ...]
+    changes: tuple[Change, ...]
 
 
 def _text(name: str, *, not_null: bool = False) -> Column:
@@ -113,14 +128,30 @@ def _text(name: str, *, not_null: bool = False) -> Column:
 _PAUSE = Column("pause", Kind.BOOLEAN, not_null=True, default=False)
 #: the runs with a pause requested, for the watcher (``Store.pause_signals``): nearly always none
 _PAUSING = Index("runs_pausing", "runs", ("id",), where="pause")
-#: Version 4: how a replayed call is matched to its journaled step (the framework's call id, and a
+#: Version 5: how a replayed call is matched to its journaled step (the framework's call id, and a
 #: fingerprint of its arguments checked on replay).
 _STEP_IDENTITY = (_text("call_id"), _text("fingerprint"))
-#: Version 4: which step emitted a partial result (NULL: the task's own code) and its ordinal
+#: Version 5: which step emitted a partial result (NULL: the task's own code) and its ordinal
 #: among that emitter's partials, so that a replayed step does not emit it again.
 _PARTIAL_ORIGIN = (Column("step", Kind.INTEGER), Column("ordinal", Kind.INTEGER))
 
-#: Version 5: the errors of a step's earlier failed attempts (a JSON list of ``{"attempt",
+#: The change feed: one row per transition, step start or settlement and partial result, written
+#: by the triggers of :data:`TRIGGERS` in the transaction that writes them; ``idx`` is the
+#: event's, step's or partial's number, ``status`` the new state or step status, ``at`` the
+#: database's clock (see :mod:`.operator_sql`).
+_CHANGES = Table(
+    "changes",
+    (
+        Column("seq", Kind.SERIAL),
+        _text("run_id", not_null=True),
+        _text("kind", not_null=True),
+        Column("idx", Kind.INTEGER),
+        _text("status"),
+        Column("at", Kind.REAL, not_null=True),
+    ),
+)
+
+#: Version 6: the errors of a step's earlier failed attempts (a JSON list of ``{"attempt",
 #: "type", "message"}``), kept when the step runs again (a retry, a resume)
 _ATTEMPT_ERRORS = _text("errors")
 
@@ -200,6 +231,7 @@ TABLES: tuple[Table, ...] = (
             Column("at", Kind.REAL, not_null=True),
         ),
     ),
+    _CHANGES,
 )
 
 INDEXES: tuple[Index, ...] = (
@@ -209,6 +241,68 @@ INDEXES: tuple[Index, ...] = (
     Index("runs_by_created", "runs", ("created_at", "id")),
     Index("runs_by_task", "runs", ("task", "created_at")),
     _PAUSING,
+    Index("runs_by_state_created", "runs", ("state", "created_at")),
+    Index("changes_by_run", "changes", ("run_id", "seq")),
+)
+
+_SQLITE_CLOCK = "((julianday('now') - 2440587.5) * 86400.0)"
+_POSTGRES_CLOCK = "extract(epoch from clock_timestamp())::double precision"
+
+
+def _sqlite_trigger(name: str, when: str, kind: str, index: str, status: str) -> str:
+    return (
+        f"CREATE TRIGGER IF NOT EXISTS {name} {when} BEGIN "
+        "INSERT INTO changes (run_id, kind, idx, status, at) "
+        f"VALUES (NEW.run_id, '{kind}', {index}, {status}, {_SQLITE_CLOCK}); END"
+    )
+
+
+def _postgres_insert(kind: str, index: str, status: str) -> str:
+    return (
+        "INSERT INTO haltwise.changes (run_id, kind, idx, status, at) "
+        f"VALUES (NEW.run_id, '{kind}', {index}, {status}, {_POSTGRES_CLOCK});"
+    )
+
+
+#: The triggers that fill ``changes`` (one function for the three tables on PostgreSQL).
+TRIGGERS: tuple[Trigger, ...] = (
+    Trigger(
+        "record_change",
+        sqlite=(
+            _sqlite_trigger(
+                "changes_on_event", "AFTER INSERT ON events", "transition", "NEW.seq", "NEW.target"
+            ),
+            _sqlite_trigger(
+                "changes_on_step", "AFTER INSERT ON steps", "step", "NEW.idx", "NEW.status"
+            ),
+            _sqlite_trigger(
+                "changes_on_step_status",
+                "AFTER UPDATE OF status ON steps",
+                "step",
+                "NEW.idx",
+                "NEW.status",
+            ),
+            _sqlite_trigger(
+                "changes_on_partial", "AFTER INSERT ON partials", "partial", "NEW.seq", "NULL"
+            ),
+        ),
+        postgresql=(
+            "CREATE OR REPLACE FUNCTION haltwise.record_change() RETURNS trigger "
+            "LANGUAGE plpgsql AS $$ BEGIN IF TG_TABLE_NAME = 'events' THEN "
+            + _postgres_insert("transition", "NEW.seq", "NEW.target")
+            + " ELSIF TG_TABLE_NAME = 'steps' THEN "
+            + _postgres_insert("step", "NEW.idx", "NEW.status")
+            + " ELSE "
+            + _postgres_insert("partial", "NEW.seq", "NULL")
+            + " END IF; RETURN NULL; END $$",
+            "CREATE OR REPLACE TRIGGER changes_on_event AFTER INSERT ON haltwise.events "
+            "FOR EACH ROW EXECUTE FUNCTION haltwise.record_change()",
+            "CREATE OR REPLACE TRIGGER changes_on_step AFTER INSERT OR UPDATE OF status "
+            "ON haltwise.steps FOR EACH ROW EXECUTE FUNCTION haltwise.record_change()",
+            "CREATE OR REPLACE TRIGGER changes_on_partial AFTER INSERT ON haltwise.partials "
+            "FOR EACH ROW EXECUTE FUNCTION haltwise.record_change()",
+        ),
+    ),
 )
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -223,6 +317,16 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "the pause request of a run (issue 18)", (AddColumn("runs", _PAUSE), _PAUSING)),
     Migration(
         4,
+        "the change feed (table changes, filled by triggers) and runs by state, newest first",
+        (
+            _CHANGES,
+            Index("changes_by_run", "changes", ("run_id", "seq")),
+            Index("runs_by_state_created", "runs", ("state", "created_at")),
+            *TRIGGERS,
+        ),
+    ),
+    Migration(
+        5,
         "step identity (call id, argument fingerprint) and the step that emitted each partial",
         (
             *(AddColumn("steps", column) for column in _STEP_IDENTITY),
@@ -230,7 +334,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
-        5,
+        6,
         "the errors of a step's earlier attempts (issue 18)",
         (AddColumn("steps", _ATTEMPT_ERRORS),),
     ),
@@ -284,10 +388,15 @@ class Dialect:
             f"({', '.join(index.columns)}){where}"
         )
 
-    def change(self, change: AddColumn | Index) -> str:
+    def change(self, change: Change) -> list[str]:
+        """The statements of one migration change."""
         if isinstance(change, Index):
-            return self.create_index(change)
-        return f"ALTER TABLE {self.qualify(change.table)} ADD COLUMN {self.column(change.column)}"
+            return [self.create_index(change)]
+        if isinstance(change, Table):
+            return [self.create_table(change)]
+        if isinstance(change, Trigger):
+            return list(change.sqlite if self.name == "sqlite" else change.postgresql)
+        return [f"ALTER TABLE {self.qualify(change.table)} ADD COLUMN {self.column(change.column)}"]
 
     def set_version(self) -> str:
         """The statement that records the schema version (one parameter: the version)."""
@@ -329,8 +438,10 @@ POSTGRES = Dialect(
 
 def create_statements(dialect: Dialect) -> list[str]:
     """The statements that create the newest schema in an empty store (version not included)."""
-    return [dialect.create_table(table) for table in TABLES] + [
-        dialect.create_index(index) for index in INDEXES
+    return [
+        *(dialect.create_table(table) for table in TABLES),
+        *(dialect.create_index(index) for index in INDEXES),
+        *(statement for trigger in TRIGGERS for statement in dialect.change(trigger)),
     ]
 
 
@@ -390,8 +501,9 @@ def upgrade_statements(dialect: Dialect, found: int | None, where: str) -> Seque
             f"{SCHEMA_VERSION}: upgrade haltwise"
         )
     return [
-        dialect.change(change)
+        statement
         for migration in MIGRATIONS
         if migration.version > found
         for change in migration.changes
+        for statement in dialect.change(change)
     ]

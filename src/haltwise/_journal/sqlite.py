@@ -16,7 +16,7 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from functools import partial
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
@@ -27,6 +27,15 @@ from .._core.exceptions import NoStoreError, StoreError, StoreGoneError, Unknown
 from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
+from .._core.views import Change, RunSummary
+from .operator_sql import (
+    OperatorSQL,
+    cancel_writes,
+    change_from_row,
+    sort_named,
+    summary_from_row,
+    times_from_rows,
+)
 from .rows import (
     RUN_COLUMNS,
     error_to_text,
@@ -55,7 +64,14 @@ from .sql import (
     plan_unpause_write,
 )
 from .sqlite_writer import Op, Writer, store_error
-from .store import UNSET, NewRun, PauseSignal, StepStart
+from .store import (
+    UNSET,
+    CancelResult,
+    NewRun,
+    PauseSignal,
+    RunJournal,
+    StepStart,
+)
 
 #: The page size of a new store file (bytes).
 _PAGE_SIZE = 1024
@@ -73,6 +89,7 @@ _CACHE_KIB = 16384
 _POLL_INTERVAL = 0.015
 
 _SQL = Statements(SQLITE)
+_OPS = OperatorSQL(SQLITE)
 
 _START_STEP = """
 INSERT INTO steps (run_id, idx, tool, cancel, effect, idempotent, status, attempts, idem_key,
@@ -530,20 +547,9 @@ class SQLiteStore:
         return op
 
     async def load(self, run_id: str) -> RunSnapshot:
-        def op(conn: sqlite3.Connection) -> RunSnapshot:
-            run = _load_run(conn, run_id)
-            rows = conn.cursor()
-            rows.row_factory = None  # plain tuples: step_from_row reads them by position
-            steps = steps_from_rows(run_id, rows.execute(_SQL.load_steps, (run_id,)).fetchall())
-            found = conn.execute(_SQL.load_partials, (run_id,)).fetchall()
-            return RunSnapshot(
-                run=run,
-                steps=steps,
-                partials=partials_from_rows(run_id, [row[0] for row in found]),
-                partial_keys=tuple(partial_key(row[1], row[2], row[3]) for row in found),
-            )
-
-        snapshot: RunSnapshot = await self._writer.call(op, write=False)
+        snapshot: RunSnapshot = await self._writer.call(
+            partial(_load_snapshot, run_id=run_id), write=False
+        )
         return snapshot
 
     async def list_runs(self, state: State | None = None) -> list[RunRecord]:
@@ -583,6 +589,100 @@ class SQLiteStore:
         except sqlite3.Error as error:
             raise store_error(self.path, error) from None
         return {row[0]: (row[1] or "user", bool(row[2])) for row in rows if row[0] in wanted}
+
+    # -- the operator's operations (their SQL: operator_sql) ------------------------------------
+
+    async def run_page(
+        self,
+        *,
+        states: Collection[State],
+        tasks: Collection[str] | None,
+        limit: int,
+        before: tuple[float, str] | None,
+    ) -> list[RunSummary]:
+        sql, params = _OPS.run_page(states=states, tasks=tasks, limit=limit, before=before)
+
+        def op(conn: sqlite3.Connection) -> list[RunSummary]:
+            return [summary_from_row(tuple(row)) for row in conn.execute(sql, params)]
+
+        page: list[RunSummary] = await self._writer.call(op, write=False)
+        return page
+
+    async def task_names(self) -> list[str]:
+        def op(conn: sqlite3.Connection) -> list[str]:
+            return [row[0] for row in conn.execute(_OPS.task_names())]
+
+        names: list[str] = await self._writer.call(op, write=False)
+        return names
+
+    async def inspect(self, run_id: str) -> RunJournal:
+        def op(conn: sqlite3.Connection) -> RunJournal:
+            snapshot = _load_snapshot(conn, run_id)
+            events = read_all(event_from_row, conn.execute(*_SQL.events(run_id)))
+            times = times_from_rows(conn.execute(_OPS.step_times(), (run_id,)))
+            return RunJournal(snapshot=snapshot, events=tuple(events), step_times=times)
+
+        journal: RunJournal = await self._writer.call(op, write=False)
+        return journal
+
+    async def request_cancels(
+        self,
+        *,
+        ids: Sequence[str] | None,
+        states: Collection[State],
+        tasks: Collection[str] | None,
+        reason: str,
+        force: bool,
+        dry_run: bool = False,
+    ) -> CancelResult:
+        def op(conn: sqlite3.Connection) -> CancelResult:
+            if ids is not None:
+                rows = conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(ids),))
+            else:
+                rows = conn.execute(*_OPS.active_runs(states=states, tasks=tasks, lock=False))
+            chosen, final, unknown = sort_named(read_all(run_from_row, rows), ids)
+            if dry_run:
+                return CancelResult(tuple(chosen), final, unknown)
+            writes, reached = cancel_writes(_OPS, chosen, reason, force, time.time())
+            for write in writes:
+                conn.executemany(write.sql, write.rows)
+            after = conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(reached),))
+            return CancelResult(tuple(read_all(run_from_row, after)), final, unknown)
+
+        result: CancelResult = await self._writer.call(op, bulk=True)
+        return result
+
+    async def prune(
+        self, *, ended_before: float, states: Collection[State], dry_run: bool = False
+    ) -> list[str]:
+        sql, params = _OPS.prunable(states, lock=False)
+
+        def op(conn: sqlite3.Connection) -> list[str]:
+            ids = [row[0] for row in conn.execute(sql, (*params, ended_before))]
+            if ids and not dry_run:
+                bound = _OPS.id_list(ids)
+                for statement in _OPS.prune_deletes():
+                    conn.execute(statement, (bound,))
+            return ids
+
+        pruned: list[str] = await self._writer.call(op, write=not dry_run, bulk=True)
+        return pruned
+
+    async def changes_after(self, seq: int, *, limit: int) -> tuple[list[Change], float]:
+        def op(conn: sqlite3.Connection) -> tuple[list[Change], float]:
+            rows = conn.execute(_OPS.changes_after(), (seq, limit))
+            changes = [change_from_row(tuple(row)) for row in rows]
+            return changes, float(conn.execute(_OPS.now()).fetchone()[0])
+
+        result: tuple[list[Change], float] = await self._writer.call(op, write=False)
+        return result
+
+    async def last_change(self) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            return int(conn.execute(_OPS.last_change()).fetchone()[0])
+
+        seq: int = await self._writer.call(op, write=False)
+        return seq
 
     def set_concurrency(self, active_runs: int) -> None:
         # One run: commit each write at once (no wait). Several: group commit, batched per
@@ -631,6 +731,20 @@ class SQLiteStore:
 
 
 # -- SQL helpers run by the writer thread ------------------------------------------------------
+
+
+def _load_snapshot(conn: sqlite3.Connection, run_id: str) -> RunSnapshot:
+    run = _load_run(conn, run_id)
+    rows = conn.cursor()
+    rows.row_factory = None  # plain tuples: step_from_row reads them by position
+    steps = steps_from_rows(run_id, rows.execute(_SQL.load_steps, (run_id,)).fetchall())
+    found = conn.execute(_SQL.load_partials, (run_id,)).fetchall()
+    return RunSnapshot(
+        run=run,
+        steps=steps,
+        partials=partials_from_rows(run_id, [row[0] for row in found]),
+        partial_keys=tuple(partial_key(row[1], row[2], row[3]) for row in found),
+    )
 
 
 def _file_identity(path: str) -> tuple[int, int] | None:

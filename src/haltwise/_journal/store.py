@@ -17,7 +17,7 @@ Two rules every store keeps, because the runtime relies on them:
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,6 +26,7 @@ from .._core.outcome import ErrorInfo
 from .._core.policy import Effect
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot
 from .._core.states import State, StepStatus, is_allowed
+from .._core.views import Change, RunSummary, StepTimes
 from .secrets import remember, safe_url
 
 DEFAULT_STORE_URL = "sqlite:///.haltwise/haltwise.db"
@@ -113,6 +114,25 @@ class StepStart:
     call_id: str | None = None
     #: a fingerprint of the call's arguments, compared on replay
     fingerprint: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunJournal:
+    """One run with its steps, partials, transitions and step times, read in one transaction."""
+
+    snapshot: RunSnapshot
+    events: tuple[Event, ...]
+    step_times: dict[int, StepTimes]
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResult:
+    """What :meth:`Store.request_cancels` did: the runs it reached (as they are afterwards),
+    the named runs that were already final, and the named ids the store does not hold."""
+
+    reached: tuple[RunRecord, ...]
+    already_final: tuple[RunRecord, ...] = ()
+    unknown: tuple[str, ...] = ()
 
 
 class Store(Protocol):
@@ -258,6 +278,58 @@ class Store(Protocol):
         What the runtime's watcher needs to act on other processes' pause, unpause and cancel
         requests for runs it holds; ``watched`` are the runs it holds with a pause requested.
         """
+
+    async def run_page(
+        self,
+        *,
+        states: Collection[State],
+        tasks: Collection[str] | None,
+        limit: int,
+        before: tuple[float, str] | None,
+    ) -> list[RunSummary]:
+        """Up to ``limit`` runs, newest created first (ties: id descending), in one query.
+
+        Only runs in ``states`` (every state when empty) and of ``tasks`` (recorded names; every
+        task when ``None``), created before the run ``before`` = ``(created_at, id)`` if given.
+        Each summary's retry advice is computed by the database from the run's steps.
+        """
+
+    async def task_names(self) -> list[str]:
+        """The task names the store's runs record, each once."""
+
+    async def inspect(self, run_id: str) -> RunJournal:
+        """The run with its steps, partials, events and step times; :class:`UnknownRunError`."""
+
+    async def request_cancels(
+        self,
+        *,
+        ids: Sequence[str] | None,
+        states: Collection[State],
+        tasks: Collection[str] | None,
+        reason: str,
+        force: bool,
+        dry_run: bool = False,
+    ) -> CancelResult:
+        """:meth:`request_cancel` for many runs in one transaction.
+
+        ``ids`` names the runs; with ``ids=None`` every active run in ``states`` (all active
+        states when empty) of ``tasks`` (when not ``None``) is chosen. ``dry_run`` reads the
+        same runs and writes nothing (``reached`` then holds them as they are).
+        """
+
+    async def prune(
+        self, *, ended_before: float, states: Collection[State], dry_run: bool = False
+    ) -> list[str]:
+        """Delete the final runs (in ``states``, every final state when empty) whose last change
+        is older than ``ended_before`` (epoch seconds), with their steps, partials, events and
+        changes, in one transaction; return their ids. An active run is never deleted."""
+
+    async def changes_after(self, seq: int, *, limit: int) -> tuple[list[Change], float]:
+        """Up to ``limit`` changes numbered above ``seq``, ascending, and the database's clock
+        now (the clock the changes' ``at`` was read from)."""
+
+    async def last_change(self) -> int:
+        """The number of the latest change (0 if none)."""
 
     def set_concurrency(self, active_runs: int) -> None:
         """A hint: how many runs this process works on the store now.

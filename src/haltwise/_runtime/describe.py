@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from .._core.exceptions import SchemaError
+from .._core.exceptions import InputError, SchemaError
 from .._core.policy import CancelPolicy, Effect, ToolPolicy
 from .tool import ToolSpec, as_spec, spec_of
 
@@ -183,7 +183,7 @@ def tool_schema(tool: object, *, format: SchemaFormat = "openai") -> dict[str, A
             "inputSchema": parameters,
             "annotations": mcp_annotations(tool.policy),
         }
-    raise ValueError(f"unknown schema format {format!r}; expected 'openai' or 'mcp'")
+    raise InputError(f"unknown schema format {format!r}; expected 'openai' or 'mcp'")
 
 
 def mcp_annotations(policy: ToolPolicy) -> dict[str, bool]:

@@ -10,7 +10,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -29,10 +29,20 @@ from .._core.exceptions import (
 from .._core.outcome import Outcome
 from .._core.records import RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
+from .._core.views import CancelBatch, Change, RunDetail, RunPage
 from .._journal.owner import DEFAULT_LEASE, held_by_live_owner, new_owner
 from .._journal.store import ForkOf, LostOwnershipError, NewRun, Store, open_store
 from .ending import call_task, fail_refused, finish, settle_takeover
 from .fork import ForkPlan, plan_fork
+from .operator import (
+    feed,
+    inspect_run,
+    page_of_runs,
+    parse_state,
+    registered_task,
+    resolve_task,
+    stand_in_task,
+)
 from .pause import deliver_pause_signals
 from .run_context import Probe, RunContext
 from .takeover import refuse_unknown
@@ -91,6 +101,12 @@ class Runtime:
     """
 
     def __init__(self, store: str | Store | None = None, *, lease: float = DEFAULT_LEASE) -> None:
+        if (
+            isinstance(lease, bool)
+            or not isinstance(lease, int | float)
+            or not 0 < lease < math.inf
+        ):
+            raise InputError(f"lease must be a finite number of seconds > 0, not {lease!r}")
         self.store: Store = open_store(store) if store is None or isinstance(store, str) else store
         self.lease = lease
         self.owner = new_owner()
@@ -492,11 +508,138 @@ class Runtime:
         if not isinstance(reason, str) or not reason:
             raise InputError("a cancel reason must be a non-empty string")
         record = await self.store.request_cancel(task_id, reason, force=force)
-        ctx = self._active.get(task_id)
-        if ctx is not None and record.state in (State.CANCELLING, State.CANCELLED):
-            # cancelling: settle what is in flight; cancelled (it was paused): stop its task
-            ctx.request_cancel(record.reason or reason, force=record.force)
-        return record
+        return await self._after_cancel(record)
+
+    async def _after_cancel(self, record: RunRecord) -> RunRecord:
+        """Deliver a recorded cancel here, or settle the run if nobody works it."""
+        ctx = self._active.get(record.id)
+        if ctx is not None:
+            if record.state in (State.CANCELLING, State.CANCELLED):
+                # cancelling: settle what is in flight; cancelled (it was paused): stop its task
+                ctx.request_cancel(record.reason or "user", force=record.force)
+            return record
+        if not self._orphaned(record):
+            return record
+        return await self._settle_orphan(record.id)
+
+    def _orphaned(self, run: RunRecord) -> bool:
+        """A ``cancelling`` run that nobody works: released, or its owner is gone."""
+        if run.state is not State.CANCELLING:
+            return False
+        if run.owner is not None and run.owner.token == self.owner.token:
+            return False  # this runtime holds it (working it, or taking it over right now)
+        return not held_by_live_owner(run)
+
+    async def _settle_orphan(self, task_id: str) -> RunRecord:
+        """Finish the cancel of a run nobody works, as a takeover would (CONTRACT.md, cancel):
+        settle its steps by their policies, run its saga, record ``cancelled``."""
+        run = (await self.store.load(task_id)).run
+        # Without its task here, its steps still settle by their journaled policies, but a
+        # rollback step's compensation and the task's saga cannot run (the step is unknown).
+        task = registered_task(run) or stand_in_task(run.task)
+        with contextlib.suppress(RunOwnedError):  # another process took it first: it finishes
+            await self.adopt(task_id, task)
+        return (await self.store.load(task_id)).run
+
+    async def cancel_many(
+        self,
+        ids: Sequence[str] | None = None,
+        *,
+        task: str | None = None,
+        state: State | str | None = None,
+        reason: str = "user",
+        force: bool = False,
+        dry_run: bool = False,
+    ) -> CancelBatch:
+        """Cancel several runs in one transaction: the runs ``ids``, or (``ids=None``) every
+        active run of ``task`` (a name as :meth:`list_runs` takes it) in ``state``.
+
+        Each run is cancelled as by :meth:`cancel` (and a run nobody works is settled here);
+        ``dry_run`` changes nothing and reports which runs would be cancelled.
+        """
+        if not isinstance(reason, str) or not reason:
+            raise InputError("a cancel reason must be a non-empty string")
+        chosen = parse_state(state)
+        if chosen is not None and chosen.is_final:
+            raise InputError(f"a {chosen} run cannot be cancelled: name an active state")
+        if ids is not None and (task is not None or chosen is not None):
+            raise InputError("name runs by id, or by task and state, not both")
+        tasks = None if task is None else await resolve_task(self.store, task)
+        result = await self.store.request_cancels(
+            ids=None if ids is None else list(dict.fromkeys(ids)),
+            states=() if chosen is None else (chosen,),
+            tasks=tasks,
+            reason=reason,
+            force=force,
+            dry_run=dry_run,
+        )
+        states = {record.id: record.state for record in result.already_final}
+        settled = []
+        for record in result.reached:
+            after = record if dry_run else await self._after_cancel(record)
+            states[record.id] = after.state
+            if self._orphaned(record) and after.state.is_final:
+                settled.append(record.id)
+        return CancelBatch(
+            cancelled=tuple(record.id for record in result.reached),
+            already_final=tuple(record.id for record in result.already_final),
+            unknown=result.unknown,
+            dry_run=dry_run,
+            states=states,
+            settled_here=tuple(settled),
+        )
+
+    async def prune(
+        self, older_than: float, *, state: State | str | None = None, dry_run: bool = False
+    ) -> list[str]:
+        """Delete the final runs that ended more than ``older_than`` seconds ago (with their
+        steps, partial results and history) and return their ids; ``state`` narrows it to one
+        final state. An active run is never deleted. ``dry_run`` deletes nothing."""
+        if isinstance(older_than, bool) or not isinstance(older_than, int | float):
+            raise InputError("older_than must be a number of seconds")
+        if not older_than >= 0 or math.isinf(older_than):
+            raise InputError(
+                f"older_than must be a finite number of seconds >= 0, not {older_than}"
+            )
+        chosen = parse_state(state)
+        if chosen is not None and not chosen.is_final:
+            raise InputError(f"prune deletes final runs only, not {chosen} ones")
+        return await self.store.prune(
+            ended_before=time.time() - older_than,
+            states=() if chosen is None else (chosen,),
+            dry_run=dry_run,
+        )
+
+    # -- the read API ----------------------------------------------------------------------------
+
+    async def inspect(self, task_id: str) -> RunDetail:
+        """Run ``task_id`` in full: its outcome so far (steps, partials, retry advice), its owner
+        and whether that owner is alive, its transitions with their times, and, while it is
+        ``cancelling``, the steps it waits for with their policy and the grace left.
+        Raises :class:`~haltwise.UnknownRunError` for an unknown id."""
+        return await inspect_run(self.store, task_id)
+
+    async def list_runs(
+        self,
+        *,
+        state: State | str | None = None,
+        task: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """Up to ``limit`` runs, newest created first, in one query; ``page.next`` is the
+        ``cursor`` of the next page (``None`` on the last). ``task`` is a name as the listing
+        shows it (``agent.py:research``) or its bare function name when that is unambiguous."""
+        return await page_of_runs(self.store, state=state, task=task, limit=limit, cursor=cursor)
+
+    def changes(
+        self, since: int | None = None, *, run_id: str | None = None
+    ) -> AsyncIterator[Change]:
+        """The journal's changes (transitions, step starts and settlements, partial results)
+        committed after change number ``since`` (from now on when ``None``), in order, as they
+        happen, by any process sharing the store; only run ``run_id``'s when given. Each
+        :class:`Change` has a ``seq``: pass the last one seen as ``since`` to miss nothing."""
+        return feed(self.store, since, None if run_id is None else {run_id})
 
     async def pause(self, task_id: str) -> RunRecord:
         """Ask run ``task_id`` to pause at its next checkpoint (any process may hold the run).
@@ -548,6 +691,9 @@ class Runtime:
     async def outcome(self, task_id: str) -> Outcome:
         """Wait for the run to reach a final state and return its outcome.
 
+        A ``cancelling`` run that nobody works any more (its owner died meanwhile, or released
+        it) is settled here, as :meth:`cancel` would: waiting for it never hangs.
+
         Raises :class:`~haltwise.StoreError` if this runtime stopped working the run because
         its journal could not be written (a full disk, a lost database): every call raises it,
         until the run is resumed here. A run this runtime does not work is waited for until
@@ -567,6 +713,9 @@ class Runtime:
             snapshot = await self.store.load(task_id)
             if snapshot.run.state.is_final:
                 return snapshot.outcome()
+            if self._orphaned(snapshot.run):
+                await self._settle_orphan(task_id)  # its owner died while we waited
+                continue
             await self.store.wait_for_change(0.5)
 
     def is_active(self, task_id: str) -> bool:

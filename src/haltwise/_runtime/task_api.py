@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 
-from .._core.exceptions import NotInTaskError
+from .._core.exceptions import InputError, NotInTaskError
 from .._core.records import JSONText, PartialKey, dump_json
 from .pause import pause_point
 from .run_context import CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext, current_run
@@ -123,8 +122,8 @@ async def shield(seconds: float) -> AsyncIterator[None]:
     settled by its policy) and the block is left; the cancel is then delivered at the next
     checkpoint. A forced cancel goes through a shield. Outside a task it only bounds the time.
     """
-    if seconds < 0 or math.isnan(seconds):
-        raise ValueError("shield(seconds) needs seconds >= 0")
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
+        raise InputError(f"shield(seconds) needs a number of seconds >= 0, not {seconds!r}")
     run = CURRENT_RUN.get()
     with anyio.move_on_after(seconds, shield=True) as scope:
         if run is None:

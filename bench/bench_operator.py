@@ -1,0 +1,439 @@
+"""The operator's seat, measured: bulk cancel, the HTTP API, the event stream, ``haltwise cancel``.
+
+1. ``bulk``: N runs (default 10,000) waiting in an interruptible tool in one process; the memory
+   each waiting run costs, the idle process's CPU, then every run cancelled: by one
+   ``Runtime.cancel_many`` (one transaction) against the baseline in the same run, one
+   ``Runtime.cancel`` per run. Time from the request to the last run recorded ``cancelled``.
+2. ``api``: a cancel through ``POST /api/runs/{id}/cancel`` of a run another process works, from
+   the request to the tool interrupted there (wall clock, one host), p50/p99, beside
+   ``haltwise cancel ID`` typed as a command (a new interpreter each time, exec -> interrupted),
+   on SQLite and PostgreSQL.
+3. ``pages``: ``GET /api/runs?limit=50`` and ``GET /api/runs/{id}`` with 100,000 runs in the
+   store (each with two steps), p50/p95, on SQLite and PostgreSQL.
+4. ``sse``: a client on ``/api/events``; from the commit of a transition (the database's clock
+   in the change row) to the client reading its event.
+
+usage: python bench/bench_operator.py [bulk|api|pages|sse|all] [--runs N] [--trials N]
+       (PostgreSQL cases need HALTWISE_PG_BIN or a local PostgreSQL; skipped otherwise)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import http.client
+import json
+import os
+import resource
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+from _report import header, percentile, table
+
+import haltwise
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+# -- 1. bulk cancel in one process ------------------------------------------------------------
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def wait_in_tool() -> None:
+    await anyio.sleep_forever()
+
+
+@haltwise.task(name="bench:waiter")
+async def waiter() -> None:
+    await wait_in_tool()
+
+
+def rss_kib() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+async def start_waiting(runtime: haltwise.Runtime, runs: int, prefix: str) -> list[str]:
+    ids = [f"{prefix}{i}" for i in range(runs)]
+    for run_id in ids:
+        await runtime.start(waiter, task_id=run_id)
+    while True:  # every run's step journaled and waiting
+        page = await runtime.list_runs(state="running", limit=1)
+        detail = await runtime.inspect(ids[-1])
+        if page.runs and detail.outcome.steps:
+            break
+        await anyio.sleep(0.05)
+    await anyio.sleep(0.5)
+    return ids
+
+
+async def bulk_case(url: str, runs: int, bulk: bool) -> dict[str, float]:
+    async with haltwise.Runtime(url) as runtime:
+        gc.collect()
+        before = rss_kib()
+        ids = await start_waiting(runtime, runs, "b" if bulk else "s")
+        gc.collect()
+        per_run = (rss_kib() - before) / runs
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        await anyio.sleep(3.0)
+        idle = (time.process_time() - cpu0) / (time.monotonic() - wall0) * 100
+        start = time.perf_counter()
+        if bulk:
+            await runtime.cancel_many(ids, reason="bulk")
+        else:
+            for run_id in ids:
+                await runtime.cancel(run_id, reason="one by one")
+        requested = time.perf_counter() - start
+        while runtime.active_runs:
+            await anyio.sleep(0.001)
+        done = time.perf_counter() - start
+        last = await runtime.inspect(ids[-1])
+        assert last.outcome.state is haltwise.State.CANCELLED
+    return {"per_run_kib": per_run, "idle_cpu": idle, "requested": requested, "done": done}
+
+
+def run_bulk(runs: int) -> None:
+    print(header(f"{runs:,} runs waiting in a tool, in one process: cancel them all (SQLite)"))
+    rows = []
+    for bulk in (False, True):
+        with tempfile.TemporaryDirectory() as scratch:
+            url = f"sqlite:///{scratch}/bulk.db"
+            result = anyio.run(bulk_case, url, runs, bulk)
+        rows.append(
+            [
+                "Runtime.cancel_many (one transaction)"
+                if bulk
+                else "Runtime.cancel per run (baseline)",
+                f"{result['requested'] * 1000:,.0f} ms",
+                f"{result['done'] * 1000:,.0f} ms",
+                f"{result['per_run_kib']:.1f} KiB",
+                f"{result['idle_cpu']:.1f}%",
+            ]
+        )
+    print(
+        table(
+            ["how", "requests recorded", "all cancelled", "memory per waiting run", "idle CPU"],
+            rows,
+        )
+    )
+
+
+# -- 2. a cancel through the API, beside the command -------------------------------------------
+
+
+@contextmanager
+def server(url: str, root: Path) -> Iterator[tuple[str, str]]:
+    from _serve import start_server
+
+    served = start_server(root, url)
+    try:
+        yield served.host, served.token
+    finally:
+        served.stop()
+
+
+def spawn_target(url: str, trials: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "_cancel_target.py"), url, str(trials)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def read_event(proc: subprocess.Popen[str], kind: str) -> list[str]:
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the target process ended early")
+        fields = line.split()
+        if fields[0] == kind:
+            return fields
+
+
+def api_cancels(url: str, trials: int, root: Path) -> list[float]:
+    latencies = []
+    with server(url, root) as (host, token):
+        target = spawn_target(url, trials)
+        connection = http.client.HTTPConnection(host, timeout=30)
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        for i in range(trials):
+            read_event(target, "entered")
+            time.sleep(0.05)  # the step journaled and waiting
+            sent = time.time()
+            connection.request("POST", f"/api/runs/x{i}/cancel", body=b"{}", headers=headers)
+            response = connection.getresponse()
+            response.read()
+            assert response.status == 202, response.status
+            stopped = float(read_event(target, "stopped")[2])
+            latencies.append(stopped - sent)
+            read_event(target, "final")
+        target.wait(timeout=30)
+        connection.close()
+    return latencies
+
+
+def cli_cancels(url: str, trials: int) -> list[float]:
+    latencies = []
+    target = spawn_target(url, trials)
+    for i in range(trials):
+        read_event(target, "entered")
+        time.sleep(0.05)
+        sent = time.time()
+        subprocess.run(
+            [sys.executable, "-m", "haltwise", "cancel", f"x{i}", "--store", url],
+            check=True,
+            capture_output=True,
+        )
+        stopped = float(read_event(target, "stopped")[2])
+        latencies.append(stopped - sent)
+        read_event(target, "final")
+    target.wait(timeout=30)
+    return latencies
+
+
+def pg_url() -> tuple[object, str] | None:
+    try:
+        from _pg import PostgresServer, PostgresUnavailable, create_database
+    except ImportError:
+        return None
+    try:
+        pg = PostgresServer()
+    except PostgresUnavailable:
+        return None
+    pg.start()
+    return pg, create_database(pg.dsn)
+
+
+def stores() -> Iterator[tuple[str, str]]:
+    with tempfile.TemporaryDirectory() as scratch:
+        yield "SQLite", f"sqlite:///{scratch}/api.db"
+    found = pg_url()
+    if found is None:
+        print("(PostgreSQL not found: its rows are left out)")
+        return
+    pg, url = found
+    try:
+        yield "PostgreSQL", url
+    finally:
+        pg.stop()  # type: ignore[attr-defined]
+
+
+def ms(values: list[float], fraction: float) -> str:
+    return f"{percentile(values, fraction) * 1000:.1f} ms"
+
+
+def run_api(trials: int) -> None:
+    print(header("A cancel from the request to the tool interrupted in another process"))
+    rows = []
+    for name, url in stores():
+        with tempfile.TemporaryDirectory() as root:
+            api = api_cancels(url, trials, Path(root))
+        command = cli_cancels(url, max(5, trials // 3))
+        rows.append([name, "POST /api/runs/{id}/cancel", trials, ms(api, 0.5), ms(api, 0.99)])
+        rows.append(
+            [name, "haltwise cancel ID (exec)", len(command), ms(command, 0.5), ms(command, 0.95)]
+        )
+    print(table(["store", "how", "trials", "p50", "p99 (cli: p95)"], rows))
+
+
+# -- 3. pages at 100,000 runs -----------------------------------------------------------------
+
+
+def fill_sqlite(url: str, runs: int) -> None:
+    async def create() -> None:
+        async with haltwise.Runtime(url):
+            pass  # the schema
+
+    anyio.run(create)
+    conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+    now = time.time()
+    conn.executemany(
+        "INSERT INTO runs (id, task, state, inputs, reason, force, created_at, updated_at) "
+        "VALUES (?, 'bench:page', ?, '{\"args\":[],\"kwargs\":{}}', ?, 0, ?, ?)",
+        (
+            (
+                f"r{i:06d}",
+                "cancelled" if i % 3 else "completed",
+                "user" if i % 3 else None,
+                now + i / 1e4,
+                now + i / 1e4,
+            )
+            for i in range(runs)
+        ),
+    )
+    conn.executemany(
+        "INSERT INTO steps (run_id, idx, tool, cancel, effect, idempotent, status, attempts, "
+        "idem_key, started_at, settled_at) VALUES (?, ?, 'search', 'interruptible', ?, 0, "
+        "'committed', 1, ?, ?, ?)",
+        (
+            (f"r{i:06d}", idx, "write" if idx else "read", f"k{i}-{idx}", now, now + 0.01)
+            for i in range(runs)
+            for idx in (0, 1)
+        ),
+    )
+    conn.commit()
+    conn.close()
+
+
+def fill_postgres(url: str, runs: int) -> None:
+    import psycopg
+
+    async def create() -> None:
+        async with haltwise.Runtime(url):
+            pass
+
+    anyio.run(create)
+    now = time.time()
+    with psycopg.connect(url) as pg, pg.cursor() as cursor:
+        runs_columns = "id, task, state, inputs, reason, force, created_at, updated_at"
+        with cursor.copy(f"COPY haltwise.runs ({runs_columns}) FROM STDIN") as copy:
+            for i in range(runs):
+                copy.write_row(
+                    (
+                        f"r{i:06d}",
+                        "bench:page",
+                        "cancelled" if i % 3 else "completed",
+                        '{"args":[],"kwargs":{}}',
+                        "user" if i % 3 else None,
+                        False,
+                        now + i / 1e4,
+                        now + i / 1e4,
+                    )
+                )
+        with cursor.copy(
+            "COPY haltwise.steps (run_id, idx, tool, cancel, effect, idempotent, status, attempts, "
+            "idem_key, started_at, settled_at) FROM STDIN"
+        ) as copy:
+            for i in range(runs):
+                for idx in (0, 1):
+                    copy.write_row(
+                        (
+                            f"r{i:06d}",
+                            idx,
+                            "search",
+                            "interruptible",
+                            "write" if idx else "read",
+                            False,
+                            "committed",
+                            1,
+                            f"k{i}-{idx}",
+                            now,
+                            now + 0.01,
+                        )
+                    )
+        cursor.execute("ANALYZE")
+
+
+def timed_gets(host: str, token: str, paths: list[str]) -> list[float]:
+    connection = http.client.HTTPConnection(host, timeout=30)
+    headers = {"Authorization": f"Bearer {token}"}
+    times = []
+    for path in paths:
+        start = time.perf_counter()
+        connection.request("GET", path, headers=headers)
+        response = connection.getresponse()
+        response.read()
+        assert response.status == 200, (path, response.status)
+        times.append(time.perf_counter() - start)
+    connection.close()
+    return times
+
+
+def run_pages(runs: int, trials: int) -> None:
+    print(header(f"The API with {runs:,} runs in the store (two steps each)"))
+    rows = []
+    for name, url in stores():
+        (fill_sqlite if url.startswith("sqlite") else fill_postgres)(url, runs)
+        with tempfile.TemporaryDirectory() as root, server(url, Path(root)) as (host, token):
+            timed_gets(host, token, ["/api/runs?limit=50"] * 5)  # warm
+            first = timed_gets(host, token, ["/api/runs?limit=50"] * trials)
+            filtered = timed_gets(host, token, ["/api/runs?limit=50&state=completed"] * trials)
+            one = timed_gets(
+                host, token, [f"/api/runs/r{(i * 7919) % runs:06d}" for i in range(trials)]
+            )
+        for what, values in (
+            ("GET /api/runs?limit=50", first),
+            ("GET /api/runs?limit=50&state=completed", filtered),
+            ("GET /api/runs/{id}", one),
+        ):
+            rows.append([name, what, trials, ms(values, 0.5), ms(values, 0.95)])
+    print(table(["store", "request", "trials", "p50", "p95"], rows))
+
+
+# -- 4. the event stream ----------------------------------------------------------------------
+
+
+def sse_latencies(url: str, trials: int, root: Path) -> list[float]:
+    latencies = []
+    with server(url, root) as (host, token):
+        connection = http.client.HTTPConnection(host, timeout=30)
+        connection.request("GET", "/api/events", headers={"Authorization": f"Bearer {token}"})
+        response = connection.getresponse()
+        response.readline()
+        target = spawn_target(url, trials)
+        for i in range(trials):
+            read_event(target, "entered")
+            subprocess.run(
+                [sys.executable, "-m", "haltwise", "cancel", f"x{i}", "--store", url],
+                check=True,
+                capture_output=True,
+            )
+            while True:
+                line = response.readline().decode()
+                if line.startswith("data: "):
+                    change = json.loads(line[6:])
+                    if change["kind"] == "transition" and change["status"] == "cancelling":
+                        latencies.append(time.time() - change["at"])
+                        break
+            read_event(target, "final")
+        target.wait(timeout=30)
+        connection.close()
+    return latencies
+
+
+def run_sse(trials: int) -> None:
+    print(header("An SSE client sees a transition: from its commit to the event read"))
+    rows = []
+    for name, url in stores():
+        with tempfile.TemporaryDirectory() as root:
+            values = sse_latencies(url, trials, Path(root))
+        rows.append([name, trials, ms(values, 0.5), ms(values, 0.95), ms(values, 1.0)])
+    print(table(["store", "trials", "p50", "p95", "max"], rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "what", nargs="?", default="all", choices=["bulk", "api", "pages", "sse", "all"]
+    )
+    parser.add_argument("--runs", type=int, default=10_000, help="runs for bulk")
+    parser.add_argument("--page-runs", type=int, default=100_000, help="runs for pages")
+    parser.add_argument("--trials", type=int, default=60)
+    args = parser.parse_args()
+    resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
+    os.environ.pop("HALTWISE_TOKEN", None)
+    if args.what in ("bulk", "all"):
+        run_bulk(args.runs)
+    if args.what in ("api", "all"):
+        run_api(args.trials)
+    if args.what in ("pages", "all"):
+        run_pages(args.page_runs, args.trials)
+    if args.what in ("sse", "all"):
+        run_sse(max(10, args.trials // 3))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""What the read API hands the faces (command line, HTTP server): frozen records, no I/O.
+
+:class:`RunSummary` is one row of ``list`` (``{"id", "task", "state", "reason", "retry"}``),
+:class:`RunPage` a page of them with the cursor of the next page, :class:`RunDetail` one run as
+``GET /api/runs/{id}`` shows it, :class:`Change` one entry of the journal's change feed, and
+:class:`CancelBatch` what a bulk cancel did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, final
+
+from .outcome import Outcome, Retry, StepRecord
+from .records import Event, Owner, RunRecord
+from .states import State
+
+
+class ChangeKind(StrEnum):
+    """What a :class:`Change` is about."""
+
+    #: the run moved to another state (``status`` is the new state)
+    TRANSITION = "transition"
+    #: a step began or settled (``index`` is the step, ``status`` its new status)
+    STEP = "step"
+    #: a partial result became durable (``index`` is its place in the run's list)
+    PARTIAL = "partial"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One committed change of the journal, numbered by ``seq`` (ascending, store-wide)."""
+
+    seq: int
+    run_id: str
+    kind: ChangeKind
+    index: int | None
+    status: str | None
+    at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "run": self.run_id,
+            "kind": self.kind.value,
+            "index": self.index,
+            "status": self.status,
+            "at": self.at,
+        }
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """One run as ``list`` shows it; ``retry`` is the advice of the run as it is now."""
+
+    id: str
+    task: str
+    state: State
+    reason: str | None
+    retry: Retry
+    created_at: float
+    updated_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The row of ``list --json``: ``{"id", "task", "state", "reason", "retry"}``."""
+        return {
+            "id": self.id,
+            "task": self.task,
+            "state": self.state.value,
+            "reason": self.reason,
+            "retry": self.retry.value,
+        }
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    """Runs, newest created first, and the cursor of the next page (``None``: the last page)."""
+
+    runs: tuple[RunSummary, ...]
+    next: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"runs": [run.to_json() for run in self.runs], "next": self.next}
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class StepWait:
+    """A step a ``cancelling`` run waits for: its policy, its grace and how much of it is left.
+
+    ``grace`` is ``None`` when the tool is not loaded in this process (its grace is unknown);
+    ``grace_left`` is ``None`` then too, and for a forced cancel (which waits for nothing).
+    """
+
+    index: int
+    tool: str
+    policy: str
+    grace: float | None
+    grace_left: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "tool": self.tool,
+            "policy": self.policy,
+            "grace": self.grace,
+            "grace_left": self.grace_left,
+        }
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class StepTimes:
+    """When a step's last attempt began and, if it has, when it settled (epoch seconds)."""
+
+    started_at: float
+    settled_at: float | None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    """One run with everything an operator needs: the outcome so far, who holds it, its history.
+
+    ``owner_alive`` says whether the owner (if any) still works it; ``waiting`` lists, for a
+    ``cancelling`` run, the steps still in flight; ``retry_why`` is the retry advice as a sentence.
+    """
+
+    run: RunRecord
+    outcome: Outcome
+    owner: Owner | None
+    owner_alive: bool
+    forced: bool
+    events: tuple[Event, ...]
+    step_times: dict[int, StepTimes]
+    waiting: tuple[StepWait, ...]
+    retry_why: str
+    created_at: float
+    updated_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``status --json`` object plus ``owner``, ``events``, ``waiting`` and timings."""
+        data = self.outcome.to_json()
+        data["steps"] = [self._step_json(step) for step in self.outcome.steps]
+        data["owner"] = (
+            None
+            if self.owner is None
+            else {"host": self.owner.host, "pid": self.owner.pid, "alive": self.owner_alive}
+        )
+        data["events"] = [
+            {
+                "from": event.source.value if event.source else None,
+                "to": event.target.value,
+                "reason": event.reason,
+                "at": event.at,
+            }
+            for event in self.events
+        ]
+        data["forced"] = self.forced
+        data["waiting"] = [wait.to_json() for wait in self.waiting]
+        data["retry_why"] = self.retry_why
+        data["created_at"] = self.created_at
+        data["updated_at"] = self.updated_at
+        return data
+
+    def _step_json(self, step: StepRecord) -> dict[str, Any]:
+        data = step.to_json()
+        times = self.step_times.get(step.index)
+        if step.error is not None:
+            data.setdefault("error", step.error.to_json())
+        data["started_at"] = times.started_at if times else None
+        data["settled_at"] = times.settled_at if times else None
+        return data
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class CancelBatch:
+    """What a bulk cancel did (or, with ``dry_run``, would do), in one transaction.
+
+    ``cancelled`` are the runs the request reached (now ``cancelling`` or ``cancelled``),
+    ``already_final`` the named runs that were final already, ``unknown`` the ids not in the store.
+    """
+
+    cancelled: tuple[str, ...]
+    already_final: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
+    dry_run: bool = False
+    #: the state of each run named above (not of ``unknown``) once the request was made
+    states: dict[str, State] = field(default_factory=dict)
+    #: the runs nobody worked, settled by the cancel itself (as a takeover would)
+    settled_here: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"cancelled", "already_final", "unknown"}``, or ``{"would_cancel"}`` for a dry run."""
+        if self.dry_run:
+            return {"would_cancel": list(self.cancelled)}
+        return {
+            "cancelled": list(self.cancelled),
+            "already_final": list(self.already_final),
+            "unknown": list(self.unknown),
+        }

@@ -1,0 +1,300 @@
+"""The SQL of the operator's operations, written once for both stores.
+
+A page of runs (newest first, with the retry advice computed from two ``EXISTS`` over the
+run's steps, so a listing reads no step row into Python), one run's step times, bulk cancel,
+retention (prune) and the change feed. :class:`OperatorSQL` renders them for one
+:class:`~haltwise._journal.schema.Dialect`; what a cancel request does to each run is
+:func:`~haltwise._journal.sql.plan_cancel_write`'s to say, as for a single cancel.
+
+The change feed is the table ``changes`` (see :data:`~haltwise._journal.schema.TRIGGERS`): one
+row per transition, step start, step settlement and partial result, numbered by ``seq``, its
+``at`` the database's clock (a reader compares it with :meth:`OperatorSQL.now`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, final
+
+from .._core.exceptions import InputError
+from .._core.outcome import advice
+from .._core.records import RunRecord
+from .._core.states import State
+from .._core.views import Change, ChangeKind, RunSummary, StepTimes
+from .rows import RUN_COLUMNS, run_columns
+from .schema import Dialect
+from .sql import event_parameters, plan_cancel_write
+
+__all__ = [
+    "OperatorSQL",
+    "cancel_writes",
+    "change_from_row",
+    "decode_cursor",
+    "encode_cursor",
+    "sort_named",
+    "summary_from_row",
+]
+
+_TABLES = ("runs", "steps", "partials", "events", "changes")
+
+#: The columns a page of runs reads, in order (see :func:`summary_from_row`).
+_SUMMARY = """
+SELECT r.id, r.task, r.state, r.reason, r.created_at, r.updated_at,
+    EXISTS (SELECT 1 FROM {steps} s WHERE s.run_id = r.id AND s.status = 'unknown'
+            AND s.idempotent = {false}) AS unsafe,
+    EXISTS (SELECT 1 FROM {steps} s WHERE s.run_id = r.id
+            AND s.effect IN ('write', 'external')
+            AND (s.status = 'committed' OR (s.status = 'unknown' AND s.idempotent = {true})))
+        AS repeats
+FROM {runs} r
+"""
+
+_SUMMARY_COLUMNS = ("id", "task", "state", "reason", "created_at", "updated_at")
+_CHANGE_COLUMNS = "seq, run_id, kind, idx, status, at"
+
+
+@final
+class OperatorSQL:
+    """The operator's statements for one dialect (built once per store)."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+        sqlite = dialect.name == "sqlite"
+        self._true, self._false = ("1", "0") if sqlite else ("TRUE", "FALSE")
+        self._clock = (
+            "((julianday('now') - 2440587.5) * 86400.0)"
+            if sqlite
+            else "extract(epoch from clock_timestamp())::double precision"
+        )
+        #: ``id {in_ids}``: the id is in the list bound to one parameter (see :meth:`id_list`)
+        self.in_ids = "IN (SELECT value FROM json_each(?))" if sqlite else "= ANY(?)"
+
+    def sql(self, text: str) -> str:
+        names = {name: self.dialect.qualify(name) for name in _TABLES}
+        rendered = text.format(**names, true=self._true, false=self._false, clock=self._clock)
+        return rendered.replace("?", self.dialect.param)
+
+    def id_list(self, ids: Sequence[str]) -> Any:
+        """The value bound for :attr:`in_ids`."""
+        return json.dumps(list(ids)) if self.dialect.name == "sqlite" else list(ids)
+
+    # -- a page of runs ------------------------------------------------------------------------
+
+    def run_page(
+        self,
+        *,
+        states: Collection[State],
+        tasks: Collection[str] | None,
+        limit: int,
+        before: tuple[float, str] | None,
+    ) -> tuple[str, list[Any]]:
+        """Runs newest created first (ties by id, descending), after ``before`` if given."""
+        where: list[str] = []
+        params: list[Any] = []
+        if states:
+            where.append(f"r.state IN ({', '.join('?' for _ in states)})")
+            params += [state.value for state in states]
+        if tasks is not None:
+            where.append(f"r.task IN ({', '.join('?' for _ in tasks) or 'NULL'})")
+            params += list(tasks)
+        if before is not None:
+            where.append("(r.created_at < ? OR (r.created_at = ? AND r.id < ?))")
+            params += [before[0], before[0], before[1]]
+        text = _SUMMARY + (f" WHERE {' AND '.join(where)}" if where else "")
+        text += " ORDER BY r.created_at DESC, r.id DESC LIMIT ?"
+        return self.sql(text), [*params, limit]
+
+    def task_names(self) -> str:
+        return self.sql("SELECT DISTINCT task FROM {runs}")
+
+    # -- one run -------------------------------------------------------------------------------
+
+    def step_times(self) -> str:
+        return self.sql("SELECT idx, started_at, settled_at FROM {steps} WHERE run_id = ?")
+
+    # -- bulk cancel ---------------------------------------------------------------------------
+
+    def runs_by_ids(self, lock: bool) -> str:
+        """Every column of the runs whose ids are bound (one parameter)."""
+        text = f"SELECT {RUN_COLUMNS} FROM {{runs}} WHERE id {self.in_ids}"
+        return self.sql(text + (" FOR UPDATE" if lock else ""))
+
+    def active_runs(
+        self, *, states: Collection[State], tasks: Collection[str] | None, lock: bool
+    ) -> tuple[str, list[Any]]:
+        """The runs in ``states`` (all active ones when empty), of ``tasks`` if given."""
+        chosen = [state.value for state in states] or [
+            state.value for state in State if not state.is_final
+        ]
+        text = (
+            f"SELECT {RUN_COLUMNS} FROM {{runs}} WHERE state IN ({', '.join('?' for _ in chosen)})"
+        )
+        params: list[Any] = list(chosen)
+        if tasks is not None:
+            text += f" AND task IN ({', '.join('?' for _ in tasks) or 'NULL'})"
+            params += list(tasks)
+        text += " ORDER BY created_at, id" + (" FOR UPDATE" if lock else "")
+        return self.sql(text), params
+
+    def update_by_id(self, names: Sequence[str]) -> str:
+        assignments = ", ".join(f"{name} = ?" for name in names)
+        return self.sql(f"UPDATE {{runs}} SET {assignments} WHERE id = ?")
+
+    def record_event(self) -> str:
+        return self.sql(
+            "INSERT INTO {events} (run_id, source, target, reason, at) VALUES (?, ?, ?, ?, ?)"
+        )
+
+    # -- prune ---------------------------------------------------------------------------------
+
+    def prunable(self, states: Collection[State], *, lock: bool) -> tuple[str, list[Any]]:
+        """Final runs (in ``states``, all final ones when empty) last changed before ``?``."""
+        chosen = [state.value for state in states] or [
+            state.value for state in State if state.is_final
+        ]
+        marks = ", ".join("?" for _ in chosen)
+        text = (
+            f"SELECT id FROM {{runs}} WHERE state IN ({marks}) AND updated_at < ? "
+            "ORDER BY updated_at, id" + (" FOR UPDATE" if lock else "")
+        )
+        return self.sql(text), chosen
+
+    def prune_deletes(self) -> list[str]:
+        """One ``DELETE`` per table, each taking the id list (one parameter)."""
+        return [
+            self.sql(f"DELETE FROM {{{table}}} WHERE {key} {self.in_ids}")
+            for table, key in (
+                ("changes", "run_id"),
+                ("partials", "run_id"),
+                ("steps", "run_id"),
+                ("events", "run_id"),
+                ("runs", "id"),
+            )
+        ]
+
+    # -- the change feed -----------------------------------------------------------------------
+
+    def changes_after(self) -> str:
+        return self.sql(
+            f"SELECT {_CHANGE_COLUMNS} FROM {{changes}} WHERE seq > ? ORDER BY seq LIMIT ?"
+        )
+
+    def last_change(self) -> str:
+        return self.sql("SELECT COALESCE(MAX(seq), 0) FROM {changes}")
+
+    def now(self) -> str:
+        return self.sql("SELECT {clock}")
+
+
+# -- rows -> records ----------------------------------------------------------------------------
+
+
+def summary_from_row(row: Sequence[Any]) -> RunSummary:
+    """A :class:`RunSummary` from a row of the page query, by position."""
+    run_id, task, state, reason, created_at, updated_at = run_columns(
+        row[0], _SUMMARY_COLUMNS, row[:6]
+    )
+    unsafe, repeats = row[6:]
+    return RunSummary(
+        id=run_id,
+        task=task,
+        state=state,
+        reason=reason,
+        retry=advice(state, unknown_unsafe=bool(unsafe), repeats_harm=bool(repeats)),
+        created_at=created_at,
+        updated_at=updated_at,
+    )
+
+
+def change_from_row(row: Sequence[Any]) -> Change:
+    seq, run_id, kind, index, status, at = row
+    return Change(
+        seq=int(seq),
+        run_id=run_id,
+        kind=ChangeKind(kind),
+        index=None if index is None else int(index),
+        status=status,
+        at=float(at),
+    )
+
+
+def times_from_rows(rows: Iterable[Sequence[Any]]) -> dict[int, StepTimes]:
+    return {int(row[0]): StepTimes(started_at=row[1], settled_at=row[2]) for row in rows}
+
+
+# -- bulk cancel: the writes, from the rule of one cancel ----------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class CancelWrite:
+    """One statement of a bulk cancel and the parameter rows it runs with (``executemany``)."""
+
+    sql: str
+    rows: list[tuple[Any, ...]]
+
+
+def cancel_writes(
+    ops: OperatorSQL, runs: Iterable[RunRecord], reason: str, force: bool, now: float
+) -> tuple[list[CancelWrite], list[str]]:
+    """The writes of cancelling ``runs``, each as :func:`plan_cancel_write` says.
+
+    Returns the statements (updates grouped by the columns they write, then the events) and
+    the ids the request reached (every run that was not final).
+    """
+    groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+    events: list[tuple[Any, ...]] = []
+    reached: list[str] = []
+    for run in runs:
+        if run.state.is_final:
+            continue
+        reached.append(run.id)
+        write = plan_cancel_write(run, reason, force, now)
+        if write is None:
+            continue
+        groups.setdefault(tuple(write.fields), []).append((*write.fields.values(), run.id))
+        events += event_parameters(run.id, write)
+    writes = [CancelWrite(ops.update_by_id(names), rows) for names, rows in groups.items()]
+    if events:
+        writes.append(CancelWrite(ops.record_event(), events))
+    return writes, reached
+
+
+def sort_named(
+    found: Iterable[RunRecord], ids: Sequence[str] | None
+) -> tuple[list[RunRecord], tuple[RunRecord, ...], tuple[str, ...]]:
+    """Of the runs read for a bulk cancel: the active ones, the named final ones, the named
+    ids the store does not hold."""
+    by_id = {run.id: run for run in found}
+    active = [run for run in by_id.values() if not run.state.is_final]
+    named = ids or ()
+    final = tuple(by_id[i] for i in named if i in by_id and by_id[i].state.is_final)
+    unknown = tuple(i for i in named if i not in by_id)
+    return active, final, unknown
+
+
+# -- the cursor of a page -----------------------------------------------------------------------
+
+
+def encode_cursor(created_at: float, run_id: str) -> str:
+    """An opaque cursor for the page after the run created at ``created_at`` with ``run_id``."""
+    raw = json.dumps([created_at, run_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    """The position a cursor of :func:`encode_cursor` names; :class:`InputError` if malformed."""
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        created_at, run_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        if isinstance(created_at, bool) or not isinstance(created_at, int | float):
+            raise ValueError(created_at)
+        if not isinstance(run_id, str):
+            raise ValueError(run_id)
+    except (ValueError, TypeError, binascii.Error, UnicodeError):
+        raise InputError(f"malformed cursor {cursor[:80]!r}") from None
+    return float(created_at), run_id

@@ -1,0 +1,331 @@
+"""The ASGI application: the JSON API under ``/api`` and the dashboard at ``/``.
+
+Every endpoint goes through the runtime's read API and verbs (``list_runs``, ``inspect``,
+``changes``, ``cancel_many``, ``submit``, ``resume``): no SQL, no store. A run id in a path is
+percent-encoded (``p%2F0``); the path is split on its raw form, so an id may hold ``/``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, final
+from urllib.parse import unquote
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from .._core.exceptions import HaltwiseError, InputError
+from .._core.states import State
+from .._runtime.runtime import Runtime
+from .._runtime.tool import Task
+from ._auth import SESSION_COOKIE, Tokens, authorise
+from ._bodies import BulkCancelBody, CancelBody, EmptyBody, ResumeBody, SubmitBody, read_body
+from ._errors import ApiError, error_response, from_haltwise, on_api_error, on_haltwise_error
+from ._openapi import openapi_document
+from ._sse import EventStream, since_of
+
+__all__ = ["Served", "create_app"]
+
+_log = logging.getLogger("haltwise.server")
+
+#: The files of the dashboard, served from the package (no build step).
+_STATIC = {"app.js": "text/javascript", "app.css": "text/css"}
+_HEADERS = {
+    "cache-control": "no-store",
+    "x-content-type-options": "nosniff",
+    "x-frame-options": "DENY",
+    "referrer-policy": "no-referrer",
+    "content-security-policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'",
+}
+
+
+@final
+@dataclass
+class Served:
+    """What one ``haltwise serve`` process serves.
+
+    ``tasks`` maps the names runs record to the tasks of ``FILE.py`` (``None`` without a file:
+    then submit, resume and audit answer 404); ``audit`` is the file's ``audit --json`` object.
+    """
+
+    runtime: Runtime
+    tokens: Tokens
+    tasks: dict[str, Task[..., Any]] | None = None
+    source: Path | None = None
+    audit: dict[str, Any] | None = None
+    stopping: anyio.Event = field(default_factory=anyio.Event)
+
+
+Handler = Callable[[Request, Served], Awaitable[Response]]
+
+
+def create_app(served: Served) -> Starlette:
+    """The Starlette application for ``served``."""
+
+    def bind(handler: Handler, *, change: bool = False) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            authorise(request, served.tokens, change=change and request.method == "POST")
+            response = await handler(request, served)
+            response.headers.update(_HEADERS)
+            return response
+
+        return endpoint
+
+    routes = [
+        Route("/", _index(served), methods=["GET"]),
+        Route("/static/{name}", bind(_static), methods=["GET"]),
+        Route("/api/openapi.json", bind(_openapi), methods=["GET"]),
+        Route("/api/runs", bind(_runs, change=True), methods=["GET", "POST"]),
+        Route("/api/runs/{rest:path}", bind(_run, change=True), methods=["GET", "POST"]),
+        Route("/api/cancel", bind(_bulk_cancel, change=True), methods=["POST"]),
+        Route("/api/events", bind(_all_events), methods=["GET"]),
+        Route("/api/audit", bind(_audit), methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        exception_handlers={
+            ApiError: on_api_error,
+            HaltwiseError: on_haltwise_error,
+            HTTPException: _on_http_error,
+            Exception: _on_crash,
+        },
+    )
+
+
+# -- the dashboard --------------------------------------------------------------------------------
+
+
+def _index(served: Served) -> Callable[[Request], Awaitable[Response]]:
+    async def index(request: Request) -> Response:
+        token = request.query_params.get("token")
+        if token is not None:
+            return _log_in(served.tokens, token)
+        try:
+            authorise(request, served.tokens, change=False)
+        except ApiError:
+            return _page(401, "Open the address that 'haltwise serve' printed (with ?token=).")
+        response = HTMLResponse(_asset("index.html"))
+        response.headers.update(_HEADERS)
+        return response
+
+    return index
+
+
+def _log_in(tokens: Tokens, token: str) -> Response:
+    """``GET /?token=``: set the session cookie and redirect, so the token leaves the address."""
+    role = tokens.role_of_token(token)
+    if role is None:
+        return _page(401, "That token is not valid for this server.")
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(
+        SESSION_COOKIE, tokens.session_for(role), httponly=True, samesite="strict", path="/"
+    )
+    response.headers.update(_HEADERS)
+    return response
+
+
+def _page(status: int, text: str) -> HTMLResponse:
+    body = f"<!doctype html><title>haltwise</title><p>{text}</p>"  # constant texts only
+    return HTMLResponse(body, status_code=status, headers=_HEADERS)
+
+
+async def _static(request: Request, served: Served) -> Response:
+    name = request.path_params["name"]
+    if name not in _STATIC:
+        raise ApiError(404, "not_found", "no such file")
+    return Response(_asset(name), media_type=_STATIC[name])
+
+
+def _asset(name: str) -> str:
+    return resources.files("haltwise.server").joinpath("static", name).read_text("utf-8")
+
+
+# -- runs ------------------------------------------------------------------------------------------
+
+
+async def _openapi(request: Request, served: Served) -> Response:
+    return JSONResponse(openapi_document())
+
+
+async def _runs(request: Request, served: Served) -> Response:
+    if request.method == "POST":
+        return await _submit(request, served)
+    params = request.query_params
+    limit_text = params.get("limit", "100")
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= 1000:
+        raise ApiError(400, "malformed", "limit must be a whole number from 1 to 1000")
+    try:
+        page = await served.runtime.list_runs(
+            state=params.get("state") or None,
+            task=params.get("task") or None,
+            limit=int(limit_text),
+            cursor=params.get("cursor") or None,
+        )
+    except InputError as error:
+        raise from_haltwise(error, input_status=400) from None
+    return JSONResponse(page.to_json())
+
+
+async def _run(request: Request, served: Served) -> Response:
+    run_id, action = _member(request)
+    method = request.method
+    if method == "GET" and action is None:
+        return JSONResponse((await served.runtime.inspect(run_id)).to_json())
+    if method == "GET" and action == "events":
+        await served.runtime.inspect(run_id)  # 404 for an unknown run
+        since = since_of(request)
+        return EventStream(served.runtime.changes(since, run_id=run_id), served.stopping)
+    if method == "POST" and action in _ACTIONS:
+        return await _ACTIONS[action](request, served, run_id)
+    raise ApiError(404 if method == "GET" else 405, "not_found", "no such endpoint")
+
+
+def _member(request: Request) -> tuple[str, str | None]:
+    """The run id (percent-decoded) and the action after it, from the raw path."""
+    raw = request.scope.get("raw_path") or request.scope["path"].encode()
+    tail = raw.split(b"?", 1)[0].decode("latin-1")[len("/api/runs/") :]
+    parts = tail.split("/")
+    if not parts[0] or len(parts) > 2 or (len(parts) == 2 and not parts[1]):
+        raise ApiError(404, "not_found", "no such endpoint")
+    run_id = unquote(parts[0], errors="strict")
+    return run_id, parts[1] if len(parts) == 2 else None
+
+
+async def _cancel(request: Request, served: Served, run_id: str) -> Response:
+    body = await read_body(request, CancelBody)
+    batch = await served.runtime.cancel_many([run_id], reason=body.reason, force=body.force)
+    if batch.unknown:
+        raise ApiError(404, "unknown_run", f"no run with id {run_id!r} in the store")
+    state = batch.states[run_id]
+    status = 200 if batch.already_final else 202
+    return JSONResponse({"id": run_id, "state": state.value}, status_code=status)
+
+
+async def _pause(request: Request, served: Served, run_id: str) -> Response:
+    return await _verb(request, served, run_id, "pause")
+
+
+async def _unpause(request: Request, served: Served, run_id: str) -> Response:
+    return await _verb(request, served, run_id, "unpause")
+
+
+async def _verb(request: Request, served: Served, run_id: str, name: str) -> Response:
+    await read_body(request, EmptyBody)
+    verb = getattr(served.runtime, name, None)
+    if verb is None:
+        raise ApiError(501, "not_implemented", f"{name} is not available in this haltwise")
+    await verb(run_id)
+    detail = await served.runtime.inspect(run_id)
+    return JSONResponse({"id": run_id, "state": detail.outcome.state.value}, status_code=202)
+
+
+async def _resume(request: Request, served: Served, run_id: str) -> Response:
+    body = await read_body(request, ResumeBody)
+    tasks = _tasks(served)
+    detail = await served.runtime.inspect(run_id)
+    task = tasks.get(detail.outcome.task)
+    if task is None:
+        raise ApiError(
+            404, "unknown_task", f"run {run_id!r} is of task {detail.outcome.task!r}, not served"
+        )
+    assume_done = _step_results(body.assume_done)
+    handle = await served.runtime.resume(
+        run_id, assume_done=assume_done, rerun=set(body.rerun), deadline=body.deadline, task=task
+    )
+    state = (await served.runtime.inspect(handle.id)).outcome.state
+    status = 200 if state is State.COMPLETED else 202
+    return JSONResponse({"id": run_id, "state": state.value}, status_code=status)
+
+
+def _step_results(assume_done: dict[str, Any]) -> dict[int, Any]:
+    results = {}
+    for key, value in assume_done.items():
+        if not key.isdigit():
+            raise ApiError(422, "unfit", f"assume_done: {key!r} is not a step number")
+        results[int(key)] = value
+    return results
+
+
+_ACTIONS = {"cancel": _cancel, "pause": _pause, "unpause": _unpause, "resume": _resume}
+
+
+async def _bulk_cancel(request: Request, served: Served) -> Response:
+    body = await read_body(request, BulkCancelBody)
+    named = body.ids is not None
+    filtered = body.task is not None or body.state is not None or body.all
+    if named == filtered:
+        raise ApiError(422, "unfit", 'name "ids", or "task" and/or "state" (or "all": true)')
+    batch = await served.runtime.cancel_many(
+        body.ids,
+        task=body.task,
+        state=body.state,
+        reason=body.reason,
+        force=body.force,
+        dry_run=body.dry_run,
+    )
+    return JSONResponse(batch.to_json())
+
+
+async def _submit(request: Request, served: Served) -> Response:
+    body = await read_body(request, SubmitBody)
+    tasks = _tasks(served)
+    name = _task_name(tasks, body.task)
+    task = tasks[name]
+    task.bind_inputs((), body.input)
+    run_id, created = await served.runtime.submit(
+        task,
+        (),
+        body.input,
+        task_id=body.id,
+        name=name,
+        source=str(served.source) if served.source else None,
+    )
+    return JSONResponse({"id": run_id}, status_code=201 if created else 200)
+
+
+def _tasks(served: Served) -> dict[str, Task[..., Any]]:
+    if served.tasks is None:
+        raise ApiError(404, "no_file", "this server was started without FILE.py: it runs no task")
+    return served.tasks
+
+
+def _task_name(tasks: dict[str, Task[..., Any]], name: str) -> str:
+    """The recorded name ``name`` stands for among the served tasks (bare names allowed)."""
+    if name in tasks:
+        return name
+    matches = [known for known in tasks if known.rpartition(":")[2] == name]
+    if len(matches) == 1:
+        return matches[0]
+    raise ApiError(404, "unknown_task", f"no task {name!r} in the served file")
+
+
+async def _all_events(request: Request, served: Served) -> Response:
+    return EventStream(served.runtime.changes(since_of(request)), served.stopping)
+
+
+async def _audit(request: Request, served: Served) -> Response:
+    if served.audit is None:
+        raise ApiError(404, "no_file", "this server was started without FILE.py: no audit")
+    return JSONResponse(served.audit)
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+async def _on_http_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
+    return error_response(ApiError(error.status_code, code, str(error.detail)))
+
+
+async def _on_crash(request: Request, error: Exception) -> Response:
+    _log.exception("internal error on %s %s", request.method, request.url.path)
+    return error_response(ApiError(500, "internal", "internal error (see the server's log)"))

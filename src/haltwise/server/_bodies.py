@@ -1,0 +1,110 @@
+"""The JSON bodies the API takes, as pydantic models (their schemas are the OpenAPI document's).
+
+Bodies are read up to 1 MiB (413 beyond); a body that is not JSON is 400; one that does not fit
+its model (a wrong type, a missing or unknown field) is 422.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import ValidationError as PydanticValidationError
+from starlette.requests import Request
+
+from ._errors import ApiError
+
+__all__ = [
+    "BODY_LIMIT",
+    "BulkCancelBody",
+    "CancelBody",
+    "EmptyBody",
+    "ResumeBody",
+    "SubmitBody",
+    "read_body",
+]
+
+#: The largest body the API reads (bytes).
+BODY_LIMIT = 1024 * 1024
+
+_M = TypeVar("_M", bound=BaseModel)
+_Active = Literal["pending", "running", "cancelling"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EmptyBody(_Body):
+    """``POST /api/runs/{id}/pause`` and ``/unpause``: no fields (an empty body is fine)."""
+
+
+class CancelBody(_Body):
+    """``POST /api/runs/{id}/cancel``."""
+
+    reason: StrictStr = Field("user", min_length=1, max_length=10_000)
+    force: StrictBool = False
+
+
+class BulkCancelBody(_Body):
+    """``POST /api/cancel``: ``ids``, or ``task`` and/or ``state``, or ``all``."""
+
+    ids: list[StrictStr] | None = Field(None, max_length=100_000)
+    task: StrictStr | None = Field(None, min_length=1)
+    state: _Active | None = None
+    all: StrictBool = False
+    reason: StrictStr = Field("user", min_length=1, max_length=10_000)
+    force: StrictBool = False
+    dry_run: StrictBool = False
+
+
+class SubmitBody(_Body):
+    """``POST /api/runs``: a pending run of ``task`` with keyword arguments ``input``."""
+
+    task: StrictStr = Field(min_length=1)
+    input: dict[str, Any] = Field(default_factory=dict)
+    id: StrictStr | None = Field(None, min_length=1, max_length=1000)
+
+
+class ResumeBody(_Body):
+    """``POST /api/runs/{id}/resume``: what happened to each ``unknown`` step."""
+
+    assume_done: dict[str, Any] = Field(default_factory=dict)
+    rerun: list[StrictInt] = Field(default_factory=list)
+    deadline: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+
+async def read_body(request: Request, model: type[_M]) -> _M:
+    """The request's JSON body as ``model`` (an empty body is ``{}``)."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > BODY_LIMIT:
+        raise _too_large()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > BODY_LIMIT:
+            raise _too_large()
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    try:
+        value = json.loads(raw) if raw.strip() else {}
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ApiError(400, "malformed", f"the body is not valid JSON: {error}") from None
+    try:
+        return model.model_validate(value)
+    except PydanticValidationError as error:
+        raise ApiError(422, "unfit", _first_problem(error)) from None
+
+
+def _first_problem(error: PydanticValidationError) -> str:
+    problems = error.errors(include_url=False, include_input=False)
+    first = problems[0]
+    where = ".".join(str(part) for part in first["loc"]) or "the body"
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+def _too_large() -> ApiError:
+    return ApiError(413, "too_large", f"the body is over {BODY_LIMIT} bytes")

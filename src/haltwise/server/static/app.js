@@ -1,0 +1,367 @@
+// The haltwise dashboard: plain DOM, no framework, no build step.
+// Every user-supplied text (ids, reasons, tool names, partial results, errors) is put on the
+// page with textContent, never as HTML. Live updates come from the server's event streams.
+"use strict";
+
+const main = document.getElementById("main");
+const STATES = ["pending", "running", "cancelling", "cancelled", "completed", "failed"];
+let stream = null;
+let refreshTimer = null;
+let tickTimer = null;
+let pageNumber = 0;
+// what the operator is typing survives the page being redrawn by a live update
+const draft = { reason: "" };
+
+// -- small helpers -------------------------------------------------------------------------
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "text") node.textContent = String(value);
+    else if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children) {
+    if (child === null || child === undefined) continue;
+    node.append(typeof child === "string" ? document.createTextNode(child) : child);
+  }
+  return node;
+}
+
+function badge(state) {
+  return el("span", { class: `badge state-${STATES.includes(state) ? state : "other"}`, text: state });
+}
+
+function json(value) {
+  return JSON.stringify(value, null, 1);
+}
+
+function seconds(value) {
+  if (value === null || value === undefined) return "";
+  if (value < 1) return `${Math.round(value * 1000)} ms`;
+  if (value < 120) return `${value.toFixed(1)} s`;
+  return `${Math.round(value / 60)} min`;
+}
+
+function when(epoch) {
+  return epoch ? new Date(epoch * 1000).toLocaleString() : "";
+}
+
+function toast(text, bad) {
+  const box = document.getElementById("toast");
+  box.textContent = text;
+  box.className = bad ? "show bad" : "show";
+  clearTimeout(box.timer);
+  box.timer = setTimeout(() => { box.className = ""; }, 5000);
+}
+
+async function api(method, path, body) {
+  const options = { method, headers: {}, credentials: "same-origin" };
+  if (body !== undefined) {
+    options.headers["content-type"] = "application/json";
+    options.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, options);
+  let data = null;
+  try { data = await response.json(); } catch (error) { data = null; }
+  if (!response.ok) {
+    const message = data && data.error ? data.error.message : `HTTP ${response.status}`;
+    const failure = new Error(message);
+    failure.status = response.status;
+    throw failure;
+  }
+  return data;
+}
+
+function runPath(id) {
+  return `/api/runs/${encodeURIComponent(id)}`;
+}
+
+function listen(path, onChange) {
+  if (stream) stream.close();
+  stream = new EventSource(path);
+  const live = document.getElementById("live");
+  // (re)connected: whatever changed while the stream was down is fetched once
+  stream.onopen = () => { live.className = "live on"; onChange(null); };
+  stream.onerror = () => { live.className = "live"; };
+  for (const kind of ["transition", "step", "partial"]) {
+    stream.addEventListener(kind, (event) => onChange(JSON.parse(event.data)));
+  }
+}
+
+function soon(render) {
+  clearTimeout(refreshTimer);
+  refreshTimer = setTimeout(render, 120);
+}
+
+// -- the runs page -------------------------------------------------------------------------
+
+async function showRuns(params) {
+  const state = params.get("state") || "";
+  const task = params.get("task") || "";
+  const filters = el("form", { class: "filters", onsubmit: (event) => {
+    event.preventDefault();
+    const query = new URLSearchParams();
+    if (stateSelect.value) query.set("state", stateSelect.value);
+    if (taskInput.value.trim()) query.set("task", taskInput.value.trim());
+    location.hash = `#/?${query}`;
+  } });
+  const stateSelect = el("select", { name: "state", id: "filter-state" },
+    el("option", { value: "", text: "any state" }),
+    ...STATES.map((s) => el("option", { value: s, text: s, selected: s === state })));
+  const taskInput = el("input", { name: "task", id: "filter-task", placeholder: "task (agent.py:research)", value: task });
+  filters.append(stateSelect, taskInput, el("button", { type: "submit", text: "Filter" }));
+  const table = el("table", { id: "runs" });
+  const note = el("p", { class: "muted", id: "runs-note" });
+  main.replaceChildren(el("h1", { text: "Runs" }), filters, note, table);
+
+  const mine = pageNumber;
+  const render = async () => {
+    const query = new URLSearchParams({ limit: "100" });
+    if (state) query.set("state", state);
+    if (task) query.set("task", task);
+    let answer;
+    try {
+      answer = await api("GET", `/api/runs?${query}`);
+    } catch (error) {
+      note.textContent = error.message;
+      return;
+    }
+    if (mine !== pageNumber) return;
+    const head = el("tr", {}, ...["id", "task", "state", "reason", "retry", "waiting for"].map((h) => el("th", { text: h })));
+    const rows = answer.runs.map((run) => el("tr", { "data-id": run.id, class: `row-${run.state}` },
+      el("td", {}, el("a", { href: `#/run/${encodeURIComponent(run.id)}`, text: run.id, class: "run-link" })),
+      el("td", { text: run.task }),
+      el("td", {}, badge(run.state)),
+      el("td", { text: run.reason || "", class: "reason" }),
+      el("td", { text: run.state === "completed" ? "none" : run.retry }),
+      el("td", { class: "waiting", "data-waiting": run.id })));
+    table.replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows));
+    note.textContent = answer.runs.length ? `${answer.runs.length} run(s), newest first${answer.next ? " (more exist: narrow the filter)" : ""}` : "no runs";
+    for (const run of answer.runs.filter((r) => r.state === "cancelling").slice(0, 20)) {
+      api("GET", runPath(run.id)).then((detail) => {
+        const cell = table.querySelector(`[data-waiting="${CSS.escape(run.id)}"]`);
+        if (cell) cell.textContent = waitSummary(detail);
+      }).catch(() => {});
+    }
+  };
+  await render();
+  listen("/api/events", () => soon(render));
+}
+
+function waitSummary(detail) {
+  if (detail.forced) return "forced: stopping now";
+  if (!detail.waiting.length) return "the next checkpoint";
+  return detail.waiting.map((w) => `${w.tool} (${w.policy}${w.grace_left !== null ? `, ${Math.ceil(w.grace_left)} s of grace left` : ""})`).join("; ");
+}
+
+// -- one run -------------------------------------------------------------------------------
+
+async function showRun(id) {
+  draft.reason = "";
+  main.replaceChildren(el("p", { class: "muted", text: "loading…" }));
+  let fetchedAt = 0;
+  let detail = null;
+  let shown = "";
+  const mine = pageNumber;
+  const render = async () => {
+    let fresh;
+    try {
+      fresh = await api("GET", runPath(id));
+      fetchedAt = Date.now();
+    } catch (error) {
+      if (mine === pageNumber) main.replaceChildren(el("h1", { text: "Run" }), el("p", { class: "error", text: error.message }));
+      return;
+    }
+    if (mine !== pageNumber) return;
+    detail = fresh;
+    const text = JSON.stringify(detail);
+    if (text === shown) return;  // nothing changed: keep the page (and what is being typed)
+    shown = text;
+    main.replaceChildren(...runPage(detail));
+  };
+  await render();
+  listen(`${runPath(id)}/events`, () => soon(render));
+  clearInterval(tickTimer);
+  tickTimer = setInterval(() => {
+    if (!detail) return;
+    const elapsed = (Date.now() - fetchedAt) / 1000;
+    for (const cell of document.querySelectorAll("[data-grace-left]")) {
+      const left = Math.max(0, Number(cell.getAttribute("data-grace-left")) - elapsed);
+      cell.textContent = `${Math.ceil(left)} s left`;
+    }
+  }, 500);
+}
+
+function runPage(run) {
+  const parts = [];
+  parts.push(el("h1", {}, "Run ", el("span", { class: "mono", id: "run-id", text: run.id }), " ", badge(run.state)));
+  const facts = el("dl", { class: "facts" });
+  const fact = (name, value, id) => facts.append(el("dt", { text: name }), el("dd", { text: value, id }));
+  fact("task", run.task);
+  fact("reason", run.reason || "—", "run-reason");
+  if (run.forced) fact("cancel", "forced");
+  fact("owner", run.owner ? `pid ${run.owner.pid} on ${run.owner.host} (${run.owner.alive ? "alive" : "gone"})` : "none");
+  fact("created", when(run.created_at));
+  if (run.error) fact("error", `${run.error.type}: ${run.error.message}`);
+  if (run.cancel_error) fact("raised while cancelling", `${run.cancel_error.type}: ${run.cancel_error.message}`);
+  if (run.state === "completed") fact("result", json(run.result));
+  parts.push(facts);
+  if (run.state === "cancelling") parts.push(waitingBox(run));
+  parts.push(actions(run));
+  parts.push(el("h2", { text: "Steps" }), stepsTable(run));
+  parts.push(el("h2", { text: `Partial results (${run.partials.length})` }),
+    el("ol", { id: "partials", start: "0" }, ...run.partials.map((p) => el("li", {}, el("pre", { text: json(p) })))));
+  parts.push(el("h2", { text: "Retry advice" }),
+    el("p", { id: "retry" }, el("strong", { text: run.retry }), " — ", el("span", { text: run.retry_why })));
+  parts.push(el("h2", { text: "History" }), el("ul", { class: "events" },
+    ...run.events.map((e) => el("li", { text: `${when(e.at)}: ${e.from || "created"} → ${e.to}${e.reason ? ` (${e.reason})` : ""}` }))));
+  return parts;
+}
+
+function waitingBox(run) {
+  const box = el("section", { class: "waiting-box", id: "waiting" });
+  if (run.forced) {
+    box.append(el("p", { text: "Cancelling, forced: stopping now; nothing is waited for." }));
+    return box;
+  }
+  if (!run.waiting.length) {
+    box.append(el("p", { text: "Cancelling: the run stops at its next checkpoint (no step in flight)." }));
+    return box;
+  }
+  box.append(el("p", { text: "Cancelling. The cancel waits for:" }));
+  const list = el("ul");
+  for (const wait of run.waiting) {
+    const item = el("li", {}, el("strong", { text: `step ${wait.index} ${wait.tool}` }), ` — ${wait.policy}`);
+    if (wait.policy === "interruptible") item.append(": being interrupted");
+    else if (wait.grace === null) item.append(": its grace is unknown here (the tool is not loaded by this server)");
+    else {
+      item.append(`, grace ${wait.grace} s: `);
+      item.append(el("span", { class: "grace-left", "data-grace-left": String(wait.grace_left), text: `${Math.ceil(wait.grace_left)} s left` }));
+      item.append(wait.policy === "rollback" ? " to undo it" : " to let it finish");
+    }
+    list.append(item);
+  }
+  box.append(list, el("p", { class: "muted", text: "Force skips the wait: finish steps become unknown, no compensation runs." }));
+  return box;
+}
+
+function stepsTable(run) {
+  const head = el("tr", {}, ...["#", "tool", "policy", "effect", "status", "attempts", "duration"].map((h) => el("th", { text: h })));
+  const now = Date.now() / 1000;
+  const rows = run.steps.map((s) => {
+    const end = s.settled_at || (s.status === "running" ? now : null);
+    const duration = s.started_at && end ? seconds(end - s.started_at) : "";
+    return el("tr", { class: `step-${s.status}` },
+      el("td", { text: String(s.index) }),
+      el("td", { text: s.tool, class: "mono" }),
+      el("td", { text: s.cancel || "undeclared (finish)" }),
+      el("td", { text: s.effect + (s.idempotent ? ", idempotent" : "") }),
+      el("td", {}, el("span", { class: `status status-${s.status}`, text: s.status })),
+      el("td", { text: String(s.attempts) }),
+      el("td", { text: duration }));
+  });
+  return el("table", { id: "steps" }, el("thead", {}, head), el("tbody", {}, ...rows));
+}
+
+function actions(run) {
+  const box = el("section", { class: "actions" });
+  const active = ["pending", "running", "cancelling"].includes(run.state);
+  const reason = el("input", { id: "cancel-reason", placeholder: "reason (default: user)", maxlength: "500", value: draft.reason });
+  reason.addEventListener("input", () => { draft.reason = reason.value; });
+  const act = async (path, body, done) => {
+    try {
+      const answer = await api("POST", `${runPath(run.id)}/${path}`, body);
+      toast(done(answer));
+    } catch (error) {
+      toast(error.message, true);
+    }
+  };
+  box.append(
+    reason,
+    el("button", { id: "cancel", disabled: !active, onclick: () => act("cancel", { reason: reason.value.trim() || "user", force: false }, (a) => `cancel requested: ${a.state}`), text: "Cancel" }),
+    el("button", { id: "force", class: "danger", disabled: !active, onclick: () => {
+      if (confirm("Force the cancel? Finish steps become unknown and no compensation runs.")) {
+        act("cancel", { reason: reason.value.trim() || "user", force: true }, (a) => `forced: ${a.state}`);
+      }
+    }, text: "Force" }),
+    el("button", { id: "pause", disabled: run.state !== "running", onclick: () => act("pause", {}, (a) => `pause: ${a.state}`), text: "Pause" }),
+    el("button", { id: "unpause", disabled: run.state !== "paused", onclick: () => act("unpause", {}, (a) => `unpause: ${a.state}`), text: "Unpause" }),
+    el("button", { id: "resume", disabled: !["cancelled", "failed"].includes(run.state), onclick: () => resumeDialog(run, box), text: "Resume" }));
+  return box;
+}
+
+function resumeDialog(run, box) {
+  const unknown = run.steps.filter((s) => s.status === "unknown" && !s.idempotent);
+  if (!unknown.length) {
+    api("POST", `${runPath(run.id)}/resume`, {}).then((a) => toast(`resumed: ${a.state}`)).catch((e) => toast(e.message, true));
+    return;
+  }
+  const form = el("form", { class: "resume-form", id: "resume-form" });
+  form.append(el("p", { text: "Before resuming, say what happened to each unknown step:" }));
+  for (const step of unknown) {
+    const name = `step-${step.index}`;
+    form.append(el("fieldset", {},
+      el("legend", { text: `step ${step.index} ${step.tool}` }),
+      el("label", {}, el("input", { type: "radio", name, value: "done", checked: true }), " it happened; its result (JSON): "),
+      el("input", { name: `${name}-result`, value: "null" }),
+      el("label", {}, el("input", { type: "radio", name, value: "rerun" }), " it did not happen: run it again")));
+  }
+  form.append(el("button", { type: "submit", text: "Resume" }));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const body = { assume_done: {}, rerun: [] };
+    try {
+      for (const step of unknown) {
+        const choice = form.querySelector(`input[name="step-${step.index}"]:checked`).value;
+        if (choice === "rerun") body.rerun.push(step.index);
+        else body.assume_done[String(step.index)] = JSON.parse(form.querySelector(`input[name="step-${step.index}-result"]`).value || "null");
+      }
+    } catch (error) {
+      toast(`not valid JSON: ${error.message}`, true);
+      return;
+    }
+    api("POST", `${runPath(run.id)}/resume`, body).then((a) => toast(`resumed: ${a.state}`)).catch((e) => toast(e.message, true));
+  });
+  box.append(form);
+}
+
+// -- the audit -----------------------------------------------------------------------------
+
+async function showAudit() {
+  if (stream) { stream.close(); stream = null; }
+  let report;
+  try {
+    report = await api("GET", "/api/audit");
+  } catch (error) {
+    main.replaceChildren(el("h1", { text: "Audit" }), el("p", { class: "muted", text: error.message }));
+    return;
+  }
+  const head = el("tr", {}, ...["tool", "cancel", "effect", "idempotent", "grace", "compensate"].map((h) => el("th", { text: h })));
+  const rows = report.tools.map((t) => el("tr", {},
+    el("td", { text: t.name, class: "mono" }), el("td", { text: t.cancel || "undeclared" }), el("td", { text: t.effect }),
+    el("td", { text: t.idempotent ? "yes" : "no" }), el("td", { text: `${t.grace} s` }), el("td", { text: t.compensate || "" })));
+  const findings = report.findings.length
+    ? el("ul", {}, ...report.findings.map((f) => el("li", {}, el("strong", { text: f.code }), ` ${f.tool}: `, el("span", { text: f.message }))))
+    : el("p", { text: "no findings" });
+  main.replaceChildren(el("h1", { text: "Audit" }), el("table", { id: "audit" }, el("thead", {}, head), el("tbody", {}, ...rows)),
+    el("h2", { text: "Findings" }), findings);
+}
+
+// -- routing -------------------------------------------------------------------------------
+
+function route() {
+  clearInterval(tickTimer);
+  clearTimeout(refreshTimer);
+  pageNumber += 1;  // renders of the page being left draw nothing any more
+  const hash = location.hash || "#/";
+  if (hash.startsWith("#/run/")) return showRun(decodeURIComponent(hash.slice("#/run/".length)));
+  if (hash.startsWith("#/audit")) return showAudit();
+  const query = hash.includes("?") ? hash.slice(hash.indexOf("?") + 1) : "";
+  return showRuns(new URLSearchParams(query));
+}
+
+window.addEventListener("hashchange", route);
+route();

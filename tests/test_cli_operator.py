@@ -1,0 +1,186 @@
+"""The operator's verbs on the command line, as real processes, on SQLite and on PostgreSQL:
+``cancel ID...`` in one transaction, ``cancel --all``, the cancel of a run nobody works (owner
+killed, or released by a worker), ``prune`` and ``list --task --limit``."""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from test_cli import AGENT, PATIENCE, Env, error_line, finish, statuses, step_is
+
+
+@dataclass
+class StoreEnv(Env):
+    url: str = ""
+
+    @property
+    def store(self) -> str:
+        return self.url or super().store
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> StoreEnv:
+    (tmp_path / "agent.py").write_text(AGENT)
+    url = request.getfixturevalue("pg_url") if request.param == "postgres" else ""
+    return StoreEnv(tmp_path, url)
+
+
+def as_json(done: object) -> dict[str, object]:
+    assert hasattr(done, "stdout")
+    value = json.loads(done.stdout)
+    assert isinstance(value, dict)
+    return value
+
+
+def test_cancel_several_ids_in_one_command(env: StoreEnv) -> None:
+    first = env.start_flow("r1", "interruptible", "--json")
+    second = env.start_flow("r2", "interruptible", "--json")
+    env.release("send_email")
+    assert (
+        env.hw("run", "agent.py:flow", "--id", "done", "--input", '{"policy": "finish"}').returncode
+        == 0
+    )
+    done = env.hw("cancel", "r1", "r2", "done", "nope", "--reason", "budget", "--json")
+    assert done.returncode == 2  # an unknown id is bad input; the others are cancelled
+    assert json.loads(done.stdout) == {
+        "cancelled": ["r1", "r2"],
+        "already_final": ["done"],
+        "unknown": ["nope"],
+    }
+    assert "nope" in done.stderr and "Traceback" not in done.stderr
+    for process in (first, second):
+        code, outcome, _ = finish(process)
+        assert code == 3
+        assert isinstance(outcome, dict)
+        assert (outcome["state"], outcome["reason"]) == ("cancelled", "budget")
+    assert env.hw("check").returncode == 0
+
+
+def test_cancel_all_by_task_and_state_with_a_dry_run(env: StoreEnv) -> None:
+    running = env.start_flow("r1", "interruptible", "--json")
+    assert (
+        env.hw(
+            "submit", "agent.py:flow", "--input", '{"policy": "finish"}', "--id", "p1"
+        ).returncode
+        == 0
+    )
+    assert env.hw("run", "agent.py:boom", "--id", "b1").returncode == 1
+    dry = env.hw("cancel", "--all", "--task", "flow", "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert sorted(as_json(dry)["would_cancel"]) == ["p1", "r1"]  # type: ignore[arg-type]
+    assert env.status("p1")["state"] == "pending"  # type: ignore[index]
+    pending_only = env.hw("cancel", "--all", "--state", "pending", "--json")
+    assert as_json(pending_only) == {"cancelled": ["p1"], "already_final": [], "unknown": []}
+    assert env.status("p1")["state"] == "cancelled"  # type: ignore[index]
+    rest = env.hw("cancel", "--all", "--task", "agent.py:flow", "--reason", "sweep")
+    assert rest.returncode == 0 and "cancel requested for run r1" in rest.stdout
+    code, outcome, _ = finish(running)
+    assert code == 3 and isinstance(outcome, dict) and outcome["reason"] == "sweep"
+    assert env.status("b1")["state"] == "failed"  # type: ignore[index]
+    nothing = env.hw("cancel", "--all", "--json")
+    assert as_json(nothing) == {"cancelled": [], "already_final": [], "unknown": []}
+
+
+def test_cancel_of_a_killed_runs_rollback_step_compensates_it_there(env: StoreEnv) -> None:
+    process = env.start_flow("r1", "rollback", "--json")
+    process.kill()
+    process.communicate()
+    done = env.hw("cancel", "r1", "--wait", timeout=PATIENCE)
+    assert done.returncode == 0, done.stderr
+    assert "settled here" in done.stdout
+    settled = env.status("r1")
+    assert settled is not None
+    assert (settled["state"], settled["reason"]) == ("cancelled", "user")
+    assert statuses(settled) == ["committed", "committed", "compensated"]
+    assert env.effects().count("undo_note") == 1  # the compensation ran, in the cancel command
+    assert env.hw("check").returncode == 0
+
+
+def test_cancel_wait_of_a_killed_finish_step_does_not_hang(env: StoreEnv) -> None:
+    process = env.start_flow("r1", "finish", "--json")
+    process.send_signal(signal.SIGKILL)
+    process.communicate()
+    done = env.hw("cancel", "r1", "--wait", "--json", timeout=PATIENCE)
+    assert done.returncode == 0, done.stderr
+    assert as_json(done)["cancelled"] == ["r1"]
+    settled = env.status("r1")
+    assert settled is not None and settled["state"] == "cancelled"
+    assert step_is(settled, 2, "unknown")  # a finish step cut off by a crash
+    assert settled["retry"] == "reconcile"
+    assert "send_email" not in env.effects()
+
+
+def test_cancel_of_a_run_a_worker_released(env: StoreEnv) -> None:
+    assert (
+        env.hw(
+            "submit", "agent.py:flow", "--input", '{"policy": "interruptible"}', "--id", "w1"
+        ).returncode
+        == 0
+    )
+    worker = env.popen("worker", "agent.py")
+    env.wait_for("w1", "its step in flight", lambda s: step_is(s, 2, "running"))
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=PATIENCE) == 0
+    released = env.status("w1")
+    assert released is not None and released["state"] == "running"
+    done = env.hw("cancel", "w1", "--wait", timeout=PATIENCE)
+    assert done.returncode == 0, done.stderr
+    settled = env.status("w1")
+    assert settled is not None and settled["state"] == "cancelled"
+    assert statuses(settled) == ["committed", "committed", "interrupted"]
+    assert "think" not in env.effects() and env.effects().count("record:done") == 0
+
+
+def test_prune_deletes_only_final_runs_older_than_asked(env: StoreEnv) -> None:
+    running = env.start_flow("r1", "interruptible", "--json")
+    assert env.hw("run", "agent.py:boom", "--id", "b1").returncode == 1
+    assert env.hw("run", "agent.py:boom", "--id", "b2").returncode == 1
+    recent = env.hw("prune", "--older-than", "30d", "--json")
+    assert as_json(recent) == {"pruned": []}
+    dry = env.hw("prune", "--older-than", "0s", "--dry-run", "--json")
+    assert sorted(as_json(dry)["would_prune"]) == ["b1", "b2"]  # type: ignore[arg-type]
+    assert env.status("b1") is not None
+    pruned = env.hw("prune", "--older-than", "0m", "--state", "failed", "--json")
+    assert sorted(as_json(pruned)["pruned"]) == ["b1", "b2"]  # type: ignore[arg-type]
+    assert env.status("b1") is None
+    listed = as_json(env.hw("list", "--json"))["runs"]
+    assert [run["id"] for run in listed] == ["r1"]  # type: ignore[index, union-attr]
+    assert env.hw("check").returncode == 0
+    assert "--older-than" in error_line(env.hw("prune", "--older-than", "soon"))
+    assert "--state" in error_line(env.hw("prune", "--older-than", "1d", "--state", "running"))
+    env.hw("cancel", "r1")
+    assert finish(running)[0] == 3
+
+
+def test_list_newest_first_by_task_with_a_limit(env: StoreEnv) -> None:
+    (env.root / "other.py").write_text(AGENT)
+    for run_id in ("a", "b", "c"):
+        assert env.hw("run", "agent.py:boom", "--id", run_id).returncode == 1
+    assert env.hw("run", "other.py:boom", "--id", "o").returncode == 1
+    listed = as_json(env.hw("list", "--task", "agent.py:boom", "--limit", "2", "--json"))
+    assert [run["id"] for run in listed["runs"]] == ["c", "b"]  # type: ignore[index, union-attr]
+    everything = as_json(env.hw("list", "--json"))["runs"]
+    assert [run["id"] for run in everything] == ["o", "c", "b", "a"]  # type: ignore[index, union-attr]
+    ambiguous = error_line(env.hw("list", "--task", "boom"))
+    assert "ambiguous" in ambiguous and "other.py:boom" in ambiguous
+    assert as_json(env.hw("list", "--task", "nosuch", "--json")) == {"runs": []}
+    (env.root / "other.py").unlink()
+    assert "--limit" in error_line(env.hw("list", "--limit", "0"))
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("cancel",), "--all"),
+        (("cancel", "r1", "--all"), "not both"),
+        (("cancel", "r1", "--dry-run"), "go with --all"),
+        (("cancel", "--all", "--state", "completed"), "--state"),
+    ],
+)
+def test_cancel_usage_errors(env: StoreEnv, args: tuple[str, ...], says: str) -> None:
+    assert says in error_line(env.hw(*args))

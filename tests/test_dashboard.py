@@ -1,0 +1,129 @@
+"""The dashboard in a real browser (headless Chromium, Selenium) against a real server.
+
+The runs list follows a cancel made from the command line in another process, live; the
+Cancel button cancels with the reason typed; ids, reasons and partial results holding HTML are
+shown as text, never run as markup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from selenium.common.exceptions import NoAlertPresentException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from _browser import chromium
+from _serve import PATIENCE, Served, start_server
+
+
+@pytest.fixture
+def served(tmp_path: Path, sqlite_url: str) -> Iterator[Served]:
+    server = start_server(tmp_path, sqlite_url)
+    try:
+        yield server
+    finally:
+        server.release("think")
+        server.stop()
+
+
+@pytest.fixture
+def browser(served: Served) -> Iterator[WebDriver]:
+    driver = chromium()
+    try:
+        driver.get(f"{served.base}/?token={served.token}")  # sets the cookie, redirects to /
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait(driver: WebDriver, what: str, condition: object) -> object:
+    return WebDriverWait(driver, PATIENCE).until(condition, message=what)  # type: ignore[arg-type]
+
+
+def row_state(driver: WebDriver, run_id: str) -> str | None:
+    rows = driver.find_elements(By.CSS_SELECTOR, f'#runs tr[data-id="{run_id}"] .badge')
+    return rows[0].text if rows else None
+
+
+def in_flight(served: Served, run_id: str) -> None:
+    assert served.post("/api/runs", {"task": "research", "id": run_id}).status == 201
+    served.wait_for(run_id, "think in flight", lambda run: len(run["steps"]) == 2)
+
+
+def test_the_runs_list_follows_a_cancel_from_the_command_line(
+    served: Served, browser: WebDriver
+) -> None:
+    in_flight(served, "live1")
+    assert browser.current_url == f"{served.base}/"  # the token left the address bar
+    wait(browser, "the run listed as running", lambda d: row_state(d, "live1") == "running")
+    wait(
+        browser,
+        "the live feed connected",
+        lambda d: "on" in d.find_element(By.ID, "live").get_attribute("class"),
+    )
+    cancelled = served.hw("cancel", "live1", "--reason", "from a shell")
+    assert cancelled.returncode == 0, cancelled.stderr
+    wait(browser, "the list showing it cancelled", lambda d: row_state(d, "live1") == "cancelled")
+    reason = browser.find_element(By.CSS_SELECTOR, '#runs tr[data-id="live1"] .reason')
+    assert reason.text == "from a shell"
+
+
+def test_the_cancel_button_cancels_with_the_typed_reason(
+    served: Served, browser: WebDriver
+) -> None:
+    in_flight(served, "button1")
+    browser.get(f"{served.base}/#/run/button1")
+    wait(browser, "the run page", lambda d: d.find_elements(By.ID, "cancel-reason"))
+    browser.find_element(By.ID, "cancel-reason").send_keys("typed in the browser")
+    browser.find_element(By.ID, "cancel").click()
+    run = served.wait_for("button1", "cancelled", lambda r: r["state"] == "cancelled")
+    assert run["reason"] == "typed in the browser"
+    wait(
+        browser,
+        "the page showing it",
+        lambda d: d.find_element(By.CSS_SELECTOR, "h1 .badge").text == "cancelled",
+    )
+    assert browser.find_element(By.ID, "run-reason").text == "typed in the browser"
+    steps = browser.find_elements(By.CSS_SELECTOR, "#steps tbody tr")
+    assert [row.find_elements(By.TAG_NAME, "td")[4].text for row in steps] == [
+        "committed",
+        "interrupted",
+    ]
+
+
+def test_html_in_ids_reasons_and_partials_is_shown_as_text(
+    served: Served, browser: WebDriver
+) -> None:
+    hostile = "<img src=x onerror=\"document.title='owned'\">"
+    topic = "<script>document.title='owned'</script>"
+    created = served.post(
+        "/api/runs", {"task": "research", "id": hostile, "input": {"topic": topic}}
+    )
+    assert created.status == 201
+    served.wait_for(hostile, "think in flight", lambda run: len(run["steps"]) == 2)
+    assert (
+        served.post(f"/api/runs/{quote(hostile, safe='')}/cancel", {"reason": "<b>bold</b>"}).status
+        == 202
+    )
+    served.wait_for(hostile, "cancelled", lambda r: r["state"] == "cancelled")
+    browser.get(f"{served.base}/")
+    wait(browser, "the hostile row", lambda d: d.find_elements(By.CSS_SELECTOR, "#runs a.run-link"))
+    link = browser.find_element(By.CSS_SELECTOR, "#runs a.run-link")
+    assert link.text == hostile
+    link.click()
+    wait(browser, "the run page", lambda d: d.find_elements(By.ID, "run-id"))
+    assert browser.find_element(By.ID, "run-id").text == hostile
+    assert browser.find_element(By.ID, "run-reason").text == "<b>bold</b>"
+    partials = [item.text for item in browser.find_elements(By.CSS_SELECTOR, "#partials pre")]
+    assert partials == [f'{{\n "hit": "{topic}-a"\n}}', f'{{\n "hit": "{topic}-b"\n}}']
+    main = browser.find_element(By.ID, "main")
+    assert not main.find_elements(By.TAG_NAME, "img") and not main.find_elements(By.TAG_NAME, "b")
+    assert not main.find_elements(By.TAG_NAME, "script")
+    assert browser.title == "haltwise"
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert.text  # noqa: B018
