@@ -44,14 +44,15 @@ _TABLES = ("runs", "steps", "partials", "events", "changes")
 #: The columns a page of runs reads, in order (see :func:`summary_from_row`).
 _SUMMARY = """
 SELECT r.id, r.task, r.state, r.reason, r.created_at, r.updated_at,
-    EXISTS (SELECT 1 FROM {steps} s WHERE s.run_id = r.id AND s.status = 'unknown'
-            AND s.idempotent = {false}) AS unsafe,
-    EXISTS (SELECT 1 FROM {steps} s WHERE s.run_id = r.id
-            AND s.effect IN ('write', 'external')
-            AND (s.status = 'committed' OR (s.status = 'unknown' AND s.idempotent = {true})))
-        AS repeats
+    (SELECT 1 FROM {steps} s WHERE s.run_id = r.id AND s.status = 'unknown'
+     AND s.idempotent = {false} LIMIT 1) IS NOT NULL AS unsafe,
+    (SELECT 1 FROM {steps} s WHERE s.run_id = r.id AND s.effect IN ('write', 'external')
+     AND (s.status = 'committed' OR (s.status = 'unknown' AND s.idempotent = {true}))
+     LIMIT 1) IS NOT NULL AS repeats
 FROM {runs} r
 """
+# (Scalar subqueries with LIMIT 1, not EXISTS: PostgreSQL turns an EXISTS in the select list into
+# a hashed subplan over every step of the store; these stay one index probe per listed run.)
 
 _SUMMARY_COLUMNS = ("id", "task", "state", "reason", "created_at", "updated_at")
 _CHANGE_COLUMNS = "seq, run_id, kind, idx, status, at"
