@@ -157,7 +157,7 @@ def cancel_command(
         for outcome in waited:
             Screen().outcome(outcome)
     if len(batch.unknown) == 1:
-        return fail(str(UnknownRunError(batch.unknown[0])))
+        raise UnknownRunError(batch.unknown[0])  # said with the store it looked in
     if batch.unknown:
         return fail(f"no runs with ids {', '.join(map(repr, batch.unknown))} in the store")
     return 0
