@@ -4,9 +4,11 @@ For each framework, the same agent (the framework's own offline scripted model, 
 tools) runs bare and with the haltwise adapter inside a task, on a SQLite store at
 ``synchronous=FULL`` and ``NORMAL``. One agent run is ``--calls`` turns of one tool call each,
 then the answer: ``calls`` tool calls and ``calls + 1`` model requests, so ``2 * calls + 1``
-steps. Reported: the median wall time of a run (over ``--runs`` runs, after a warm-up), the
-ratio adapter / bare, and what haltwise adds per step ((adapter - bare) / steps). All in one
-process, one after another, in one invocation.
+steps. Bare and adapter runs alternate, so that both see the same moods of a shared machine.
+Reported: the median wall time of a run (over ``--runs`` of each, after a warm-up), the ratio
+adapter / bare, what haltwise adds per step ((adapter - bare) / steps), and beside it the
+baseline: one raw SQLite ``INSERT`` + ``COMMIT`` (WAL, same ``synchronous``) measured right after,
+on the same disk. All in one process, in one invocation.
 
 usage: python bench/bench_integrations.py [--calls N] [--runs N] [--dir DIR]
 """
@@ -14,6 +16,7 @@ usage: python bench/bench_integrations.py [--calls N] [--runs N] [--dir DIR]
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -56,7 +59,8 @@ def agents_runner(calls: int, adapter: bool) -> Callable[[], Awaitable[Any]]:
         ]
         model: Any = ScriptedModel([*turns, [assistant_message("done")]])
         agent = Agent(name="a", model=JournaledModel(model) if adapter else model, tools=tools)
-        return (await Runner.run(agent, "go", run_config=config)).final_output
+        result = await Runner.run(agent, "go", run_config=config, max_turns=calls + 2)
+        return result.final_output
 
     return run
 
@@ -130,42 +134,59 @@ async def journaled_agent() -> Any:
     return await Current.run()
 
 
-async def time_bare(run: Callable[[], Awaitable[Any]], runs: int) -> list[float]:
-    await run()  # warm-up
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        await run()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-async def time_adapter(
-    run: Callable[[], Awaitable[Any]], runs: int, store: str, steps: int
-) -> list[float]:
-    Current.run = run
-    times = []
+async def paired_times(
+    bare: Callable[[], Awaitable[Any]],
+    adapted: Callable[[], Awaitable[Any]],
+    runs: int,
+    store: str,
+    steps: int,
+) -> tuple[list[float], list[float]]:
+    """Bare and adapter runs alternated (after one warm-up of each), so that both see the same
+    moods of a shared machine; the wall time of each."""
+    Current.run = adapted
+    bare_times: list[float] = []
+    adapter_times: list[float] = []
     async with haltwise.Runtime(store) as runtime:
-        for attempt in range(runs + 1):  # the first is the warm-up
+        for attempt in range(runs + 1):  # the first of each is the warm-up
             start = time.perf_counter()
+            await bare()
+            middle = time.perf_counter()
             outcome = await (await runtime.start(journaled_agent)).outcome()
-            elapsed = time.perf_counter() - start
+            end = time.perf_counter()
             assert outcome.state is haltwise.State.COMPLETED, outcome
             assert len(outcome.steps) == steps, outcome.steps
             if attempt:
-                times.append(elapsed)
-    return times
+                bare_times.append(middle - start)
+                adapter_times.append(end - middle)
+    return bare_times, adapter_times
+
+
+def raw_commit_seconds(path: Path, setting: str, commits: int) -> float:
+    """The baseline: one ``INSERT`` + ``COMMIT`` on a WAL SQLite file at ``setting``, per commit."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={setting}")
+    conn.execute("CREATE TABLE IF NOT EXISTS t (i INTEGER, v TEXT)")
+    start = time.perf_counter()
+    for i in range(commits):
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO t VALUES (?, ?)", (i, "x" * 64))
+        conn.execute("COMMIT")
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return elapsed / commits
 
 
 async def measure(calls: int, runs: int, directory: Path) -> list[list[object]]:
     steps = 2 * calls + 1
     rows: list[list[object]] = []
     for name, make in FRAMEWORKS.items():
-        bare = median(await time_bare(make(calls, False), runs))
         for setting in ("full", "normal"):
             store = f"sqlite:///{directory}/{name.split()[0].lower()}-{setting}.db"
             store += f"?synchronous={setting}"
-            adapted = median(await time_adapter(make(calls, True), runs, store, steps))
+            pair = await paired_times(make(calls, False), make(calls, True), runs, store, steps)
+            bare, adapted = median(pair[0]), median(pair[1])
+            raw = raw_commit_seconds(directory / f"raw-{setting}.db", setting, runs * steps)
             rows.append(
                 [
                     name,
@@ -174,6 +195,7 @@ async def measure(calls: int, runs: int, directory: Path) -> list[list[object]]:
                     f"{adapted * 1e3:.2f}",
                     f"{adapted / bare:.2f}x",
                     f"{(adapted - bare) / steps * 1e6:.0f}",
+                    f"{raw * 1e6:.0f}",
                 ]
             )
     return rows
@@ -190,7 +212,8 @@ def main() -> None:
     print(header("The framework adapters: what haltwise adds per tool call and model request"))
     print(
         f"One agent run: {args.calls} tool calls and {args.calls + 1} model requests "
-        f"({2 * args.calls + 1} steps); median of {args.runs} runs after a warm-up.\n"
+        f"({2 * args.calls + 1} steps); median of {args.runs} runs of each, bare and adapter "
+        "alternated, after a warm-up.\n"
     )
     print(
         table(
@@ -201,6 +224,7 @@ def main() -> None:
                 "with adapter (ms)",
                 "ratio",
                 "added per step (µs)",
+                "raw commit (µs)",
             ],
             rows,
         )

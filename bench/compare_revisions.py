@@ -5,7 +5,7 @@ source trees round after round, so that the machine's slow and fast spells fall 
 the table shows the medians. The earlier revision is checked out in a temporary git worktree
 (removed afterwards); the benchmark code itself is always the working tree's.
 
-usage: python bench/compare_revisions.py REV [--rounds N]
+usage: python bench/compare_revisions.py REV [--rounds N] [--kind scale|runs|sequential]
 """
 
 from __future__ import annotations
@@ -48,7 +48,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("rev", help="the earlier revision (anything git rev-parse takes)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--kind", choices=sorted({case[1] for case in CASES}), help="only the cases of this kind"
+    )
     args = parser.parse_args()
+    cases = [case for case in CASES if args.kind is None or case[1] == args.kind]
     rev = subprocess.run(
         ["git", "rev-parse", "--short", args.rev], cwd=ROOT, capture_output=True, text=True
     )
@@ -63,7 +67,7 @@ def main() -> None:
     try:
         results: dict[tuple[str, str], list[float]] = {}
         for _ in range(args.rounds):
-            for what, kind, size, setting, _unit in CASES:
+            for what, kind, size, setting, _unit in cases:
                 for name, source in trees.items():
                     results.setdefault((what, name), []).extend(
                         measure(source, kind, size, setting)
@@ -73,7 +77,7 @@ def main() -> None:
     print(header(f"haltwise at {short} against the working tree (SQLite, WAL)"))
     print(f"{args.rounds} rounds, alternating, {2 * args.rounds} fresh databases per cell:\n")
     rows = []
-    for what, _kind, _size, _setting, unit in CASES:
+    for what, _kind, _size, _setting, unit in cases:
         before, after = median(results[(what, short)]), median(results[(what, "working tree")])
         change = after / before - 1
         better = "higher" if unit == "steps/s" else "lower"

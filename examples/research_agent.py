@@ -1,13 +1,13 @@
 """A research-and-notify agent: the demo of ``make demo``, and the explorer's test subject.
 
 A scripted planner stands where a model would be. It is called as a tool (interruptible,
-external) like a real model call, so that a resume replays its decisions instead of asking
-again. The agent uses every cancel policy:
+read: a model call changes nothing in the world) like a real model call, so that a resume
+replays its decisions instead of asking again. The agent uses every cancel policy:
 
 ========================  ===============  ==========  ===========  ==========================
 tool                      cancel           effect      idempotent   world it touches
 ========================  ===============  ==========  ===========  ==========================
-plan_next (the "model")   interruptible    external    no           none (scripted)
+plan_next (the "model")   interruptible    read        no           none (scripted)
 search                    interruptible    read        no           a small local corpus
 fetch_page                interruptible    read        no           the same corpus
 save_note                 rollback         write       no           notes.db (SQLite)
@@ -70,7 +70,7 @@ def _append(name: str, record: dict[str, Any]) -> None:
         os.fsync(handle.fileno())
 
 
-@haltwise.tool(cancel="interruptible", effect="external")
+@haltwise.tool(cancel="interruptible", effect="read")
 async def plan_next(topic: str, done: list[str]) -> dict[str, Any]:
     """Decide the next action (a scripted stand-in for a model call)."""
     await anyio.sleep(LATENCY / 5)

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -76,12 +77,13 @@ async def thirty() -> list[object]:
     return results
 
 
-async def main(store: str, run_id: str) -> int:
+async def main(store: str, run_id: str, task: haltwise.Task[..., Any] = thirty) -> int:
+    """Resume run ``run_id`` of ``task``, or start it; print ``started``, then its state."""
     async with haltwise.Runtime(store) as runtime:
         try:
             handle = await runtime.resume(run_id)
         except haltwise.UnknownRunError:
-            handle = await runtime.start(thirty, task_id=run_id)
+            handle = await runtime.start(task, task_id=run_id)
         except haltwise.RunOwnedError as owned:
             print(f"owned: {owned}", flush=True)
             return 2

@@ -21,6 +21,7 @@ from haltwise import Tool
 from haltwise._analysis.audit import AuditReport, FindingCode, audit_tools
 from haltwise._core.policy import ToolPolicy
 from haltwise._runtime.loader import load_tools
+from haltwise._runtime.tool import ToolSpec, tool_function
 
 
 def delete_note(text: str) -> None:
@@ -52,7 +53,7 @@ def retrying_external() -> Tool[..., Any]:
         grace=5,
         retries=2,
     )
-    return Tool(delete_note, policy, "charge")
+    return tool_function(ToolSpec(delete_note, policy, "charge"))
 
 
 def codes(tools: list[Tool[..., Any]], deadline: float | None = None) -> list[str]:

@@ -26,9 +26,9 @@ def expected_results() -> list[object]:
     return [[i * 2, f"charged-{i}", f"note-{i}"][i % 3] for i in range(STEPS)]
 
 
-def spawn(store: str, run_id: str, world: Path) -> subprocess.Popen[str]:
+def spawn(store: str, run_id: str, world: Path, agent: Path = AGENT) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(AGENT), store, run_id, str(world)],
+        [sys.executable, str(agent), store, run_id, str(world)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -41,11 +41,13 @@ def wait_started(proc: subprocess.Popen[str]) -> None:
     assert line.strip() == "started", (line, proc.stderr.read() if proc.stderr else "")
 
 
-def kill_and_resume(store: str, run_id: str, world: Path, rng: random.Random) -> int:
-    """Kill the agent at random moments until its run completes; return how many kills."""
+def kill_and_resume(
+    store: str, run_id: str, world: Path, rng: random.Random, agent: Path = AGENT
+) -> int:
+    """Kill ``agent`` at random moments until its run completes; return how many kills."""
     kills = 0
     while True:
-        proc = spawn(store, run_id, world)
+        proc = spawn(store, run_id, world, agent)
         wait_started(proc)
         try:
             proc.wait(timeout=rng.uniform(0.0, 0.15))

@@ -23,6 +23,7 @@ import haltwise.testing
 from haltwise import Effect, Outcome, Retry, State, StepRecord, StepStatus
 from haltwise._analysis.explore_checks import Baseline, Point, Trial, after_resume
 from haltwise._analysis.explore_render import render_rich
+from haltwise._runtime.tool import as_spec
 from haltwise.testing import (
     Execution,
     ExploreReport,
@@ -223,10 +224,11 @@ def test_a_saga_passes_too() -> None:
 
 
 def test_the_tools_are_put_back_and_the_recorder_saw_every_run() -> None:
-    originals = {tool: tool.fn for tool in (search_index, save_note, charge_card)}
+    specs = [as_spec(tool) for tool in (search_index, save_note, charge_card)]
+    originals = {spec: spec.fn for spec in specs}
     recorder = Recorder()
     report = run_explore(research, recorder=recorder)
-    assert {tool: tool.fn for tool in originals} == originals
+    assert {spec: spec.fn for spec in originals} == originals
     assert report.ok, report.explain()
     baseline = recorder.executions_of("explore-baseline")
     assert [e.tool for e in baseline] == [
@@ -436,10 +438,10 @@ def test_an_uninterrupted_run_that_does_not_end_is_an_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(haltwise.testing, "ATTEMPT_TIMEOUT", 0.2)
-    original = stall.fn
+    original = as_spec(stall).fn
     with pytest.raises(haltwise.HaltwiseError, match=r"did not end within 0\.2 s"):
         run_explore(stuck)
-    assert stall.fn is original, "the tools are put back after an error too"
+    assert as_spec(stall).fn is original, "the tools are put back after an error too"
 
 
 @haltwise.tool(cancel="interruptible", effect="read")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import anyio
@@ -214,9 +215,9 @@ async def test_shield_lets_cleanup_call_tools_after_a_cancel(store_url: str) -> 
     async def cleans_up() -> str:
         try:
             toolkit.between.set()
-            await toolkit.go_on.wait()
+            await toolkit.go_on.wait()  # a cancel lands here, as asyncio's CancelledError
             await haltwise.checkpoint()
-        except haltwise.Cancelled:
+        except (haltwise.Cancelled, asyncio.CancelledError):
             async with haltwise.shield(5):
                 seen.append(await toolkit.quick("cleanup"))
                 await haltwise.checkpoint()
@@ -242,9 +243,9 @@ async def test_cleanup_steps_are_not_replayed_on_resume(store_url: str) -> None:
         try:
             between_gate = toolkit.between
             between_gate.set()
-            await toolkit.go_on.wait()
+            await toolkit.go_on.wait()  # a cancel lands here, as asyncio's CancelledError
             return [first, await toolkit.quick("b")]
-        except haltwise.Cancelled:
+        except (haltwise.Cancelled, asyncio.CancelledError):
             async with haltwise.shield(5):
                 await toolkit.quick_external("notify")
             raise
@@ -277,7 +278,8 @@ async def test_cancel_is_level_triggered_and_cannot_be_undone(store_url: str) ->
     async def swallows() -> str:
         nonlocal raised
         toolkit.between.set()
-        await toolkit.go_on.wait()
+        async with haltwise.shield(30):  # hold the cancel off until the checkpoints
+            await toolkit.go_on.wait()
         for _ in range(3):
             try:
                 await haltwise.checkpoint()
@@ -301,7 +303,8 @@ async def test_error_raised_while_cancelling_is_kept_as_cancel_error(store_url: 
     @haltwise.task
     async def breaks_on_cancel() -> str:
         toolkit.between.set()
-        await toolkit.go_on.wait()
+        async with haltwise.shield(30):  # hold the cancel off until the checkpoint
+            await toolkit.go_on.wait()
         try:
             await haltwise.checkpoint()
         except haltwise.Cancelled:

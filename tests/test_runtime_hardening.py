@@ -134,3 +134,29 @@ async def test_a_deferred_write_that_fails_is_raised_by_a_later_operation(sqlite
 def test_python_api_outcome_docstrings_say_what_they_raise() -> None:
     doc = haltwise.TaskHandle.outcome.__doc__ or ""
     assert "StoreError" in doc and "every call" in doc
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: haltwise.Runtime("sqlite:///x.db", lease=-1),
+        lambda: haltwise.Runtime("sqlite:///x.db", lease=float("nan")),
+        lambda: haltwise.Runtime("sqlite:///x.db", lease=float("inf")),
+        lambda: toolkit.quick.schema("anthropic"),
+        lambda: haltwise.Runtime("mysql://u:pw@h/db"),
+    ],
+    ids=["lease<0", "lease nan", "lease inf", "schema format", "store url"],
+)
+def test_bad_arguments_in_python_are_haltwise_errors(bad: Any) -> None:
+    """The sweep, in Python: a bad argument is a HaltwiseError (an InputError is also a
+    ValueError), never a bare ValueError or TypeError."""
+    with pytest.raises(haltwise.HaltwiseError) as raised:
+        bad()
+    assert "pw" not in str(raised.value)
+
+
+@pytest.mark.parametrize("seconds", [-1, float("nan"), "5", None])
+async def test_a_shield_of_no_usable_length_is_an_input_error(seconds: Any) -> None:
+    with pytest.raises(haltwise.InputError):
+        async with haltwise.shield(seconds):
+            pass

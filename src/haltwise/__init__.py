@@ -38,8 +38,11 @@ from ._core.states import StepStatus as StepStatus
 from ._journal.check import CheckReport as CheckReport
 from ._journal.check import verify_store as verify_store
 from ._journal.store import LostOwnershipError as LostOwnershipError
+from ._runtime.run_context import call_id as call_id
+from ._runtime.run_context import current_task_id as current_task_id
 from ._runtime.runtime import Runtime as Runtime
 from ._runtime.runtime import TaskHandle as TaskHandle
+from ._runtime.task_api import aemit as aemit
 from ._runtime.task_api import cancel_requested as cancel_requested
 from ._runtime.task_api import checkpoint as checkpoint
 from ._runtime.task_api import emit as emit
@@ -48,6 +51,7 @@ from ._runtime.task_api import shield as shield
 from ._runtime.tool import OnCancel as OnCancel
 from ._runtime.tool import Task as Task
 from ._runtime.tool import Tool as Tool
+from ._runtime.tool import step as step
 from ._runtime.tool import task as task
 from ._runtime.tool import tool as tool
 
@@ -112,12 +116,16 @@ __all__ = [
     "Tool",
     "UnknownRunError",
     "UnknownStepError",
+    "aemit",
+    "call_id",
     "cancel_requested",
     "checkpoint",
+    "current_task_id",
     "emit",
     "idempotency_key",
     "run",
     "shield",
+    "step",
     "task",
     "tool",
     "verify_store",

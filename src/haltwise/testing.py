@@ -62,7 +62,7 @@ from ._core.exceptions import HaltwiseError, InputError
 from ._core.outcome import Outcome, Retry
 from ._core.records import RunSnapshot
 from ._core.states import State, StepStatus
-from ._runtime.run_context import current_run
+from ._runtime.run_context import SHIELDED, current_run
 from ._runtime.runtime import Runtime
 from ._runtime.tool import Task
 
@@ -288,8 +288,7 @@ class _Probe:
 
     async def __call__(self, kind: str, index: int) -> None:
         self.seen.append((kind, index))
-        run = current_run()
-        if run is not None and run.shield_depth > 0:
+        if current_run() is not None and SHIELDED.get():
             self.shielded.add(index)
         if self.fired or (kind, index) != self.target:
             return

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, final
 
+from .._core.exceptions import InputError
 from .._core.policy import CancelPolicy, Effect
 from .._runtime.describe import callable_name, cancel_leaves
-from .._runtime.tool import Tool
+from .._runtime.tool import ToolSpec, as_spec
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -142,7 +143,7 @@ class AuditReport:
         _render_rich(self, console)
 
 
-def audit_tools(tools: Iterable[Tool[..., Any]], *, deadline: float | None = None) -> AuditReport:
+def audit_tools(tools: Iterable[object], *, deadline: float | None = None) -> AuditReport:
     """Audit the declared cancel policies of ``tools``; run nothing.
 
     Findings per tool, in this order (codes in :class:`FindingCode`):
@@ -162,18 +163,20 @@ def audit_tools(tools: Iterable[Tool[..., Any]], *, deadline: float | None = Non
       assumed): an attempt that failed after its effect happened (a timeout, a lost answer) is
       run again, and the effect happens again.
 
-    A tool listed twice (the same object) is audited once. Raises :class:`ValueError` if
-    ``deadline`` is not a finite positive number.
+    A tool listed twice (the same object) is audited once. Raises
+    :class:`~haltwise.InputError` (a ``ValueError``) if ``deadline`` is not a finite positive
+    number.
     """
     if deadline is not None and not (0 < deadline < math.inf):
-        raise ValueError(f"deadline must be a finite number of seconds > 0, not {deadline!r}")
-    unique = list({id(item): item for item in tools}.values())
+        raise InputError(f"deadline must be a finite number of seconds > 0, not {deadline!r}")
+    specs = map(as_spec, tools)
+    unique = list({id(item): item for item in specs}.values())
     rows = tuple(_row(item) for item in unique)
     findings = tuple(found for item in unique for found in _findings(item, deadline))
     return AuditReport(tools=rows, findings=findings, deadline=deadline)
 
 
-def _row(tool: Tool[..., Any]) -> ToolRow:
+def _row(tool: ToolSpec) -> ToolRow:
     policy = tool.policy
     return ToolRow(
         name=tool.name,
@@ -195,15 +198,15 @@ def _seconds(value: float) -> str:
 
 # -- findings ----------------------------------------------------------------------------------
 
-_Check = Callable[[Tool[..., Any], float | None], Finding | None]
+_Check = Callable[[ToolSpec, float | None], Finding | None]
 
 
-def _findings(tool: Tool[..., Any], deadline: float | None) -> list[Finding]:
+def _findings(tool: ToolSpec, deadline: float | None) -> list[Finding]:
     found = (check(tool, deadline) for check in _CHECKS)
     return [finding for finding in found if finding is not None]
 
 
-def _undeclared_cancel(tool: Tool[..., Any], deadline: float | None) -> Finding | None:
+def _undeclared_cancel(tool: ToolSpec, deadline: float | None) -> Finding | None:
     if tool.policy.cancel is not None:
         return None
     return Finding(
@@ -215,7 +218,7 @@ def _undeclared_cancel(tool: Tool[..., Any], deadline: float | None) -> Finding 
     )
 
 
-def _undeclared_effect(tool: Tool[..., Any], deadline: float | None) -> Finding | None:
+def _undeclared_effect(tool: ToolSpec, deadline: float | None) -> Finding | None:
     if tool.policy.effect_declared:
         return None
     return Finding(
@@ -227,7 +230,7 @@ def _undeclared_effect(tool: Tool[..., Any], deadline: float | None) -> Finding 
     )
 
 
-def _rollback_without_compensate(tool: Tool[..., Any], deadline: float | None) -> Finding | None:
+def _rollback_without_compensate(tool: ToolSpec, deadline: float | None) -> Finding | None:
     policy = tool.policy
     if policy.cancel is not CancelPolicy.ROLLBACK or policy.compensate is not None:
         return None
@@ -240,7 +243,7 @@ def _rollback_without_compensate(tool: Tool[..., Any], deadline: float | None) -
     )
 
 
-def _interruptible_side_effect(tool: Tool[..., Any], deadline: float | None) -> Finding | None:
+def _interruptible_side_effect(tool: ToolSpec, deadline: float | None) -> Finding | None:
     policy = tool.policy
     if policy.cancel is not CancelPolicy.INTERRUPTIBLE:
         return None
@@ -256,7 +259,7 @@ def _interruptible_side_effect(tool: Tool[..., Any], deadline: float | None) -> 
     )
 
 
-def _finish_unbounded_external(tool: Tool[..., Any], deadline: float | None) -> Finding | None:
+def _finish_unbounded_external(tool: ToolSpec, deadline: float | None) -> Finding | None:
     policy = tool.policy
     if policy.cancel is not CancelPolicy.FINISH or policy.effect is not Effect.EXTERNAL:
         return None
@@ -273,7 +276,7 @@ def _finish_unbounded_external(tool: Tool[..., Any], deadline: float | None) -> 
     )
 
 
-def _grace_exceeds_deadline(tool: Tool[..., Any], deadline: float | None) -> Finding | None:
+def _grace_exceeds_deadline(tool: ToolSpec, deadline: float | None) -> Finding | None:
     policy = tool.policy
     if deadline is None or policy.cancel is CancelPolicy.INTERRUPTIBLE:
         return None
@@ -288,7 +291,7 @@ def _grace_exceeds_deadline(tool: Tool[..., Any], deadline: float | None) -> Fin
     )
 
 
-def _retries_repeat_effect(tool: Tool[..., Any], deadline: float | None) -> Finding | None:
+def _retries_repeat_effect(tool: ToolSpec, deadline: float | None) -> Finding | None:
     policy = tool.policy
     if not policy.retries or policy.effect is not Effect.EXTERNAL or policy.idempotent:
         return None

@@ -24,7 +24,7 @@ import anyio
 
 from .._core.exceptions import HaltwiseError
 from .._runtime.run_context import CURRENT_STEP, current_run
-from .._runtime.tool import TOOLS, Tool
+from .._runtime.tool import TOOLS, ToolSpec, as_spec
 
 __all__ = ["EffectRecord", "Execution", "Recorder", "record_effect", "tagged"]
 
@@ -191,7 +191,7 @@ class Recorder:
         return False
 
     @contextmanager
-    def watching(self, tools: Iterable[Tool[..., Any]] | None = None) -> Iterator[Recorder]:
+    def watching(self, tools: Iterable[object] | None = None) -> Iterator[Recorder]:
         """Wrap ``tools`` (default: every tool defined so far) to count their executions.
 
         The original functions are put back when the block ends, whatever happens in it. Only
@@ -199,7 +199,8 @@ class Recorder:
         :class:`~haltwise.HaltwiseError`. Tools defined after the block began are not watched.
         """
         global _ACTIVE
-        watched = list(dict.fromkeys(TOOLS.values() if tools is None else tools))
+        chosen = TOOLS.values() if tools is None else map(as_spec, tools)
+        watched = list(dict.fromkeys(chosen))
         with _ACTIVE_LOCK:
             if _ACTIVE is not None:
                 raise HaltwiseError("another haltwise.testing.Recorder is already watching")
@@ -227,7 +228,7 @@ class Recorder:
         with self._lock:
             self._executions.append(execution)
 
-    def _begin(self, tool: Tool[..., Any]) -> Execution | None:
+    def _begin(self, tool: ToolSpec) -> Execution | None:
         step = CURRENT_STEP.get()
         if step is None or _CALL.get() is not None:
             return None  # not a step (called outside a task), or a tool called by a tool
@@ -241,7 +242,7 @@ class Recorder:
         self.add_execution(execution)
         return execution
 
-    def _wrap(self, tool: Tool[..., Any], fn: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap(self, tool: ToolSpec, fn: Callable[..., Any]) -> Callable[..., Any]:
         if tool.is_async:
 
             @functools.wraps(fn)

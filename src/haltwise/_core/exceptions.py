@@ -71,8 +71,11 @@ class PolicyError(HaltwiseError):
         self.tool = tool
 
 
-class InputError(HaltwiseError):
-    """Task inputs, a partial result or a tool result cannot be journaled (not JSON, wrong args)."""
+class InputError(HaltwiseError, ValueError):
+    """A value given to haltwise is unusable: task inputs, a partial result or a tool result
+    that cannot be journaled (not JSON, wrong arguments), or an argument out of its range (a
+    deadline, a lease, a shield's seconds, a worker's concurrency). Also a :class:`ValueError`,
+    so code that caught the bare ``ValueError`` some of these used to be keeps working."""
 
 
 class UnknownRunError(HaltwiseError):
@@ -133,17 +136,32 @@ class StepTimeoutError(HaltwiseError):
 
 
 class NonDeterminismError(HaltwiseError):
-    """On replay the task asked for a different tool at a step index than the journal holds."""
+    """On replay the task made a different call at a step than the journal holds.
 
-    def __init__(self, task_id: str, index: int, journaled: str, requested: str) -> None:
+    ``what`` says what differs: ``"tool"`` (``journaled`` and ``requested`` are the two tool
+    names) or ``"arguments"`` (the same tool, called with arguments whose fingerprint differs
+    from the journal's; the arguments themselves are never put in the message).
+    """
+
+    def __init__(
+        self, task_id: str, index: int, journaled: str, requested: str, *, what: str = "tool"
+    ) -> None:
+        if what == "arguments":
+            detail = (
+                f"step {index} ({journaled}) is called with other arguments than the journal holds"
+            )
+        else:
+            detail = (
+                f"step {index} is {journaled!r} in the journal but the task now calls {requested!r}"
+            )
         super().__init__(
-            f"run {task_id!r}: step {index} is {journaled!r} in the journal but the task now "
-            f"calls {requested!r}; the task is not deterministic on resume",
+            f"run {task_id!r}: {detail}; the task is not deterministic on resume",
             task_id=task_id,
         )
         self.index = index
         self.journaled = journaled
         self.requested = requested
+        self.what = what
 
 
 class UnknownStepError(HaltwiseError):

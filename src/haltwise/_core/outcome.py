@@ -63,6 +63,10 @@ class StepRecord:
     #: made after a cancel was delivered (cleanup inside ``haltwise.shield``): part of that
     #: cancellation, so a resume does not replay it and numbers its own steps around it
     cleanup: bool = False
+    #: the tool-call id it was made under (``haltwise.call_id``): a replay matches it by this
+    call_id: str | None = None
+    #: a fingerprint of its arguments: a replay with other arguments is non-deterministic
+    fingerprint: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -11,6 +11,11 @@ from .exceptions import InputError
 from .outcome import ErrorInfo, Outcome, StepRecord
 from .states import State
 
+#: Who emitted a partial result: ``(index of the step whose tool emitted it, or None for the task's
+#: own code; its ordinal among that emitter's partial results)``. The same in every attempt, so a
+#: replay recognises a partial result it already made.
+PartialKey = tuple[int | None, int]
+
 
 @dataclass(frozen=True, slots=True)
 class Owner:
@@ -78,11 +83,16 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class RunSnapshot:
-    """A run with its steps (by index) and partial results (in order), read in one transaction."""
+    """A run with its steps (by index) and partial results (in order), read in one transaction.
+
+    ``partial_keys`` says, for each partial result in the same order, who emitted it (see
+    :data:`PartialKey`); empty when the caller does not need it.
+    """
 
     run: RunRecord
     steps: tuple[StepRecord, ...]
     partials: tuple[Any, ...]
+    partial_keys: tuple[PartialKey, ...] = ()
 
     def outcome(self) -> Outcome:
         run = self.run

@@ -50,7 +50,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from .._core.exceptions import NoStoreError, StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
-from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json
+from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .._core.views import Change, RunSummary
 from .operator_sql import (
@@ -65,6 +65,7 @@ from .rows import (
     RUN_COLUMNS,
     error_to_text,
     event_from_row,
+    partial_key,
     partials_from_rows,
     read_all,
     run_from_row,
@@ -448,6 +449,8 @@ class PostgresStore:
                     step.args,
                     step.cleanup,
                     time.time(),
+                    step.call_id,
+                    step.fingerprint,
                 ),
             )
             row = await cursor.fetchone()
@@ -500,17 +503,21 @@ class PostgresStore:
         with anyio.CancelScope(shield=True):  # see Store.settle_step
             await self._run(op)
 
-    async def append_partial(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
-        text = dump_json(value, "a partial result")
+    async def append_partial(
+        self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
+    ) -> None:
+        row = _partial_row(run_id, seq, value, origin)
 
         async def op(conn: _Conn) -> None:
             await _check_fence(conn, run_id, fence)
-            await conn.execute(_SQL.insert_partial, (run_id, seq, text))
+            await conn.execute(_SQL.insert_partial, row)
 
         await self._run(op)
 
-    def append_partial_blocking(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
-        text = dump_json(value, "a partial result")
+    def append_partial_blocking(
+        self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
+    ) -> None:
+        partial = _partial_row(run_id, seq, value, origin)
         if self._pool is None:
             raise StoreError(f"store {self._where} is not open")
         with self._sync_lock:
@@ -526,7 +533,7 @@ class PostgresStore:
                     if row is None:
                         raise UnknownRunError(run_id)
                     check_fence(run_id, row["owner_token"], fence)
-                    conn.execute(_SQL.insert_partial, (run_id, seq, text))
+                    conn.execute(_SQL.insert_partial, partial)
             except psycopg.Error as error:
                 if self._sync_conn is not None and self._sync_conn.broken:
                     self._sync_conn.close()
@@ -755,6 +762,13 @@ _SQL = Statements(POSTGRES)
 _OPS = OperatorSQL(POSTGRES)
 
 
+def _partial_row(
+    run_id: str, seq: int, value: Any, origin: PartialKey | None
+) -> tuple[str, int, str, int | None, int]:
+    step, ordinal = origin or (None, seq)
+    return (run_id, seq, dump_json(value, "a partial result"), step, ordinal)
+
+
 def _fetched(row: DictRow | None) -> DictRow:
     if row is None:  # pragma: no cover - RETURNING of an INSERT always yields a row
         raise StoreError("the store returned no row")
@@ -767,8 +781,13 @@ async def _load_snapshot(conn: _Conn, run_id: str) -> RunSnapshot:
         await rows.execute(_SQL.load_steps, (run_id,))
         steps = steps_from_rows(run_id, await rows.fetchall())
     cursor = await conn.execute(_SQL.load_partials, (run_id,))
-    partials = partials_from_rows(run_id, [row["value"] for row in await cursor.fetchall()])
-    return RunSnapshot(run=run, steps=steps, partials=partials)
+    found = await cursor.fetchall()
+    return RunSnapshot(
+        run=run,
+        steps=steps,
+        partials=partials_from_rows(run_id, [row["value"] for row in found]),
+        partial_keys=tuple(partial_key(row["step"], row["ordinal"], row["seq"]) for row in found),
+    )
 
 
 async def _load_run(conn: _Conn, run_id: str) -> RunRecord:
@@ -793,13 +812,13 @@ WITH run AS (
     WHERE id = %s AND owner_token = %s FOR SHARE
 )
 INSERT INTO haltwise.steps AS s (run_id, idx, tool, cancel, effect, idempotent, status, attempts,
-                                 idem_key, args, cleanup, started_at)
+                                 idem_key, args, cleanup, started_at, call_id, fingerprint)
 SELECT %s::text, %s::integer, %s::text, %s::text, %s::text, %s::boolean, 'running', 1,
-       %s::text, %s::text, %s::boolean, %s::double precision
+       %s::text, %s::text, %s::boolean, %s::double precision, %s::text, %s::text
 FROM run
 ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = s.attempts + 1,
     result = NULL, error = NULL, args = excluded.args, started_at = excluded.started_at,
-    settled_at = NULL
+    settled_at = NULL, call_id = excluded.call_id, fingerprint = excluded.fingerprint
 RETURNING s.attempts, (SELECT state FROM run) AS state, (SELECT reason FROM run) AS reason,
     (SELECT force FROM run) AS force
 """

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from .._core.exceptions import BadRow, CorruptRowError
 from .._core.outcome import ErrorInfo, StepRecord
 from .._core.policy import CancelPolicy, Effect
-from .._core.records import Event, Owner, RunRecord, dump_json
+from .._core.records import Event, Owner, PartialKey, RunRecord, dump_json
 from .._core.states import State, StepStatus
 from .schema import TABLES
 from .store import UNSET
@@ -20,7 +20,7 @@ RUN_COLUMNS = (
 )
 STEP_COLUMNS = (
     "idx, tool, cancel, effect, idempotent, status, attempts, result, error, idem_key, args, "
-    "cleanup"
+    "cleanup, call_id, fingerprint"
 )
 
 
@@ -217,6 +217,8 @@ _STEP_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     ("idem_key", _text),
     ("args", _json),
     ("cleanup", _flag),
+    ("call_id", _optional_text),
+    ("fingerprint", _optional_text),
 )
 
 
@@ -228,15 +230,30 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
     name cost about a third of it. This is the fast path: one check per column, no call for
     the columns that are plain values.
     """
-    index, tool, cancel, effect, idempotent, status, attempts, result, error, key, args, cleanup = (
-        row
-    )
+    (
+        index,
+        tool,
+        cancel,
+        effect,
+        idempotent,
+        status,
+        attempts,
+        result,
+        error,
+        key,
+        args,
+        cleanup,
+        call_id,
+        fingerprint,
+    ) = row
     if (
         type(index) is not int
         or type(attempts) is not int
         or type(tool) is not str
         or type(key) is not str
         or cancel not in _CANCELS
+        or not (call_id is None or type(call_id) is str)
+        or not (fingerprint is None or type(fingerprint) is str)
     ):
         raise ValueError("a step column holds a value of the wrong type")
     return StepRecord(
@@ -252,7 +269,21 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         idempotency_key=key,
         args=None if args is None else json.loads(args),
         cleanup=bool(cleanup),
+        call_id=call_id,
+        fingerprint=fingerprint,
     )
+
+
+#: The columns of a partial result that say where it came from (see :func:`partial_key`).
+PARTIAL_COLUMNS = "value, step, ordinal, seq"
+
+
+def partial_key(step: int | None, ordinal: int | None, seq: int) -> PartialKey:
+    """Who emitted a partial: ``(step index or None for the task's own code, ordinal)``.
+
+    A row written before schema version 3 has neither: it counts as the task's own ``seq``-th.
+    """
+    return (step, seq if ordinal is None else ordinal)
 
 
 def steps_from_rows(run_id: str, rows: Sequence[Sequence[Any]]) -> tuple[StepRecord, ...]:

@@ -128,6 +128,12 @@ def _text(name: str, *, not_null: bool = False) -> Column:
 _PAUSE = Column("pause", Kind.BOOLEAN, not_null=True, default=False)
 #: the runs with a pause requested, for the watcher (``Store.pause_signals``): nearly always none
 _PAUSING = Index("runs_pausing", "runs", ("id",), where="pause")
+#: Version 5: how a replayed call is matched to its journaled step (the framework's call id, and a
+#: fingerprint of its arguments checked on replay).
+_STEP_IDENTITY = (_text("call_id"), _text("fingerprint"))
+#: Version 5: which step emitted a partial result (NULL: the task's own code) and its ordinal
+#: among that emitter's partials, so that a replayed step does not emit it again.
+_PARTIAL_ORIGIN = (Column("step", Kind.INTEGER), Column("ordinal", Kind.INTEGER))
 
 #: The change feed: one row per transition, step start or settlement and partial result, written
 #: by the triggers of :data:`TRIGGERS` in the transaction that writes them; ``idx`` is the
@@ -193,6 +199,7 @@ TABLES: tuple[Table, ...] = (
             Column("cleanup", Kind.BOOLEAN, not_null=True, default=False),
             Column("started_at", Kind.REAL, not_null=True),
             Column("settled_at", Kind.REAL),
+            *_STEP_IDENTITY,
         ),
         primary_key=("run_id", "idx"),
         without_rowid=True,
@@ -203,6 +210,7 @@ TABLES: tuple[Table, ...] = (
             _text("run_id", not_null=True),
             Column("seq", Kind.INTEGER, not_null=True),
             _text("value", not_null=True),
+            *_PARTIAL_ORIGIN,
         ),
         primary_key=("run_id", "seq"),
         without_rowid=True,
@@ -310,6 +318,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             Index("changes_by_run", "changes", ("run_id", "seq")),
             Index("runs_by_state_created", "runs", ("state", "created_at")),
             *TRIGGERS,
+        ),
+    ),
+    Migration(
+        5,
+        "step identity (call id, argument fingerprint) and the step that emitted each partial",
+        (
+            *(AddColumn("steps", column) for column in _STEP_IDENTITY),
+            *(AddColumn("partials", column) for column in _PARTIAL_ORIGIN),
         ),
     ),
 )
@@ -432,6 +448,11 @@ def parse_version(text: object, where: str) -> int:
     return version
 
 
+def _default_sql(dialect: Dialect, column: Column) -> str:
+    """The value an added column holds in existing rows: its default, else NULL."""
+    return "NULL" if column.default is None else dialect._literal(column)
+
+
 def read_views(dialect: Dialect, found: int) -> list[str]:
     """For a reader that may not upgrade a store of version ``found`` (a read-only SQLite
     connection): temporary views, one per table that later migrations added columns to, that
@@ -448,7 +469,7 @@ def read_views(dialect: Dialect, found: int) -> list[str]:
                     added.setdefault(change.table, []).append(change.column)
     return [
         f"CREATE TEMP VIEW IF NOT EXISTS {table} AS SELECT *, "
-        + ", ".join(f"{dialect._literal(column)} AS {column.name}" for column in columns)
+        + ", ".join(f"{_default_sql(dialect, column)} AS {column.name}" for column in columns)
         + f" FROM main.{table}"
         for table, columns in added.items()
     ]

@@ -20,7 +20,7 @@ from typing import Any
 
 from .._core.records import RunRecord
 from .._core.states import State
-from .rows import RUN_COLUMNS, STEP_COLUMNS, STEP_COPY_COLUMNS
+from .rows import PARTIAL_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, STEP_COPY_COLUMNS
 from .schema import Dialect
 from .store import (
     LostOwnershipError,
@@ -171,10 +171,13 @@ class Statements:
             f"updated_at = {p} WHERE id = {p}"
         )
         self.insert_partial = (
-            f"INSERT INTO {q('partials')} (run_id, seq, value) VALUES ({p}, {p}, {p}) "
-            "ON CONFLICT (run_id, seq) DO NOTHING"
+            f"INSERT INTO {q('partials')} (run_id, seq, value, step, ordinal) "
+            f"VALUES ({p}, {p}, {p}, {p}, {p}) ON CONFLICT (run_id, seq) DO NOTHING"
         )
         self.load_steps = f"SELECT {STEP_COLUMNS} FROM {q('steps')} WHERE run_id = {p} ORDER BY idx"
+        self.load_partials = (
+            f"SELECT {PARTIAL_COLUMNS} FROM {q('partials')} WHERE run_id = {p} ORDER BY seq"
+        )
         #: a fork's journal: the source's steps before the fork's first step (parameters: the
         #: fork's id, the source's id, the first step)
         self.copy_steps = (
@@ -183,7 +186,6 @@ class Statements:
         )
         #: the runs with a pause requested ("WHERE pause", as the partial index says it)
         self.pausing = f"SELECT id, state, pause, reason, force FROM {q('runs')} WHERE pause"
-        self.load_partials = f"SELECT value FROM {q('partials')} WHERE run_id = {p} ORDER BY seq"
         self.partial_seqs = f"SELECT run_id, seq FROM {q('partials')} ORDER BY run_id, seq"
         self._events = f"SELECT seq, run_id, source, target, reason, at FROM {q('events')}"
         self._runs = f"SELECT {RUN_COLUMNS} FROM {q('runs')}"

@@ -25,7 +25,7 @@ import anyio
 
 from .._core.exceptions import NoStoreError, StoreError, StoreGoneError, UnknownRunError
 from .._core.outcome import ErrorInfo
-from .._core.records import Event, Owner, RunRecord, RunSnapshot, dump_json
+from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .._core.views import Change, RunSummary
 from .operator_sql import (
@@ -40,6 +40,7 @@ from .rows import (
     RUN_COLUMNS,
     error_to_text,
     event_from_row,
+    partial_key,
     partials_from_rows,
     read_all,
     run_from_row,
@@ -92,12 +93,12 @@ _OPS = OperatorSQL(SQLITE)
 
 _START_STEP = """
 INSERT INTO steps (run_id, idx, tool, cancel, effect, idempotent, status, attempts, idem_key,
-                   args, cleanup, started_at)
-SELECT ?, ?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?
+                   args, cleanup, started_at, call_id, fingerprint)
+SELECT ?, ?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?
 WHERE EXISTS (SELECT 1 FROM runs WHERE id = ? AND owner_token = ?)
 ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = attempts + 1,
     result = NULL, error = NULL, args = excluded.args, started_at = excluded.started_at,
-    settled_at = NULL
+    settled_at = NULL, call_id = excluded.call_id, fingerprint = excluded.fingerprint
 RETURNING attempts, (SELECT state = 'cancelling' FROM runs WHERE id = steps.run_id)
 """
 
@@ -481,6 +482,8 @@ class SQLiteStore:
             step.args,
             int(step.cleanup),
             time.time(),
+            step.call_id,
+            step.fingerprint,
             run_id,
             fence,
         )
@@ -517,18 +520,25 @@ class SQLiteStore:
         else:
             self._writer.defer(op)
 
-    async def append_partial(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
-        await self._writer.call(self._partial_op(run_id, seq, value, fence=fence), atomic=True)
+    async def append_partial(
+        self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
+    ) -> None:
+        await self._writer.call(self._partial_op(run_id, seq, value, fence, origin), atomic=True)
 
-    def append_partial_blocking(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
-        self._writer.call_blocking(self._partial_op(run_id, seq, value, fence=fence), atomic=True)
+    def append_partial_blocking(
+        self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
+    ) -> None:
+        self._writer.call_blocking(self._partial_op(run_id, seq, value, fence, origin), atomic=True)
 
-    def _partial_op(self, run_id: str, seq: int, value: Any, *, fence: str) -> Op:
+    def _partial_op(
+        self, run_id: str, seq: int, value: Any, fence: str, origin: PartialKey | None
+    ) -> Op:
         text = dump_json(value, "a partial result")
+        step, ordinal = origin or (None, seq)
 
         def op(conn: sqlite3.Connection) -> None:
             _check_fence(conn, run_id, fence)
-            conn.execute(_SQL.insert_partial, (run_id, seq, text))
+            conn.execute(_SQL.insert_partial, (run_id, seq, text, step, ordinal))
 
         return op
 
@@ -724,10 +734,13 @@ def _load_snapshot(conn: sqlite3.Connection, run_id: str) -> RunSnapshot:
     rows = conn.cursor()
     rows.row_factory = None  # plain tuples: step_from_row reads them by position
     steps = steps_from_rows(run_id, rows.execute(_SQL.load_steps, (run_id,)).fetchall())
-    partials = partials_from_rows(
-        run_id, [row[0] for row in conn.execute(_SQL.load_partials, (run_id,))]
+    found = conn.execute(_SQL.load_partials, (run_id,)).fetchall()
+    return RunSnapshot(
+        run=run,
+        steps=steps,
+        partials=partials_from_rows(run_id, [row[0] for row in found]),
+        partial_keys=tuple(partial_key(row[1], row[2], row[3]) for row in found),
     )
-    return RunSnapshot(run=run, steps=steps, partials=partials)
 
 
 def _file_identity(path: str) -> tuple[int, int] | None:

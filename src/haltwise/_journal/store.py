@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from .._core.exceptions import InvalidTransitionError, StoreError
 from .._core.outcome import ErrorInfo
 from .._core.policy import Effect
-from .._core.records import Event, Owner, RunRecord, RunSnapshot
+from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot
 from .._core.states import State, StepStatus, is_allowed
 from .._core.views import Change, RunSummary, StepTimes
 from .secrets import remember, safe_url
@@ -110,6 +110,10 @@ class StepStart:
     args: str | None = None
     #: called after a cancel was delivered (cleanup in a shield): not replayed on resume
     cleanup: bool = False
+    #: the framework's tool-call id the call was made under (``haltwise.call_id``), if any
+    call_id: str | None = None
+    #: a fingerprint of the call's arguments, compared on replay
+    fingerprint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,10 +225,15 @@ class Store(Protocol):
         runtime's watcher calls it all the time). A store may always treat it as ``True``.
         """
 
-    async def append_partial(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
-        """Record the ``seq``-th partial result (0-based); a replayed seq is left unchanged."""
+    async def append_partial(
+        self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
+    ) -> None:
+        """Record the ``seq``-th partial result (0-based) and who emitted it (``origin``, by
+        default ``(None, seq)``); a replayed seq is left unchanged."""
 
-    def append_partial_blocking(self, run_id: str, seq: int, value: Any, *, fence: str) -> None:
+    def append_partial_blocking(
+        self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
+    ) -> None:
         """:meth:`append_partial` for synchronous callers (``emit``): blocks until durable.
 
         Callable from the event-loop thread and from worker threads alike.

@@ -30,13 +30,13 @@ _CHILD_POLICY = ToolPolicy(
 
 def child_step(task: Task[..., Any]) -> Tool[..., Any]:
     """The tool that stands for ``task`` as a step of its parent (not registered in TOOLS)."""
-    from .tool import Tool
+    from .tool import ToolSpec, tool_function
 
     async def run_child(*args: Any, **kwargs: Any) -> Any:
         return await _run_child(task, args, kwargs)
 
     run_child.__name__ = task.name
-    return Tool(run_child, _CHILD_POLICY, task.name, register=False)
+    return tool_function(ToolSpec(run_child, _CHILD_POLICY, task.name, register=False))
 
 
 async def _run_child(task: Task[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

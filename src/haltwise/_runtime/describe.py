@@ -8,17 +8,17 @@ the type hints) in the OpenAI function-calling shape or the MCP ``tools/list`` s
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
-import pydantic
-from pydantic.fields import FieldInfo
-from pydantic.json_schema import GenerateJsonSchema, JsonSchemaWarningKind
-
-from .._core.exceptions import SchemaError
+from .._core.exceptions import InputError, SchemaError
 from .._core.policy import CancelPolicy, Effect, ToolPolicy
-from .tool import Tool
+from .tool import ToolSpec, as_spec, spec_of
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
 
 __all__ = [
     "SchemaError",
@@ -37,12 +37,13 @@ SchemaFormat = Literal["openai", "mcp"]
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
-def describe(tool: Tool[..., Any]) -> str:
+def describe(tool: object) -> str:
     """The tool's docstring (cleaned of indentation) followed by :func:`cancellation_sentence`.
 
     The two are separated by a blank line; a tool without a docstring is described by the
-    sentence alone.
+    sentence alone. ``tool`` is a tool function or its spec.
     """
+    tool = as_spec(tool)
     doc = inspect.getdoc(tool.fn)
     sentence = cancellation_sentence(tool.policy)
     return f"{doc}\n\n{sentence}" if doc else sentence
@@ -155,7 +156,7 @@ def _seconds(value: float) -> str:
 # -- parameter schemas ----------------------------------------------------------------------------
 
 
-def tool_schema(tool: Tool[..., Any], *, format: SchemaFormat = "openai") -> dict[str, Any]:
+def tool_schema(tool: object, *, format: SchemaFormat = "openai") -> dict[str, Any]:
     """The tool as a model-facing declaration, in the OpenAI or the MCP shape.
 
     ``format="openai"``: ``{"type": "function", "function": {"name", "description",
@@ -169,6 +170,7 @@ def tool_schema(tool: Tool[..., Any], *, format: SchemaFormat = "openai") -> dic
     Raises :class:`ValueError` for another ``format`` and :class:`SchemaError` if the
     parameters cannot be described.
     """
+    tool = as_spec(tool)
     description = describe(tool)
     parameters = parameters_schema(tool)
     if format == "openai":
@@ -181,7 +183,7 @@ def tool_schema(tool: Tool[..., Any], *, format: SchemaFormat = "openai") -> dic
             "inputSchema": parameters,
             "annotations": mcp_annotations(tool.policy),
         }
-    raise ValueError(f"unknown schema format {format!r}; expected 'openai' or 'mcp'")
+    raise InputError(f"unknown schema format {format!r}; expected 'openai' or 'mcp'")
 
 
 def mcp_annotations(policy: ToolPolicy) -> dict[str, bool]:
@@ -195,7 +197,7 @@ def mcp_annotations(policy: ToolPolicy) -> dict[str, bool]:
     }
 
 
-def parameters_schema(tool: Tool[..., Any]) -> dict[str, Any]:
+def parameters_schema(tool: object) -> dict[str, Any]:
     """The JSON schema (an ``object``) of the keyword arguments a call of the tool takes.
 
     Built with pydantic from the function's signature, string annotations evaluated (so files
@@ -205,12 +207,15 @@ def parameters_schema(tool: Tool[..., Any]) -> dict[str, Any]:
     pydantic.Field(description=...)]`` describes a parameter. Pydantic models used as parameter
     types appear under ``$defs``. The top-level ``title`` pydantic adds is removed.
     """
+    import pydantic  # here, not at import: describing a tool must not load pydantic
+
+    tool = _with_fn(tool)
     parameters = _parameters(tool)
     fields: dict[str, Any] = {f"p{i}": _field(param) for i, param in enumerate(parameters)}
     try:
         model = pydantic.create_model(f"{tool.name}_parameters", **fields)
         schema: dict[str, Any] = model.model_json_schema(
-            by_alias=True, schema_generator=_QuietSchema
+            by_alias=True, schema_generator=_quiet_schema()
         )
     except (pydantic.PydanticUserError, pydantic.PydanticSchemaGenerationError) as error:
         first_line = str(error).splitlines()[0]
@@ -219,18 +224,31 @@ def parameters_schema(tool: Tool[..., Any]) -> dict[str, Any]:
     return schema
 
 
-class _QuietSchema(GenerateJsonSchema):
+def _with_fn(tool: object) -> ToolSpec:
+    """A tool's spec; a task (which has ``fn`` and ``name`` as a spec does) passes as it is."""
+    spec = spec_of(tool)
+    if spec is None and hasattr(tool, "fn") and hasattr(tool, "name"):
+        return cast(ToolSpec, tool)
+    return as_spec(tool)
+
+
+@functools.cache
+def _quiet_schema() -> Any:
     """Pydantic's generator, without the warning for a default that is not JSON.
 
     Such a default is simply left out of the schema (the parameter stays optional).
     """
+    from pydantic.json_schema import GenerateJsonSchema, JsonSchemaWarningKind
 
-    def emit_warning(self, kind: JsonSchemaWarningKind, detail: str) -> None:
-        if kind != "non-serializable-default":
-            super().emit_warning(kind, detail)
+    class QuietSchema(GenerateJsonSchema):
+        def emit_warning(self, kind: JsonSchemaWarningKind, detail: str) -> None:
+            if kind != "non-serializable-default":
+                super().emit_warning(kind, detail)
+
+    return QuietSchema
 
 
-def _parameters(tool: Tool[..., Any]) -> list[inspect.Parameter]:
+def _parameters(tool: ToolSpec) -> list[inspect.Parameter]:
     try:
         signature = inspect.signature(tool.fn, eval_str=True)
     except (NameError, SyntaxError, TypeError, ValueError) as error:
@@ -243,6 +261,8 @@ def _parameters(tool: Tool[..., Any]) -> list[inspect.Parameter]:
 
 
 def _field(param: inspect.Parameter) -> tuple[Any, FieldInfo]:
+    import pydantic
+
     # Every field gets a neutral name and the parameter's name as alias, so that parameters
     # called ``model_config``, ``json`` or ``_private`` do not clash with BaseModel.
     annotation = Any if param.annotation is inspect.Parameter.empty else param.annotation

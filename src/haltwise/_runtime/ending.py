@@ -8,6 +8,8 @@ the run (final runs have no owner).
 
 from __future__ import annotations
 
+import asyncio
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,46 +27,79 @@ from .._core.outcome import ErrorInfo
 from .._core.records import JSONText, RunSnapshot, dump_json
 from .._core.states import State
 from .._journal.store import UNSET
-from .run_context import CURRENT_RUN, CURRENT_STEP, RunContext
+from .run_context import CALL_ID, CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext
 from .takeover import run_saga, settle_orphans
 from .tool import OnCancel
+
+#: The reason of a run cancelled by a cancellation that haltwise did not request.
+HOST_REASON = "host"
 
 
 @dataclass(frozen=True, slots=True)
 class Ending:
-    """How the task function ended: returned ``value``, or raised ``error``."""
+    """How the task function ended: returned ``value``, or raised ``error``.
+
+    ``host`` is True when ``error`` is a cancellation haltwise did not request that reached
+    the task function (a framework's own cancel, ``Task.cancel()``): the run is then cancelled
+    with reason ``"host"``.
+    """
 
     value: Any = None
     error: BaseException | None = None
+    host: bool = False
 
 
 async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
-    """Run the task function in the run's own cancel scope (what a forced cancel cancels)."""
+    """Run the task function in the run's own cancel scope, which a cancel request cancels.
+
+    So a cancel lands at any await of the task's own code outside steps and shields. A
+    cancellation that neither that scope nor the runtime's shutdown caused is the host's: it is
+    caught here (never escaping into the runtime) and becomes a ``"host"`` cancel of the run.
+    """
     token = CURRENT_RUN.set(ctx)
-    # A child run is launched from inside its parent's step: it must not inherit that step.
-    step_token = CURRENT_STEP.set(None)
+    # A child run is launched from inside its parent's step: it must not inherit that step,
+    # nor its call id or shield.
+    tokens = (CURRENT_STEP.set(None), CALL_ID.set(None), SHIELDED.set(False))
+    body = asyncio.current_task()
+    ctx.body_task = body
+    cancelling = body.cancelling() if body is not None else 0
     try:
         with anyio.CancelScope() as scope:
             ctx.task_scope = scope
-            if ctx.forced:
+            if ctx.cancel_reason is not None:
                 scope.cancel()
             try:
                 value = await ctx.task.fn(*inputs.get("args", ()), **inputs.get("kwargs", {}))
+                if scope.cancel_called and body is not None and body.cancelling() > cancelling:
+                    ctx.delivered = True  # the cancel landed in the task, which returned anyway
                 return Ending(value=value)
-            except anyio.get_cancelled_exc_class():
-                ctx.forced = True
-                raise
+            except anyio.get_cancelled_exc_class() as cancel:
+                if scope.cancel_called:
+                    raise  # ours: the scope takes it back, below
+                if anyio.current_effective_deadline() == -math.inf:
+                    ctx.forced = True  # the runtime itself is being cancelled
+                    raise
+                while body is not None and body.cancelling() > cancelling:
+                    body.uncancel()  # someone cancelled the task function's task itself
+                return Ending(error=cancel, host=True)
             except BaseException as error:
                 return Ending(error=error)
         return Ending(error=Cancelled(ctx.cancel_reason or "user", task_id=ctx.run_id))
     finally:
         ctx.task_scope = None
-        CURRENT_STEP.reset(step_token)
+        ctx.body_task = None
+        CURRENT_STEP.reset(tokens[0])
+        CALL_ID.reset(tokens[1])
+        SHIELDED.reset(tokens[2])
         CURRENT_RUN.reset(token)
 
 
 async def finish(ctx: RunContext, ending: Ending) -> None:
-    """Record the final state: the contract's rules on delivered cancels and failures."""
+    """Record the final state: the contract's rules on delivered cancels and failures.
+
+    Every step still in flight settles first (a run is final only once all have).
+    """
+    await stop_steps(ctx, ending)
     error = ctx.poison or ending.error
     if isinstance(error, StoreError):
         raise error  # the journal failed under the task, not the task: as after a crash
@@ -92,6 +127,32 @@ async def finish(ctx: RunContext, ending: Ending) -> None:
         lease_until=None,
         fence=ctx.fence,
     )
+
+
+async def stop_steps(ctx: RunContext, ending: Ending) -> None:
+    """Turn a cancel the run gave itself into a recorded one, then wait for every step to settle.
+
+    The task (or a tool) raising :class:`Cancelled` with no cancel requested cancels the run
+    with its reason; a host's cancellation that reached the task function, or one that reached
+    a step before the task function raised, cancels it with reason ``"host"``. Either way the
+    steps still in flight are then settled by their policies.
+    """
+    reason = _own_cancel_reason(ctx, ending)
+    if reason is not None:
+        await ctx.runtime.cancel(ctx.run_id, reason=reason)
+        ctx.delivered = True
+    await ctx.all_settled()
+
+
+def _own_cancel_reason(ctx: RunContext, ending: Ending) -> str | None:
+    error = ending.error
+    if ctx.cancel_reason is not None or ctx.handing_over or ctx.poison is not None:
+        return None
+    if ending.host or (ctx.host_cancelled and error is not None):
+        return HOST_REASON
+    if isinstance(error, Cancelled):
+        return error.reason or "user"
+    return None
 
 
 async def finish_failed(ctx: RunContext, error: BaseException) -> None:

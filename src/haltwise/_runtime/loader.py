@@ -2,7 +2,7 @@
 
 The command line names its targets as ``FILE.py:TASK`` (or ``package.module:TASK``); this module
 turns such a spec into the module object and the :class:`~haltwise._tool.Task` in it, and finds
-every :class:`~haltwise._tool.Tool` a file defines (for ``audit``). Every failure is a
+every tool a file defines (for ``audit``). Every failure is a
 :class:`LoadError` with a one-line message, so the command line can print it and exit 2.
 """
 
@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from .._core.exceptions import LoadError
-from .tool import Task, Tool
+from .tool import Task, ToolSpec, spec_of
 
 __all__ = [
     "LoadError",
@@ -91,7 +91,7 @@ def load_module(path_or_module: PathOrModule) -> ModuleType:
     return _import_name(path_or_module)
 
 
-def load_tools(path_or_module: PathOrModule) -> list[Tool[..., Any]]:
+def load_tools(path_or_module: PathOrModule) -> list[ToolSpec]:
     """Load a file or module (see :func:`load_module`) and return its tools (:func:`find_tools`)."""
     return find_tools(load_module(path_or_module))
 
@@ -101,15 +101,20 @@ def load_tasks(path_or_module: PathOrModule) -> list[Task[..., Any]]:
     return find_tasks(load_module(path_or_module))
 
 
-def find_tools(module: ModuleType) -> list[Tool[..., Any]]:
-    """Every :class:`Tool` bound to a top-level name of ``module``, in definition order.
+def find_tools(module: ModuleType) -> list[ToolSpec]:
+    """The spec of every tool bound to a top-level name of ``module``, in definition order.
 
     "Definition order" is the order in which the names were first bound, which for decorated
     functions is their order in the file. Tools imported from another module count too (they
     are part of what the file's tasks can call). A tool bound to several names is listed once,
     at its first name.
     """
-    return _instances(module, Tool)
+    found: dict[int, ToolSpec] = {}
+    for value in list(vars(module).values()):
+        spec = spec_of(value)
+        if spec is not None:
+            found.setdefault(id(spec), spec)
+    return list(found.values())
 
 
 def find_tasks(module: ModuleType) -> list[Task[..., Any]]:
@@ -250,7 +255,7 @@ def _lookup_task(module: ModuleType, task_name: str, target: str) -> Task[..., A
             raise LoadError(f"{target}: no task {task_name!r}{_known_tasks(module)}", target=target)
         found = getattr(found, part)
     if not isinstance(found, Task):
-        kind = type(found).__name__
+        kind = "Tool" if spec_of(found) is not None else type(found).__name__
         raise LoadError(
             f"{target}: {task_name!r} is a {kind}, not a task (decorate an async function "
             f"with @haltwise.task){_known_tasks(module)}",

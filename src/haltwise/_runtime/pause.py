@@ -76,8 +76,13 @@ async def pause_point(run: RunContext) -> None:
     """
     gate = run.pause
     while gate.requested and run.cancel_reason is None and run.poison is None:
-        if gate.paused or gate.entering or run.active_step is not None:
-            await gate.changed()
+        if gate.paused or gate.entering or run.flights:
+            try:
+                await gate.changed()
+            except anyio.get_cancelled_exc_class():
+                if run.cancel_reason is None:
+                    raise
+                return  # the cancel reached this wait first: the caller's checkpoint raises it
             continue
         gate.entering = True
         gate.generation += 1

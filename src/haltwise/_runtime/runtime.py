@@ -101,6 +101,12 @@ class Runtime:
     """
 
     def __init__(self, store: str | Store | None = None, *, lease: float = DEFAULT_LEASE) -> None:
+        if (
+            isinstance(lease, bool)
+            or not isinstance(lease, int | float)
+            or not 0 < lease < math.inf
+        ):
+            raise InputError(f"lease must be a finite number of seconds > 0, not {lease!r}")
         self.store: Store = open_store(store) if store is None or isinstance(store, str) else store
         self.lease = lease
         self.owner = new_owner()
@@ -109,6 +115,8 @@ class Runtime:
         self._broken: dict[str, StoreError] = {}
         self._task_group: TaskGroup | None = None
         self._wake = anyio.Event()
+        #: steps running beside their run's own code (see count_concurrent_steps)
+        self._side_steps = 0
 
     async def __aenter__(self) -> Runtime:
         await self.store.open()
@@ -412,6 +420,15 @@ class Runtime:
         for ctx in list(self._active.values()):
             await ctx.done.wait()
 
+    def count_concurrent_steps(self, delta: int) -> None:
+        """A step began (+1) or settled (-1) beside its run's own code, concurrently with it.
+
+        The store is told how many things write at once: with more than one, it batches their
+        writes (group commit) instead of committing each at once.
+        """
+        self._side_steps += delta
+        self.store.set_concurrency(len(self._active) + self._side_steps)
+
     @property
     def active_runs(self) -> int:
         """How many runs this runtime is working right now."""
@@ -460,13 +477,23 @@ class Runtime:
         child_id: str,
         parent: str,
     ) -> TaskHandle:
-        """Start child run ``child_id`` of ``parent``, or pick it up where it stopped."""
-        if child_id in self._active:
-            return TaskHandle(self, child_id)
+        """Start child run ``child_id`` of ``parent``, or pick it up where it stopped.
+
+        Only a run that ``parent`` created is picked up: a run with that id started by anyone
+        else (a user-given id such as ``p2/0``) raises :class:`~haltwise.HaltwiseError`.
+        """
         try:
             snapshot = await self.store.load(child_id)
         except UnknownRunError:
             return await self.start_named(task, args, kwargs, task_id=child_id, parent=parent)
+        if snapshot.run.parent != parent:
+            raise HaltwiseError(
+                f"run {child_id!r} exists and was not created by run {parent!r}: "
+                "it cannot be adopted as that run's child",
+                task_id=parent,
+            )
+        if child_id in self._active:
+            return TaskHandle(self, child_id)
         if snapshot.run.state is State.COMPLETED:
             return TaskHandle(self, child_id)
         return await self.resume(child_id, task=task)
@@ -732,16 +759,13 @@ class Runtime:
         assume_done: dict[int, Any],
         rerun: frozenset[int],
     ) -> RunContext:
-        steps = snapshot.steps if snapshot else ()
-        return RunContext(
+        return RunContext.for_snapshot(
+            snapshot,
             run_id=run_id,
             task=task,
             runtime=self,
             store=self.store,
             fence=self.owner.token,
-            journal={step.index: step for step in steps if not step.cleanup},
-            cleanup_indexes=frozenset(step.index for step in steps if step.cleanup),
-            journaled_partials=len(snapshot.partials) if snapshot else 0,
             assume_done=assume_done,
             rerun=rerun,
         )
@@ -757,7 +781,7 @@ class Runtime:
         assert self._task_group is not None
         self._broken.pop(ctx.run_id, None)  # worked again here: a new chance for its journal
         self._active[ctx.run_id] = ctx
-        self.store.set_concurrency(len(self._active))
+        self.store.set_concurrency(len(self._active) + self._side_steps)
         self._wake.set()
         self._task_group.start_soon(
             self._drive, ctx, inputs, deadline, name=f"haltwise run {ctx.run_id}"
@@ -784,7 +808,7 @@ class Runtime:
                 await self.store.release(ctx.run_id, ctx.fence)
         finally:
             self._active.pop(ctx.run_id, None)
-            self.store.set_concurrency(len(self._active))
+            self.store.set_concurrency(len(self._active) + self._side_steps)
             ctx.done.set()
 
     async def _deadline(self, ctx: RunContext, seconds: float) -> None:

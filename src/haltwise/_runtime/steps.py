@@ -3,6 +3,22 @@
 The order is what makes a crash safe: the step's start is durable before the tool body runs,
 and its settlement (with the result) is durable before the task sees the result. A replayed
 step (``committed`` in the journal) returns its journaled result without running.
+
+A step's index is taken the moment the call begins, before it awaits anything, and the step is
+tracked by its run until it has settled (the run is final only once every step has). How a
+cancel reaches a tool body depends on where it runs, and this module is the one place that
+knows (the asyncio seam):
+
+- an async ``interruptible`` or ``rollback`` body runs in the caller's own task; a cancel
+  interrupts it there (the task function's cancel scope when the step runs in the task
+  function's own task, a cancel of the caller's task otherwise);
+- an async ``finish`` (or undeclared) body runs in a task of its own, and a plain function in a
+  thread: the caller waits for it, and a cancel interrupts only that wait, so the body can
+  finish within its grace whatever cancelled the caller (haltwise, a framework, ``wait_for``).
+
+A cancellation that haltwise did not request (a host's) is settled by the same policy, then
+propagates as it came; one haltwise requested is raised into the task as
+:class:`~haltwise.Cancelled`.
 """
 
 from __future__ import annotations
@@ -11,7 +27,10 @@ import asyncio
 import inspect
 import json
 import time
-from typing import TYPE_CHECKING, Any
+import zlib
+from collections.abc import Coroutine
+from enum import Enum, auto
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 
@@ -27,105 +46,121 @@ from .._core.records import JSONText, dump_json
 from .._core.states import StepStatus
 from .._journal.store import StepStart
 from .pause import pause_point
-from .run_context import CURRENT_STEP, RunContext, StepCancelHook, StepContext, current_run
+from .run_context import CALL_ID, CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext, StepContext
 from .threads import ThreadCall, start_thread
 
 if TYPE_CHECKING:
-    from .tool import Tool
+    from .tool import ToolSpec
 
 _RUN_AGAIN = object()
 _YIELD_INTERVAL = 0.001
 #: results of these types read back from JSON as the very same value: no need to re-parse
 _SAME_AFTER_JSON = frozenset({int, str, bool, float, type(None)})
+_CANCELLED = asyncio.CancelledError  # the runtime is asyncio-only (see the module docstring)
+#: the fingerprint of a call without arguments (the common case, computed once)
+_NO_ARGUMENTS = "00000000"
 
 
-async def call_tool(tool: Tool[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """What ``await some_tool(...)`` does (see :class:`~haltwise.Tool`)."""
-    run = current_run()
+async def call_tool(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """What awaiting a tool function (or :func:`haltwise.step`) does."""
+    run = CURRENT_RUN.get()
     if run is None or CURRENT_STEP.get() is not None:
         # Outside a task, or a tool calling a tool: the inner call is part of the outer step.
-        if tool.is_async:
-            return await tool.fn(*args, **kwargs)
-        return tool.fn(*args, **kwargs)
+        if spec.is_async:
+            return await spec.fn(*args, **kwargs)
+        return spec.fn(*args, **kwargs)
     if run.probe is not None:
-        await run.probe("before", run.peek_step())
-    # A schedule point between steps, for other runs, the watcher and in-process cancel
-    # requests. Needed only where a step may not yield by itself: a replayed step, or the
-    # SQLite store's fast path (one run active). At most one per _YIELD_INTERVAL: a run that
-    # yields at every step spends ~5% of a trivial step on it.
-    now = time.monotonic()
-    if now >= run.next_yield and (run.runtime.active_runs <= 1 or run.peek_step() in run.journal):
-        run.next_yield = now + _YIELD_INTERVAL
-        await anyio.lowlevel.checkpoint()
+        # The point before a step that is never begun: its index must stay free.
+        await _probe(run, "before", run.numbering.peek(CALL_ID.get()))
     if run.pause.requested:
         await pause_point(run)
     run.raise_if_cancelled()
-    index = run.allocate_step()
-    journaled = run.journal.get(index)
-    replayed = _RUN_AGAIN if journaled is None else _replay(run, journaled, tool)
-    if replayed is _RUN_AGAIN:
-        key = journaled.idempotency_key if journaled is not None else run.new_key(index)
-        result = await _execute(run, tool, index, key, args, kwargs)
-    else:
-        result = replayed
+    flight = _Flight(run, spec, args, kwargs)
+    try:
+        result = await flight.perform()
+    finally:
+        run.land(flight.index)
+        if flight.counted:
+            run.runtime.count_concurrent_steps(-1)
+    await _between_steps(run, flight.replayed)
     if run.probe is not None:
-        await run.probe("after", index)
+        await _probe(run, "after", flight.index)
     if run.pause.requested:
         await pause_point(run)
     run.raise_if_cancelled()
     return result
 
 
-def _replay(run: RunContext, journaled: StepRecord, tool: Tool[..., Any]) -> Any:
-    if journaled.tool != tool.name:
-        run.poison = NonDeterminismError(run.run_id, journaled.index, journaled.tool, tool.name)
+async def _between_steps(run: RunContext, replayed: bool) -> None:
+    """A schedule point between steps, for other runs, the watcher and in-process cancels.
+
+    Needed only where a step may not yield by itself: a replayed step, or the SQLite store's
+    fast path (one run active). At most one per _YIELD_INTERVAL: a run that yields at every
+    step spends ~5% of a trivial step on it. A cancel landing here is the checkpoint's.
+    """
+    now = time.monotonic()
+    if now < run.next_yield or (run.runtime.active_runs > 1 and not replayed):
+        return
+    run.next_yield = now + _YIELD_INTERVAL
+    try:
+        await anyio.lowlevel.checkpoint()
+    except _CANCELLED:
+        run.raise_if_cancelled()
+        raise
+
+
+async def _probe(run: RunContext, kind: str, index: int) -> None:
+    """Await the test probe at a cancel point, out of reach of the cancel it may request."""
+    assert run.probe is not None
+    with anyio.CancelScope(shield=True):
+        await run.probe(kind, index)
+
+
+def fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A short fingerprint of a call's arguments, the same in every attempt for equal arguments.
+
+    JSON values are compared by value (dict keys in any order); any other object by its type
+    only (its identity changes between attempts), so a fingerprint never refuses a replay that
+    passes a fresh framework object of the same kind.
+    """
+    if not args and not kwargs:
+        return _NO_ARGUMENTS
+    try:
+        text = json.dumps([args, kwargs], separators=(",", ":"), sort_keys=True, default=_opaque)
+    except (TypeError, ValueError):  # keys of mixed types, a cycle: compare the shape only
+        text = json.dumps([[_opaque(value) for value in args], sorted(map(str, kwargs))])
+    return f"{zlib.crc32(text.encode()):08x}"
+
+
+def _opaque(value: Any) -> str:
+    kind = type(value)
+    return f"<{kind.__module__}.{kind.__qualname__}>"
+
+
+def _replay(run: RunContext, journaled: StepRecord, spec: ToolSpec, print_: str) -> Any:
+    if journaled.tool != spec.name:
+        run.poison = NonDeterminismError(run.run_id, journaled.index, journaled.tool, spec.name)
         raise run.poison
     status = journaled.status
     if status is StepStatus.COMMITTED:
+        if journaled.fingerprint is not None and journaled.fingerprint != print_:
+            run.poison = NonDeterminismError(
+                run.run_id, journaled.index, journaled.tool, spec.name, what="arguments"
+            )
+            raise run.poison
         return journaled.result
     if status is StepStatus.UNKNOWN and not (journaled.idempotent or journaled.index in run.rerun):
         raise UnknownStepError(run.run_id, journaled.index, journaled.tool)
     return _RUN_AGAIN
 
 
-def _args_json(tool: Tool[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    if tool.policy.effective_cancel is not CancelPolicy.ROLLBACK:
+def _args_json(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    if spec.policy.effective_cancel is not CancelPolicy.ROLLBACK:
         return None
     return dump_json(
         {"args": list(args), "kwargs": kwargs},
-        f"the arguments of rollback tool {tool.name!r} (kept to compensate after a crash)",
+        f"the arguments of rollback tool {spec.name!r} (kept to compensate after a crash)",
     )
-
-
-async def _execute(
-    run: RunContext,
-    tool: Tool[..., Any],
-    index: int,
-    key: str,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    policy = tool.policy
-    start = StepStart(
-        index=index,
-        tool=tool.name,
-        cancel=policy.cancel.value if policy.cancel else None,
-        effect=policy.effect,
-        idempotent=policy.idempotent,
-        idempotency_key=key,
-        args=_args_json(tool, args, kwargs),
-        cleanup=run.delivered or run.forced,
-    )
-    # The store completes this write even if a cancel arrives meanwhile (no scope needed).
-    _, stored_cancel = await run.store.start_step(run.run_id, start, fence=run.fence)
-    if stored_cancel is not None:
-        run.request_cancel(stored_cancel[0], force=stored_cancel[1])
-    if run.cancel_pending or run.forced:
-        # The cancel came first: the body never ran.
-        await settle(run, index, StepStatus.INTERRUPTED)
-        run.raise_if_cancelled()
-    flight = _Flight(run, tool, StepContext(run, index, key), args, kwargs)
-    return await flight.run()
 
 
 async def settle(
@@ -146,117 +181,349 @@ async def settle(
     )
 
 
-class _Flight:
-    """A tool body in flight, and how it reacts to a cancel according to its policy."""
+class _Phase(Enum):
+    """Where a step is; a cancel interrupts the caller only while the body runs."""
 
-    __slots__ = ("args", "ctx", "kwargs", "policy", "scope", "step", "thread", "tool")
+    BEFORE = auto()
+    BODY = auto()
+    AFTER = auto()
+
+
+class _Flight:
+    """One step, from the moment its index is taken until it has settled."""
+
+    __slots__ = (
+        "args",
+        "call_id",
+        "caller",
+        "counted",
+        "in_body_task",
+        "index",
+        "inner",
+        "kwargs",
+        "native_cancels",
+        "phase",
+        "policy",
+        "replayed",
+        "run",
+        "shielded",
+        "spec",
+        "step",
+        "thread",
+    )
 
     def __init__(
-        self,
-        run: RunContext,
-        tool: Tool[..., Any],
-        step: StepContext,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        self, run: RunContext, spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        self.ctx = run
-        self.tool = tool
-        self.step = step
+        self.run = run
+        self.spec = spec
         self.args = args
         self.kwargs = kwargs
-        self.policy = tool.policy.effective_cancel
-        self.scope = anyio.CancelScope()
+        self.policy = spec.policy.effective_cancel
+        self.call_id = CALL_ID.get()
+        self.shielded = SHIELDED.get()
+        self.caller = asyncio.current_task()
+        self.in_body_task = self.caller is run.body_task
+        self.phase = _Phase.BEFORE
+        self.replayed = False
+        self.counted = False
+        self.native_cancels = 0
+        #: the body's own task (async finish) or its thread's result, when it runs apart
+        self.inner: asyncio.Future[Any] | None = None
         self.thread: ThreadCall | None = None
+        self.step: StepContext | None = None
+        # The index is taken now, synchronously: concurrent calls are numbered in the order
+        # they begin, in every attempt.
+        self.index = run.numbering.take(self.call_id)
+        run.fly(self)
+
+    # -- what a cancel does ----------------------------------------------------------------
 
     def on_cancel(self) -> None:
-        """A (not forced) cancel arrived while the body runs: apply the tool's policy."""
-        grace_deadline = anyio.current_time() + self.tool.policy.grace
-        if self.policy is CancelPolicy.FINISH or (self.thread is not None and self.step.polled):
-            # finish: shielded for at most grace. A plain tool that polls cancel_requested()
-            # cooperates: give it the same bound to return or raise Cancelled.
-            self.scope.deadline = min(self.scope.deadline, grace_deadline)
-        else:
-            self.scope.cancel()
+        """The run was asked to stop: interrupt the body (or the wait for it) per the policy.
 
-    async def run(self) -> Any:
+        A step begun inside a shield is left alone unless the cancel is forced. The task
+        function's own task is reached by its cancel scope; any other caller's task is
+        cancelled here, and that cancel is taken back once the step has settled.
+        """
+        if self.phase is not _Phase.BODY or (self.shielded and not self.run.forced):
+            return
+        caller = self.caller
+        if self.in_body_task or caller is None or caller.cancelling():
+            return  # the task scope reaches it, or a cancel is on its way already (a gather's)
+        self.native_cancels += 1
+        caller.cancel()
+
+    # -- the step ----------------------------------------------------------------------------
+
+    async def perform(self) -> Any:
+        run = self.run
+        print_ = fingerprint(self.args, self.kwargs)
+        journaled = run.journal.get(self.index)
+        if journaled is not None:
+            replayed = _replay(run, journaled, self.spec, print_)
+            if replayed is not _RUN_AGAIN:
+                self.replayed = True
+                return replayed
+        key = journaled.idempotency_key if journaled is not None else run.new_key(self.index)
+        await self._start(key, print_)
+        self.step = StepContext(run, self.index, key)
         token = CURRENT_STEP.set(self.step)
-        self.ctx.active_step = StepCancelHook(self.on_cancel)
         try:
-            try:
-                if self.ctx.probe is not None:
-                    await self.ctx.probe("during", self.step.index)
-                with self.scope:
-                    value = await self._invoke()
-                if not self.scope.cancelled_caught:
-                    # Outside the body's scope: a cancel arriving now finds the body done,
-                    # and the step commits (the cancel is delivered after it).
-                    return await self._commit(value)
-            except Cancelled:
-                if self.ctx.cancel_reason is None:
-                    raise
-            except StoreError:
-                raise  # the journal failed, not the tool: the step stays as last journaled
-            except anyio.get_cancelled_exc_class():
-                # Cancelled from outside the step: a forced cancel, or a shield's time ran out.
-                self.ctx.active_step = None
-                await self._settle_cancelled()
-                raise
-            except Exception as error:
-                await settle(
-                    self.ctx, self.step.index, StepStatus.FAILED, error=ErrorInfo.of(error)
-                )
-                raise
+            return await self._execute()
         finally:
-            self.ctx.active_step = None
             CURRENT_STEP.reset(token)
-            if self.ctx.pause.requested:
-                self.ctx.pause.wake()  # a checkpoint waiting for this step may pause the run now
-        # Reached when the step's own scope was cancelled, or the tool raised Cancelled.
-        await self._settle_cancelled()
-        self.ctx.delivered = True
-        raise Cancelled(self.ctx.cancel_reason or "user", task_id=self.ctx.run_id)
+
+    async def _start(self, key: str, print_: str) -> None:
+        """Journal the start; a cancel that came first settles the step before its body runs."""
+        run = self.run
+        policy = self.spec.policy
+        start = StepStart(
+            index=self.index,
+            tool=self.spec.name,
+            cancel=policy.cancel.value if policy.cancel else None,
+            effect=policy.effect,
+            idempotent=policy.idempotent,
+            idempotency_key=key,
+            args=_args_json(self.spec, self.args, self.kwargs),
+            cleanup=run.cancel_reason is not None or run.forced,
+            call_id=self.call_id,
+            fingerprint=print_,
+        )
+        if not self.in_body_task:
+            # Beside the task function's own code: the store batches its writes with others.
+            self.counted = True
+            run.runtime.count_concurrent_steps(+1)
+        try:
+            _, stored_cancel = await run.store.start_step(run.run_id, start, fence=run.fence)
+        except _CANCELLED:
+            # Cancelled while waiting for the write, which happens anyway: the body never ran.
+            await _to_the_end(settle(run, self.index, StepStatus.INTERRUPTED))
+            raise
+        if stored_cancel is not None:
+            run.request_cancel(stored_cancel[0], force=stored_cancel[1])
+        if (run.cancel_reason is not None and not self.shielded) or run.forced:
+            # The cancel came first: the body never ran.
+            await settle(run, self.index, StepStatus.INTERRUPTED)
+            run.raise_if_cancelled()
+            raise Cancelled(run.cancel_reason or "user", task_id=run.run_id)
+
+    async def _execute(self) -> Any:
+        run = self.run
+        if run.probe is not None:
+            await _probe(run, "during", self.index)
+        self.phase = _Phase.BODY
+        try:
+            value = await self._invoke()
+        except StoreError:
+            raise  # the journal failed, not the tool: the step stays as last journaled
+        except Cancelled as cancel:
+            self.phase = _Phase.AFTER
+            await self._tool_cancelled(cancel)
+        except _CANCELLED as cancel:
+            self.phase = _Phase.AFTER
+            await self._settle_cancelled()
+            self._propagate(cancel)
+        except Exception as error:
+            self.phase = _Phase.AFTER
+            if run.cancel_reason is not None and self.policy is not CancelPolicy.FINISH:
+                # A body that turned the cancel into an error of its own was still cancelled.
+                await self._settle_cancelled()
+                self._propagate(error)
+            await self._failed(error)
+            raise
+        self.phase = _Phase.AFTER
+        self._take_back_cancels()
+        return await self._commit(value)
 
     async def _invoke(self) -> Any:
-        if self.tool.is_async:
-            return await self.tool.fn(*self.args, **self.kwargs)
-        self.thread = start_thread(self.tool.fn, self.args, self.kwargs)
-        return await self.thread.result
+        """Run the body; for a body that runs apart, wait for it (see the module docstring)."""
+        spec = self.spec
+        if spec.is_async and self.policy is not CancelPolicy.FINISH:
+            return await spec.fn(*self.args, **self.kwargs)
+        if spec.is_async:
+            self.inner = asyncio.ensure_future(spec.fn(*self.args, **self.kwargs))
+            if self.run.forced and not self.shielded:
+                # A forced cancel came first: the body is stopped at its first await, as a
+                # body running in the caller's task would be.
+                asyncio.get_running_loop().call_soon(self.inner.cancel)
+        else:
+            self.thread = start_thread(spec.fn, self.args, self.kwargs)
+            self.inner = self.thread.result
+        await _wait_done(self.inner)
+        return self.inner.result()
+
+    # -- how the step ends ---------------------------------------------------------------------
 
     async def _commit(self, value: Any) -> Any:
-        index = self.step.index
-        # An unserialisable result raises InputError: run() settles the step failed.
-        text = JSONText(dump_json(value, f"the result of step {index} ({self.tool.name})"))
-        durable = not self.tool.policy.may_defer_settle
-        await settle(self.ctx, index, StepStatus.COMMITTED, result=text, durable=durable)
+        index = self.index
+        # An unserialisable result raises InputError: the step is settled failed.
+        try:
+            text = JSONText(dump_json(value, f"the result of step {index} ({self.spec.name})"))
+        except Exception as error:
+            await self._failed(error)
+            raise
+        durable = not self.spec.policy.may_defer_settle
+        await settle(self.run, index, StepStatus.COMMITTED, result=text, durable=durable)
         # Hand the task the journaled form, so that a replay sees exactly the same value.
         return value if type(value) in _SAME_AFTER_JSON else json.loads(text)
 
-    async def _settle_cancelled(self) -> None:
-        status = await self._cancelled_status()
-        await settle(self.ctx, self.step.index, status)
+    async def _failed(self, error: BaseException) -> None:
+        """The body raised: a rollback tool is compensated first (it may have half written);
+        if that fails, what it wrote is not known: ``unknown``."""
+        await _to_the_end(self._settle_failed(error))
 
-    async def _cancelled_status(self) -> StepStatus:
+    async def _settle_failed(self, error: BaseException) -> None:
+        status = StepStatus.FAILED
+        if self.policy is CancelPolicy.ROLLBACK:
+            undone = await self._stopped() and await compensate(
+                self.run, self.spec, self.args, self.kwargs
+            )
+            status = StepStatus.FAILED if undone else StepStatus.UNKNOWN
+        await settle(self.run, self.index, status, error=ErrorInfo.of(error))
+
+    async def _tool_cancelled(self, cancel: Cancelled) -> NoReturn:
+        """The body raised :class:`Cancelled`: a cooperating stop, or the tool cancelling its
+        own run (with its reason) when no cancel was requested."""
+        run = self.run
+        if run.cancel_reason is None:
+            with anyio.CancelScope(shield=True):
+                await run.runtime.cancel(run.run_id, reason=cancel.reason)
+        self._take_back_cancels()
+        await self._settle_cancelled()
+        run.delivered = True
+        raise Cancelled(run.cancel_reason or cancel.reason, task_id=run.run_id)
+
+    async def _settle_cancelled(self) -> None:
+        """Settle the step by its policy after a cancel reached it (haltwise's or a host's).
+
+        Run to its end whatever cancels the caller meanwhile: a step is never left running.
+        """
+        await _to_the_end(self._settle_by_policy())
+
+    async def _settle_by_policy(self) -> None:
+        status, result = await self._cancelled_status()
+        await settle(self.run, self.index, status, result=result)
+
+    async def _cancelled_status(self) -> tuple[StepStatus, JSONText | None]:
+        """The status a cancel leaves (and the result, for a body that finished anyway)."""
+        forced = self.run.forced or self.shielded
+        if self.policy is CancelPolicy.FINISH:
+            return await self._finish_within_grace(forced, StepStatus.UNKNOWN)
         if self.policy is CancelPolicy.INTERRUPTIBLE:
-            return StepStatus.INTERRUPTED
-        if self.policy is CancelPolicy.FINISH or self.ctx.forced:
-            return StepStatus.UNKNOWN
-        if not await self._stopped():
-            return StepStatus.UNKNOWN
-        compensated = await compensate(self.ctx, self.tool, self.args, self.kwargs)
-        return StepStatus.COMPENSATED if compensated else StepStatus.UNKNOWN
+            if self.step is not None and self.step.polled and not forced:
+                return await self._finish_within_grace(forced, StepStatus.INTERRUPTED)
+            self._abandon()
+            return StepStatus.INTERRUPTED, None
+        if forced or not await self._stopped():
+            self._abandon()
+            return StepStatus.UNKNOWN, None
+        compensated = await compensate(self.run, self.spec, self.args, self.kwargs)
+        return (StepStatus.COMPENSATED if compensated else StepStatus.UNKNOWN), None
+
+    async def _finish_within_grace(
+        self, forced: bool, otherwise: StepStatus
+    ) -> tuple[StepStatus, JSONText | None]:
+        """Let a body that runs apart end within grace; committed if it returned a result.
+
+        An ``interruptible`` plain tool that polled ``cancel_requested()`` is waited for the
+        same way, and is ``interrupted`` if it raised :class:`Cancelled` or ran out of time.
+        """
+        inner = self.inner
+        if inner is None:
+            return otherwise, None  # an async body in the caller's task: it has stopped
+        if not forced:
+            with anyio.move_on_after(self.spec.policy.grace, shield=True) as scope:
+                self.run.shield_scopes.append(scope)
+                try:
+                    await _wait_done(inner)  # a forced cancel cancels the scope
+                finally:
+                    self.run.shield_scopes.remove(scope)
+        if not inner.done() or inner.cancelled() or inner.exception() is not None:
+            self._abandon()
+            return otherwise, None
+        try:
+            text = dump_json(inner.result(), f"the result of step {self.index} ({self.spec.name})")
+        except Exception:
+            return otherwise, None
+        return StepStatus.COMMITTED, JSONText(text)
 
     async def _stopped(self) -> bool:
-        """Wait (shielded, within grace) until a plain rollback tool's thread has ended."""
+        """Wait (shielded, within grace) until a plain tool's thread has ended."""
         if self.thread is None:
             return True
-        with anyio.move_on_after(self.tool.policy.grace, shield=True):
-            await asyncio.shield(self.thread.finished)
+        with anyio.move_on_after(self.spec.policy.grace, shield=True):
+            await _wait_done(self.thread.finished)
             return True
         return False
 
+    def _abandon(self) -> None:
+        """Stop a body that runs apart: cancel its task, or drop its thread's late result."""
+        if self.inner is not None and not self.inner.done():
+            self.inner.cancel()
+
+    def _take_back_cancels(self) -> None:
+        """Undo the cancels :meth:`on_cancel` sent the caller's task (they were for the body)."""
+        caller = self.caller
+        while self.native_cancels and caller is not None:
+            self.native_cancels -= 1
+            caller.uncancel()
+
+    def _propagate(self, cancel: BaseException) -> NoReturn:
+        """Raise what the caller sees after a cancel settled the step.
+
+        In the task function's own task, a cancel haltwise requested is delivered as
+        :class:`Cancelled`. Anything else propagates as a cancellation, as it came: a host's
+        cancel, a shield's time running out, and a haltwise cancel reaching a step in another
+        task (a ``gather`` or task group of the task's, which then stop as cancelled, and the
+        task function sees the cancel at its await on them).
+        """
+        run = self.run
+        self._take_back_cancels()
+        if run.cancel_reason is not None and not self.shielded and self.in_body_task:
+            run.delivered = True
+            raise Cancelled(run.cancel_reason, task_id=run.run_id) from None
+        if run.cancel_reason is None:
+            run.host_cancelled = True
+        raise cancel
+
+
+async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` to its end in a task of its own, whatever cancels the caller meanwhile.
+
+    For the settling of a step after a cancel reached it: neither a second host cancel nor
+    anyio's repeated delivery of a task scope's cancel may leave the step half settled. What
+    ``work`` raises is raised here.
+    """
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        try:
+            with anyio.CancelScope(shield=True):
+                await _wait_done(task)
+        except _CANCELLED:
+            continue  # the caller will see the cancel it was already given
+    task.result()
+
+
+async def _wait_done(future: asyncio.Future[Any]) -> None:
+    """Wait until ``future`` is done; a cancel of the waiter leaves ``future`` running."""
+    if future.done():
+        return
+    waiter = asyncio.get_running_loop().create_future()
+
+    def wake(_: asyncio.Future[Any]) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        future.remove_done_callback(wake)
+
 
 async def compensate(
-    run: RunContext, tool: Tool[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    run: RunContext, tool: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> bool:
     """Run the tool's compensation, shielded, within its grace; True if it completed.
 

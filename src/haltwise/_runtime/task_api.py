@@ -2,38 +2,71 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 
-from .._core.exceptions import NotInTaskError
-from .._core.records import dump_json
+from .._core.exceptions import InputError, NotInTaskError
+from .._core.records import JSONText, PartialKey, dump_json
 from .pause import pause_point
-from .run_context import CURRENT_RUN, CURRENT_STEP, current_run
+from .run_context import CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext, current_run
 
-__all__ = ["cancel_requested", "checkpoint", "current_run", "emit", "idempotency_key", "shield"]
+__all__ = [
+    "aemit",
+    "cancel_requested",
+    "checkpoint",
+    "current_run",
+    "emit",
+    "idempotency_key",
+    "shield",
+]
 
 
 def emit(value: Any) -> None:
     """Hand out a partial result; it is durable in the journal when this returns.
 
-    The n-th ``emit`` of a run is the same partial result in every attempt: on resume, emits the
-    replayed part of the task already made are not recorded again. Raises
+    A partial result belongs to whoever emitted it: a step (when emitted inside a tool) or the
+    task's own code; the n-th partial result of each is the same in every attempt. So on
+    resume a replayed step emits nothing again (its partial results stay where they are), and
+    the task's code does not repeat the ones it already made. Raises
     :class:`~haltwise.InputError` (and records nothing) if ``value`` is not JSON-serialisable,
     and :class:`~haltwise.NotInTaskError` outside a task. It blocks the calling thread for the
-    commit, which is what makes the promise hold across a crash.
+    commit, which is what makes the promise hold across a crash; :func:`aemit` does not.
     """
+    due = _next_partial(value, "emit")
+    if due is not None:
+        run, seq, text, origin = due
+        run.store.append_partial_blocking(run.run_id, seq, text, fence=run.fence, origin=origin)
+
+
+async def aemit(value: Any) -> None:
+    """:func:`emit` without blocking the event loop: durable when it returns.
+
+    The write is group-committed with the other writes ready at the same time (other runs'
+    steps, concurrent steps of this run). Same numbering and errors as :func:`emit`.
+    """
+    due = _next_partial(value, "aemit")
+    if due is not None:
+        run, seq, text, origin = due
+        await run.store.append_partial(run.run_id, seq, text, fence=run.fence, origin=origin)
+
+
+def _next_partial(value: Any, name: str) -> tuple[RunContext, int, JSONText, PartialKey] | None:
+    """Check and number a partial result; None if the journal holds it already (a replay)."""
     run = current_run()
     if run is None:
-        raise NotInTaskError("haltwise.emit() was called outside a task")
-    dump_json(value, "a partial result")
-    seq = run.next_partial
-    if seq >= run.journaled_partials:
-        run.store.append_partial_blocking(run.run_id, seq, value, fence=run.fence)
-    run.next_partial = seq + 1
+        raise NotInTaskError(f"haltwise.{name}() was called outside a task")
+    text = JSONText(dump_json(value, "a partial result"))
+    step = CURRENT_STEP.get()
+    if step is not None and step.run is run:
+        origin = step.next_origin()
+    else:
+        origin = (None, run.task_emits)
+        run.task_emits += 1
+    seq = run.next_partial_seq(origin)
+    return None if seq is None else (run, seq, text, origin)
 
 
 async def checkpoint() -> None:
@@ -89,8 +122,8 @@ async def shield(seconds: float) -> AsyncIterator[None]:
     settled by its policy) and the block is left; the cancel is then delivered at the next
     checkpoint. A forced cancel goes through a shield. Outside a task it only bounds the time.
     """
-    if seconds < 0 or math.isnan(seconds):
-        raise ValueError("shield(seconds) needs seconds >= 0")
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
+        raise InputError(f"shield(seconds) needs a number of seconds >= 0, not {seconds!r}")
     run = CURRENT_RUN.get()
     with anyio.move_on_after(seconds, shield=True) as scope:
         if run is None:
@@ -98,10 +131,10 @@ async def shield(seconds: float) -> AsyncIterator[None]:
             return
         if run.forced:
             scope.cancel()
-        run.shield_depth += 1
+        token = SHIELDED.set(True)
         run.shield_scopes.append(scope)
         try:
             yield
         finally:
-            run.shield_depth -= 1
+            SHIELDED.reset(token)
             run.shield_scopes.remove(scope)

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload, runtime_checkable
 
 from .._core.exceptions import NotInTaskError, PolicyError
 from .._core.policy import CancelPolicy, Effect, ToolPolicy
@@ -16,52 +16,113 @@ from .steps import call_tool as _call_tool
 
 P = ParamSpec("P")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 
 #: Every tool decorated in this process, by name: compensations after a takeover find them here.
-TOOLS: dict[str, Tool[..., Any]] = {}
+TOOLS: dict[str, ToolSpec] = {}
 
 
-class Tool(Generic[P, R]):
-    """A function (async or plain) with a cancel policy; calling it inside a task is a step.
+class ToolSpec:
+    """What the runtime knows about one tool: its function, its policy and its name.
 
-    Calling a tool always returns an awaitable, also for a plain function: inside a running task
-    the call is journaled as the next step and executed under its policy (a plain function in a
-    worker thread); outside a task it simply runs the function, which is handy for testing it.
+    ``fn`` is the function as written (async or plain); :func:`haltwise.testing.explore` swaps it
+    for a counting wrapper while it runs, which is why the tool function looks it up per call.
     """
 
+    __slots__ = ("fn", "is_async", "name", "policy")
+
     def __init__(
-        self, fn: Callable[P, Any], policy: ToolPolicy, name: str, *, register: bool = True
+        self, fn: Callable[..., Any], policy: ToolPolicy, name: str, *, register: bool = True
     ) -> None:
         self.fn = fn
         self.policy = policy
         self.name = name
-        self.is_async = inspect.iscoroutinefunction(fn)
-        functools.update_wrapper(self, fn)
+        self.is_async = is_async_callable(fn)
         if register:
             TOOLS[name] = self
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
-        return _call_tool(self, args, kwargs)
-
-    @property
-    def description(self) -> str:
-        """The docstring plus one sentence on what a cancel does to a call (for the model)."""
-        from .describe import describe
-
-        return describe(self)
-
-    def schema(self, format: str = "openai") -> dict[str, Any]:
-        """A JSON schema of the parameters, as OpenAI function calling (``"openai"``) or MCP
-        ``tools/list`` (``"mcp"``, with hints derived from ``effect`` and ``idempotent``) want it.
-        """
-        from .describe import tool_schema
-
-        return tool_schema(self, format=format)  # type: ignore[arg-type]
-
     def __repr__(self) -> str:
         cancel = self.policy.cancel.value if self.policy.cancel else "undeclared"
-        return f"<haltwise.Tool {self.name} cancel={cancel} effect={self.policy.effect.value}>"
+        return f"<haltwise tool {self.name} cancel={cancel} effect={self.policy.effect.value}>"
+
+
+def is_async_callable(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` returns a coroutine (an ``async def``, or an object whose
+    ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - the method, not callable()
+    )
+
+
+@runtime_checkable
+class Tool(Protocol[P, R_co]):
+    """A tool, as ``@haltwise.tool`` returns it: a real ``async def`` function.
+
+    It keeps the decorated function's name, docstring and signature (``functools.wraps``), so
+    ``inspect.iscoroutinefunction(tool)`` is True and ``inspect.signature(tool)`` is the
+    function's own: any framework can introspect it. Awaited inside a running task, a call is
+    one step, journaled and executed under the policy (a plain function in a worker thread);
+    outside a task it simply runs the function. ``isinstance(obj, haltwise.Tool)`` is True for
+    such functions.
+
+    Attributes: ``policy`` (the :class:`~haltwise.CancelPolicy`, effect, grace...), ``name``,
+    ``description`` (the docstring plus one sentence on what a cancel does to a call, for the
+    model) and ``schema(format)`` (``"openai"`` or ``"mcp"``, see :meth:`schema`).
+    """
+
+    policy: ToolPolicy
+    name: str
+    description: str
+    __haltwise_tool__: ToolSpec
+
+    def schema(self, format: str = "openai") -> dict[str, Any]:
+        """The tool as OpenAI function calling (``"openai"``) or MCP ``tools/list`` (``"mcp"``,
+        with hints derived from ``effect`` and ``idempotent``) want it."""
+        ...  # pragma: no cover - a protocol
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R_co]: ...
+
+
+def spec_of(tool: object) -> ToolSpec | None:
+    """The :class:`ToolSpec` behind a tool function (or the spec itself), else None."""
+    if isinstance(tool, ToolSpec):
+        return tool
+    spec = getattr(tool, "__haltwise_tool__", None)
+    return spec if isinstance(spec, ToolSpec) else None
+
+
+def as_spec(tool: object) -> ToolSpec:
+    """:func:`spec_of`, for callers that were handed a tool: anything else is a TypeError."""
+    spec = spec_of(tool)
+    if spec is None:
+        raise TypeError(f"{tool!r} is not a @haltwise.tool")
+    return spec
+
+
+def tool_function(spec: ToolSpec) -> Tool[..., Any]:
+    """The ``async def`` that stands for ``spec``: calling it inside a task is a step."""
+    from .describe import describe, tool_schema
+
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        return await _call_tool(spec, args, kwargs)
+
+    def schema(format: str = "openai") -> dict[str, Any]:
+        return tool_schema(spec, format=format)  # type: ignore[arg-type]
+
+    functools.update_wrapper(call, spec.fn)
+    schema.__doc__ = Tool.schema.__doc__
+    made = cast("Tool[..., Any]", call)
+    attributes = {
+        "policy": spec.policy,
+        "name": spec.name,
+        "description": describe(spec),
+        "schema": schema,
+        "__haltwise_tool__": spec,
+    }
+    for attribute, value in attributes.items():
+        setattr(made, attribute, value)
+    return made
 
 
 class OnCancel(StrEnum):
@@ -174,17 +235,90 @@ def tool(
         if not callable(function):
             raise PolicyError(f"@haltwise.tool needs a function, not {function!r}")
         tool_name = name or function.__name__
-        policy = ToolPolicy.declare(
-            name=tool_name,
-            cancel=cancel,
-            effect=effect,
-            idempotent=idempotent,
-            compensate=compensate,
-            grace=grace,
-        )
-        return Tool(function, policy, tool_name)
+        policy = _policy(tool_name, cancel, effect, idempotent, compensate, grace)
+        return tool_function(ToolSpec(function, policy, tool_name))
 
     return decorate if fn is None else decorate(fn)
+
+
+def _policy(
+    name: str,
+    cancel: str | CancelPolicy | None,
+    effect: str | Effect | None,
+    idempotent: bool,
+    compensate: Callable[..., Any] | None,
+    grace: float | None,
+) -> ToolPolicy:
+    """The policy the keywords of :func:`tool` (and :func:`step`) declare, validated."""
+    return ToolPolicy.declare(
+        name=name,
+        cancel=cancel,
+        effect=effect,
+        idempotent=idempotent,
+        compensate=compensate,
+        grace=grace,
+    )
+
+
+#: haltwise.step() declarations seen so far, by their arguments (bounded: see _step_spec)
+_STEP_SPECS: dict[tuple[Any, ...], ToolSpec] = {}
+_STEP_SPECS_MAX = 1024
+
+
+async def step(
+    fn: Callable[..., Any],
+    /,
+    *args: Any,
+    name: str | None = None,
+    cancel: str | CancelPolicy | None = None,
+    effect: str | Effect | None = None,
+    idempotent: bool = False,
+    compensate: Callable[..., Any] | None = None,
+    grace: float | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Call ``fn(*args, **kwargs)`` as one step of the current run, under the policy given here.
+
+    The keywords are those of :func:`tool` (``name`` defaults to ``fn``'s ``__name__``); the
+    step is journaled, replayed on resume and settled on a cancel exactly as a call of a
+    decorated tool would be. This is how a call that is not a module-level tool becomes a step:
+    a model request (``cancel="interruptible", effect="read"``), a remote MCP call. ``fn`` may
+    be async or plain (a plain one runs in a worker thread). Outside a task it just calls
+    ``fn`` (and awaits it if it is async). A bad declaration raises
+    :class:`~haltwise.PolicyError`.
+    """
+    spec = _step_spec(fn, name, cancel, effect, idempotent, compensate, grace)
+    return await _call_tool(spec, args, kwargs)
+
+
+def _step_spec(
+    fn: Callable[..., Any],
+    name: str | None,
+    cancel: str | CancelPolicy | None,
+    effect: str | Effect | None,
+    idempotent: bool,
+    compensate: Callable[..., Any] | None,
+    grace: float | None,
+) -> ToolSpec:
+    """The spec of a haltwise.step() call, declared once per distinct set of arguments."""
+    key: tuple[Any, ...] = (fn, name, cancel, effect, idempotent, compensate, grace)
+    try:
+        found = _STEP_SPECS.get(key)
+    except TypeError:  # an unhashable callable: declared afresh each time
+        key, found = (), None
+    if found is not None:
+        return found
+    if not callable(fn):
+        raise PolicyError(f"haltwise.step() needs a callable, not {fn!r}")
+    step_name = name or getattr(fn, "__name__", None) or type(fn).__name__
+    policy = _policy(step_name, cancel, effect, idempotent, compensate, grace)
+    # Registered only if a takeover may need it to compensate after a crash.
+    spec = ToolSpec(fn, policy, step_name, register=policy.compensate is not None)
+    if key:
+        if len(_STEP_SPECS) >= _STEP_SPECS_MAX:
+            _STEP_SPECS.clear()  # bound methods of short-lived objects must not pile up
+        _STEP_SPECS[key] = spec
+    return spec
 
 
 @overload

@@ -14,7 +14,14 @@ from typing import Any
 
 import anyio
 
-from .._core.exceptions import BadRow, CorruptRowError, RunOwnedError, StoreError, UnknownRunError
+from .._core.exceptions import (
+    BadRow,
+    CorruptRowError,
+    InputError,
+    RunOwnedError,
+    StoreError,
+    UnknownRunError,
+)
 from .._core.records import RunRecord
 from .._core.states import State
 from .._journal.owner import owner_alive
@@ -44,7 +51,7 @@ class Worker:
         on_bad_row: Callable[[BadRow], None] | None = None,
     ) -> None:
         if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
+            raise InputError("concurrency must be at least 1")
         self.runtime = runtime
         self.tasks = dict(tasks)
         self.concurrency = concurrency

@@ -75,13 +75,14 @@ def require(integration: str, module: str, extra: str) -> ModuleType:
 MODEL_STEP = "model"
 
 
-def call_id(value: str) -> AbstractContextManager[None]:
+def call_id(value: str | None) -> AbstractContextManager[None]:
     """``haltwise.call_id(value)``: the steps begun inside are matched on replay by this id.
 
-    Until ``haltwise.call_id`` is on main (issue 14), steps are matched by their order only.
+    A missing or empty id (a framework that did not give one) leaves the steps matched by their
+    order. Until ``haltwise.call_id`` is on main (issue 14), every step is matched by its order.
     """
     enter = getattr(haltwise, "call_id", None)
-    return enter(value) if enter is not None else nullcontext()
+    return enter(value) if enter is not None and value else nullcontext()
 
 
 async def model_request(ask: Callable[[], Awaitable[T]], *, name: str = MODEL_STEP) -> T:

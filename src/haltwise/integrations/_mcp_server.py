@@ -38,7 +38,7 @@ from .._core.states import State
 from .._runtime.describe import mcp_annotations, parameters_schema
 from .._runtime.loader import find_tools, load_module
 from .._runtime.runtime import Runtime, TaskHandle
-from .._runtime.tool import Task, Tool
+from .._runtime.tool import Task, Tool, ToolSpec
 
 __all__ = ["IDEMPOTENCY_KEY", "OUTCOME_KEY", "serve", "served_tasks"]
 
@@ -63,7 +63,7 @@ class ServedTask:
     source: str
 
 
-def served_tasks(file: str | os.PathLike[str]) -> tuple[list[ServedTask], list[Tool[..., Any]]]:
+def served_tasks(file: str | os.PathLike[str]) -> tuple[list[ServedTask], list[ToolSpec]]:
     """Load ``file`` and return its tasks (in definition order) and its tools.
 
     Raises :class:`~haltwise.LoadError` if the file cannot be loaded and
@@ -81,7 +81,7 @@ def served_tasks(file: str | os.PathLike[str]) -> tuple[list[ServedTask], list[T
     return served, find_tools(module)
 
 
-def describe_task(served: ServedTask, tools: Sequence[Tool[..., Any]]) -> types.Tool:
+def describe_task(served: ServedTask, tools: Sequence[ToolSpec]) -> types.Tool:
     """The MCP declaration of one task: its parameters, its tools' policies as hints and text."""
     hints = [mcp_annotations(tool.policy) for tool in tools]
     annotations = types.ToolAnnotations(
@@ -103,7 +103,7 @@ def describe_task(served: ServedTask, tools: Sequence[Tool[..., Any]]) -> types.
     )
 
 
-def _policy_summary(tool: Tool[..., Any]) -> str:
+def _policy_summary(tool: ToolSpec) -> str:
     policy = tool.policy
     cancel = policy.cancel.value if policy.cancel else "undeclared"
     idempotent = ", idempotent" if policy.idempotent else ""
@@ -132,7 +132,7 @@ class TaskServer:
     """The MCP request handlers over one :class:`~haltwise.Runtime` and one file's tasks."""
 
     def __init__(
-        self, runtime: Runtime, served: Sequence[ServedTask], tools: Sequence[Tool[..., Any]]
+        self, runtime: Runtime, served: Sequence[ServedTask], tools: Sequence[ToolSpec]
     ) -> None:
         self.runtime = runtime
         self.tasks = {item.name: item for item in served}

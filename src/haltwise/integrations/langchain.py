@@ -79,7 +79,7 @@ def tool(haltwise_tool: haltwise.Tool[..., Any]) -> BaseTool:
 
     async def invoke(tool_call_id: str | None = None, **kwargs: Any) -> Any:
         try:
-            with call_id(tool_call_id or ""):
+            with call_id(tool_call_id):
                 value = await target(**kwargs)
         except haltwise.Cancelled:
             await remember_from_journal(tool_call_id or "")
@@ -153,10 +153,9 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
         request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
     ) -> ToolMessage | Command[Any]:
-        cid = request.tool_call.get("id") or ""
         ours = request.tool is not None and bool((request.tool.metadata or {}).get(_MARK))
         try:
-            with call_id(cid):
+            with call_id(request.tool_call.get("id")):
                 if ours:
                     return await handler(request)
                 return await _foreign_tool_step(request, handler)

@@ -71,7 +71,7 @@ def tool(haltwise_tool: haltwise.Tool[..., Any]) -> Tool[Any]:
 
     async def invoke(ctx: RunContext[Any], /, **kwargs: Any) -> Any:
         try:
-            with call_id(ctx.tool_call_id or ""):
+            with call_id(ctx.tool_call_id):
                 value = await target(**kwargs)
         except haltwise.Cancelled:
             await remember_from_journal(ctx.tool_call_id or "")

@@ -1,0 +1,102 @@
+"""kill -9 while several steps of one run are in flight, then takeover: nothing lost or repeated."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import sqlite3
+import time
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import pytest
+
+import haltwise
+from haltwise import State, StepStatus
+from test_crash import kill_and_resume, spawn, wait_started
+
+AGENT = Path(__file__).with_name("concurrent_crash_agent.py")
+ROUNDS = 6
+
+
+def running_steps(store: str, run_id: str) -> int:
+    """Steps of ``run_id`` journaled running, read straight from the file (fast: a poll)."""
+    path = store.removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(path, timeout=10)) as conn:
+        try:
+            row = conn.execute(
+                "SELECT count(*) FROM steps WHERE run_id = ? AND status = 'running'", (run_id,)
+            ).fetchone()
+        except sqlite3.OperationalError:  # the schema is not there yet
+            return 0
+    return int(row[0])
+
+
+def kill_when_in_flight(store: str, run_id: str, world: Path, wanted: int) -> None:
+    """Start the agent and kill -9 it once ``wanted`` steps are running at once."""
+    proc = spawn(store, run_id, world, AGENT)
+    wait_started(proc)
+    try:
+        deadline = time.monotonic() + 30
+        while running_steps(store, run_id) < wanted:
+            assert time.monotonic() < deadline, "the steps were never in flight together"
+            time.sleep(0.002)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+
+
+def check(store: str, run_id: str, world: Path, kills: int) -> None:
+    async def load() -> haltwise.Outcome:
+        async with haltwise.Runtime(store) as rt:
+            return await rt.status(run_id)
+
+    outcome = anyio.run(load)
+    assert outcome.state is State.COMPLETED
+    kinds = ("look", "charge", "note", "look")
+    values = (lambda i: i * 2, lambda i: f"charged-{i}", lambda i: f"note-{i}", lambda i: i * 2)
+    assert outcome.result == [[values[k](4 * r + k) for k in range(4)] for r in range(ROUNDS)]
+    assert list(outcome.partials) == [{"round": r} for r in range(ROUNDS)]
+    executions = Counter(line for line in (world / "executions").read_text().splitlines())
+    for step in outcome.steps:
+        assert step.status is StepStatus.COMMITTED
+        number = int(str(step.call_id).removeprefix("call-"))
+        ran = executions[f"{kinds[number % 4]} {number}"]
+        assert 1 <= ran <= step.attempts, (step, ran)
+    for number in range(2, 4 * ROUNDS, 4):
+        assert (world / f"w-{number}").read_text().splitlines() == [str(number)], "written twice"
+    reruns = sum(count - 1 for line, count in executions.items() if not line.startswith("undo"))
+    assert reruns <= 4 * kills, "at most the steps in flight run again after a kill"
+    charges: dict[str, set[str]] = {}
+    for line in (world / "charges").read_text().splitlines():
+        number, key = line.split()
+        charges.setdefault(number, set()).add(key)
+    assert len(charges) == ROUNDS
+    assert all(len(keys) == 1 for keys in charges.values()), "a charge changed its key"
+    report = haltwise.verify_store(store)
+    assert report.ok, report.findings
+
+
+def test_kill_9_with_concurrent_steps_in_flight_then_takeover(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CRASH_STEP_DELAY", "0.2")  # long enough to see them all in flight
+    world = tmp_path / "world"
+    world.mkdir()
+    kill_when_in_flight(sqlite_url, "c0", world, wanted=3)
+    dead = haltwise.verify_store(sqlite_url)
+    assert {f.code for f in dead.findings} == {"orphaned-step"}, dead.findings
+    kills = 1 + kill_and_resume(sqlite_url, "c0", world, random.Random(5), AGENT)
+    check(sqlite_url, "c0", world, kills)
+
+
+def test_kill_9_at_random_moments_with_concurrent_steps(sqlite_url: str, tmp_path: Path) -> None:
+    rng = random.Random(17)
+    for round_ in range(3):
+        world = tmp_path / f"world{round_}"
+        world.mkdir()
+        kills = kill_and_resume(sqlite_url, f"k{round_}", world, rng, AGENT)
+        check(sqlite_url, f"k{round_}", world, kills)
