@@ -35,6 +35,7 @@ __all__ = [
     "change_from_row",
     "decode_cursor",
     "encode_cursor",
+    "in_order",
     "sort_named",
     "summary_from_row",
 ]
@@ -271,11 +272,18 @@ def sort_named(
     """Of the runs read for a bulk cancel: the active ones, the named final ones, the named
     ids the store does not hold."""
     by_id = {run.id: run for run in found}
-    active = [run for run in by_id.values() if not run.state.is_final]
     named = ids or ()
+    chosen = [by_id[i] for i in dict.fromkeys(named) if i in by_id] if ids else by_id.values()
+    active = [run for run in chosen if not run.state.is_final]
     final = tuple(by_id[i] for i in named if i in by_id and by_id[i].state.is_final)
     unknown = tuple(i for i in named if i not in by_id)
     return active, final, unknown
+
+
+def in_order(records: Iterable[RunRecord], ids: Sequence[str]) -> tuple[RunRecord, ...]:
+    """``records`` in the order of ``ids`` (a read by id list returns them in any order)."""
+    by_id = {record.id: record for record in records}
+    return tuple(by_id[i] for i in ids if i in by_id)
 
 
 # -- the cursor of a page -----------------------------------------------------------------------

@@ -557,7 +557,8 @@ class Runtime:
         Each run is cancelled as by :meth:`cancel` (and a run nobody works is settled here);
         ``dry_run`` changes nothing and reports which runs would be cancelled.
         """
-        bad_reason = not isinstance(reason, str) or not reason
+        if not isinstance(reason, str) or not reason:
+            raise InputError("a cancel reason must be a non-empty string")
         chosen = parse_state(state)
         if chosen is not None and chosen.is_final:
             raise InputError(f"a {chosen} run cannot be cancelled: name an active state")
@@ -570,11 +571,8 @@ class Runtime:
             tasks=tasks,
             reason=reason,
             force=force,
-            dry_run=dry_run or bad_reason,
+            dry_run=dry_run,
         )
-        if bad_reason and result.reached:
-            raise InputError("a cancel reason must be a non-empty string")
-        # (a bad reason for runs already final, or none, cancels nothing: nothing to refuse)
         states = {record.id: record.state for record in result.already_final}
         settled = []
         for record in result.reached:
