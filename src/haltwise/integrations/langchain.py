@@ -21,7 +21,6 @@ Needs the ``langchain`` extra: ``pip install 'haltwise[langchain]'``.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import typing
@@ -59,9 +58,8 @@ from ._common import (  # noqa: E402
     model_request,
 )
 from ._conversation import (  # noqa: E402
+    call_tool,
     current_run_outcome,
-    remember_committed,
-    remember_from_journal,
     settled_calls,
     unsettled_text,
 )
@@ -77,18 +75,7 @@ def tool(haltwise_tool: haltwise.Tool[..., Any]) -> BaseTool:
     target = haltwise_tool
 
     async def invoke(tool_call_id: str | None = None, **kwargs: Any) -> Any:
-        try:
-            with call_id(tool_call_id):
-                value = await target(**kwargs)
-        except haltwise.Cancelled:
-            await remember_from_journal(tool_call_id or "")
-            raise
-        except asyncio.CancelledError:
-            await remember_from_journal(tool_call_id or "")
-            raise
-        if tool_call_id:
-            remember_committed(tool_call_id, value)
-        return value if isinstance(value, str) else json.dumps(value)
+        return _content(await call_tool(target, tool_call_id, **kwargs))
 
     return StructuredTool.from_function(
         coroutine=invoke,

@@ -28,7 +28,6 @@ Needs the ``pydantic-ai`` extra: ``pip install 'haltwise[pydantic-ai]'`` (``pyda
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import typing
 from collections.abc import Sequence
@@ -56,12 +55,11 @@ from pydantic_ai.settings import ModelSettings  # noqa: E402
 import haltwise  # noqa: E402
 
 from .._runtime.ending import HOST_CANCEL_ERRORS  # noqa: E402
-from ._common import MODEL_STEP, call_id, model_request  # noqa: E402
+from ._common import MODEL_STEP, model_request  # noqa: E402
 from ._conversation import (  # noqa: E402
     SettledCall,
+    call_tool,
     current_run_outcome,
-    remember_committed,
-    remember_from_journal,
     settled_calls,
     unsettled_text,
 )
@@ -79,21 +77,9 @@ def tool(haltwise_tool: haltwise.Tool[..., Any]) -> Tool[Any]:
     target = haltwise_tool
 
     async def invoke(ctx: RunContext[Any], /, **kwargs: Any) -> Any:
-        try:
-            with call_id(ctx.tool_call_id):
-                value = await target(**kwargs)
-        except haltwise.Cancelled:
-            await remember_from_journal(ctx.tool_call_id or "")
-            raise
-        except asyncio.CancelledError:
-            # Pydantic AI's own cancel (or a host's): the step settled by its policy; the core
-            # records the run cancelled (reason host) when RunCancelled reaches the task. A
-            # cancel request from here would race Pydantic AI's uncancel() at its edge.
-            await remember_from_journal(ctx.tool_call_id or "")
-            raise
-        if ctx.tool_call_id:
-            remember_committed(ctx.tool_call_id, value)
-        return value
+        # Pydantic AI's own cancel (or a host's) stops the step by its policy; the core records
+        # the run cancelled (reason host) when RunCancelled reaches the task.
+        return await call_tool(target, ctx.tool_call_id, **kwargs)
 
     signature = inspect.signature(target)
     context = inspect.Parameter(
