@@ -114,7 +114,10 @@ started AS (
     SELECT {selected}
     FROM start_in u JOIN run ON run.id = u.run_id AND run.owner_token = u.fence
     ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = s.attempts + 1,
-        result = NULL, error = NULL, settled_at = NULL, {restart}
+        result = NULL, error = NULL, settled_at = NULL, {restart},
+        errors = CASE WHEN s.error IS NULL THEN s.errors ELSE (coalesce(s.errors, '[]')::jsonb
+            || jsonb_build_array(s.error::jsonb || jsonb_build_object('attempt', s.attempts)))::text
+            END
     RETURNING s.run_id, s.idx, s.attempts
 )
 SELECT false AS start, run_id, idx, 0 AS attempts, NULL::text AS state, NULL::text AS reason,
