@@ -100,6 +100,12 @@ def test_two_quick_sigints_end_cancelled_with_exit_3(env: Env, gap: float) -> No
     assert env.hw("check").returncode == 0
 
 
+def test_two_sigints_stop_a_cpu_bound_task(env: Env) -> None:
+    outcome = interrupt(env, "burn", "burning", 0.2, "b1")
+    assert outcome["reason"] == "user"
+    assert env.hw("check").returncode == 0
+
+
 def test_a_sigint_while_the_file_loads_cancels_the_run_once_it_starts(env: Env) -> None:
     (env.root / "slow-import").touch()
     process = env.popen("run", "agent.py:gated", "--id", "s1", "--json")

@@ -17,6 +17,7 @@ from ._core.exceptions import HaltwiseError as HaltwiseError
 from ._core.exceptions import InputError as InputError
 from ._core.exceptions import InvalidTransitionError as InvalidTransitionError
 from ._core.exceptions import LoadError as LoadError
+from ._core.exceptions import LostOwnershipError as LostOwnershipError
 from ._core.exceptions import NonDeterminismError as NonDeterminismError
 from ._core.exceptions import NotInTaskError as NotInTaskError
 from ._core.exceptions import PolicyError as PolicyError
@@ -37,7 +38,6 @@ from ._core.states import State as State
 from ._core.states import StepStatus as StepStatus
 from ._journal.check import CheckReport as CheckReport
 from ._journal.check import verify_store as verify_store
-from ._journal.store import LostOwnershipError as LostOwnershipError
 from ._runtime.run_context import call_id as call_id
 from ._runtime.run_context import current_task_id as current_task_id
 from ._runtime.runtime import Runtime as Runtime

@@ -17,7 +17,7 @@ import click
 from .. import __version__
 from .._core.exceptions import HaltwiseError, UnknownRunError
 from . import mcp, runs, serve, verbs, verify, work
-from .base import USAGE, fail, store_in_use
+from .base import USAGE, fail, looked_in
 from .signals import RELAY
 
 __all__ = ["cli", "main", "run_cli"]
@@ -75,17 +75,12 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
     except click.ClickException as error:
         return fail(error.format_message())
     except UnknownRunError as error:
-        return fail(f"{error} ({_where_looked()})")
+        return fail(f"{error} ({looked_in()})")
     except HaltwiseError as error:
         return fail(str(error))
     except (click.Abort, KeyboardInterrupt):
         return 130
     return code if isinstance(code, int) else 0
-
-
-def _where_looked() -> str:
-    store = store_in_use()
-    return f"looked in {store}" if store else "no store was named"
 
 
 def main() -> NoReturn:

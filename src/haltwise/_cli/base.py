@@ -62,6 +62,12 @@ def store_option(command: F) -> F:
     )(command)
 
 
+def looked_in() -> str:
+    """``looked in sqlite:///...``: which store an unknown id was looked for in."""
+    store = store_in_use()
+    return f"looked in {store}" if store else "no store was named"
+
+
 def store_in_use() -> str | None:
     """The store the command used, as a message may show it (no password); None if none."""
     return safe_url(STORE_IN_USE[0]) if STORE_IN_USE else None

@@ -14,13 +14,14 @@ from .._core.records import RunSnapshot
 from .._core.states import State
 from .._core.views import CancelBatch, RunDetail, RunPage
 from .._journal.owner import held_by_live_owner
-from .._runtime.operator import inspect_run, page_of_runs
+from .._runtime.operator import MAX_LIMIT, inspect_run, page_of_runs
 from .._runtime.runtime import Runtime
 from .base import (
     deadline_option,
     exit_code,
     fail,
     json_option,
+    looked_in,
     parse_assumed,
     parse_duration,
     print_json,
@@ -157,9 +158,10 @@ def cancel_command(
         for outcome in waited:
             Screen().outcome(outcome)
     if len(batch.unknown) == 1:
-        return fail(str(UnknownRunError(batch.unknown[0])))
+        return fail(f"{UnknownRunError(batch.unknown[0])} ({looked_in()})")
     if batch.unknown:
-        return fail(f"no runs with ids {', '.join(map(repr, batch.unknown))} in the store")
+        named = ", ".join(map(repr, batch.unknown))
+        return fail(f"no runs with ids {named} in the store ({looked_in()})")
     return 0
 
 
@@ -349,7 +351,7 @@ def resume_command(
 @click.option("--task", metavar="TASK", help="Only runs of this task (agent.py:research).")
 @click.option(
     "--limit",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_LIMIT),
     default=100,
     show_default=True,
     help="At most this many runs.",

@@ -18,12 +18,12 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._core.exceptions import LostOwnershipError
 from .._core.records import RunRecord
 from .._core.states import State
 from .rows import PARTIAL_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, STEP_COPY_COLUMNS
 from .schema import Dialect
 from .store import (
-    LostOwnershipError,
     NewRun,
     PauseSignal,
     check_transition,

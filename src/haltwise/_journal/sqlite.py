@@ -32,6 +32,7 @@ from .operator_sql import (
     OperatorSQL,
     cancel_writes,
     change_from_row,
+    in_order,
     sort_named,
     summary_from_row,
     times_from_rows,
@@ -643,7 +644,7 @@ class SQLiteStore:
             for write in writes:
                 conn.executemany(write.sql, write.rows)
             after = conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(reached),))
-            return CancelResult(tuple(read_all(run_from_row, after)), final, unknown)
+            return CancelResult(in_order(read_all(run_from_row, after), reached), final, unknown)
 
         result: CancelResult = await self._writer.call(op, bulk=True)
         return result

@@ -70,6 +70,10 @@ async def resolve_task(store: Store, name: str) -> list[str]:
     return matches
 
 
+#: The largest page a listing may ask for (a 20-digit limit overflowed the store's integer).
+MAX_LIMIT = 1_000_000_000
+
+
 async def page_of_runs(
     store: Store,
     *,
@@ -79,8 +83,8 @@ async def page_of_runs(
     cursor: str | None,
 ) -> RunPage:
     """One page of runs, newest created first, and the cursor of the next (one query)."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InputError(f"limit must be a whole number >= 1, not {limit!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise InputError(f"limit must be a whole number from 1 to {MAX_LIMIT}, not {limit!r}")
     chosen = parse_state(state)
     tasks = None if task is None else await resolve_task(store, task)
     before = None if cursor is None else decode_cursor(cursor)
@@ -161,13 +165,7 @@ def registered_task(run: RunRecord) -> Task[..., Any] | None:
 def stand_in_task(name: str) -> Task[..., Any]:
     """A task object for a run whose code is not at hand: it keeps committed steps on a cancel
     (``on_cancel="keep"``) and is not registered (``TASKS`` is left as it is)."""
-    before = TASKS.get(name)
-    task: Task[..., Any] = Task(_not_loaded, OnCancel.KEEP, name)
-    if before is None:
-        TASKS.pop(name, None)
-    else:
-        TASKS[name] = before
-    return task
+    return Task(_not_loaded, OnCancel.KEEP, name, register=False)
 
 
 async def _not_loaded() -> None:

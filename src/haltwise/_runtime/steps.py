@@ -165,7 +165,7 @@ def _args_json(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     if spec.policy.effective_cancel is not CancelPolicy.ROLLBACK:
         return None
     return dump_json(
-        {"args": list(args), "kwargs": kwargs},
+        {"args": list(args), "kwargs": kwargs, "tool": spec.key},
         f"the arguments of rollback tool {spec.name!r} (kept to compensate after a crash)",
     )
 

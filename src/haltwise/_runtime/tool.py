@@ -19,8 +19,40 @@ R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
 
-#: Every tool decorated in this process, by name: compensations after a takeover find them here.
-TOOLS: dict[str, ToolSpec] = {}
+class ToolRegistry:
+    """Every tool declared in this process, by its qualified key (see :attr:`ToolSpec.key`).
+
+    Tool names need not be unique: two modules may each declare a tool ``insert``. The journal
+    shows a step's tool by name; a rollback step also records its tool's key, so that a takeover
+    compensates with exactly the function that ran (:meth:`find`), never with a namesake. A
+    tool declared again under the same key (a module loaded again) replaces the earlier one.
+    """
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, ToolSpec] = {}
+        self._keys_by_name: dict[str, dict[str, None]] = {}
+
+    def add(self, spec: ToolSpec) -> None:
+        self._by_key[spec.key] = spec
+        self._keys_by_name.setdefault(spec.name, {})[spec.key] = None
+
+    def find(self, name: str, key: str | None = None) -> ToolSpec | None:
+        """The tool of that key if given and declared; else the only tool of that name.
+
+        None when no tool of the name is declared, or several are and ``key`` does not say
+        which: a caller then knows nothing of the tool rather than something of the wrong one.
+        """
+        if key is not None and key in self._by_key:
+            return self._by_key[key]
+        keys = self._keys_by_name.get(name, {})
+        return self._by_key[next(iter(keys))] if len(keys) == 1 else None
+
+    def values(self) -> list[ToolSpec]:
+        return list(self._by_key.values())
+
+
+#: Every tool declared in this process: compensations after a takeover find them here.
+TOOLS = ToolRegistry()
 
 
 class ToolSpec:
@@ -30,7 +62,7 @@ class ToolSpec:
     for a counting wrapper while it runs, which is why the tool function looks it up per call.
     """
 
-    __slots__ = ("fn", "is_async", "name", "policy")
+    __slots__ = ("fn", "is_async", "key", "name", "policy")
 
     def __init__(
         self, fn: Callable[..., Any], policy: ToolPolicy, name: str, *, register: bool = True
@@ -39,12 +71,20 @@ class ToolSpec:
         self.policy = policy
         self.name = name
         self.is_async = is_async_callable(fn)
+        #: ``name@module:qualname``: what tells this tool from others of the same name
+        self.key = f"{name}@{qualified_name(fn)}"
         if register:
-            TOOLS[name] = self
+            TOOLS.add(self)
 
     def __repr__(self) -> str:
         cancel = self.policy.cancel.value if self.policy.cancel else "undeclared"
         return f"<haltwise tool {self.name} cancel={cancel} effect={self.policy.effect.value}>"
+
+
+def qualified_name(fn: Callable[..., Any]) -> str:
+    """``module:qualname`` of a function (or of a callable object's class)."""
+    owner = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(owner, '__module__', '?')}:{getattr(owner, '__qualname__', '?')}"
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -134,8 +174,24 @@ class OnCancel(StrEnum):
     COMPENSATE = "compensate"
 
 
-#: Every task decorated in this process, by name (what a run records as its ``task``).
+#: Every task declared in this process, by name (what a run records as its ``task``).
 TASKS: dict[str, Task[..., Any]] = {}
+
+
+def register_task(task: Task[..., Any]) -> None:
+    """Add ``task`` to :data:`TASKS`; a different function under a taken name is refused.
+
+    A run is resumed by its task's name, so two tasks of one name in a process would make a
+    resume run whichever came last: :class:`~haltwise.PolicyError` at the second declaration.
+    The same function declared again (its module loaded again) replaces the earlier one.
+    """
+    earlier = TASKS.get(task.name)
+    if earlier is not None and qualified_name(earlier.fn) != qualified_name(task.fn):
+        raise PolicyError(
+            f"a task named {task.name!r} is already declared ({qualified_name(earlier.fn)}); "
+            f"{qualified_name(task.fn)} needs another name (@haltwise.task(name=...))"
+        )
+    TASKS[task.name] = task
 
 
 class Task(Generic[P, R]):
@@ -154,6 +210,7 @@ class Task(Generic[P, R]):
         name: str,
         *,
         source: str | None = None,
+        register: bool = True,
     ) -> None:
         self.fn = fn
         self.on_cancel = on_cancel
@@ -165,7 +222,8 @@ class Task(Generic[P, R]):
         self.signature = inspect.signature(fn)
         self._as_step: Tool[..., Any] | None = None
         functools.update_wrapper(self, fn)
-        TASKS[name] = self
+        if register:
+            register_task(self)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
         from .task_api import current_run
