@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -204,31 +204,23 @@ def cli_cancels(url: str, trials: int) -> list[float]:
     return latencies
 
 
-def pg_url() -> tuple[object, str] | None:
+def stores() -> Iterator[tuple[str, Callable[[], str]]]:
+    """Each store kind with a function that makes a fresh, empty store's URL."""
+    with tempfile.TemporaryDirectory() as scratch:
+        count = iter(range(1_000_000))
+        yield "SQLite", lambda: f"sqlite:///{scratch}/s{next(count)}.db"
     try:
         from _pg import PostgresServer, PostgresUnavailable, create_database
-    except ImportError:
-        return None
-    try:
+
         pg = PostgresServer()
-    except PostgresUnavailable:
-        return None
-    pg.start()
-    return pg, create_database(pg.dsn)
-
-
-def stores() -> Iterator[tuple[str, str]]:
-    with tempfile.TemporaryDirectory() as scratch:
-        yield "SQLite", f"sqlite:///{scratch}/api.db"
-    found = pg_url()
-    if found is None:
+    except (ImportError, PostgresUnavailable):
         print("(PostgreSQL not found: its rows are left out)")
         return
-    pg, url = found
+    pg.start()
     try:
-        yield "PostgreSQL", url
+        yield "PostgreSQL", lambda: create_database(pg.dsn)
     finally:
-        pg.stop()  # type: ignore[attr-defined]
+        pg.stop()
 
 
 def ms(values: list[float], fraction: float) -> str:
@@ -238,10 +230,10 @@ def ms(values: list[float], fraction: float) -> str:
 def run_api(trials: int) -> None:
     print(header("A cancel from the request to the tool interrupted in another process"))
     rows = []
-    for name, url in stores():
+    for name, fresh in stores():
         with tempfile.TemporaryDirectory() as root:
-            api = api_cancels(url, trials, Path(root))
-        command = cli_cancels(url, max(5, trials // 3))
+            api = api_cancels(fresh(), trials, Path(root))
+        command = cli_cancels(fresh(), max(5, trials // 3))
         rows.append([name, "POST /api/runs/{id}/cancel", trials, ms(api, 0.5), ms(api, 0.99)])
         rows.append(
             [name, "haltwise cancel ID (exec)", len(command), ms(command, 0.5), ms(command, 0.95)]
@@ -352,13 +344,23 @@ def timed_gets(host: str, token: str, paths: list[str]) -> list[float]:
     return times
 
 
+def get_json(host: str, token: str, path: str) -> dict[str, list[object]]:
+    connection = http.client.HTTPConnection(host, timeout=30)
+    connection.request("GET", path, headers={"Authorization": f"Bearer {token}"})
+    value: dict[str, list[object]] = json.loads(connection.getresponse().read())
+    connection.close()
+    return value
+
+
 def run_pages(runs: int, trials: int) -> None:
     print(header(f"The API with {runs:,} runs in the store (two steps each)"))
     rows = []
-    for name, url in stores():
+    for name, fresh in stores():
+        url = fresh()
         (fill_sqlite if url.startswith("sqlite") else fill_postgres)(url, runs)
         with tempfile.TemporaryDirectory() as root, server(url, Path(root)) as (host, token):
             timed_gets(host, token, ["/api/runs?limit=50"] * 5)  # warm
+            assert len(get_json(host, token, "/api/runs?limit=50")["runs"]) == 50
             first = timed_gets(host, token, ["/api/runs?limit=50"] * trials)
             filtered = timed_gets(host, token, ["/api/runs?limit=50&state=completed"] * trials)
             one = timed_gets(
@@ -377,6 +379,7 @@ def run_pages(runs: int, trials: int) -> None:
 
 
 def sse_latencies(url: str, trials: int, root: Path) -> list[float]:
+    """Cancel in this process (the request returns once committed), then read the stream."""
     latencies = []
     with server(url, root) as (host, token):
         connection = http.client.HTTPConnection(host, timeout=30)
@@ -384,19 +387,21 @@ def sse_latencies(url: str, trials: int, root: Path) -> list[float]:
         response = connection.getresponse()
         response.readline()
         target = spawn_target(url, trials)
+
+        async def cancel(run_id: str) -> float:
+            async with haltwise.Runtime(url) as runtime:
+                await runtime.cancel(run_id, reason="sse")
+                return time.perf_counter()
+
         for i in range(trials):
             read_event(target, "entered")
-            subprocess.run(
-                [sys.executable, "-m", "haltwise", "cancel", f"x{i}", "--store", url],
-                check=True,
-                capture_output=True,
-            )
+            committed = anyio.run(cancel, f"x{i}")
             while True:
                 line = response.readline().decode()
                 if line.startswith("data: "):
                     change = json.loads(line[6:])
                     if change["kind"] == "transition" and change["status"] == "cancelling":
-                        latencies.append(time.time() - change["at"])
+                        latencies.append(time.perf_counter() - committed)
                         break
             read_event(target, "final")
         target.wait(timeout=30)
@@ -405,11 +410,15 @@ def sse_latencies(url: str, trials: int, root: Path) -> list[float]:
 
 
 def run_sse(trials: int) -> None:
-    print(header("An SSE client sees a transition: from its commit to the event read"))
+    print(
+        header(
+            "An SSE client sees a transition: from its commit (the request returned) to the event"
+        )
+    )
     rows = []
-    for name, url in stores():
+    for name, fresh in stores():
         with tempfile.TemporaryDirectory() as root:
-            values = sse_latencies(url, trials, Path(root))
+            values = sse_latencies(fresh(), trials, Path(root))
         rows.append([name, trials, ms(values, 0.5), ms(values, 0.95), ms(values, 1.0)])
     print(table(["store", "trials", "p50", "p95", "max"], rows))
 

@@ -31,6 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from haltwise._core.exceptions import (
     InvalidTransitionError,
+    LostOwnershipError,
     SchemaVersionError,
     StoreError,
     UnknownRunError,
@@ -41,7 +42,7 @@ from haltwise._core.records import Event, Owner
 from haltwise._core.states import TRANSITIONS, State, StepStatus, is_allowed
 from haltwise._journal.check import verify
 from haltwise._journal.schema import SCHEMA_VERSION
-from haltwise._journal.store import UNSET, LostOwnershipError, NewRun, StepStart, Store, open_store
+from haltwise._journal.store import UNSET, NewRun, StepStart, Store, open_store
 
 pytestmark = pytest.mark.anyio
 

@@ -17,6 +17,7 @@ from ._core.exceptions import HaltwiseError as HaltwiseError
 from ._core.exceptions import InputError as InputError
 from ._core.exceptions import InvalidTransitionError as InvalidTransitionError
 from ._core.exceptions import LoadError as LoadError
+from ._core.exceptions import LostOwnershipError as LostOwnershipError
 from ._core.exceptions import NonDeterminismError as NonDeterminismError
 from ._core.exceptions import NotInTaskError as NotInTaskError
 from ._core.exceptions import PolicyError as PolicyError
@@ -24,9 +25,11 @@ from ._core.exceptions import ResumeRefusedError as ResumeRefusedError
 from ._core.exceptions import RunOwnedError as RunOwnedError
 from ._core.exceptions import SchemaError as SchemaError
 from ._core.exceptions import SchemaVersionError as SchemaVersionError
+from ._core.exceptions import StepTimeoutError as StepTimeoutError
 from ._core.exceptions import StoreError as StoreError
 from ._core.exceptions import UnknownRunError as UnknownRunError
 from ._core.exceptions import UnknownStepError as UnknownStepError
+from ._core.outcome import AttemptError as AttemptError
 from ._core.outcome import ErrorInfo as ErrorInfo
 from ._core.outcome import Outcome as Outcome
 from ._core.outcome import Retry as Retry
@@ -37,7 +40,6 @@ from ._core.states import State as State
 from ._core.states import StepStatus as StepStatus
 from ._journal.check import CheckReport as CheckReport
 from ._journal.check import verify_store as verify_store
-from ._journal.store import LostOwnershipError as LostOwnershipError
 from ._runtime.run_context import call_id as call_id
 from ._runtime.run_context import current_task_id as current_task_id
 from ._runtime.runtime import Runtime as Runtime
@@ -83,6 +85,7 @@ def run(
 
 
 __all__ = [
+    "AttemptError",
     "BadRow",
     "CancelPolicy",
     "Cancelled",
@@ -110,6 +113,7 @@ __all__ = [
     "State",
     "StepRecord",
     "StepStatus",
+    "StepTimeoutError",
     "StoreError",
     "Task",
     "TaskHandle",

@@ -19,6 +19,7 @@ Cancellation is not an error, so it stands outside the error tree::
         ├── ChildRunError         a child task's run failed or was cancelled on its own (.task_id)
         ├── StoreError            the store is unusable: bad URL, not a haltwise store, I/O error
         │   ├── SchemaVersionError  the store was written by a newer haltwise
+        │   ├── LostOwnershipError  a write fenced off: another owner holds the run (.task_id)
         │   ├── NoStoreError      a read-only opening found no store at that place (.url)
         │   ├── StoreGoneError    the store's file was deleted or replaced while in use
         │   └── CorruptRowError   a journal row does not parse (.rows: which, .readable: the rest)
@@ -197,6 +198,11 @@ class StoreError(HaltwiseError):
 
 class SchemaVersionError(StoreError):
     """The store was written by a newer version of haltwise than this one."""
+
+
+class LostOwnershipError(StoreError):
+    """A write was fenced off: another owner holds the run now (its lease expired, or another
+    process took it over), so this process may never write into it again."""
 
 
 @final

@@ -35,6 +35,7 @@ __all__ = [
     "change_from_row",
     "decode_cursor",
     "encode_cursor",
+    "in_order",
     "sort_named",
     "summary_from_row",
 ]
@@ -44,14 +45,15 @@ _TABLES = ("runs", "steps", "partials", "events", "changes")
 #: The columns a page of runs reads, in order (see :func:`summary_from_row`).
 _SUMMARY = """
 SELECT r.id, r.task, r.state, r.reason, r.created_at, r.updated_at,
-    EXISTS (SELECT 1 FROM {steps} s WHERE s.run_id = r.id AND s.status = 'unknown'
-            AND s.idempotent = {false}) AS unsafe,
-    EXISTS (SELECT 1 FROM {steps} s WHERE s.run_id = r.id
-            AND s.effect IN ('write', 'external')
-            AND (s.status = 'committed' OR (s.status = 'unknown' AND s.idempotent = {true})))
-        AS repeats
+    (SELECT 1 FROM {steps} s WHERE s.run_id = r.id AND s.status = 'unknown'
+     AND s.idempotent = {false} LIMIT 1) IS NOT NULL AS unsafe,
+    (SELECT 1 FROM {steps} s WHERE s.run_id = r.id AND s.effect IN ('write', 'external')
+     AND (s.status = 'committed' OR (s.status = 'unknown' AND s.idempotent = {true}))
+     LIMIT 1) IS NOT NULL AS repeats
 FROM {runs} r
 """
+# (Scalar subqueries with LIMIT 1, not EXISTS: PostgreSQL turns an EXISTS in the select list into
+# a hashed subplan over every step of the store; these stay one index probe per listed run.)
 
 _SUMMARY_COLUMNS = ("id", "task", "state", "reason", "created_at", "updated_at")
 _CHANGE_COLUMNS = "seq, run_id, kind, idx, status, at"
@@ -270,11 +272,18 @@ def sort_named(
     """Of the runs read for a bulk cancel: the active ones, the named final ones, the named
     ids the store does not hold."""
     by_id = {run.id: run for run in found}
-    active = [run for run in by_id.values() if not run.state.is_final]
     named = ids or ()
+    chosen = [by_id[i] for i in dict.fromkeys(named) if i in by_id] if ids else by_id.values()
+    active = [run for run in chosen if not run.state.is_final]
     final = tuple(by_id[i] for i in named if i in by_id and by_id[i].state.is_final)
     unknown = tuple(i for i in named if i not in by_id)
     return active, final, unknown
+
+
+def in_order(records: Iterable[RunRecord], ids: Sequence[str]) -> tuple[RunRecord, ...]:
+    """``records`` in the order of ``ids`` (a read by id list returns them in any order)."""
+    by_id = {record.id: record for record in records}
+    return tuple(by_id[i] for i in ids if i in by_id)
 
 
 # -- the cursor of a page -----------------------------------------------------------------------

@@ -34,10 +34,6 @@ DEFAULT_STORE_URL = "sqlite:///.haltwise/haltwise.db"
 STORE_ENV = "HALTWISE_STORE"
 
 
-class LostOwnershipError(StoreError):
-    """A write was fenced off: another owner holds the run now."""
-
-
 class _Unset:
     def __repr__(self) -> str:
         return "UNSET"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from .._core.outcome import Outcome, Retry, StepRecord, would_repeat
-from .._core.policy import CancelPolicy
+from .._core.policy import CancelPolicy, effective_cancel
 from .._core.records import Event
 from .._core.states import State, StepStatus
 from .._core.views import StepTimes, StepWait
@@ -69,8 +69,8 @@ def waiting_for(
     for step in steps:
         if step.status is not StepStatus.RUNNING:
             continue
-        policy = CancelPolicy(step.cancel) if step.cancel else CancelPolicy.FINISH
-        tool = TOOLS.get(step.tool)
+        policy = effective_cancel(step.cancel)
+        tool = TOOLS.find(step.tool)
         grace = tool.policy.grace if tool is not None else None
         left = None
         counting = grace is not None and not forced and policy is not CancelPolicy.INTERRUPTIBLE

@@ -165,13 +165,7 @@ def registered_task(run: RunRecord) -> Task[..., Any] | None:
 def stand_in_task(name: str) -> Task[..., Any]:
     """A task object for a run whose code is not at hand: it keeps committed steps on a cancel
     (``on_cancel="keep"``) and is not registered (``TASKS`` is left as it is)."""
-    before = TASKS.get(name)
-    task: Task[..., Any] = Task(_not_loaded, OnCancel.KEEP, name)
-    if before is None:
-        TASKS.pop(name, None)
-    else:
-        TASKS[name] = before
-    return task
+    return Task(_not_loaded, OnCancel.KEEP, name, register=False)
 
 
 async def _not_loaded() -> None:

@@ -20,6 +20,7 @@ from anyio.abc import TaskGroup
 from .._core.exceptions import (
     HaltwiseError,
     InputError,
+    LostOwnershipError,
     ResumeRefusedError,
     RunOwnedError,
     StoreError,
@@ -31,7 +32,7 @@ from .._core.records import RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .._core.views import CancelBatch, Change, RunDetail, RunPage
 from .._journal.owner import DEFAULT_LEASE, held_by_live_owner, new_owner
-from .._journal.store import ForkOf, LostOwnershipError, NewRun, Store, open_store
+from .._journal.store import ForkOf, NewRun, Store, open_store
 from .ending import call_task, fail_refused, finish, settle_takeover
 from .fork import ForkPlan, plan_fork
 from .operator import (

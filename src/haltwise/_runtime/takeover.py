@@ -32,9 +32,11 @@ def orphan_status(step: StepRecord) -> StepStatus | None:
 
 async def compensate_journaled(run: RunContext, step: StepRecord) -> StepStatus:
     """Run the compensation of a journaled rollback step with its journaled arguments."""
-    tool = TOOLS.get(step.tool)
     call: Any = step.args
-    if tool is None or not isinstance(call, dict):
+    if not isinstance(call, dict):
+        return StepStatus.UNKNOWN
+    tool = TOOLS.find(step.tool, call.get("tool"))
+    if tool is None:
         return StepStatus.UNKNOWN
     done = await compensate(run, tool, tuple(call.get("args", ())), dict(call.get("kwargs", {})))
     return StepStatus.COMPENSATED if done else StepStatus.UNKNOWN

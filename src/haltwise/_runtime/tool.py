@@ -19,8 +19,40 @@ R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
 
-#: Every tool decorated in this process, by name: compensations after a takeover find them here.
-TOOLS: dict[str, ToolSpec] = {}
+class ToolRegistry:
+    """Every tool declared in this process, by its qualified key (see :attr:`ToolSpec.key`).
+
+    Tool names need not be unique: two modules may each declare a tool ``insert``. The journal
+    shows a step's tool by name; a rollback step also records its tool's key, so that a takeover
+    compensates with exactly the function that ran (:meth:`find`), never with a namesake. A
+    tool declared again under the same key (a module loaded again) replaces the earlier one.
+    """
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, ToolSpec] = {}
+        self._keys_by_name: dict[str, dict[str, None]] = {}
+
+    def add(self, spec: ToolSpec) -> None:
+        self._by_key[spec.key] = spec
+        self._keys_by_name.setdefault(spec.name, {})[spec.key] = None
+
+    def find(self, name: str, key: str | None = None) -> ToolSpec | None:
+        """The tool of that key if given and declared; else the only tool of that name.
+
+        None when no tool of the name is declared, or several are and ``key`` does not say
+        which: a caller then knows nothing of the tool rather than something of the wrong one.
+        """
+        if key is not None and key in self._by_key:
+            return self._by_key[key]
+        keys = self._keys_by_name.get(name, {})
+        return self._by_key[next(iter(keys))] if len(keys) == 1 else None
+
+    def values(self) -> list[ToolSpec]:
+        return list(self._by_key.values())
+
+
+#: Every tool declared in this process: compensations after a takeover find them here.
+TOOLS = ToolRegistry()
 
 
 class ToolSpec:
@@ -30,7 +62,7 @@ class ToolSpec:
     for a counting wrapper while it runs, which is why the tool function looks it up per call.
     """
 
-    __slots__ = ("fn", "is_async", "name", "policy")
+    __slots__ = ("fn", "is_async", "key", "name", "policy")
 
     def __init__(
         self, fn: Callable[..., Any], policy: ToolPolicy, name: str, *, register: bool = True
@@ -39,12 +71,20 @@ class ToolSpec:
         self.policy = policy
         self.name = name
         self.is_async = is_async_callable(fn)
+        #: ``name@module:qualname``: what tells this tool from others of the same name
+        self.key = f"{name}@{qualified_name(fn)}"
         if register:
-            TOOLS[name] = self
+            TOOLS.add(self)
 
     def __repr__(self) -> str:
         cancel = self.policy.cancel.value if self.policy.cancel else "undeclared"
         return f"<haltwise tool {self.name} cancel={cancel} effect={self.policy.effect.value}>"
+
+
+def qualified_name(fn: Callable[..., Any]) -> str:
+    """``module:qualname`` of a function (or of a callable object's class)."""
+    owner = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(owner, '__module__', '?')}:{getattr(owner, '__qualname__', '?')}"
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -134,8 +174,24 @@ class OnCancel(StrEnum):
     COMPENSATE = "compensate"
 
 
-#: Every task decorated in this process, by name (what a run records as its ``task``).
+#: Every task declared in this process, by name (what a run records as its ``task``).
 TASKS: dict[str, Task[..., Any]] = {}
+
+
+def register_task(task: Task[..., Any]) -> None:
+    """Add ``task`` to :data:`TASKS`; a different function under a taken name is refused.
+
+    A run is resumed by its task's name, so two tasks of one name in a process would make a
+    resume run whichever came last: :class:`~haltwise.PolicyError` at the second declaration.
+    The same function declared again (its module loaded again) replaces the earlier one.
+    """
+    earlier = TASKS.get(task.name)
+    if earlier is not None and qualified_name(earlier.fn) != qualified_name(task.fn):
+        raise PolicyError(
+            f"a task named {task.name!r} is already declared ({qualified_name(earlier.fn)}); "
+            f"{qualified_name(task.fn)} needs another name (@haltwise.task(name=...))"
+        )
+    TASKS[task.name] = task
 
 
 class Task(Generic[P, R]):
@@ -154,6 +210,7 @@ class Task(Generic[P, R]):
         name: str,
         *,
         source: str | None = None,
+        register: bool = True,
     ) -> None:
         self.fn = fn
         self.on_cancel = on_cancel
@@ -165,7 +222,8 @@ class Task(Generic[P, R]):
         self.signature = inspect.signature(fn)
         self._as_step: Tool[..., Any] | None = None
         functools.update_wrapper(self, fn)
-        TASKS[name] = self
+        if register:
+            register_task(self)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
         from .task_api import current_run
@@ -206,6 +264,9 @@ def tool(
     idempotent: bool = False,
     compensate: Callable[..., Any] | None = None,
     grace: float | None = None,
+    timeout: float | None = None,
+    retries: int = 0,
+    backoff: tuple[float, float, float] | None = None,
     name: str | None = None,
 ) -> Callable[[Callable[P, Any]], Tool[P, Any]]: ...
 
@@ -219,6 +280,9 @@ def tool(
     idempotent: bool = False,
     compensate: Callable[..., Any] | None = None,
     grace: float | None = None,
+    timeout: float | None = None,
+    retries: int = 0,
+    backoff: tuple[float, float, float] | None = None,
     name: str | None = None,
 ) -> Any:
     """Declare a tool and its cancel policy (CONTRACT.md, "Tool policies").
@@ -228,14 +292,36 @@ def tool(
     ``"external"`` (the default, the cautious assumption). ``idempotent=True`` promises that a
     second call with the same :func:`haltwise.idempotency_key` is harmless. ``compensate`` (needed
     by ``rollback``) is called with the same arguments as the tool, shielded, within ``grace``
-    seconds (default 30). Bad declarations raise :class:`~haltwise.PolicyError` here, at once.
+    seconds (default 30).
+
+    ``timeout`` (seconds; ``interruptible`` and ``rollback`` tools only): a call that runs
+    longer is stopped as a cancel of that step alone would stop it (interrupted; a rollback
+    call is then compensated) and the step is ``failed`` with
+    :class:`~haltwise.StepTimeoutError`, which the task sees as an ordinary exception.
+    ``retries``: a failed attempt (an exception, a timeout) is run again in the same step, at
+    most that many times, with the same idempotency key, after a wait of ``backoff =
+    (first_s, factor, max_s)`` (default ``(1, 2, 30)``: 1 s, 2 s, 4 s ... at most 30 s; no
+    jitter). A rollback call's failed attempt is compensated before the next; a cancel is never
+    retried, and one that arrives during the wait lands at once; an attempt whose compensation
+    failed (``unknown``) is not retried. Bad declarations raise :class:`~haltwise.PolicyError`
+    here, at once.
     """
 
     def decorate(function: Callable[..., Any]) -> Tool[..., Any]:
         if not callable(function):
             raise PolicyError(f"@haltwise.tool needs a function, not {function!r}")
         tool_name = name or function.__name__
-        policy = _policy(tool_name, cancel, effect, idempotent, compensate, grace)
+        policy = _policy(
+            tool_name,
+            cancel,
+            effect,
+            idempotent,
+            compensate,
+            grace,
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+        )
         return tool_function(ToolSpec(function, policy, tool_name))
 
     return decorate if fn is None else decorate(fn)
@@ -248,6 +334,10 @@ def _policy(
     idempotent: bool,
     compensate: Callable[..., Any] | None,
     grace: float | None,
+    *,
+    timeout: float | None,
+    retries: int,
+    backoff: tuple[float, float, float] | None,
 ) -> ToolPolicy:
     """The policy the keywords of :func:`tool` (and :func:`step`) declare, validated."""
     return ToolPolicy.declare(
@@ -257,6 +347,9 @@ def _policy(
         idempotent=idempotent,
         compensate=compensate,
         grace=grace,
+        timeout=timeout,
+        retries=retries,
+        backoff=backoff,
     )
 
 
@@ -275,6 +368,9 @@ async def step(
     idempotent: bool = False,
     compensate: Callable[..., Any] | None = None,
     grace: float | None = None,
+    timeout: float | None = None,
+    retries: int = 0,
+    backoff: tuple[float, float, float] | None = None,
     **kwargs: Any,
 ) -> Any:
     """Call ``fn(*args, **kwargs)`` as one step of the current run, under the policy given here.
@@ -287,21 +383,18 @@ async def step(
     ``fn`` (and awaits it if it is async). A bad declaration raises
     :class:`~haltwise.PolicyError`.
     """
-    spec = _step_spec(fn, name, cancel, effect, idempotent, compensate, grace)
+    spec = _step_spec(
+        fn, name, (cancel, effect, idempotent, compensate, grace, timeout, retries, backoff)
+    )
     return await _call_tool(spec, args, kwargs)
 
 
-def _step_spec(
-    fn: Callable[..., Any],
-    name: str | None,
-    cancel: str | CancelPolicy | None,
-    effect: str | Effect | None,
-    idempotent: bool,
-    compensate: Callable[..., Any] | None,
-    grace: float | None,
-) -> ToolSpec:
-    """The spec of a haltwise.step() call, declared once per distinct set of arguments."""
-    key: tuple[Any, ...] = (fn, name, cancel, effect, idempotent, compensate, grace)
+def _step_spec(fn: Callable[..., Any], name: str | None, declared: tuple[Any, ...]) -> ToolSpec:
+    """The spec of a haltwise.step() call, declared once per distinct set of arguments.
+
+    ``declared``: the policy keywords of :func:`step`, in the order of :func:`_policy`'s.
+    """
+    key: tuple[Any, ...] = (fn, name, *declared)
     try:
         found = _STEP_SPECS.get(key)
     except TypeError:  # an unhashable callable: declared afresh each time
@@ -311,7 +404,18 @@ def _step_spec(
     if not callable(fn):
         raise PolicyError(f"haltwise.step() needs a callable, not {fn!r}")
     step_name = name or getattr(fn, "__name__", None) or type(fn).__name__
-    policy = _policy(step_name, cancel, effect, idempotent, compensate, grace)
+    cancel, effect, idempotent, compensate, grace, timeout, retries, backoff = declared
+    policy = _policy(
+        step_name,
+        cancel,
+        effect,
+        idempotent,
+        compensate,
+        grace,
+        timeout=timeout,
+        retries=retries,
+        backoff=backoff,
+    )
     # Registered only if a takeover may need it to compensate after a crash.
     spec = ToolSpec(fn, policy, step_name, register=policy.compensate is not None)
     if key:
