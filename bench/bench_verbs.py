@@ -1,4 +1,5 @@
-"""Pause latency, in process and from another process, beside a cancel of the same run (SQLite).
+"""Pause latency, in process and from another process, beside a cancel of the same run, and
+what a retried step costs beside a plain one (SQLite).
 
 The run is a loop of trivial steps (``tick``: interruptible, effect none), so a pause lands at
 the next checkpoint, between two steps. Measured:
@@ -10,7 +11,15 @@ the next checkpoint, between two steps. Measured:
    on a run the other process works; request -> paused there, unpause -> running there; the
    baseline is a cancel of the same kind of run -> final there.
 
-usage: python bench/bench_verbs.py [--trials N]
+3. Per step, in one run of ``--steps`` steps (median of ``--repeat`` fresh stores): a plain
+   step (interruptible, effect ``write``, so each settlement is a durable commit), the same tool
+   declared ``retries=3`` (nothing fails: the machinery's cost), declared ``timeout=30`` (a
+   timer per call), and one whose every call fails once and is retried at once (``backoff=(0,
+   1, 0)``): two attempts, each journaled, the first one's error kept. All async functions
+   (a plain function's thread start would be most of the difference); ``synchronous=NORMAL``
+   (no sync per commit: the CPU and statement costs) and ``FULL`` (every commit synced).
+
+usage: python bench/bench_verbs.py [--trials N] [--steps N] [--repeat N]
 """
 
 from __future__ import annotations
@@ -99,6 +108,79 @@ async def cross_process(url: str, trials: int) -> tuple[list[float], list[float]
     return paused, resumed, cancelled
 
 
+@haltwise.tool(cancel="interruptible", effect="write")
+async def plain(i: int) -> int:
+    return i
+
+
+@haltwise.tool(cancel="interruptible", effect="write", retries=3)
+async def with_retries(i: int) -> int:
+    return i
+
+
+@haltwise.tool(cancel="interruptible", effect="write", timeout=30)
+async def with_timeout(i: int) -> int:
+    return i
+
+
+FAILED_ONCE: set[int] = set()
+
+
+@haltwise.tool(cancel="interruptible", effect="write", retries=1, backoff=(0, 1, 0))
+async def fails_once(i: int) -> int:
+    if i not in FAILED_ONCE:
+        FAILED_ONCE.add(i)
+        raise ConnectionError("the first attempt fails")
+    return i
+
+
+#: each kind of step, by the name the table shows; the first is the baseline of the others
+STEP_KINDS = {
+    "plain step": plain,
+    "retries=3, nothing fails": with_retries,
+    "timeout=30": with_timeout,
+    "fails once, retried at once (2 attempts)": fails_once,
+}
+
+
+@haltwise.task(name="bench:steps_of")
+async def steps_of(kind: str, n: int) -> None:
+    tool = STEP_KINDS[kind]
+    for i in range(n):
+        await tool(i)
+
+
+async def per_step(url: str, kind: str, n: int) -> float:
+    FAILED_ONCE.clear()
+    async with haltwise.Runtime(url) as rt:
+        start = time.perf_counter()
+        outcome = await (await rt.start(steps_of, kind, n)).outcome()
+        elapsed = time.perf_counter() - start
+    assert outcome.state is haltwise.State.COMPLETED, outcome
+    return elapsed / n
+
+
+def step_costs(base: Path, n: int, repeat: int, synchronous: str) -> list[list[object]]:
+    """Median per-step time of each kind; the kinds alternate within each repetition, so that
+    a slow spell of the disk falls on all of them alike."""
+    times: dict[str, list[float]] = {kind: [] for kind in STEP_KINDS}
+    for r in range(repeat):
+        for number, kind in enumerate(STEP_KINDS):
+            path = base / f"steps-{synchronous}-{number}-{r}.db"
+            url = f"sqlite:///{path}?synchronous={synchronous}"
+            times[kind].append(anyio.run(per_step, url, kind, n))
+    medians = {kind: sorted(found)[len(found) // 2] for kind, found in times.items()}
+    return [
+        [
+            f"{kind} ({synchronous.upper()})",
+            n,
+            f"{medians[kind] * 1e6:.0f}",
+            f"{medians[kind] / medians['plain step']:.2f}x",
+        ]
+        for kind in STEP_KINDS
+    ]
+
+
 def row(name: str, values: list[float]) -> list[object]:
     p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
     return [name, len(values), f"{p50 * 1e3:.2f}", f"{p99 * 1e3:.2f}", f"{max(values) * 1e3:.2f}"]
@@ -107,6 +189,8 @@ def row(name: str, values: list[float]) -> list[object]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="haltwise-verbs-"))
     print(header("Pause and unpause latency (SQLite, WAL + FULL)"))
@@ -121,6 +205,15 @@ def main() -> None:
         row("baseline, other process: cancel -> final there", remote[2]),
     ]
     print(table(["what", "trials", "p50 ms", "p99 ms", "max ms"], rows))
+    print()
+    print("A step's cost (one run, median of fresh stores), beside a plain step of the same kind:")
+    print()
+    costs = [
+        row
+        for synchronous in ("normal", "full")
+        for row in step_costs(base, args.steps, args.repeat, synchronous)
+    ]
+    print(table(["step", "steps", "us per step", "vs plain"], costs))
 
 
 if __name__ == "__main__":

@@ -187,3 +187,31 @@ def test_fork_exit_code_follows_the_fork_and_bad_input_is_exit_2(env: Env) -> No
     assert "no run with id 'nope'" in error_line(env.hw("fork", "nope", "--from-step", "0"))
     assert "exists already" in error_line(env.hw("fork", "b", "--from-step", "0", "--id", "b"))
     error_line(env.hw("fork", "b"))  # --from-step is required
+
+
+@haltwise.tool(cancel="finish", effect="write")
+async def noisy(text: str) -> str:
+    haltwise.emit({"inside": text})
+    _count("noisy")
+    return text
+
+
+@haltwise.task(name="test_fork:chatty")
+async def chatty() -> list[str]:
+    haltwise.emit("begin")
+    first = await noisy("a")
+    haltwise.emit("between")
+    second = await noisy("b")
+    return [first, second]
+
+
+async def test_a_fork_keeps_the_partials_of_the_steps_it_replays(store_url: str) -> None:
+    async with haltwise.Runtime(store_url) as rt:
+        source = await (await rt.start(chatty, task_id="src")).outcome()
+        forked = await (await rt.fork("src", from_step=1, new_id="f")).outcome()
+    assert source.partials == ("begin", {"inside": "a"}, "between", {"inside": "b"})
+    assert forked.state is State.COMPLETED
+    assert calls["noisy"] == 3, "step 0 replayed, step 1 ran again"
+    # the replayed step's partial is kept; the task's own are emitted again as it replays
+    assert sorted(map(str, forked.partials)) == sorted(map(str, source.partials))
+    assert forked.partials[0] == {"inside": "a"}

@@ -1,4 +1,5 @@
-"""The runtime under random interleavings of start, concurrent steps, cancel, force, crash, resume.
+"""The runtime under random interleavings of start, concurrent steps, cancel, force, crash, resume,
+pause and unpause, with a step that times out and is retried while the gate is closed.
 
 A hypothesis state machine drives runs whose task makes three tool calls at once (interruptible,
 finish, rollback). The tools' bodies wait at a gate the machine opens and closes. A "crash"
@@ -82,10 +83,17 @@ async def store_row(i: int) -> int:
     return i
 
 
+@haltwise.tool(cancel="interruptible", effect="read", timeout=0.2, retries=1, backoff=(0, 1, 0))
+async def glance(i: int) -> int:
+    """Times out (and is retried once) while the gate is closed."""
+    await _at_gate()
+    return i
+
+
 @haltwise.task(name="machine:three_at_once")
 async def three_at_once() -> list[int]:
     first = await asyncio.gather(peek(0), pay(1), store_row(2))
-    second = await asyncio.gather(pay(3), peek(4))
+    second = await asyncio.gather(pay(3), peek(4), glance(5))
     return [*first, *second]
 
 
@@ -153,6 +161,21 @@ class RuntimeMachine(RuleBasedStateMachine):
     def cancel(self, which: int, force: bool) -> None:
         run_id = self.runs[which % len(self.runs)]
         self._call(lambda: self.process.runtime.cancel(run_id, force=force))
+
+    @precondition(lambda self: bool(self.runs))
+    @rule(which=st.integers(0, 2))
+    def pause(self, which: int) -> None:
+        run_id = self.runs[which % len(self.runs)]
+        self._call(lambda: self.process.runtime.pause(run_id))
+
+    @precondition(lambda self: bool(self.runs))
+    @rule(which=st.integers(0, 2))
+    def unpause(self, which: int) -> None:
+        run_id = self.runs[which % len(self.runs)]
+        try:  # a paused run whose owner crashed is taken over and continued here
+            self._call(lambda: self.process.runtime.unpause(run_id))
+        except haltwise.RunOwnedError:
+            pass
 
     @precondition(lambda self: bool(self.runs))
     @rule()

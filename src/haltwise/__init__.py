@@ -25,9 +25,11 @@ from ._core.exceptions import ResumeRefusedError as ResumeRefusedError
 from ._core.exceptions import RunOwnedError as RunOwnedError
 from ._core.exceptions import SchemaError as SchemaError
 from ._core.exceptions import SchemaVersionError as SchemaVersionError
+from ._core.exceptions import StepTimeoutError as StepTimeoutError
 from ._core.exceptions import StoreError as StoreError
 from ._core.exceptions import UnknownRunError as UnknownRunError
 from ._core.exceptions import UnknownStepError as UnknownStepError
+from ._core.outcome import AttemptError as AttemptError
 from ._core.outcome import ErrorInfo as ErrorInfo
 from ._core.outcome import Outcome as Outcome
 from ._core.outcome import Retry as Retry
@@ -83,6 +85,7 @@ def run(
 
 
 __all__ = [
+    "AttemptError",
     "BadRow",
     "CancelPolicy",
     "Cancelled",
@@ -110,6 +113,7 @@ __all__ = [
     "State",
     "StepRecord",
     "StepStatus",
+    "StepTimeoutError",
     "StoreError",
     "Task",
     "TaskHandle",

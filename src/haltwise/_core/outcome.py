@@ -40,6 +40,17 @@ class ErrorInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class AttemptError:
+    """How one earlier attempt of a step failed: its attempt number (1 for the first)."""
+
+    attempt: int
+    error: ErrorInfo
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, **self.error.to_json()}
+
+
+@dataclass(frozen=True, slots=True)
 class StepRecord:
     """One step (one tool call) as journaled.
 
@@ -67,9 +78,12 @@ class StepRecord:
     call_id: str | None = None
     #: a fingerprint of its arguments: a replay with other arguments is non-deterministic
     fingerprint: str | None = None
+    #: how the earlier attempts that failed did (a retry's, or before a resume), oldest first;
+    #: ``error`` is the latest attempt's
+    earlier_errors: tuple[AttemptError, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "index": self.index,
             "tool": self.tool,
             "cancel": self.cancel,
@@ -78,6 +92,9 @@ class StepRecord:
             "status": self.status.value,
             "attempts": self.attempts,
         }
+        if self.earlier_errors:
+            data["earlier_errors"] = [item.to_json() for item in self.earlier_errors]
+        return data
 
 
 def retry_advice(state: State, steps: Sequence[StepRecord]) -> Retry:

@@ -300,7 +300,9 @@ class PostgresStore:
                 return await _load_run(conn, run.id), False
             await _record_events(conn, run.id, plan_create(run, now))
             if run.fork is not None:
-                await conn.execute(_SQL.copy_steps, (run.id, run.fork.source, run.fork.from_step))
+                fork = (run.id, run.fork.source, run.fork.from_step)
+                await conn.execute(_SQL.copy_steps, fork)
+                await conn.execute(_SQL.copy_partials, fork)
             return run_from_row(inserted), True
 
         return await self._run(op)
@@ -819,7 +821,10 @@ SELECT %s::text, %s::integer, %s::text, %s::text, %s::text, %s::boolean, 'runnin
 FROM run
 ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = s.attempts + 1,
     result = NULL, error = NULL, args = excluded.args, started_at = excluded.started_at,
-    settled_at = NULL, call_id = excluded.call_id, fingerprint = excluded.fingerprint
+    settled_at = NULL, call_id = excluded.call_id, fingerprint = excluded.fingerprint,
+    errors = CASE WHEN s.error IS NULL THEN s.errors ELSE (coalesce(s.errors, '[]')::jsonb
+        || jsonb_build_array(s.error::jsonb || jsonb_build_object('attempt', s.attempts)))::text
+        END
 RETURNING s.attempts, (SELECT state FROM run) AS state, (SELECT reason FROM run) AS reason,
     (SELECT force FROM run) AS force
 """

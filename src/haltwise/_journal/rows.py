@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .._core.exceptions import BadRow, CorruptRowError
-from .._core.outcome import ErrorInfo, StepRecord
+from .._core.outcome import AttemptError, ErrorInfo, StepRecord
 from .._core.policy import CancelPolicy, Effect
 from .._core.records import Event, Owner, PartialKey, RunRecord, dump_json
 from .._core.states import State, StepStatus
@@ -20,7 +20,7 @@ RUN_COLUMNS = (
 )
 STEP_COLUMNS = (
     "idx, tool, cancel, effect, idempotent, status, attempts, result, error, idem_key, args, "
-    "cleanup, call_id, fingerprint"
+    "cleanup, call_id, fingerprint, errors"
 )
 
 
@@ -36,6 +36,23 @@ STEP_COPY_COLUMNS = ", ".join(
 
 def error_to_text(error: ErrorInfo | None) -> str | None:
     return None if error is None else json.dumps(error.to_json())
+
+
+def attempt_errors_from_text(text: str | None) -> tuple[AttemptError, ...]:
+    """The ``errors`` column of a step (a JSON list of ``{"attempt", "type", "message"}``)."""
+    if text is None:
+        return ()
+    data = json.loads(text)
+    if not isinstance(data, list):
+        raise ValueError(f"a step's errors are a JSON list, not {type(data).__name__}")
+    found = []
+    for item in data:
+        error = error_from_text(json.dumps(item))
+        attempt = item.get("attempt") if isinstance(item, dict) else None
+        if error is None or type(attempt) is not int:
+            raise ValueError('an attempt\'s error needs "attempt", "type" and "message"')
+        found.append(AttemptError(attempt, error))
+    return tuple(found)
 
 
 def error_from_text(text: str | None) -> ErrorInfo | None:
@@ -219,6 +236,7 @@ _STEP_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     ("cleanup", _flag),
     ("call_id", _optional_text),
     ("fingerprint", _optional_text),
+    ("errors", lambda text: attempt_errors_from_text(text)),
 )
 
 
@@ -245,6 +263,7 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         cleanup,
         call_id,
         fingerprint,
+        errors,
     ) = row
     if (
         type(index) is not int
@@ -271,6 +290,7 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         cleanup=bool(cleanup),
         call_id=call_id,
         fingerprint=fingerprint,
+        earlier_errors=attempt_errors_from_text(errors),
     )
 
 

@@ -151,6 +151,10 @@ _CHANGES = Table(
     ),
 )
 
+#: Version 6: the errors of a step's earlier failed attempts (a JSON list of ``{"attempt",
+#: "type", "message"}``), kept when the step runs again (a retry, a resume)
+_ATTEMPT_ERRORS = _text("errors")
+
 TABLES: tuple[Table, ...] = (
     Table(
         "haltwise_meta",
@@ -200,6 +204,7 @@ TABLES: tuple[Table, ...] = (
             Column("started_at", Kind.REAL, not_null=True),
             Column("settled_at", Kind.REAL),
             *_STEP_IDENTITY,
+            _ATTEMPT_ERRORS,
         ),
         primary_key=("run_id", "idx"),
         without_rowid=True,
@@ -327,6 +332,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             *(AddColumn("steps", column) for column in _STEP_IDENTITY),
             *(AddColumn("partials", column) for column in _PARTIAL_ORIGIN),
         ),
+    ),
+    Migration(
+        6,
+        "the errors of a step's earlier attempts (issue 18)",
+        (AddColumn("steps", _ATTEMPT_ERRORS),),
     ),
 )
 

@@ -184,6 +184,14 @@ class Statements:
             f"INSERT INTO {q('steps')} (run_id, {STEP_COPY_COLUMNS}) "
             f"SELECT {p}, {STEP_COPY_COLUMNS} FROM {q('steps')} WHERE run_id = {p} AND idx < {p}"
         )
+        #: a fork's partial results emitted inside the steps it copies (those the task's own
+        #: code emitted are emitted again as it replays), numbered from 0 in their order
+        #: (parameters: the fork's id, the source's id, the first step)
+        self.copy_partials = (
+            f"INSERT INTO {q('partials')} (run_id, seq, value, step, ordinal) "
+            f"SELECT {p}, ROW_NUMBER() OVER (ORDER BY seq) - 1, value, step, ordinal "
+            f"FROM {q('partials')} WHERE run_id = {p} AND step IS NOT NULL AND step < {p}"
+        )
         #: the runs with a pause requested ("WHERE pause", as the partial index says it)
         self.pausing = f"SELECT id, state, pause, reason, force FROM {q('runs')} WHERE pause"
         self.partial_seqs = f"SELECT run_id, seq FROM {q('partials')} ORDER BY run_id, seq"

@@ -99,7 +99,9 @@ SELECT ?, ?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?
 WHERE EXISTS (SELECT 1 FROM runs WHERE id = ? AND owner_token = ?)
 ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = attempts + 1,
     result = NULL, error = NULL, args = excluded.args, started_at = excluded.started_at,
-    settled_at = NULL, call_id = excluded.call_id, fingerprint = excluded.fingerprint
+    settled_at = NULL, call_id = excluded.call_id, fingerprint = excluded.fingerprint,
+    errors = CASE WHEN error IS NULL THEN errors ELSE json_insert(coalesce(errors, '[]'), '$[#]',
+        json_set(json(error), '$.attempt', attempts)) END
 RETURNING attempts, (SELECT state = 'cancelling' FROM runs WHERE id = steps.run_id)
 """
 
@@ -342,7 +344,9 @@ class SQLiteStore:
                 return _load_run(conn, run.id), False
             _record_events(conn, run.id, plan_create(run, now))
             if run.fork is not None:
-                conn.execute(_SQL.copy_steps, (run.id, run.fork.source, run.fork.from_step))
+                fork = (run.id, run.fork.source, run.fork.from_step)
+                conn.execute(_SQL.copy_steps, fork)
+                conn.execute(_SQL.copy_partials, fork)
             return run_from_row(inserted), True
 
         result: tuple[RunRecord, bool] = await self._writer.call(op)

@@ -5,6 +5,11 @@ A fork from step ``N`` of run ``R`` is a new run whose journal starts with ``R``
 on resume. From ``N`` on the task runs anew, with new idempotency keys, so every committed
 ``write`` or ``external`` step of ``R`` from ``N`` on will happen again: :func:`plan_fork` names
 them before anything runs. The source run is not changed.
+
+Partial results: those emitted inside the replayed steps are copied with them (a replayed step
+does not emit again), numbered first, in their order; those of the task's own code are emitted
+again as it replays. So a fork's list holds the same partials as its source's up to step ``N``,
+but the copied ones come before the task's own where the source interleaved them.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from anyio._backends._asyncio import _task_states as _anyio_task_states
 from .._core.exceptions import (
     Cancelled,
     NonDeterminismError,
+    StepTimeoutError,
     StoreError,
     UnknownStepError,
 )
@@ -47,6 +48,7 @@ from .._core.records import JSONText, dump_json
 from .._core.states import StepStatus
 from .._journal.store import StepStart
 from .pause import pause_point
+from .retries import may_retry
 from .run_context import CALL_ID, CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext, StepContext
 from .threads import ThreadCall, start_thread
 
@@ -189,11 +191,14 @@ async def settle(
 
 
 class _Phase(Enum):
-    """Where a step is; a cancel interrupts the caller only while the body runs."""
+    """Where a step is; a cancel interrupts the caller only while the body runs, or while it
+    waits to retry a failed attempt."""
 
     BEFORE = auto()
     BODY = auto()
     AFTER = auto()
+    #: between a failed attempt (settled ``failed``) and the next: the backoff wait
+    WAIT = auto()
 
 
 class _Flight:
@@ -204,6 +209,7 @@ class _Flight:
         "call_id",
         "caller",
         "counted",
+        "failed_as",
         "finishing_here",
         "grace_timer",
         "in_body_task",
@@ -237,6 +243,8 @@ class _Flight:
         self.replayed = False
         self.counted = False
         self.native_cancels = 0
+        #: how the latest attempt was settled after it raised (None: it did not raise)
+        self.failed_as: StepStatus | None = None
         #: the body's own task (async finish) or its thread's result, when it runs apart
         self.inner: asyncio.Future[Any] | None = None
         #: a finish body runs in the task function's own task now (see _finish_here)
@@ -258,7 +266,7 @@ class _Flight:
         function's own task is reached by its cancel scope; any other caller's task is
         cancelled here, and that cancel is taken back once the step has settled.
         """
-        if self.phase is not _Phase.BODY or (self.shielded and not self.run.forced):
+        if self.phase not in (_Phase.BODY, _Phase.WAIT) or (self.shielded and not self.run.forced):
             return
         caller = self.caller
         if self.finishing_here and caller is not None:
@@ -286,13 +294,35 @@ class _Flight:
                 self.replayed = True
                 return replayed
         key = journaled.idempotency_key if journaled is not None else run.new_key(self.index)
-        await self._start(key, print_)
-        self.step = StepContext(run, self.index, key)
-        token = CURRENT_STEP.set(self.step)
+        retry = 0
+        while True:
+            self.failed_as = None
+            await self._start(key, print_)
+            self.step = StepContext(run, self.index, key)
+            token = CURRENT_STEP.set(self.step)
+            try:
+                return await self._execute()
+            except Exception as error:
+                if not may_retry(run, self.spec.policy, error, retry, self.failed_as):
+                    raise
+            finally:
+                CURRENT_STEP.reset(token)
+            retry += 1
+            await self._wait_to_retry(retry)
+
+    async def _wait_to_retry(self, retry: int) -> None:
+        """The backoff before retry number ``retry`` (the step is settled ``failed`` meanwhile).
+
+        A cancel ends the wait at once, as it interrupts a body, and is raised as a body's
+        would be: never retried.
+        """
+        self.phase = _Phase.WAIT
         try:
-            return await self._execute()
-        finally:
-            CURRENT_STEP.reset(token)
+            await anyio.sleep(self.spec.policy.backoff.delay(retry))
+        except _CANCELLED as cancel:
+            self.phase = _Phase.AFTER
+            self._propagate(cancel)
+        self.phase = _Phase.BEFORE
 
     async def _start(self, key: str, print_: str) -> None:
         """Journal the start; a cancel that came first settles the step before its body runs."""
@@ -334,7 +364,7 @@ class _Flight:
             await _probe(run, "during", self.index)
         self.phase = _Phase.BODY
         try:
-            value = await self._invoke()
+            value = await self._invoke_within_timeout()
         except StoreError:
             raise  # the journal failed, not the tool: the step stays as last journaled
         except Cancelled as cancel:
@@ -355,6 +385,18 @@ class _Flight:
         self.phase = _Phase.AFTER
         self._take_back_cancels()
         return await self._commit(value)
+
+    async def _invoke_within_timeout(self) -> Any:
+        """:meth:`_invoke`, stopped after the tool's ``timeout`` as a cancel of this step alone
+        would stop it; then :class:`StepTimeoutError` (the step is settled as a failure)."""
+        timeout = self.spec.policy.timeout
+        if timeout is None:
+            return await self._invoke()
+        with anyio.move_on_after(timeout):
+            return await self._invoke()
+        if self.policy is CancelPolicy.INTERRUPTIBLE:
+            self._abandon()  # a plain function's thread: its late result is dropped
+        raise StepTimeoutError(self.run.run_id, self.index, self.spec.name, timeout)
 
     async def _invoke(self) -> Any:
         """Run the body; for a body that runs apart, wait for it (see the module docstring)."""
@@ -446,6 +488,7 @@ class _Flight:
                 self.run, self.spec, self.args, self.kwargs
             )
             status = StepStatus.FAILED if undone else StepStatus.UNKNOWN
+        self.failed_as = status
         await settle(self.run, self.index, status, error=ErrorInfo.of(error))
 
     async def _tool_cancelled(self, cancel: Cancelled) -> NoReturn:

@@ -264,6 +264,9 @@ def tool(
     idempotent: bool = False,
     compensate: Callable[..., Any] | None = None,
     grace: float | None = None,
+    timeout: float | None = None,
+    retries: int = 0,
+    backoff: tuple[float, float, float] | None = None,
     name: str | None = None,
 ) -> Callable[[Callable[P, Any]], Tool[P, Any]]: ...
 
@@ -277,6 +280,9 @@ def tool(
     idempotent: bool = False,
     compensate: Callable[..., Any] | None = None,
     grace: float | None = None,
+    timeout: float | None = None,
+    retries: int = 0,
+    backoff: tuple[float, float, float] | None = None,
     name: str | None = None,
 ) -> Any:
     """Declare a tool and its cancel policy (CONTRACT.md, "Tool policies").
@@ -286,14 +292,36 @@ def tool(
     ``"external"`` (the default, the cautious assumption). ``idempotent=True`` promises that a
     second call with the same :func:`haltwise.idempotency_key` is harmless. ``compensate`` (needed
     by ``rollback``) is called with the same arguments as the tool, shielded, within ``grace``
-    seconds (default 30). Bad declarations raise :class:`~haltwise.PolicyError` here, at once.
+    seconds (default 30).
+
+    ``timeout`` (seconds; ``interruptible`` and ``rollback`` tools only): a call that runs
+    longer is stopped as a cancel of that step alone would stop it (interrupted; a rollback
+    call is then compensated) and the step is ``failed`` with
+    :class:`~haltwise.StepTimeoutError`, which the task sees as an ordinary exception.
+    ``retries``: a failed attempt (an exception, a timeout) is run again in the same step, at
+    most that many times, with the same idempotency key, after a wait of ``backoff =
+    (first_s, factor, max_s)`` (default ``(1, 2, 30)``: 1 s, 2 s, 4 s ... at most 30 s; no
+    jitter). A rollback call's failed attempt is compensated before the next; a cancel is never
+    retried, and one that arrives during the wait lands at once; an attempt whose compensation
+    failed (``unknown``) is not retried. Bad declarations raise :class:`~haltwise.PolicyError`
+    here, at once.
     """
 
     def decorate(function: Callable[..., Any]) -> Tool[..., Any]:
         if not callable(function):
             raise PolicyError(f"@haltwise.tool needs a function, not {function!r}")
         tool_name = name or function.__name__
-        policy = _policy(tool_name, cancel, effect, idempotent, compensate, grace)
+        policy = _policy(
+            tool_name,
+            cancel,
+            effect,
+            idempotent,
+            compensate,
+            grace,
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+        )
         return tool_function(ToolSpec(function, policy, tool_name))
 
     return decorate if fn is None else decorate(fn)
@@ -306,6 +334,10 @@ def _policy(
     idempotent: bool,
     compensate: Callable[..., Any] | None,
     grace: float | None,
+    *,
+    timeout: float | None,
+    retries: int,
+    backoff: tuple[float, float, float] | None,
 ) -> ToolPolicy:
     """The policy the keywords of :func:`tool` (and :func:`step`) declare, validated."""
     return ToolPolicy.declare(
@@ -315,6 +347,9 @@ def _policy(
         idempotent=idempotent,
         compensate=compensate,
         grace=grace,
+        timeout=timeout,
+        retries=retries,
+        backoff=backoff,
     )
 
 
@@ -333,6 +368,9 @@ async def step(
     idempotent: bool = False,
     compensate: Callable[..., Any] | None = None,
     grace: float | None = None,
+    timeout: float | None = None,
+    retries: int = 0,
+    backoff: tuple[float, float, float] | None = None,
     **kwargs: Any,
 ) -> Any:
     """Call ``fn(*args, **kwargs)`` as one step of the current run, under the policy given here.
@@ -345,21 +383,18 @@ async def step(
     ``fn`` (and awaits it if it is async). A bad declaration raises
     :class:`~haltwise.PolicyError`.
     """
-    spec = _step_spec(fn, name, cancel, effect, idempotent, compensate, grace)
+    spec = _step_spec(
+        fn, name, (cancel, effect, idempotent, compensate, grace, timeout, retries, backoff)
+    )
     return await _call_tool(spec, args, kwargs)
 
 
-def _step_spec(
-    fn: Callable[..., Any],
-    name: str | None,
-    cancel: str | CancelPolicy | None,
-    effect: str | Effect | None,
-    idempotent: bool,
-    compensate: Callable[..., Any] | None,
-    grace: float | None,
-) -> ToolSpec:
-    """The spec of a haltwise.step() call, declared once per distinct set of arguments."""
-    key: tuple[Any, ...] = (fn, name, cancel, effect, idempotent, compensate, grace)
+def _step_spec(fn: Callable[..., Any], name: str | None, declared: tuple[Any, ...]) -> ToolSpec:
+    """The spec of a haltwise.step() call, declared once per distinct set of arguments.
+
+    ``declared``: the policy keywords of :func:`step`, in the order of :func:`_policy`'s.
+    """
+    key: tuple[Any, ...] = (fn, name, *declared)
     try:
         found = _STEP_SPECS.get(key)
     except TypeError:  # an unhashable callable: declared afresh each time
@@ -369,7 +404,18 @@ def _step_spec(
     if not callable(fn):
         raise PolicyError(f"haltwise.step() needs a callable, not {fn!r}")
     step_name = name or getattr(fn, "__name__", None) or type(fn).__name__
-    policy = _policy(step_name, cancel, effect, idempotent, compensate, grace)
+    cancel, effect, idempotent, compensate, grace, timeout, retries, backoff = declared
+    policy = _policy(
+        step_name,
+        cancel,
+        effect,
+        idempotent,
+        compensate,
+        grace,
+        timeout=timeout,
+        retries=retries,
+        backoff=backoff,
+    )
     # Registered only if a takeover may need it to compensate after a crash.
     spec = ToolSpec(fn, policy, step_name, register=policy.compensate is not None)
     if key:
