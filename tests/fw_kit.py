@@ -170,3 +170,47 @@ async def cancel_while_answering(
         resumed = await (await runtime.resume("m1")).outcome()
     assert resumed.result == "bought tea"
     return resumed
+
+
+#: the three calls of the parallel turn: (tool, arguments, call id)
+PARALLEL_CALLS = [
+    ("lookup", {"item": "tea"}, "p-lookup"),
+    ("charge", {"amount": 5}, "p-charge"),
+    ("browse", {"item": "tea"}, "p-browse"),
+]
+
+
+async def parallel_calls_cancelled(
+    store: str, task: haltwise.Task[..., Any], last_answer_only: Callable[[], None]
+) -> haltwise.Outcome:
+    """The model's first turn makes :data:`PARALLEL_CALLS` at once; cancel while charge
+    (finish) and browse (interruptible) are both in flight, then resume by call id."""
+    async with haltwise.Runtime(store) as runtime:
+        handle = await runtime.start(task, "buy tea", task_id="par")
+        await Kit.entered["charge"].wait(timeout=PATIENCE)
+        await Kit.entered["browse"].wait(timeout=PATIENCE)
+        await handle.cancel(reason="user")
+        Kit.release["charge"].set()
+        cancelled = await handle.outcome()
+        assert cancelled.state is haltwise.State.CANCELLED, cancelled
+        assert sorted(statuses(cancelled)) == [
+            ("browse", "interrupted"),
+            ("charge", "committed"),
+            ("lookup", "committed"),
+            ("model", "committed"),
+        ]
+        Kit.release["browse"].set()
+        last_answer_only()
+        resumed = await (await runtime.resume("par")).outcome()
+    assert resumed.result == "bought tea"
+    assert Kit.effects == {"lookup": 1, "charge": 1, "browse": 1}
+    return resumed
+
+
+def assert_host_cancel_honoured_finish(outcome: haltwise.Outcome) -> None:
+    """The framework's own cancel while charge (finish) ran: a haltwise cancel, reason host,
+    the charge finished and journaled, nothing done twice."""
+    assert outcome.state is haltwise.State.CANCELLED, outcome
+    assert outcome.reason == "host"
+    assert statuses(outcome)[-1] == ("charge", "committed")
+    assert Kit.effects == {"lookup": 1, "charge": 1}

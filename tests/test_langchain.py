@@ -153,3 +153,21 @@ def test_close_dangling_puts_the_result_right_after_its_call() -> None:
     ]
     assert fixed[2].tool_call_id == "z1"
     assert str(fixed[2].content).startswith("[haltwise] interrupted")
+
+
+async def test_langgraphs_own_cancel_is_a_haltwise_cancel_and_finish_is_honoured(
+    sqlite_url: str,
+) -> None:
+    load(turns("finish"))
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        handle = await runtime.start(shop_cancelled_by_langgraph, "buy tea", task_id="own")
+        await Kit.entered["charge"].wait(timeout=fw_kit.PATIENCE)
+        Kit.release["charge"].set()
+        outcome = await handle.outcome()
+    fw_kit.assert_host_cancel_honoured_finish(outcome)
+
+
+async def test_parallel_tool_calls_cancelled_mid_way(sqlite_url: str) -> None:
+    load([calls(*fw_kit.PARALLEL_CALLS), AIMessage(content="bought tea")])
+    await fw_kit.parallel_calls_cancelled(sqlite_url, shop, last_answer_only)
+    assert len(Script.requests) == 1

@@ -196,3 +196,16 @@ async def test_an_error_result_fails_the_step(tmp_path: Path, sqlite_url: str) -
     assert outcome.error is not None
     assert outcome.error.type == "McpToolError"
     assert [s.status for s in outcome.steps] == [haltwise.StepStatus.FAILED]
+
+
+async def test_a_timed_out_call_is_settled_by_its_policy(tmp_path: Path, sqlite_url: str) -> None:
+    async with remote_session(tmp_path) as session:
+        tools = await remote_tools(session, policies={"wait": {"cancel": "finish"}}, timeout=0.3)
+        REMOTE.update({t.name: t for t in tools})
+        async with haltwise.Runtime(sqlite_url) as runtime:
+            outcome = await (await runtime.start(wait_then_pay, "tea", task_id="t1")).outcome()
+            await until(lambda: "wait:cancelled" in effects(tmp_path))
+    assert outcome.state is haltwise.State.CANCELLED
+    assert outcome.reason == "mcp-timeout"
+    assert [(s.tool, s.status) for s in outcome.steps] == [("wait", haltwise.StepStatus.UNKNOWN)]
+    assert outcome.retry is haltwise.Retry.RECONCILE

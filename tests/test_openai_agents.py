@@ -17,7 +17,7 @@ from agents.testing import ModelStep, ScriptedModel, assistant_message, function
 
 import fw_kit
 import haltwise
-from fw_kit import GATED
+from fw_kit import GATED, Kit
 from haltwise.integrations.openai_agents import (
     JournaledModel,
     close_dangling,
@@ -134,3 +134,30 @@ def test_close_dangling_says_what_became_of_an_unfinished_call() -> None:
     assert fixed[-1]["call_id"] == "x1"
     assert fixed[-1]["output"].startswith("[haltwise] interrupted")
     assert close_dangling(fixed) == fixed  # nothing left to close
+
+
+async def test_parallel_tool_calls_cancelled_mid_way(sqlite_url: str) -> None:
+    first = [function_call(name, args, call_id=cid) for name, args, cid in fw_kit.PARALLEL_CALLS]
+    Script.model = ScriptedModel([first, [assistant_message("bought tea")]])
+    await fw_kit.parallel_calls_cancelled(sqlite_url, shop, last_answer_only)
+    assert len(Script.model.calls) == 1
+
+
+async def test_the_sdks_own_cancel_is_a_haltwise_cancel_and_finish_is_honoured(
+    sqlite_url: str,
+) -> None:
+    Script.model = ScriptedModel(turns("finish"))
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        handle = await runtime.start(shop_streamed, "buy tea", task_id="own")
+        await Kit.entered["charge"].wait(timeout=fw_kit.PATIENCE)
+        Script.streams[0].cancel()  # the SDK's own immediate cancel
+        Kit.release["charge"].set()
+        outcome = await handle.outcome()
+    fw_kit.assert_host_cancel_honoured_finish(outcome)
+    # the conversation the SDK kept: every call has a result, the committed one its own
+    items = close_dangling(Script.streams[0].to_input_list(), outcome)
+    outputs = {i["call_id"]: i["output"] for i in items if i.get("type") == "function_call_output"}
+    calls = [i["call_id"] for i in items if i.get("type") == "function_call"]
+    assert "c1" in calls
+    assert set(calls) <= set(outputs)
+    assert outputs.get("c2", "charged 5") == "charged 5"

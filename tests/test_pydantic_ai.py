@@ -25,7 +25,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import fw_kit
 import haltwise
-from fw_kit import GATED
+from fw_kit import GATED, Kit
 from haltwise.integrations.pydantic_ai import JournaledModel, close_dangling, tool
 
 pytestmark = pytest.mark.anyio
@@ -137,3 +137,50 @@ def test_close_dangling_answers_a_last_response_from_the_outcome() -> None:
     assert part.tool_call_id == "z1"
     assert part.outcome == "interrupted"
     assert str(part.content).startswith("[haltwise] interrupted")
+
+
+async def test_parallel_tool_calls_cancelled_mid_way(sqlite_url: str) -> None:
+    Script.load([calls(*fw_kit.PARALLEL_CALLS), text("bought tea")])
+    await fw_kit.parallel_calls_cancelled(sqlite_url, shop, last_answer_only)
+    assert len(Script.requests) == 1
+
+
+async def test_own_cancel_is_a_haltwise_cancel_and_a_reused_history_does_not_charge_twice(
+    sqlite_url: str,
+) -> None:
+    Script.load(turns("finish"))
+    Script.token = CancellationToken()
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        handle = await runtime.start(shop, "buy tea", task_id="own")
+        await Kit.entered["charge"].wait(timeout=fw_kit.PATIENCE)
+        Script.token.cancel()  # Pydantic AI's own cancel
+        Kit.release["charge"].set()
+        outcome = await handle.outcome()
+        fw_kit.assert_host_cancel_honoured_finish(outcome)
+        assert outcome.cancel_error is not None
+        assert outcome.cancel_error.type == "RunCancelled"
+
+        # The history Pydantic AI kept, reused by a new agent run in a new haltwise run:
+        (error,) = Script.cancelled
+        history = error.all_messages()
+        Script.load([text("bought tea")])
+        Script.token = None
+
+        @haltwise.task
+        async def carry_on() -> str:
+            agent = make_agent()
+            return (await agent.run("go on", message_history=history)).output
+
+        again = await (await runtime.start(carry_on, task_id="again")).outcome()
+    assert again.result == "bought tea"
+    assert Kit.effects == {"lookup": 1, "charge": 1}  # not charged twice
+    (sent,) = Script.requests
+    returns = {
+        part.tool_call_id: part
+        for message in sent
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, ToolReturnPart)
+    }
+    assert returns["c2"].outcome == "success"
+    assert returns["c2"].content == "charged 5"

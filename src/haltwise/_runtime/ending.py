@@ -33,6 +33,10 @@ from .tool import OnCancel
 
 #: The reason of a run cancelled by a cancellation that haltwise did not request.
 HOST_REASON = "host"
+#: Exception types by which a framework says that *it* cancelled the agent (Pydantic AI's
+#: ``RunCancelled``): such an error reaching the task function is a host cancel of the run,
+#: wherever the framework's cancel landed. The integrations add their framework's types.
+HOST_CANCEL_ERRORS: list[type[BaseException]] = []
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +153,8 @@ def _own_cancel_reason(ctx: RunContext, ending: Ending) -> str | None:
     if ctx.cancel_reason is not None or ctx.handing_over or ctx.poison is not None:
         return None
     if ending.host or (ctx.host_cancelled and error is not None):
+        return HOST_REASON
+    if error is not None and isinstance(error, tuple(HOST_CANCEL_ERRORS)):
         return HOST_REASON
     if isinstance(error, Cancelled):
         return error.reason or "user"

@@ -2,8 +2,7 @@
 
 The adapters use the public ``haltwise`` API, with one exception: :func:`cancel_run_for_host`
 reaches the current run's :class:`~haltwise.Runtime` through the run context, because the public
-API offers no way for code inside a run to request a cancel of that run without raising (and a
-framework that swallows exceptions in its own tasks would lose a raised ``Cancelled``).
+API offers no way for code inside a run to request a cancel of that run without raising.
 
 Every adapter module starts with :func:`require`, so that importing it without its framework
 installed raises :class:`MissingExtraError` (an :class:`ImportError` *and* a
@@ -79,10 +78,9 @@ def call_id(value: str | None) -> AbstractContextManager[None]:
     """``haltwise.call_id(value)``: the steps begun inside are matched on replay by this id.
 
     A missing or empty id (a framework that did not give one) leaves the steps matched by their
-    order. Until ``haltwise.call_id`` is on main (issue 14), every step is matched by its order.
+    order.
     """
-    enter = getattr(haltwise, "call_id", None)
-    return enter(value) if enter is not None and value else nullcontext()
+    return haltwise.call_id(value) if value else nullcontext()
 
 
 async def model_request(ask: Callable[[], Awaitable[T]], *, name: str = MODEL_STEP) -> T:
@@ -98,38 +96,19 @@ async def model_request(ask: Callable[[], Awaitable[T]], *, name: str = MODEL_ST
 async def journaled(fn: Callable[[], Awaitable[T]], *, name: str, **policy: Any) -> T:
     """``await fn()`` as one step named ``name`` with the ``@haltwise.tool`` keywords ``policy``
     (``haltwise.step``); ``fn`` returns a JSON value, which a replay returns without calling it."""
-    step = getattr(haltwise, "step", None)
-    if step is not None:
-        value: T = await step(fn, name=name, **policy)
-        return value
-    # Until haltwise.step is on main (issue 14): the same step through a tool of that name.
-    return await _step_tool(name, policy)(fn)  # type: ignore[no-any-return]
-
-
-_STEP_TOOLS: dict[tuple[str, str], haltwise.Tool[..., Any]] = {}
-
-
-def _step_tool(name: str, policy: dict[str, Any]) -> haltwise.Tool[..., Any]:
-    key = (name, repr(sorted(policy.items())))
-    found = _STEP_TOOLS.get(key)
-    if found is None:
-
-        async def request(ask: Callable[[], Awaitable[Any]]) -> Any:
-            return await ask()
-
-        found = haltwise.tool(name=name, **policy)(request)
-        _STEP_TOOLS[key] = found
-    return found
+    value: T = await haltwise.step(fn, name=name, **policy)
+    return value
 
 
 async def cancel_run_for_host() -> None:
-    """A cancel the framework itself made reached a haltwise step: cancel the run, reason ``host``.
+    """Cancel the current run with reason ``host``: the framework stopped the agent quietly.
 
-    Called by the adapters when an ``asyncio.CancelledError`` that haltwise did not request
-    leaves a step (the step has already settled by its policy): the framework is stopping the
-    agent, so the run is recorded ``cancelling`` at once and ends ``cancelled`` instead of
-    ``completed`` with whatever the framework returns. Does nothing outside a task or when a
-    cancel is already requested. Shielded: it completes although the caller is being cancelled.
+    For a framework whose own cancel raises nothing into the task (the Agents SDK's streamed
+    ``cancel()`` just ends the stream): the run is recorded ``cancelling`` at once and ends
+    ``cancelled`` instead of ``completed`` with whatever the framework returns. (A framework
+    cancel that raises into the task, or reaches a step, is the core's host-cancel rule.) Does
+    nothing outside a task or when a cancel is already requested. Shielded: it completes although
+    the caller is being cancelled.
     """
     run = current_run()
     if run is None or haltwise.cancel_requested():

@@ -24,9 +24,11 @@ import anyio
 import haltwise
 
 from .._runtime.run_context import current_run
+from ._common import call_id as call_id_scope
 
 __all__ = [
     "SettledCall",
+    "call_tool",
     "current_run_outcome",
     "remember_committed",
     "remember_from_journal",
@@ -71,6 +73,24 @@ async def remember_from_journal(call_id: str) -> None:
     call = settled_calls(outcome).get(call_id)
     if call is not None and call.status is haltwise.StepStatus.COMMITTED:
         remember_committed(call_id, call.result)
+
+
+async def call_tool(
+    tool: haltwise.Tool[..., Any], call_id: str | None, *args: Any, **kwargs: Any
+) -> Any:
+    """``await tool(*args, **kwargs)`` as the framework's call ``call_id`` (one step keyed by it),
+    recording what the call became for :func:`settled_calls`: its result when it commits, its
+    journaled status when a cancel (haltwise's or the framework's) stops it."""
+    try:
+        with call_id_scope(call_id):
+            value = await tool(*args, **kwargs)
+    except (haltwise.Cancelled, anyio.get_cancelled_exc_class()):
+        if call_id:
+            await remember_from_journal(call_id)
+        raise
+    if call_id:
+        remember_committed(call_id, value)
+    return value
 
 
 def settled_calls(*outcomes: haltwise.Outcome | None) -> dict[str, SettledCall]:

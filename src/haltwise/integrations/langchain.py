@@ -21,7 +21,6 @@ Needs the ``langchain`` extra: ``pip install 'haltwise[langchain]'``.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import typing
@@ -55,14 +54,12 @@ import haltwise  # noqa: E402
 from ._common import (  # noqa: E402
     MODEL_STEP,
     call_id,
-    cancel_run_for_host,
     journaled,
     model_request,
 )
 from ._conversation import (  # noqa: E402
+    call_tool,
     current_run_outcome,
-    remember_committed,
-    remember_from_journal,
     settled_calls,
     unsettled_text,
 )
@@ -78,19 +75,7 @@ def tool(haltwise_tool: haltwise.Tool[..., Any]) -> BaseTool:
     target = haltwise_tool
 
     async def invoke(tool_call_id: str | None = None, **kwargs: Any) -> Any:
-        try:
-            with call_id(tool_call_id):
-                value = await target(**kwargs)
-        except haltwise.Cancelled:
-            await remember_from_journal(tool_call_id or "")
-            raise
-        except asyncio.CancelledError:
-            await remember_from_journal(tool_call_id or "")
-            await cancel_run_for_host()
-            raise
-        if tool_call_id:
-            remember_committed(tool_call_id, value)
-        return value if isinstance(value, str) else json.dumps(value)
+        return _content(await call_tool(target, tool_call_id, **kwargs))
 
     return StructuredTool.from_function(
         coroutine=invoke,
@@ -141,11 +126,7 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
             response = await handler(request)
             return [message_to_dict(message) for message in response.result]
 
-        try:
-            data = await model_request(ask, name=self.step_name)
-        except asyncio.CancelledError:
-            await cancel_run_for_host()
-            raise
+        data = await model_request(ask, name=self.step_name)
         return ModelResponse(result=messages_from_dict(data))
 
     async def awrap_tool_call(
@@ -154,14 +135,10 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
         handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
     ) -> ToolMessage | Command[Any]:
         ours = request.tool is not None and bool((request.tool.metadata or {}).get(_MARK))
-        try:
-            with call_id(request.tool_call.get("id")):
-                if ours:
-                    return await handler(request)
-                return await _foreign_tool_step(request, handler)
-        except asyncio.CancelledError:
-            await cancel_run_for_host()
-            raise
+        with call_id(request.tool_call.get("id")):
+            if ours:
+                return await handler(request)
+            return await _foreign_tool_step(request, handler)
 
 
 async def _foreign_tool_step(

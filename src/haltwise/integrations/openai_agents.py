@@ -27,7 +27,6 @@ Needs the ``openai-agents`` extra: ``pip install 'haltwise[openai-agents]'``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -49,10 +48,9 @@ from pydantic import TypeAdapter  # noqa: E402
 
 import haltwise  # noqa: E402
 
-from ._common import MODEL_STEP, call_id, cancel_run_for_host, model_request  # noqa: E402
+from ._common import MODEL_STEP, cancel_run_for_host, model_request  # noqa: E402
 from ._conversation import (  # noqa: E402
-    remember_committed,
-    remember_from_journal,
+    call_tool,
     settled_calls,
     unsettled_text,
 )
@@ -79,20 +77,11 @@ def function_tool(tool: haltwise.Tool[..., Any]) -> FunctionTool:
             return f"Invalid arguments for tool {tool.name!r}: {error}"
         args, kwargs = schema.to_call_args(parsed)
         try:
-            with call_id(ctx.tool_call_id):
-                value = await tool(*args, **kwargs)
-        except haltwise.Cancelled:
-            await remember_from_journal(ctx.tool_call_id)
-            raise
-        except asyncio.CancelledError:
-            await remember_from_journal(ctx.tool_call_id)
-            await cancel_run_for_host()
-            raise
+            value = await call_tool(tool, ctx.tool_call_id, *args, **kwargs)
         except haltwise.HaltwiseError:
             raise
         except Exception as error:
             return default_tool_error_function(ctx, error)
-        remember_committed(ctx.tool_call_id, value)
         return _as_output(value)
 
     return FunctionTool(
@@ -143,11 +132,7 @@ class JournaledModel(Model):
         )
 
     async def _journaled(self, ask: Any) -> Any:
-        try:
-            return await model_request(ask, name=self.name)
-        except asyncio.CancelledError:
-            await cancel_run_for_host()
-            raise
+        return await model_request(ask, name=self.name)
 
     async def close(self) -> None:
         await self.model.close()

@@ -11,9 +11,11 @@
   are passed through unjournaled.)
 - Pydantic AI's own cancel (``CancellationToken.cancel()``, ``AgentRun.cancel()``,
   ``RunContext.cancel()``, ``timeout=``) cancels the asyncio task driving the run. Where that
-  lands in a model request or a tool call, the step settles by its policy and the run is
-  cancelled with reason ``"host"``; the ``RunCancelled`` (``RunTimedOut``) Pydantic AI then raises
-  ends the run ``cancelled`` (kept as its ``cancel_error``), never ``failed``.
+  lands in a model request or a tool call, the step settles by its policy (haltwise's host-cancel
+  settlement); the ``RunCancelled`` (``RunTimedOut``) Pydantic AI then raises ends the run
+  ``cancelled`` with reason ``"host"`` (kept as its ``cancel_error``), never ``failed``, also
+  when the cancel landed between two steps (importing this module registers ``RunCancelled`` as
+  a host-cancel error with the runtime).
 - A history reused after a cancel: Pydantic AI closes each call that has no return with a
   synthesized ``outcome='interrupted'`` return, also a call that *committed* after the cancel (a
   ``finish`` call allowed to end) -- a new run would then call it again and charge twice.
@@ -26,7 +28,6 @@ Needs the ``pydantic-ai`` extra: ``pip install 'haltwise[pydantic-ai]'`` (``pyda
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import typing
 from collections.abc import Sequence
@@ -38,6 +39,7 @@ from ._common import require
 require("pydantic_ai", "pydantic_ai", "pydantic-ai")
 
 from pydantic_ai import RunContext, Tool  # noqa: E402
+from pydantic_ai.exceptions import RunCancelled  # noqa: E402
 from pydantic_ai.messages import (  # noqa: E402
     ModelMessage,
     ModelMessagesTypeAdapter,
@@ -52,17 +54,22 @@ from pydantic_ai.settings import ModelSettings  # noqa: E402
 
 import haltwise  # noqa: E402
 
-from ._common import MODEL_STEP, call_id, cancel_run_for_host, model_request  # noqa: E402
+from .._runtime.ending import HOST_CANCEL_ERRORS  # noqa: E402
+from ._common import MODEL_STEP, model_request  # noqa: E402
 from ._conversation import (  # noqa: E402
     SettledCall,
+    call_tool,
     current_run_outcome,
-    remember_committed,
-    remember_from_journal,
     settled_calls,
     unsettled_text,
 )
 
 __all__ = ["JournaledModel", "close_dangling", "tool"]
+
+# Pydantic AI's own cancel, wherever it landed (in a step or between two), ends the run
+# ``cancelled`` with reason "host" when its RunCancelled (RunTimedOut) reaches the task.
+if RunCancelled not in HOST_CANCEL_ERRORS:
+    HOST_CANCEL_ERRORS.append(RunCancelled)
 
 
 def tool(haltwise_tool: haltwise.Tool[..., Any]) -> Tool[Any]:
@@ -70,19 +77,9 @@ def tool(haltwise_tool: haltwise.Tool[..., Any]) -> Tool[Any]:
     target = haltwise_tool
 
     async def invoke(ctx: RunContext[Any], /, **kwargs: Any) -> Any:
-        try:
-            with call_id(ctx.tool_call_id):
-                value = await target(**kwargs)
-        except haltwise.Cancelled:
-            await remember_from_journal(ctx.tool_call_id or "")
-            raise
-        except asyncio.CancelledError:
-            await remember_from_journal(ctx.tool_call_id or "")
-            await cancel_run_for_host()
-            raise
-        if ctx.tool_call_id:
-            remember_committed(ctx.tool_call_id, value)
-        return value
+        # Pydantic AI's own cancel (or a host's) stops the step by its policy; the core records
+        # the run cancelled (reason host) when RunCancelled reaches the task.
+        return await call_tool(target, ctx.tool_call_id, **kwargs)
 
     signature = inspect.signature(target)
     context = inspect.Parameter(
@@ -124,11 +121,7 @@ class JournaledModel(WrapperModel):
             response = await self.wrapped.request(closed, model_settings, model_request_parameters)
             return ModelMessagesTypeAdapter.dump_python([response], mode="json")
 
-        try:
-            data = await model_request(ask, name=self.step_name)
-        except asyncio.CancelledError:
-            await cancel_run_for_host()
-            raise
+        data = await model_request(ask, name=self.step_name)
         (response,) = ModelMessagesTypeAdapter.validate_python(data)
         assert isinstance(response, ModelResponse)
         return response
