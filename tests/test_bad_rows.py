@@ -20,6 +20,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from _pg import create_database
 from test_cli import PATIENCE, Env, error_line
 
 AGENT = """
@@ -90,8 +91,17 @@ def env(tmp_path: Path, store_url: str) -> StoreEnv:
     return StoreEnv(tmp_path, store_url)
 
 
-@pytest.fixture
-def corrupted(env: StoreEnv) -> StoreEnv:
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def corrupted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> StoreEnv:
+    """One store per kind with every corruption, shared by the tests that only read it (the
+    commands they run on a bad row change nothing: that is what they check)."""
+    root = tmp_path_factory.mktemp(f"corrupted-{request.param}")
+    (root / "agent.py").write_text(AGENT)
+    if request.param == "sqlite":
+        url = f"sqlite:///{root}/haltwise.db"
+    else:
+        url = create_database(request.getfixturevalue("pg_dsn"))
+    env = StoreEnv(root, url)
     env.run_all([*CORRUPTIONS, "sound"])
     env.sql(*CORRUPTIONS.values())
     return env
@@ -116,7 +126,11 @@ def test_check_reports_every_unreadable_row_as_a_finding(corrupted: StoreEnv) ->
 def test_a_command_on_an_unreadable_run_names_the_row_and_exits_2(
     corrupted: StoreEnv, command: str
 ) -> None:
-    for run_id in READ_BY_COMMANDS:
+    # status meets every kind of bad row; the other commands, every other kind (they read the
+    # run through the same load, so between them each kind is met twice)
+    number = ["status", "cancel", "resume", "run"].index(command)
+    chosen = READ_BY_COMMANDS if number == 0 else READ_BY_COMMANDS[number % 2 :: 2]
+    for run_id in chosen:
         args = ["run", "agent.py:quick", "--id", run_id] if command == "run" else [command, run_id]
         line = error_line(corrupted.hw(*args))
         assert f"run {run_id!r}" in line, line

@@ -63,19 +63,19 @@ LEAKY_URLS = [
 @pytest.mark.parametrize("url", LEAKY_URLS)
 def test_no_message_shows_a_password_whatever_the_url(env: Env, url: str) -> None:
     env.release("think")
-    for args in (
-        ["list"],
-        ["status", "x"],
-        ["cancel", "x"],
-        ["check", "--json"],
-        ["run", "agent.py:flow", "--input", '{"policy": "interruptible"}'],
+    # a read-only command, a writing one and one that loads a task first; the URL given both
+    # ways (every line goes through the same scrubbing, so the commands are samples)
+    for args, how in (
+        (["list"], "--store"),
+        (["cancel", "x"], "env"),
+        (["check", "--json"], "env"),
+        (["run", "agent.py:flow", "--input", '{"policy": "interruptible"}'], "--store"),
     ):
-        for how in ("--store", "env"):
-            extra = {"HALTWISE_STORE": url} if how == "env" else {}
-            store = [] if how == "env" else ["--store", url]
-            done = hw_with(env, extra, *args, *store)
-            assert SECRET not in done.stdout + done.stderr, (args, how, done.stderr)
-            error_line(done)
+        extra = {"HALTWISE_STORE": url} if how == "env" else {}
+        store = [] if how == "env" else ["--store", url]
+        done = hw_with(env, extra, *args, *store)
+        assert SECRET not in done.stdout + done.stderr, (args, how, done.stderr)
+        error_line(done)
 
 
 # -- item 6: unbounded values -----------------------------------------------------------------
@@ -96,7 +96,7 @@ def test_unbounded_json_values_are_one_line_and_exit_2(env: Env, value: str) -> 
 @pytest.mark.parametrize("timeout", ["nan", "inf", "-inf", "1e308", "-1", "abc", "NaN"])
 def test_a_busy_timeout_that_is_no_usable_number_is_refused(env: Env, timeout: str) -> None:
     url = f"{env.store}?busy_timeout={timeout}"
-    for args in (["list"], ["status", "x"], ["cancel", "x"], ["check"]):
+    for args in (["list"], ["cancel", "x"]):
         assert "busy_timeout" in error_line(env.hw(*args, "--store", url))
 
 
@@ -109,7 +109,7 @@ def test_a_worker_concurrency_out_of_range_is_exit_2(env: Env, concurrency: str)
 # -- item 8: COLUMNS that rich cannot use --------------------------------------------------------
 
 
-@pytest.mark.parametrize("columns", ["0", "-5", "banana", "3", "1000000000"])
+@pytest.mark.parametrize("columns", ["0", "banana", "1000000000"])
 def test_an_unusable_terminal_width_still_prints_everything(env: Env, columns: str) -> None:
     env.release("think")
     extra = {"COLUMNS": columns}
