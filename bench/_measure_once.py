@@ -5,6 +5,8 @@ usage: python _measure_once.py scale RUNS EFFECT   (durable steps per second, 20
        python _measure_once.py sequential STEPS SYNCHRONOUS   (us per step, one run)
        python _measure_once.py runs RUNS EFFECT   (us per run of RUNS concurrent runs of no
                                                    steps: a run's fixed costs)
+       python _measure_once.py cpu STEPS POLICY   (CPU us per step of one run, synchronous=OFF:
+                                                   the step's own Python, without the disk)
 
 Only haltwise's public API is used, so that any revision can be measured.
 """
@@ -39,6 +41,34 @@ async def concurrent(url: str, runs: int, steps: int, effect: str) -> float:
         return time.perf_counter() - start
 
 
+@haltwise.tool(cancel="finish", effect="none")
+async def trivial_finish(i: int) -> int:
+    return i
+
+
+@haltwise.tool(cancel="interruptible", effect="none")
+async def trivial_interruptible(i: int) -> int:
+    return i
+
+
+@haltwise.task(name="compare:policy_steps")
+async def policy_steps(n: int, policy: str) -> int:
+    tool = trivial_finish if policy == "finish" else trivial_interruptible
+    total = 0
+    for i in range(n):
+        total += await tool(i)
+    return total
+
+
+async def cpu_per_step(url: str, steps: int, policy: str) -> float:
+    """CPU time (every thread of the process) per step of one run, after a warm-up run."""
+    async with haltwise.Runtime(url) as runtime:
+        await (await runtime.start(policy_steps, 50, policy, task_id="warm-up")).outcome()
+        start = time.process_time()
+        await (await runtime.start(policy_steps, steps, policy, task_id="cpu")).outcome()
+        return (time.process_time() - start) / steps * 1e6
+
+
 async def sequential(url: str, steps: int) -> float:
     async with haltwise.Runtime(url) as runtime:
         start = time.perf_counter()
@@ -53,6 +83,8 @@ def main() -> None:
         path = f"{tempfile.mkdtemp(prefix='haltwise-compare-')}/journal.db"
         if kind == "scale":
             print(size * 20 / anyio.run(concurrent, f"sqlite:///{path}", size, 20, setting))
+        elif kind == "cpu":
+            print(anyio.run(cpu_per_step, f"sqlite:///{path}?synchronous=off", size, setting))
         elif kind == "runs":
             print(anyio.run(concurrent, f"sqlite:///{path}", size, 0, setting) / size * 1e6)
         else:

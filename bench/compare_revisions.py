@@ -22,8 +22,8 @@ from _report import header, median, table
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 #: (what, kind, size, setting, unit): scale measures steps/s (higher is better), sequential
-#: us per step and runs us per run (a run's fixed costs: its creation, start, end and outcome;
-#: lower is better)
+#: us per step, runs us per run (a run's fixed costs: its creation, start, end and outcome) and
+#: cpu the CPU time of a step without the disk (synchronous=OFF; lower is better)
 CASES = [
     ("1,000 runs, effect=none", "scale", 1000, "none", "steps/s"),
     ("1,000 runs, effect=write", "scale", 1000, "write", "steps/s"),
@@ -32,6 +32,8 @@ CASES = [
     ("1,000 runs of no steps", "runs", 1000, "none", "us/run"),
     ("1 run, 1,000 steps, FULL", "sequential", 1000, "full", "us/step"),
     ("1 run, 5,000 steps, NORMAL", "sequential", 5000, "normal", "us/step"),
+    ("1 run, 3,000 interruptible steps, CPU", "cpu", 3000, "interruptible", "CPU us/step"),
+    ("1 run, 3,000 finish steps, CPU", "cpu", 3000, "finish", "CPU us/step"),
 ]
 
 

@@ -128,3 +128,25 @@ def test_pause_and_unpause_of_runs_they_do_not_apply_to(env: Env) -> None:
     assert done.returncode == 0 and "not paused" in done.stdout
     assert "no run with id 'missing'" in error_line(env.hw("pause", "missing"))
     assert "no run with id 'missing'" in error_line(env.hw("unpause", "missing"))
+
+
+def test_a_paused_run_holds_no_worker_slot(env: Env) -> None:
+    for run_id, policy in (("s1", "interruptible"), ("s2", "rollback")):
+        args = ("--input", json.dumps({"policy": policy}), "--id", run_id)
+        assert env.hw("submit", "agent.py:flow", *args).returncode == 0
+    env.release("insert_note")
+    worker = env.popen("worker", "agent.py", "--concurrency", "1")
+    try:
+        env.wait_for("s1", "its step in flight", lambda s: step_is(s, 2, "running"))
+        assert (env.status("s2") or {})["state"] == "pending", "one slot, and s1 holds it"
+        assert env.hw("pause", "s1").returncode == 0
+        env.release("think")
+        paused(env, "s1")
+        env.wait_for("s2", "completed in the slot s1 left", lambda s: s["state"] == "completed")
+        assert (env.status("s1") or {})["state"] == "paused"
+        assert env.hw("unpause", "s1").returncode == 0
+        env.wait_for("s1", "completed", lambda s: s["state"] == "completed")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.communicate(timeout=PATIENCE)
+    assert env.effects().count("think") == 1

@@ -193,6 +193,26 @@ async def test_wait_for_around_a_finish_tool_lets_it_finish(store_url: str) -> N
     assert kit.calls["charge"] == 1, "the committed charge is replayed, not repeated"
 
 
+@haltwise.task(name="concurrent:scoped")
+async def scoped() -> str:
+    with anyio.fail_after(0.05):
+        result: str = await kit.charge("s")
+    return result
+
+
+async def test_an_anyio_timeout_around_a_finish_tool_lets_it_finish(store_url: str) -> None:
+    async with haltwise.Runtime(store_url) as rt:
+        handle = await rt.start(scoped, task_id="s")
+        await kit.entered["charge"].wait()
+        await anyio.sleep(0.2)  # the task's 0.05 s deadline (same loop) has passed
+        assert (await rt.status("s")).steps[0].status is StepStatus.RUNNING
+        kit.release.set()
+        outcome = await handle.outcome()
+    assert outcome.state is State.CANCELLED and outcome.reason == "host"
+    assert outcome.steps[0].status is StepStatus.COMMITTED
+    assert kit.done["charge"] == 1
+
+
 @haltwise.task(name="concurrent:reraises")
 async def reraises() -> str:
     inner = asyncio.create_task(asyncio.sleep(30))

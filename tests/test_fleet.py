@@ -366,8 +366,11 @@ def check_fleet(
         # Every cancel landed: recorded with its reason, and final as the request found the run.
         if cancelled_as is None:
             assert run.state is State.COMPLETED, (run_id, run)
-        elif cancelled_as is State.CANCELLED:  # it was still pending: nothing ran
-            assert run.state is State.CANCELLED and not snapshot.steps, (run_id, snapshot)
+        elif cancelled_as is State.CANCELLED:
+            # it was still pending (nothing ran), or the kill left it to nobody and the cancel
+            # settled it there, as a takeover would (CONTRACT.md, cancel)
+            assert run.state is State.CANCELLED, (run_id, snapshot)
+            assert not snapshot.steps or run_id in last_by_victim, (run_id, snapshot)
             assert snapshot.outcome().retry is Retry.RESTART
         elif cancelled_as is State.CANCELLING:  # it ran: cancelled, or returned before a checkpoint
             assert run.state in (State.CANCELLED, State.COMPLETED), (run_id, run)

@@ -22,6 +22,7 @@ from haltwise._runtime.loader import (
     load_tools,
     module_name_for,
 )
+from haltwise._runtime.tool import TASKS
 
 AGENT = """
     import haltwise
@@ -56,6 +57,17 @@ def write(directory: Path, name: str, source: str) -> Path:
 def assert_one_line(error: pytest.ExceptionInfo[LoadError]) -> None:
     assert "\n" not in str(error.value)
     assert isinstance(error.value, HaltwiseError)
+
+
+@pytest.fixture(autouse=True)
+def own_registry() -> Iterator[None]:
+    """Each test stands for a process of its own: the tasks its files declare are forgotten
+    after it (two files named agent.py declaring ``research`` in one process are refused)."""
+    saved = dict(TASKS)
+    TASKS.clear()
+    yield
+    TASKS.clear()
+    TASKS.update(saved)
 
 
 @pytest.fixture

@@ -251,3 +251,17 @@ def test_the_public_api_used_by_the_server_on_a_store(store_url: str) -> None:
             assert none.cancelled == ()
 
     anyio.run(main)
+
+
+def test_pause_and_unpause_through_the_api(served: Served) -> None:
+    assert served.post("/api/runs", {"task": "research", "id": "z1"}).status == 201
+    served.wait_for("z1", "think in flight", lambda r: len(r["steps"]) == 2)
+    paused = served.post("/api/runs/z1/pause", {})
+    assert paused.status == 202 and paused.json()["id"] == "z1"
+    assert served.post("/api/runs/z1/pause", {}, token="reader-token").status == 403
+    served.release("think")  # a pause lets the step in flight end, then holds the run
+    served.wait_for("z1", "paused", lambda r: r["state"] == "paused")
+    assert served.post("/api/runs/z1/unpause", {}).status == 202
+    run = finished(served, "z1")
+    assert run["state"] == "completed"
+    assert served.post("/api/runs/nope/pause", {}).status == 404

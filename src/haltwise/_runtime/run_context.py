@@ -71,6 +71,9 @@ class Numbering:
 
     def take(self, call_id: str | None) -> int:
         """The index of the call that begins now (never the same twice in one attempt)."""
+        if call_id is None and self.position >= len(self.in_order):
+            self.next_new += 1  # beyond the journal: the common case first
+            return self.next_new - 1
         index = self.peek(call_id)
         if call_id is not None and call_id in self.by_call_id:
             del self.by_call_id[call_id]
@@ -137,6 +140,9 @@ class RunContext:
     task_scope: anyio.CancelScope | None = None
     #: the asyncio task that runs the task function
     body_task: asyncio.Task[Any] | None = None
+    #: finish bodies running in that task, and whether a cancel of its scope waits for them
+    _holds: int = 0
+    _scope_cancel_held: bool = False
     done: anyio.Event = field(default_factory=anyio.Event)
     pause: PauseGate = field(default_factory=PauseGate)
 
@@ -178,9 +184,24 @@ class RunContext:
         if not (first or newly_forced):
             return
         if self.task_scope is not None:
-            self.task_scope.cancel()
+            if self._holds and not self.forced:
+                self._scope_cancel_held = True
+            else:
+                self.task_scope.cancel()
         for flight in list(self.flights.values()):
             flight.on_cancel()
+
+    def hold_task_scope(self, delta: int) -> None:
+        """A finish body began (+1) or ended (-1) in the task function's own task.
+
+        While one runs there, a (not forced) cancel does not cancel the task's scope, which
+        would cut it: the scope is cancelled once the last such body has ended.
+        """
+        self._holds += delta
+        if not self._holds and self._scope_cancel_held:
+            self._scope_cancel_held = False
+            if self.task_scope is not None:
+                self.task_scope.cancel()
 
     def raise_if_cancelled(self) -> None:
         """The checkpoint: raise the poison or :class:`Cancelled` if one is due."""

@@ -33,6 +33,7 @@ from enum import Enum, auto
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
+from anyio._backends._asyncio import _task_states as _anyio_task_states
 
 from .._core.exceptions import (
     Cancelled,
@@ -61,6 +62,8 @@ _SAME_AFTER_JSON = frozenset({int, str, bool, float, type(None)})
 _CANCELLED = asyncio.CancelledError  # the runtime is asyncio-only (see the module docstring)
 #: the fingerprint of a call without arguments (the common case, computed once)
 _NO_ARGUMENTS = "00000000"
+#: argument types whose repr is their value, the same in every process
+_SCALARS = frozenset({int, str, float, bool, type(None)})
 
 
 async def call_tool(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -84,7 +87,8 @@ async def call_tool(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any
         run.land(flight.index)
         if flight.counted:
             run.runtime.count_concurrent_steps(-1)
-    await _between_steps(run, flight.replayed)
+    if time.monotonic() >= run.next_yield:
+        await _between_steps(run, flight.replayed)
     if run.probe is not None:
         await _probe(run, "after", flight.index)
     if run.pause.requested:
@@ -100,10 +104,9 @@ async def _between_steps(run: RunContext, replayed: bool) -> None:
     fast path (one run active). At most one per _YIELD_INTERVAL: a run that yields at every
     step spends ~5% of a trivial step on it. A cancel landing here is the checkpoint's.
     """
-    now = time.monotonic()
-    if now < run.next_yield or (run.runtime.active_runs > 1 and not replayed):
+    if run.runtime.active_runs > 1 and not replayed:
         return
-    run.next_yield = now + _YIELD_INTERVAL
+    run.next_yield = time.monotonic() + _YIELD_INTERVAL
     try:
         await anyio.lowlevel.checkpoint()
     except _CANCELLED:
@@ -125,8 +128,12 @@ def fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     only (its identity changes between attempts), so a fingerprint never refuses a replay that
     passes a fresh framework object of the same kind.
     """
-    if not args and not kwargs:
-        return _NO_ARGUMENTS
+    if not kwargs:
+        if not args:
+            return _NO_ARGUMENTS
+        if all(type(value) in _SCALARS for value in args):
+            # The common case, without the JSON encoder: the repr of these is their value.
+            return f"{zlib.crc32(repr(args).encode()):08x}"
     try:
         text = json.dumps([args, kwargs], separators=(",", ":"), sort_keys=True, default=_opaque)
     except (TypeError, ValueError):  # keys of mixed types, a cycle: compare the shape only
@@ -203,6 +210,8 @@ class _Flight:
         "caller",
         "counted",
         "failed_as",
+        "finishing_here",
+        "grace_timer",
         "in_body_task",
         "index",
         "inner",
@@ -238,6 +247,9 @@ class _Flight:
         self.failed_as: StepStatus | None = None
         #: the body's own task (async finish) or its thread's result, when it runs apart
         self.inner: asyncio.Future[Any] | None = None
+        #: a finish body runs in the task function's own task now (see _finish_here)
+        self.finishing_here = False
+        self.grace_timer: asyncio.TimerHandle | None = None
         self.thread: ThreadCall | None = None
         self.step: StepContext | None = None
         # The index is taken now, synchronously: concurrent calls are numbered in the order
@@ -257,6 +269,14 @@ class _Flight:
         if self.phase not in (_Phase.BODY, _Phase.WAIT) or (self.shielded and not self.run.forced):
             return
         caller = self.caller
+        if self.finishing_here and caller is not None:
+            # finish, in the task function's own task: cut at once if forced, else after grace
+            if self.run.forced:
+                self._cut()
+            elif self.grace_timer is None:
+                loop = asyncio.get_running_loop()
+                self.grace_timer = loop.call_later(self.spec.policy.grace, self._cut)
+            return
         if self.in_body_task or caller is None or caller.cancelling():
             return  # the task scope reaches it, or a cancel is on its way already (a gather's)
         self.native_cancels += 1
@@ -383,6 +403,8 @@ class _Flight:
         spec = self.spec
         if spec.is_async and self.policy is not CancelPolicy.FINISH:
             return await spec.fn(*self.args, **self.kwargs)
+        if spec.is_async and self.in_body_task and _no_scope_between(self.run):
+            return await self._finish_here()
         if spec.is_async:
             self.inner = asyncio.ensure_future(spec.fn(*self.args, **self.kwargs))
             if self.run.forced and not self.shielded:
@@ -394,6 +416,50 @@ class _Flight:
             self.inner = self.thread.result
         await _wait_done(self.inner)
         return self.inner.result()
+
+    async def _finish_here(self) -> Any:
+        """A ``finish`` body awaited by the task function itself: run it in this task.
+
+        While it runs, a cancel request holds back the cancel of the task's scope (see
+        :meth:`RunContext.request_cancel`) and gives the body ``grace`` (see :meth:`on_cancel`);
+        then it is cut by a cancel of this task. Cheaper than a task of its own: a sequential
+        step must stay cheap. The one cancel that reaches it otherwise is a host's cancel of
+        the task function's own task (an ``asyncio.timeout()`` around the call): the body is
+        then cut, and the step ``unknown``.
+        """
+        run = self.run
+        scope = run.task_scope
+        if scope is not None and scope.cancel_called and not run.forced:
+            return await self._finish_shielded()
+        self.finishing_here = True
+        run.hold_task_scope(+1)
+        try:
+            if run.forced and not self.shielded:
+                self._cut()  # a forced cancel came first: stopped at the body's first await
+            return await self.spec.fn(*self.args, **self.kwargs)
+        finally:
+            self.finishing_here = False
+            if self.grace_timer is not None:
+                self.grace_timer.cancel()
+            run.hold_task_scope(-1)
+
+    async def _finish_shielded(self) -> Any:
+        """:meth:`_finish_here` when the cancel came between the start and the body (the
+        task's scope is cancelled already): the body runs shielded, for at most grace."""
+        run = self.run
+        with anyio.move_on_after(self.spec.policy.grace, shield=True) as scope:
+            run.shield_scopes.append(scope)  # a forced cancel still cuts it
+            try:
+                return await self.spec.fn(*self.args, **self.kwargs)
+            finally:
+                run.shield_scopes.remove(scope)
+        raise _CANCELLED("the grace of a finish step ran out, or the cancel was forced")
+
+    def _cut(self) -> None:
+        """Stop a finish body running in the caller's task: cancel that task (taken back later)."""
+        if self.caller is not None and self.finishing_here:
+            self.native_cancels += 1
+            self.caller.cancel()
 
     # -- how the step ends ---------------------------------------------------------------------
 
@@ -546,6 +612,17 @@ async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
         except _CANCELLED:
             continue  # the caller will see the cancel it was already given
     task.result()
+
+
+def _no_scope_between(run: RunContext) -> bool:
+    """Whether the task function awaits this call directly in the run's own cancel scope, with
+    no cancel scope of its own in between (a ``move_on_after``, a ``shield``) that could cut a
+    finish body running in its task. Reads anyio's record of the task's scopes (the seam knows
+    the backend); anything unexpected answers False, the safe way (a task of its own).
+    """
+    body = run.body_task
+    state = None if body is None else _anyio_task_states.get(body)
+    return state is not None and state.cancel_scope is run.task_scope
 
 
 async def _wait_done(future: asyncio.Future[Any]) -> None:
