@@ -62,6 +62,7 @@ from .operator_sql import (
     summary_from_row,
     times_from_rows,
 )
+from .postgres_steps import StepWriter, write_deferred
 from .rows import (
     RUN_COLUMNS,
     error_to_text,
@@ -140,6 +141,8 @@ class PostgresStore:
         self._inflight: set[asyncio.Task[Any]] = set()
         self._sync_lock = threading.Lock()
         self._sync_conn: psycopg.Connection[DictRow] | None = None
+        #: the step path: every run's starts and settlements, group-committed
+        self._steps = StepWriter(self._connect, self._error)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -180,8 +183,10 @@ class PostgresStore:
             await self._stop_listener()
             raise self._error(error, connecting=True) from None
         self._pool = pool
+        self._steps.open()
 
     async def close(self) -> None:
+        await self._steps.close()
         pool, self._pool = self._pool, None
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
@@ -252,6 +257,10 @@ class PostgresStore:
         pool = self._pool
         if pool is None:
             raise StoreError(f"store {self._where} is not open")
+        # A deferred settlement commits before any other operation of this store object.
+        if self._steps.has_deferred():
+            await self._steps.flush()
+        self._steps.raise_deferred_error()
         # The operation runs in its own task: a caller cancelled while waiting stops waiting,
         # and the transaction still commits or rolls back whole (as in the SQLite store).
         task = asyncio.ensure_future(self._transact(pool, op, read_only))
@@ -434,39 +443,19 @@ class PostgresStore:
     async def start_step(
         self, run_id: str, step: StepStart, *, fence: str
     ) -> tuple[int, tuple[str, bool] | None]:
-        async def op(conn: _Conn) -> tuple[int, tuple[str, bool] | None]:
-            # One statement (one round trip): the fence check with its share lock, the upsert
-            # and the run's cancel state together.
-            cursor = await conn.execute(
-                _START_STEP,
-                (
-                    run_id,
-                    fence,
-                    run_id,
-                    step.index,
-                    step.tool,
-                    step.cancel,
-                    step.effect.value,
-                    step.idempotent,
-                    step.idempotency_key,
-                    step.args,
-                    step.cleanup,
-                    time.time(),
-                    step.call_id,
-                    step.fingerprint,
-                ),
-            )
-            row = await cursor.fetchone()
-            if row is None:
-                await _check_fence(conn, run_id, fence)  # raises why: unknown run, lost owner
-                raise StoreError(f"run {run_id!r}: step {step.index} could not be journaled")
-            if row["state"] != State.CANCELLING.value:
-                return row["attempts"], None
-            return row["attempts"], (row["reason"] or "user", bool(row["force"]))
-
+        # One statement with every run's step writes queued meanwhile (see postgres_steps): the
+        # fence check with its share lock, the upsert and the run's cancel state together.
+        row = _start_row(run_id, step, fence, time.time())
+        self._steps.raise_deferred_error()
         with anyio.CancelScope(shield=True):  # see Store.start_step
-            started = await self._run(op)
-        return started
+            started = await self._steps.start(row)
+            if started is None:
+                await self._run(partial(_check_fence, run_id=run_id, fence=fence))
+        if started is None:
+            raise StoreError(f"run {run_id!r}: step {step.index} could not be journaled")
+        if started.state != State.CANCELLING.value:
+            return started.attempts, None
+        return started.attempts, (started.reason or "user", started.force)
 
     async def settle_step(
         self,
@@ -479,32 +468,18 @@ class PostgresStore:
         fence: str,
         durable: bool = True,
     ) -> None:
+        # durable=False: held in memory and committed with the next write of this store (see
+        # postgres_steps and docs/design.md, "Why a settlement may ride with the next write").
         result_text = None if result is None else dump_json(result, f"step {index}'s result")
-
-        async def op(conn: _Conn) -> None:
-            if not durable:
-                # Committed and visible at once, flushed to disk by the next synchronous commit
-                # (of any session) or the WAL writer shortly after: a crash of this process loses
-                # nothing, a crash of the server at most the last few hundred milliseconds.
-                await conn.execute("SET LOCAL synchronous_commit = off")
-            cursor = await conn.execute(
-                _SETTLE_STEP,
-                (
-                    run_id,
-                    fence,
-                    status.value,
-                    result_text,
-                    error_to_text(error),
-                    time.time(),
-                    run_id,
-                    index,
-                ),
-            )
-            if not cursor.rowcount:
-                await _check_fence(conn, run_id, fence)  # raises if the run is not ours
-
+        row = (run_id, index, status.value, result_text, error_to_text(error), time.time(), fence)
+        self._steps.raise_deferred_error()
+        if not durable:
+            self._steps.defer(row)  # no wait: nothing to shield
+            return
         with anyio.CancelScope(shield=True):  # see Store.settle_step
-            await self._run(op)
+            if not await self._steps.settle(row):
+                # raises if the run is not ours; a step that was never started stays unwritten
+                await self._run(partial(_check_fence, run_id=run_id, fence=fence))
 
     async def append_partial(
         self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
@@ -531,6 +506,8 @@ class PostgresStore:
                     )
                 conn = self._sync_conn
                 with conn.transaction():
+                    # Deferred settlements first: they commit with this write, in order.
+                    write_deferred(conn, self._steps.take_deferred())
                     # No row lock here (see the module docstring): the last committed owner.
                     row = conn.execute(_SQL.fence_row, (run_id,)).fetchone()
                     if row is None:
@@ -808,33 +785,23 @@ async def _lock_run(conn: _Conn, run_id: str) -> RunRecord:
     return run_from_row(row)
 
 
-#: start_step in one statement; the CTE share-locks the run's row, as _check_fence does
-_START_STEP = """
-WITH run AS (
-    SELECT state, reason, force FROM haltwise.runs
-    WHERE id = %s AND owner_token = %s FOR SHARE
-)
-INSERT INTO haltwise.steps AS s (run_id, idx, tool, cancel, effect, idempotent, status, attempts,
-                                 idem_key, args, cleanup, started_at, call_id, fingerprint)
-SELECT %s::text, %s::integer, %s::text, %s::text, %s::text, %s::boolean, 'running', 1,
-       %s::text, %s::text, %s::boolean, %s::double precision, %s::text, %s::text
-FROM run
-ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = s.attempts + 1,
-    result = NULL, error = NULL, args = excluded.args, started_at = excluded.started_at,
-    settled_at = NULL, call_id = excluded.call_id, fingerprint = excluded.fingerprint,
-    errors = CASE WHEN s.error IS NULL THEN s.errors ELSE (coalesce(s.errors, '[]')::jsonb
-        || jsonb_build_array(s.error::jsonb || jsonb_build_object('attempt', s.attempts)))::text
-        END
-RETURNING s.attempts, (SELECT state FROM run) AS state, (SELECT reason FROM run) AS reason,
-    (SELECT force FROM run) AS force
-"""
-
-#: settle_step in one statement, fenced like _START_STEP
-_SETTLE_STEP = """
-WITH run AS (SELECT 1 FROM haltwise.runs WHERE id = %s AND owner_token = %s FOR SHARE)
-UPDATE haltwise.steps SET status = %s, result = %s, error = %s, settled_at = %s
-WHERE run_id = %s AND idx = %s AND EXISTS (SELECT 1 FROM run)
-"""
+def _start_row(run_id: str, step: StepStart, fence: str, now: float) -> tuple[Any, ...]:
+    """A step start as ``postgres_steps.START_COLUMNS`` lists them, then the fence."""
+    return (
+        run_id,
+        step.index,
+        step.tool,
+        step.cancel,
+        step.effect.value,
+        step.idempotent,
+        step.idempotency_key,
+        step.args,
+        step.cleanup,
+        now,
+        step.call_id,
+        step.fingerprint,
+        fence,
+    )
 
 
 async def _check_fence(conn: _Conn, run_id: str, fence: str) -> DictRow:
