@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 LINT_DIRS := $(wildcard src tests examples bench)
 # A hung test is interrupted (SIGINT: pytest prints where it hung) after TEST_TIMEOUT seconds,
 # and every test running longer than TEST_TRACEBACK_AFTER seconds dumps its thread stacks.
-TEST_TIMEOUT ?= 1200
+TEST_TIMEOUT ?= 2400
 TEST_TRACEBACK_AFTER ?= 300
 PYTEST_ARGS ?=
 

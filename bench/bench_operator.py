@@ -96,7 +96,7 @@ async def bulk_case(url: str, runs: int, bulk: bool) -> dict[str, float]:
             for run_id in ids:
                 await runtime.cancel(run_id, reason="one by one")
         requested = time.perf_counter() - start
-        while runtime.active_runs:
+        while runtime._active_runs:
             await anyio.sleep(0.001)
         done = time.perf_counter() - start
         last = await runtime.inspect(ids[-1])

@@ -213,7 +213,7 @@ async def test_hand_over_keeps_a_paused_run_paused_and_unpause_continues_it(
     async with haltwise.Runtime(store_url) as rt:
         await paused_after_a_step(rt)
         assert rt.is_paused("p1")
-        await rt.hand_over()
+        await rt._hand_over()
         run = (await rt.store.load("p1")).run
         assert (run.state, run.owner, run.pause) == (State.PAUSED, None, True)
     async with haltwise.Runtime(store_url) as other:
@@ -229,9 +229,9 @@ async def test_hand_over_keeps_a_paused_run_paused_and_unpause_continues_it(
 async def test_a_worker_taking_over_a_paused_run_keeps_it_paused(store_url: str) -> None:
     async with haltwise.Runtime(store_url) as rt:
         await paused_after_a_step(rt)
-        await rt.hand_over()
+        await rt._hand_over()
     async with haltwise.Runtime(store_url) as other:
-        handle = await other.adopt("p1", toolkit.one_step)
+        handle = await other._adopt("p1", toolkit.one_step)
         assert handle is not None
         await anyio.sleep(0.05)  # a wrong takeover would run on now
         snapshot = await other.store.load("p1")

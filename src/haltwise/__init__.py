@@ -36,10 +36,24 @@ from ._core.outcome import Retry as Retry
 from ._core.outcome import StepRecord as StepRecord
 from ._core.policy import CancelPolicy as CancelPolicy
 from ._core.policy import Effect as Effect
+from ._core.records import Event as Event
+from ._core.records import Owner as Owner
+from ._core.records import RunRecord as RunRecord
+from ._core.records import RunSnapshot as RunSnapshot
 from ._core.states import State as State
 from ._core.states import StepStatus as StepStatus
+from ._core.views import CancelBatch as CancelBatch
+from ._core.views import Change as Change
+from ._core.views import ChangeKind as ChangeKind
+from ._core.views import RunDetail as RunDetail
+from ._core.views import RunPage as RunPage
+from ._core.views import RunSummary as RunSummary
+from ._core.views import StepTimes as StepTimes
+from ._core.views import StepWait as StepWait
 from ._journal.check import CheckReport as CheckReport
+from ._journal.check import Finding as Finding
 from ._journal.check import verify_store as verify_store
+from ._runtime.fork import ForkPlan as ForkPlan
 from ._runtime.run_context import call_id as call_id
 from ._runtime.run_context import current_task_id as current_task_id
 from ._runtime.runtime import Runtime as Runtime
@@ -87,13 +101,19 @@ def run(
 __all__ = [
     "AttemptError",
     "BadRow",
+    "CancelBatch",
     "CancelPolicy",
     "Cancelled",
+    "Change",
+    "ChangeKind",
     "CheckReport",
     "ChildRunError",
     "CorruptRowError",
     "Effect",
     "ErrorInfo",
+    "Event",
+    "Finding",
+    "ForkPlan",
     "HaltwiseError",
     "InputError",
     "InvalidTransitionError",
@@ -103,10 +123,16 @@ __all__ = [
     "NotInTaskError",
     "OnCancel",
     "Outcome",
+    "Owner",
     "PolicyError",
     "ResumeRefusedError",
     "Retry",
+    "RunDetail",
     "RunOwnedError",
+    "RunPage",
+    "RunRecord",
+    "RunSnapshot",
+    "RunSummary",
     "Runtime",
     "SchemaError",
     "SchemaVersionError",
@@ -114,6 +140,8 @@ __all__ = [
     "StepRecord",
     "StepStatus",
     "StepTimeoutError",
+    "StepTimes",
+    "StepWait",
     "StoreError",
     "Task",
     "TaskHandle",

@@ -39,7 +39,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, final
 
 import anyio
 
@@ -87,6 +87,7 @@ SETTLE_TIMEOUT = 5.0
 Reset = Callable[[], object] | Callable[[], Awaitable[object]]
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class PointReport:
     """The cancel at one point: the state and advice it left, and what broke.
@@ -118,6 +119,7 @@ class PointReport:
         }
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ExploreReport:
     """What :func:`explore` found: the baseline outcome and one report per cancel point.
@@ -343,7 +345,9 @@ class _Explorer:
         async with self._runtime(run_id) as rt:
             probe = _Probe(rt, run_id, (point.kind, point.index), verb="pause")
             with tagged(run_id, 0):
-                await rt.start_named(self.task, self.args, self.kwargs, task_id=run_id, probe=probe)
+                await rt._start_named(
+                    self.task, self.args, self.kwargs, task_id=run_id, probe=probe
+                )
             paused = await _paused(rt, run_id)
             await rt.unpause(run_id)
             final, timed_out = await self._settled(rt, run_id)
@@ -367,7 +371,9 @@ class _Explorer:
         async with self._runtime(run_id) as rt:
             probe = _Probe(rt, run_id)
             with tagged(run_id, 0):
-                await rt.start_named(self.task, self.args, self.kwargs, task_id=run_id, probe=probe)
+                await rt._start_named(
+                    self.task, self.args, self.kwargs, task_id=run_id, probe=probe
+                )
             outcome, timed_out = await self._settled(rt, run_id)
         if timed_out:
             raise HaltwiseError(
@@ -388,7 +394,7 @@ class _Explorer:
         async with self._runtime(trial.run_id) as rt:
             probe = _Probe(rt, trial.run_id, (point.kind, point.index), force)
             with tagged(trial.run_id, 0):
-                await rt.start_named(
+                await rt._start_named(
                     self.task, self.args, self.kwargs, task_id=trial.run_id, probe=probe
                 )
             trial.cancelled, timed_out = await self._settled(rt, trial.run_id)

@@ -29,6 +29,7 @@ from .._runtime.tool import TOOLS, ToolSpec, as_spec
 __all__ = ["EffectRecord", "Execution", "Recorder", "record_effect", "tagged"]
 
 
+@final
 @dataclass(slots=True, eq=False)
 class Execution:
     """One start of a tool body as step ``index`` of run ``run_id``.
@@ -49,6 +50,7 @@ class Execution:
     result: Any = None
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class EffectRecord:
     """One call of :func:`record_effect`: an effect that happened, or (``undo``) was undone.

@@ -83,7 +83,7 @@ def run_command(
                     return _report(existing, as_json)
             check_fits(task, kwargs, target)
             async with signals_as_cancels(runtime, quiet=as_json) as foreground:
-                handle = await runtime.start_named(
+                handle = await runtime._start_named(
                     task,
                     (),
                     kwargs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, final
 
 from .policy import Effect
 from .states import State, StepStatus
@@ -24,6 +24,7 @@ class Retry(StrEnum):
     RESTART = "restart"
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ErrorInfo:
     """An exception as the journal keeps it: its type name and its text."""
@@ -39,6 +40,7 @@ class ErrorInfo:
         return {"type": self.type, "message": self.message}
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class AttemptError:
     """How one earlier attempt of a step failed: its attempt number (1 for the first)."""
@@ -50,6 +52,7 @@ class AttemptError:
         return {"attempt": self.attempt, **self.error.to_json()}
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     """One step (one tool call) as journaled.
@@ -132,6 +135,7 @@ def advice(state: State, *, unknown_unsafe: bool, repeats_harm: bool) -> Retry:
     return Retry.RESTART
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """The state of a run with everything a caller needs to decide what to do next.

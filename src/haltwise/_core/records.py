@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, final
 
 from .exceptions import InputError
 from .outcome import ErrorInfo, Outcome, StepRecord
@@ -17,6 +17,7 @@ from .states import State
 PartialKey = tuple[int | None, int]
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Owner:
     """Who is working a run: a process on a host, identified beyond pid reuse.
@@ -47,6 +48,7 @@ class Owner:
         )
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class RunRecord:
     """One run as journaled (without its steps and partial results)."""
@@ -69,6 +71,7 @@ class RunRecord:
     updated_at: float = 0.0
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Event:
     """One recorded transition of a run (``source`` is ``None`` for the run's creation)."""
@@ -81,6 +84,7 @@ class Event:
     at: float
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class RunSnapshot:
     """A run with its steps (by index) and partial results (in order), read in one transaction.

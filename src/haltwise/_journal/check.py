@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, final
 
 import anyio
 
@@ -18,6 +18,7 @@ from .store import Store, open_store
 _T = TypeVar("_T")
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One broken promise in a store: which run, a stable ``code``, and a readable message."""
@@ -30,6 +31,7 @@ class Finding:
         return {"run": self.run, "code": self.code, "message": self.message}
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class CheckReport:
     """The result of :func:`verify`: ``ok`` when there are no findings."""

@@ -45,7 +45,7 @@ async def _run_child(task: Task[..., Any], args: tuple[Any, ...], kwargs: dict[s
     parent = step.run
     runtime = parent.runtime
     child_id = f"{parent.run_id}/{step.index}"
-    handle = await runtime.start_or_resume_child(task, args, kwargs, child_id, parent.run_id)
+    handle = await runtime._start_or_resume_child(task, args, kwargs, child_id, parent.run_id)
     try:
         outcome = await handle.outcome()
     except anyio.get_cancelled_exc_class():

@@ -15,7 +15,7 @@ but the copied ones come before the task's own where the source interleaved them
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, final
 
 from .._core.exceptions import InputError
 from .._core.outcome import StepRecord
@@ -23,6 +23,7 @@ from .._core.records import RunSnapshot
 from .._core.states import StepStatus
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ForkPlan:
     """What a fork of run ``source`` from step ``from_step`` will do.

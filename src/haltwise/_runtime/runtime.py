@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, final
 
 import anyio
 from anyio.abc import TaskGroup
@@ -50,6 +50,7 @@ from .takeover import refuse_unknown
 from .tool import TASKS, Task
 
 
+@final
 class TaskHandle:
     """A handle on one run, by id; valid whether or not this runtime is working the run."""
 
@@ -90,6 +91,7 @@ class TaskHandle:
         return f"<haltwise.TaskHandle {self.id}>"
 
 
+@final
 class Runtime:
     """Runs tasks against a store. Use as ``async with haltwise.Runtime(url) as rt:``.
 
@@ -101,14 +103,14 @@ class Runtime:
     ``"shutdown"`` (each settling by its policies) and waits for them to end.
     """
 
-    def __init__(self, store: str | Store | None = None, *, lease: float = DEFAULT_LEASE) -> None:
+    def __init__(self, store: str | None = None, *, lease: float = DEFAULT_LEASE) -> None:
         if (
             isinstance(lease, bool)
             or not isinstance(lease, int | float)
             or not 0 < lease < math.inf
         ):
             raise InputError(f"lease must be a finite number of seconds > 0, not {lease!r}")
-        self.store: Store = open_store(store) if store is None or isinstance(store, str) else store
+        self.store: Store = open_store(store)
         self.lease = lease
         self.owner = new_owner()
         self._active: dict[str, RunContext] = {}
@@ -168,9 +170,9 @@ class Runtime:
         start only. Raises :class:`~haltwise.InputError` if the arguments do not fit the task or
         are not JSON-serialisable.
         """
-        return await self.start_named(task, args, kwargs, task_id=task_id, deadline=deadline)
+        return await self._start_named(task, args, kwargs, task_id=task_id, deadline=deadline)
 
-    async def start_named(
+    async def _start_named(
         self,
         task: Task[..., Any],
         args: tuple[Any, ...],
@@ -328,7 +330,7 @@ class Runtime:
         self._launch(ctx, source.inputs, deadline)
         return TaskHandle(self, run_id)
 
-    async def adopt(self, task_id: str, task: Task[..., Any]) -> TaskHandle | None:
+    async def _adopt(self, task_id: str, task: Task[..., Any]) -> TaskHandle | None:
         """Take over a run for a worker: a ``pending`` run, or one whose owner is gone.
 
         Unlike :meth:`resume`, a ``cancelling`` run is only finished (recorded ``cancelled``),
@@ -409,7 +411,7 @@ class Runtime:
         self._launch(ctx, snapshot.run.inputs, deadline)
         return TaskHandle(self, task_id)
 
-    async def hand_over(self) -> None:
+    async def _hand_over(self) -> None:
         """Stop working every run here without cancelling it (a worker's SIGTERM).
 
         Each in-flight step settles by its policy as for a cancel (interruptible steps are
@@ -417,11 +419,11 @@ class Runtime:
         then the run is released: it stays ``running`` with no owner, and another worker or a
         ``resume`` takes it over at once. A run that completes meanwhile is recorded completed.
         """
-        self.begin_hand_over()
+        self._begin_hand_over()
         for ctx in list(self._active.values()):
             await ctx.done.wait()
 
-    def count_concurrent_steps(self, delta: int) -> None:
+    def _count_concurrent_steps(self, delta: int) -> None:
         """A step began (+1) or settled (-1) beside its run's own code, concurrently with it.
 
         The store is told how many things write at once: with more than one, it batches their
@@ -431,11 +433,11 @@ class Runtime:
         self.store.set_concurrency(len(self._active) + self._side_steps)
 
     @property
-    def active_runs(self) -> int:
+    def _active_runs(self) -> int:
         """How many runs this runtime is working right now."""
         return len(self._active)
 
-    def begin_hand_over(self) -> int:
+    def _begin_hand_over(self) -> int:
         """The first half of :meth:`hand_over`: tell every run here to stop; return how many."""
         for ctx in self._active.values():
             ctx.handing_over = True
@@ -470,7 +472,7 @@ class Runtime:
         )
         return record.id, created
 
-    async def start_or_resume_child(
+    async def _start_or_resume_child(
         self,
         task: Task[..., Any],
         args: tuple[Any, ...],
@@ -486,7 +488,7 @@ class Runtime:
         try:
             snapshot = await self.store.load(child_id)
         except UnknownRunError:
-            return await self.start_named(task, args, kwargs, task_id=child_id, parent=parent)
+            return await self._start_named(task, args, kwargs, task_id=child_id, parent=parent)
         if snapshot.run.parent != parent:
             raise HaltwiseError(
                 f"run {child_id!r} exists and was not created by run {parent!r}: "
@@ -539,7 +541,7 @@ class Runtime:
         # rollback step's compensation and the task's saga cannot run (the step is unknown).
         task = registered_task(run) or stand_in_task(run.task)
         with contextlib.suppress(RunOwnedError):  # another process took it first: it finishes
-            await self.adopt(task_id, task)
+            await self._adopt(task_id, task)
         return (await self.store.load(task_id)).run
 
     async def cancel_many(

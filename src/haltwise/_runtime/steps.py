@@ -86,7 +86,7 @@ async def call_tool(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any
     finally:
         run.land(flight.index)
         if flight.counted:
-            run.runtime.count_concurrent_steps(-1)
+            run.runtime._count_concurrent_steps(-1)
     if time.monotonic() >= run.next_yield:
         await _between_steps(run, flight.replayed)
     if run.probe is not None:
@@ -104,7 +104,7 @@ async def _between_steps(run: RunContext, replayed: bool) -> None:
     fast path (one run active). At most one per _YIELD_INTERVAL: a run that yields at every
     step spends ~5% of a trivial step on it. A cancel landing here is the checkpoint's.
     """
-    if run.runtime.active_runs > 1 and not replayed:
+    if run.runtime._active_runs > 1 and not replayed:
         return
     run.next_yield = time.monotonic() + _YIELD_INTERVAL
     try:
@@ -343,7 +343,7 @@ class _Flight:
         if not self.in_body_task:
             # Beside the task function's own code: the store batches its writes with others.
             self.counted = True
-            run.runtime.count_concurrent_steps(+1)
+            run.runtime._count_concurrent_steps(+1)
         try:
             _, stored_cancel = await run.store.start_step(run.run_id, start, fence=run.fence)
         except _CANCELLED:

@@ -183,10 +183,17 @@ def register_task(task: Task[..., Any]) -> None:
 
     A run is resumed by its task's name, so two tasks of one name in a process would make a
     resume run whichever came last: :class:`~haltwise.PolicyError` at the second declaration.
-    The same function declared again (its module loaded again) replaces the earlier one.
+    The same function declared again (its module loaded again) replaces the earlier one, and so
+    does a task of another file with the same file name (``dir1/agent.py`` then ``dir2/agent.py``,
+    both ``agent.py:research``): such runs record their file, and are resumed from it.
     """
     earlier = TASKS.get(task.name)
-    if earlier is not None and qualified_name(earlier.fn) != qualified_name(task.fn):
+    other_file = task.source is not None and earlier is not None and earlier.source != task.source
+    if (
+        earlier is not None
+        and not other_file
+        and qualified_name(earlier.fn) != qualified_name(task.fn)
+    ):
         raise PolicyError(
             f"a task named {task.name!r} is already declared ({qualified_name(earlier.fn)}); "
             f"{qualified_name(task.fn)} needs another name (@haltwise.task(name=...))"

@@ -38,7 +38,7 @@ class Worker:
     """Works the runs of ``tasks`` (a mapping from the names runs record to the tasks).
 
     At most ``concurrency`` runs at a time. :meth:`serve` returns once ``stop`` is set and
-    every run it holds has been handed over (see :meth:`Runtime.hand_over`).
+    every run it holds has been handed over (see :meth:`Runtime._hand_over`).
     """
 
     def __init__(
@@ -69,10 +69,10 @@ class Worker:
             await stop.wait()
             group.cancel_scope.cancel()
         with anyio.CancelScope(shield=True):
-            stopping = self.runtime.begin_hand_over()
+            stopping = self.runtime._begin_hand_over()
             if self.on_hand_over is not None:
                 self.on_hand_over(stopping)
-            await self.runtime.hand_over()
+            await self.runtime._hand_over()
 
     async def _loop(self, stop: anyio.Event) -> None:
         store = self.runtime.store
@@ -163,7 +163,7 @@ class Worker:
     async def _adopt(self, run_id: str) -> None:
         try:
             snapshot = await self.runtime.store.load(run_id)
-            handle = await self.runtime.adopt(run_id, self.tasks[snapshot.run.task])
+            handle = await self.runtime._adopt(run_id, self.tasks[snapshot.run.task])
         except (RunOwnedError, UnknownRunError):
             return  # another worker was quicker
         except CorruptRowError as error:

@@ -170,7 +170,7 @@ class TaskServer:
     async def _start(
         self, served: ServedTask, arguments: dict[str, Any], run_id: str
     ) -> TaskHandle:
-        handle = await self.runtime.start_named(
+        handle = await self.runtime._start_named(
             served.task,
             (),
             arguments,
