@@ -38,7 +38,7 @@ import fleet_agent
 import haltwise
 from haltwise import Outcome, Retry, Runtime, State, StepStatus
 from haltwise._core.records import Owner, RunSnapshot
-from haltwise._journal.store import NewRun, Store, open_store
+from haltwise._journal.store import NewRun, Store
 
 WORKER = Path(__file__).with_name("fleet_worker.py")
 ACTIVE = (State.PENDING, State.RUNNING, State.CANCELLING)
@@ -718,7 +718,9 @@ async def one_write() -> str:
 @pytest.mark.anyio
 async def test_a_store_error_while_committing_a_step_never_runs_it_again(store_url: str) -> None:
     ROWS_WRITTEN.clear()
-    async with Runtime(CommitFailsOnce(open_store(store_url))) as runtime:
+    runtime = Runtime(store_url)
+    runtime.store = CommitFailsOnce(runtime.store)  # type: ignore[assignment]
+    async with runtime:
         await runtime.start(one_write, task_id="w")
         with contextlib.suppress(haltwise.StoreError):  # the journal could not be written
             await runtime.outcome("w")
