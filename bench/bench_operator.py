@@ -36,6 +36,7 @@ from pathlib import Path
 
 import anyio
 from _report import header, percentile, table
+from bench_cross_process import read_event, spawn_target
 
 import haltwise
 
@@ -142,25 +143,6 @@ def server(url: str, root: Path) -> Iterator[tuple[str, str]]:
         yield served.host, served.token
     finally:
         served.stop()
-
-
-def spawn_target(url: str, trials: int) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(HERE / "_cancel_target.py"), url, str(trials)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-
-
-def read_event(proc: subprocess.Popen[str], kind: str) -> list[str]:
-    assert proc.stdout is not None
-    while True:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the target process ended early")
-        fields = line.split()
-        if fields[0] == kind:
-            return fields
 
 
 def api_cancels(url: str, trials: int, root: Path) -> list[float]:
