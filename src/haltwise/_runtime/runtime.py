@@ -508,8 +508,8 @@ class Runtime:
         ``cancelling`` for a running one, unchanged for a final one. Raises
         :class:`~haltwise.UnknownRunError` for an unknown id.
         """
-        if not isinstance(reason, str) or not reason:
-            raise InputError("a cancel reason must be a non-empty string")
+        _check_reason(reason)
+        _check_no_nul(task_id, "a run id")
         record = await self.store.request_cancel(task_id, reason, force=force)
         return await self._after_cancel(record)
 
@@ -560,13 +560,14 @@ class Runtime:
         Each run is cancelled as by :meth:`cancel` (and a run nobody works is settled here);
         ``dry_run`` changes nothing and reports which runs would be cancelled.
         """
-        if not isinstance(reason, str) or not reason:
-            raise InputError("a cancel reason must be a non-empty string")
+        _check_reason(reason)
         chosen = parse_state(state)
         if chosen is not None and chosen.is_final:
             raise InputError(f"a {chosen} run cannot be cancelled: name an active state")
         if ids is not None and (task is not None or chosen is not None):
             raise InputError("name runs by id, or by task and state, not both")
+        for text in [*(ids or ()), task or ""]:
+            _check_no_nul(text, "a run id or task name")
         tasks = None if task is None else await resolve_task(self.store, task)
         result = await self.store.request_cancels(
             ids=None if ids is None else list(dict.fromkeys(ids)),
@@ -885,3 +886,16 @@ def _check_step_indexes(
         raise InputError(f"step {min(both)} cannot be both assumed done and rerun", task_id=task_id)
     for index in done:
         dump_json(done[index], f"the assumed result of step {index}")
+
+
+def _check_reason(reason: object) -> None:
+    """A cancel reason is a non-empty string a store can hold (no NUL character)."""
+    if not isinstance(reason, str) or not reason:
+        raise InputError("a cancel reason must be a non-empty string")
+    _check_no_nul(reason, "a cancel reason")
+
+
+def _check_no_nul(text: str, what: str) -> None:
+    # PostgreSQL text cannot hold NUL: refused as bad input here, for both stores alike.
+    if isinstance(text, str) and "\x00" in text:
+        raise InputError(f"{what} cannot contain a NUL character")
