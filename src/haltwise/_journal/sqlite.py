@@ -364,6 +364,7 @@ class SQLiteStore:
         cancel_error: ErrorInfo | None = UNSET,
         owner: Owner | None = UNSET,
         lease_until: float | None = UNSET,
+        settle_on_cancel: bool = UNSET,
         fence: str | None = None,
     ) -> RunRecord:
         fields = transition_fields(
@@ -374,6 +375,7 @@ class SQLiteStore:
             cancel_error=cancel_error,
             owner=owner,
             lease_until=lease_until,
+            settle_on_cancel=settle_on_cancel,
         )
 
         def op(conn: sqlite3.Connection) -> RunRecord:

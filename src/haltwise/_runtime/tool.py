@@ -6,12 +6,11 @@ import functools
 import inspect
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload, runtime_checkable
 
 from .._core.exceptions import NotInTaskError, PolicyError
-from .._core.policy import CancelPolicy, Effect, ToolPolicy
+from .._core.policy import CancelPolicy, Effect, OnCancel, ToolPolicy
 from .steps import call_tool as _call_tool
 
 P = ParamSpec("P")
@@ -163,15 +162,6 @@ def tool_function(spec: ToolSpec) -> Tool[..., Any]:
     for attribute, value in attributes.items():
         setattr(made, attribute, value)
     return made
-
-
-class OnCancel(StrEnum):
-    """What a task does with its committed steps when it is cancelled."""
-
-    #: committed steps stay committed (the default)
-    KEEP = "keep"
-    #: compensate every committed ``rollback`` step, in reverse order (a saga)
-    COMPENSATE = "compensate"
 
 
 #: Every task declared in this process, by name (what a run records as its ``task``).
