@@ -126,13 +126,15 @@ def last_answer_only() -> None:
     Script.model = ScriptedModel([[assistant_message("bought tea")]])
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
 @pytest.mark.parametrize("policy", sorted(GATED))
 async def test_a_haltwise_cancel_inside_each_policys_tool_then_resume(
-    sqlite_url: str, policy: str
+    sqlite_url: str, policy: str, streamed: bool
 ) -> None:
     Script.model = ScriptedModel(turns(policy))
-    await fw_kit.cancel_in_tool_then_resume(sqlite_url, shop, policy, last_answer_only)
-    assert len(Script.model.calls) == 1  # journaled turns were not asked again
+    task = shop_streamed if streamed else shop
+    await fw_kit.cancel_in_tool_then_resume(sqlite_url, task, policy, last_answer_only)
+    assert len(Script.model.calls) == 1  # journaled (streamed) turns were not asked again
 
 
 async def test_a_cancel_while_the_model_is_answering_lands_at_once(sqlite_url: str) -> None:
@@ -284,12 +286,3 @@ async def test_a_cancel_while_the_model_streams_lands_at_once(sqlite_url: str) -
         sqlite_url, shop_streamed, Script.delta_seen, last_answer_only
     )
     assert len(Script.model.calls) == 1
-
-
-@pytest.mark.parametrize("policy", sorted(GATED))
-async def test_a_streamed_run_cancelled_in_each_policys_tool_replays_on_resume(
-    sqlite_url: str, policy: str
-) -> None:
-    Script.model = ScriptedModel(turns(policy))
-    await fw_kit.cancel_in_tool_then_resume(sqlite_url, shop_streamed, policy, last_answer_only)
-    assert len(Script.model.calls) == 1  # journaled streamed turns were not asked again
