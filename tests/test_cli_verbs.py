@@ -111,16 +111,22 @@ def test_unpause_continues_a_paused_run_whose_owner_died(env: Env) -> None:
     assert env.effects() == ["search", "record:cats", "think", "record:done"], "nothing repeated"
 
 
-def test_a_worker_hands_a_paused_run_over_and_another_keeps_it_paused(env: Env) -> None:
-    env.hw("submit", "agent.py:flow", "--input", '{"policy": "interruptible"}', "--id", "w1")
-    first = env.popen("worker", "agent.py")
-    env.wait_for("w1", "its step in flight", lambda s: step_is(s, 2, "running"))
-    assert env.hw("pause", "w1").returncode == 0
+def handed_over_paused(env: Env, run_id: str, target: str, *submit: str) -> None:
+    """Submit ``run_id``, let a worker run it to its gated step 2, pause it there, then SIGTERM
+    the worker: the run is left paused, handed over (no owner)."""
+    assert env.hw("submit", target, *submit, "--id", run_id).returncode == 0
+    worker = env.popen("worker", "agent.py")
+    env.wait_in_flight(run_id)
+    assert env.hw("pause", run_id).returncode == 0
     env.release("think")
-    paused(env, "w1")
-    first.send_signal(signal.SIGTERM)
-    _, err = first.communicate(timeout=PATIENCE)
-    assert first.returncode == 0, err
+    paused(env, run_id)
+    worker.send_signal(signal.SIGTERM)
+    _, err = worker.communicate(timeout=PATIENCE)
+    assert worker.returncode == 0, err
+
+
+def test_a_worker_hands_a_paused_run_over_and_another_keeps_it_paused(env: Env) -> None:
+    handed_over_paused(env, "w1", "agent.py:flow", "--input", '{"policy": "interruptible"}')
     held = env.status("w1")
     assert held is not None and held["state"] == "paused", "handed over, still paused"
     second = env.popen("worker", "agent.py")
@@ -219,15 +225,7 @@ def test_a_cancel_of_a_paused_saga_whose_owner_died_runs_the_saga_itself(env: En
 
 
 def test_a_cancel_of_a_paused_saga_a_worker_handed_over_runs_the_saga(env: Env) -> None:
-    assert env.hw("submit", "agent.py:notes", "--id", "g3").returncode == 0
-    worker = env.popen("worker", "agent.py")
-    env.wait_in_flight("g3")
-    assert env.hw("pause", "g3").returncode == 0
-    env.release("think")
-    paused(env, "g3")
-    worker.send_signal(signal.SIGTERM)
-    _, err = worker.communicate(timeout=PATIENCE)
-    assert worker.returncode == 0, err
+    handed_over_paused(env, "g3", "agent.py:notes")
     cancelled = env.hw("cancel", "g3", "--wait")
     assert cancelled.returncode == 0, cancelled.stderr
     assert "settled here" in cancelled.stdout

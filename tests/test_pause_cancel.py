@@ -11,32 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio
 import pytest
 
 import haltwise
 import toolkit
 from haltwise import State, StepStatus
 from haltwise._journal.check import verify
+from test_pause import _fresh_toolkit, wait_for_state  # noqa: F401 (an autouse fixture)
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(autouse=True)
-def _fresh_toolkit() -> None:
-    toolkit.reset()
-
-
-async def wait_for_state(
-    rt: haltwise.Runtime, run_id: str, state: State, timeout: float = 20.0
-) -> haltwise.Outcome:
-    """Poll the journal (with a deadline) until the run is in ``state``."""
-    with anyio.fail_after(timeout):
-        while True:
-            outcome = await rt.status(run_id)
-            if outcome.state is state:
-                return outcome
-            await anyio.sleep(0.002)
 
 
 @haltwise.task(on_cancel="compensate", name="test_pause_cancel:notes")
