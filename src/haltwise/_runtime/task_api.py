@@ -129,12 +129,9 @@ async def shield(seconds: float) -> AsyncIterator[None]:
         if run is None:
             yield
             return
-        if run.forced:
-            scope.cancel()
         token = SHIELDED.set(True)
-        run.shield_scopes.append(scope)
         try:
-            yield
+            with run.cancel.shielding(scope):  # a forced cancel cancels it (at once if forced)
+                yield
         finally:
             SHIELDED.reset(token)
-            run.shield_scopes.remove(scope)
