@@ -42,7 +42,7 @@ from .._core.exceptions import (
     StoreError,
     UnknownStepError,
 )
-from .._core.outcome import ErrorInfo, StepRecord
+from .._core.outcome import ErrorInfo, StepRecord, blocks_resume
 from .._core.policy import CancelPolicy
 from .._core.records import JSONText, dump_json
 from .._core.states import StepStatus
@@ -155,7 +155,7 @@ def _replay(run: RunContext, journaled: StepRecord, spec: ToolSpec, print_: str)
             )
             raise run.poison
         return journaled.result
-    if status is StepStatus.UNKNOWN and not (journaled.idempotent or journaled.index in run.rerun):
+    if blocks_resume(journaled, run.rerun):
         raise UnknownStepError(run.run_id, journaled.index, journaled.tool)
     return _RUN_AGAIN
 
