@@ -44,7 +44,7 @@ from .operator import (
     resolve_task,
     stand_in_task,
 )
-from .pause import deliver_pause_signals
+from .pause import PauseGate, deliver_pause_signals, relay_to_children
 from .run_context import Probe, RunContext
 from .steps import execute_step
 from .takeover import refuse_unknown
@@ -508,14 +508,30 @@ class Runtime:
 
     async def _settle_orphan(self, task_id: str) -> RunRecord:
         """Finish the cancel of a run nobody works, as a takeover would (CONTRACT.md, cancel):
-        settle its steps by their policies, run its saga, record ``cancelled``."""
-        run = (await self.store.load(task_id)).run
+        settle its steps by their policies, run its saga, record ``cancelled``; then cancel its
+        child runs that were in flight, with reason ``"parent"`` (each settled here in turn if
+        nobody works it either)."""
+        snapshot = await self.store.load(task_id)
+        run = snapshot.run
         # Without its task here, its steps still settle by their journaled policies, but a
         # rollback step's compensation and the task's saga cannot run (the step is unknown).
         task = registered_task(run) or stand_in_task(run.task)
         with contextlib.suppress(RunOwnedError):  # another process took it first: it finishes
             await self._adopt(task_id, task)
+        for step in snapshot.steps:
+            if step.status in _MAY_HOLD_A_CHILD:
+                await self._cancel_child(task_id, f"{task_id}/{step.index}", force=run.force)
         return (await self.store.load(task_id)).run
+
+    async def _cancel_child(self, parent: str, child_id: str, *, force: bool) -> None:
+        """Cancel ``child_id`` with reason ``"parent"`` if it is an active child run of
+        ``parent`` (the step may be any other tool: then there is no such run)."""
+        try:
+            child = (await self.store.load(child_id)).run
+        except UnknownRunError:
+            return
+        if child.parent == parent and not child.state.is_final:
+            await self.cancel(child_id, reason="parent", force=force)
 
     async def cancel_many(
         self,
@@ -627,14 +643,17 @@ class Runtime:
         it ``cancelled`` at once, unless it has something to settle: a child run paused with it,
         or an ``on_cancel="compensate"`` saga to run; it is then ``cancelling`` until its owner,
         or the canceller if nobody works it, has settled that). A ``pending`` run pauses at its
-        first checkpoint once it runs. Returns the run as it is right after the request; a run
-        that is ``cancelling``, ``paused`` or final is left as it is. Raises
+        first checkpoint once it runs. A parent's pause pauses its child runs in flight (and
+        theirs): the parent is paused once they are, its child step still waiting for them;
+        :meth:`unpause` of the parent unpauses them. Returns the run as it is right after the
+        request; a run that is ``cancelling``, ``paused`` or final is left as it is. Raises
         :class:`~haltwise.UnknownRunError` for an unknown id.
         """
         record = await self.store.request_pause(task_id)
         ctx = self._active.get(task_id)
         if ctx is not None and record.pause and not ctx.pause.requested:
             ctx.pause.request()
+            await relay_to_children(ctx)
         return record
 
     async def unpause(self, task_id: str, *, task: Task[..., Any] | None = None) -> RunRecord:
@@ -656,6 +675,7 @@ class Runtime:
         ctx = self._active.get(task_id)
         if ctx is not None and not record.pause:
             ctx.pause.lift()
+            await relay_to_children(ctx)
         return record
 
     def is_paused(self, task_id: str) -> bool:
@@ -837,7 +857,8 @@ class Runtime:
 @final
 class RuntimeHost:
     """A :class:`Runtime` as the runs it works see it (the :class:`~.run_context.RunHost`
-    protocol): start a child, cancel a run, how many runs and side steps are active."""
+    protocol): start a child, cancel, pause or unpause a run, a run's pause gate, how many runs
+    and side steps are active."""
 
     __slots__ = ("_runtime",)
 
@@ -853,6 +874,21 @@ class RuntimeHost:
 
     async def cancel(self, task_id: str, *, reason: str, force: bool = False) -> RunRecord:
         return await self._runtime.cancel(task_id, reason=reason, force=force)
+
+    async def pause(self, task_id: str) -> RunRecord:
+        return await self._runtime.pause(task_id)
+
+    async def unpause(self, task_id: str) -> RunRecord:
+        return await self._runtime.unpause(task_id)
+
+    def pause_gate(self, task_id: str) -> PauseGate | None:
+        ctx = self._runtime._active.get(task_id)
+        return None if ctx is None else ctx.pause
+
+    async def stopped(self, task_id: str) -> None:
+        ctx = self._runtime._active.get(task_id)
+        if ctx is not None:
+            await ctx.done.wait()
 
     async def start_child(
         self,
@@ -883,6 +919,11 @@ class RuntimeHost:
         if snapshot.run.state is State.COMPLETED:
             return TaskHandle(runtime, child_id)
         return await runtime.resume(child_id, task=task)
+
+
+#: the statuses of a child step whose child run may still be active (in flight; interrupted by a
+#: hand-over, which hands the child over too; forced)
+_MAY_HOLD_A_CHILD = frozenset({StepStatus.RUNNING, StepStatus.INTERRUPTED, StepStatus.UNKNOWN})
 
 
 def _check_deadline(deadline: float | None) -> None:
