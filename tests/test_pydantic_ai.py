@@ -123,8 +123,26 @@ async def shop_events(prompt: str) -> str:
     raise AssertionError("no result event")
 
 
-#: the agent's entry points: run, run_stream, run_stream_events
-ENTRY = {"run": shop, "run_stream": shop_streamed, "run_stream_events": shop_events}
+@haltwise.task
+async def shop_iter(prompt: str) -> str:
+    """The same agent node by node (``iter``), each model request streamed by its node."""
+    async with make_agent().iter(prompt) as run:
+        async for node in run:
+            if Agent.is_model_request_node(node):
+                async with node.stream(run.ctx) as stream:
+                    async for _ in stream:
+                        pass
+    assert run.result is not None
+    return run.result.output
+
+
+#: the agent's entry points
+ENTRY = {
+    "run": shop,
+    "run_stream": shop_streamed,
+    "run_stream_events": shop_events,
+    "iter": shop_iter,
+}
 
 
 def calls(*parts: tuple[str, dict[str, Any], str]) -> ModelResponse:

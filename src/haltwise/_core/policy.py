@@ -218,3 +218,12 @@ def _parse_backoff(backoff: tuple[float, float, float] | None, name: str) -> Bac
     if not (0 <= first <= most and factor >= 1):
         raise wrong
     return Backoff(float(first), float(factor), float(most))
+
+
+class OnCancel(StrEnum):
+    """What a task does with its committed steps when it is cancelled."""
+
+    #: committed steps stay committed (the default)
+    KEEP = "keep"
+    #: compensate every committed ``rollback`` step, in reverse order (a saga)
+    COMPENSATE = "compensate"

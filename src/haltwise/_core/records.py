@@ -61,6 +61,11 @@ class RunRecord:
     force: bool = False
     #: a pause was requested and not undone (stays set while the run is ``paused``)
     pause: bool = False
+    #: set while the run is ``paused`` when a cancel has something to settle (a step still in
+    #: flight: a child run paused with it; its saga to run): the cancel then makes it
+    #: ``cancelling`` for its owner (or, if nobody works it, the canceller) to finish, instead of
+    #: ending it ``cancelled`` at once
+    settle_on_cancel: bool = False
     result: Any = None
     error: ErrorInfo | None = None
     cancel_error: ErrorInfo | None = None

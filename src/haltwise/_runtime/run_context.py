@@ -24,6 +24,7 @@ from .._core.outcome import Outcome, StepRecord
 from .._core.records import PartialKey, RunSnapshot
 from .cancel_state import CancelState
 from .pause import PauseGate
+from .progress import Pulse
 
 if TYPE_CHECKING:
     from .._journal.store import Store
@@ -181,6 +182,8 @@ class RunContext:
     body_task: asyncio.Task[Any] | None = None
     done: anyio.Event = field(default_factory=anyio.Event)
     pause: PauseGate = field(default_factory=PauseGate)
+    #: pulsed each time the run journals a partial result (see progress.Pulse)
+    progress: Pulse = field(default_factory=Pulse)
 
     @classmethod
     def for_snapshot(cls, snapshot: RunSnapshot | None, **fields: Any) -> RunContext:

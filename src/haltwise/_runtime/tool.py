@@ -11,12 +11,11 @@ import functools
 import inspect
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload, runtime_checkable
 
 from .._core.exceptions import NotInTaskError, PolicyError
-from .._core.policy import CancelPolicy, Effect, ToolPolicy
+from .._core.policy import CancelPolicy, Effect, OnCancel, ToolPolicy
 from .run_context import CURRENT_RUN, CURRENT_STEP
 
 P = ParamSpec("P")
@@ -191,15 +190,6 @@ async def _call_plainly(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str,
     if spec.is_async:
         return await spec.fn(*args, **kwargs)
     return spec.fn(*args, **kwargs)
-
-
-class OnCancel(StrEnum):
-    """What a task does with its committed steps when it is cancelled."""
-
-    #: committed steps stay committed (the default)
-    KEEP = "keep"
-    #: compensate every committed ``rollback`` step, in reverse order (a saga)
-    COMPENSATE = "compensate"
 
 
 #: Every task declared in this process, by name (what a run records as its ``task``).
