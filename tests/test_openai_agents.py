@@ -8,12 +8,20 @@ answer the wrong turn (or raise ``UnexpectedModelCall``), and ``calls`` counts e
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from agents import Agent, RunConfig, Runner
 from agents.result import RunResultStreaming
-from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+from agents.stream_events import RawResponsesStreamEvent
+from agents.testing import (
+    ModelCall,
+    ModelStep,
+    ScriptedModel,
+    assistant_message,
+    function_call,
+)
 
 import fw_kit
 import haltwise
@@ -21,6 +29,7 @@ from fw_kit import GATED, Kit
 from haltwise.integrations.openai_agents import (
     JournaledModel,
     close_dangling,
+    conversation,
     function_tool,
     run_streamed,
 )
@@ -31,16 +40,19 @@ CONFIG = RunConfig(tracing_disabled=True)
 
 
 class Script:
-    """The scripted model the next run's agent talks to, and the streamed results it made."""
+    """The scripted model the next run's agent talks to, the streamed results it made, and the
+    model's events the streamed task saw (with a gate set at the first text delta)."""
 
     model = ScriptedModel([])
     streams: list[RunResultStreaming] = []
+    seen: list[str] = []
+    delta_seen = fw_kit.Gate()
 
 
 @pytest.fixture(autouse=True)
 def fresh() -> None:
     fw_kit.reset()
-    Script.streams = []
+    Script.streams, Script.seen, Script.delta_seen = [], [], fw_kit.Gate()
 
 
 def make_agent() -> Agent[Any]:
@@ -62,6 +74,19 @@ async def shop(prompt: str) -> Any:
 async def shop_streamed(prompt: str) -> Any:
     result = run_streamed(make_agent(), prompt, run_config=CONFIG)
     Script.streams.append(result)
+    async for event in result.stream_events():
+        if isinstance(event, RawResponsesStreamEvent):
+            Script.seen.append(event.data.type)
+            if event.data.type == "response.output_text.delta":
+                Script.delta_seen.set()
+    return result.final_output
+
+
+@haltwise.task
+async def carry_on(items: list[Any]) -> Any:
+    """A new run on top of a kept conversation."""
+    history = [*items, {"role": "user", "content": "go on"}]
+    result = run_streamed(make_agent(), history, run_config=CONFIG)
     async for _ in result.stream_events():
         pass
     return result.final_output
@@ -101,13 +126,15 @@ def last_answer_only() -> None:
     Script.model = ScriptedModel([[assistant_message("bought tea")]])
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
 @pytest.mark.parametrize("policy", sorted(GATED))
 async def test_a_haltwise_cancel_inside_each_policys_tool_then_resume(
-    sqlite_url: str, policy: str
+    sqlite_url: str, policy: str, streamed: bool
 ) -> None:
     Script.model = ScriptedModel(turns(policy))
-    await fw_kit.cancel_in_tool_then_resume(sqlite_url, shop, policy, last_answer_only)
-    assert len(Script.model.calls) == 1  # journaled turns were not asked again
+    task = shop_streamed if streamed else shop
+    await fw_kit.cancel_in_tool_then_resume(sqlite_url, task, policy, last_answer_only)
+    assert len(Script.model.calls) == 1  # journaled (streamed) turns were not asked again
 
 
 async def test_a_cancel_while_the_model_is_answering_lands_at_once(sqlite_url: str) -> None:
@@ -154,10 +181,108 @@ async def test_the_sdks_own_cancel_is_a_haltwise_cancel_and_finish_is_honoured(
         Kit.release["charge"].set()
         outcome = await handle.outcome()
     fw_kit.assert_host_cancel_honoured_finish(outcome)
-    # the conversation the SDK kept: every call has a result, the committed one its own
-    items = close_dangling(Script.streams[0].to_input_list(), outcome)
+
+
+#: what the conversation says of the gated call after the SDK's own cancel, per policy
+CONVERSATION_OUTPUT = {
+    "finish": "charged 5",
+    "interruptible": "[haltwise] interrupted",
+    "rollback": "[haltwise] compensated",
+}
+
+
+def outputs_and_calls(items: list[Any]) -> tuple[dict[str, str], list[str]]:
     outputs = {i["call_id"]: i["output"] for i in items if i.get("type") == "function_call_output"}
     calls = [i["call_id"] for i in items if i.get("type") == "function_call"]
-    assert "c1" in calls
-    assert set(calls) <= set(outputs)
-    assert outputs.get("c2", "charged 5") == "charged 5"
+    return outputs, calls
+
+
+@pytest.mark.parametrize("policy", sorted(GATED))
+async def test_after_the_sdks_cancel_the_conversation_has_every_call_with_its_result(
+    sqlite_url: str, policy: str
+) -> None:
+    """The SDK's to_input_list() drops the cancelled turn; conversation() restores it from
+    the journal, and a resume (and a new run on top of the conversation) repeats nothing."""
+    gated, _ = GATED[policy]
+    Script.model = ScriptedModel(turns(policy))
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        handle = await runtime.start(shop_streamed, "buy tea", task_id="own")
+        await Kit.entered[gated.name].wait(timeout=fw_kit.PATIENCE)
+        Script.streams[0].cancel()
+        if policy == "finish":
+            Kit.release[gated.name].set()  # it may finish; the others are stopped first
+        outcome = await handle.outcome()
+        Kit.release[gated.name].set()
+        assert outcome.state is haltwise.State.CANCELLED, outcome
+        assert fw_kit.statuses(outcome)[-1] == (gated.name, fw_kit.CANCELLED_STATUS[policy])
+        _, sdk_calls = outputs_and_calls(Script.streams[0].to_input_list())
+        assert "c2" not in sdk_calls  # what the SDK alone keeps
+
+        items = conversation(Script.streams[0], outcome)
+        outputs, calls = outputs_and_calls(items)
+        assert calls == ["c1", "c2"]
+        assert outputs["c1"] == "tea costs 5"
+        assert outputs["c2"].startswith(CONVERSATION_OUTPUT[policy])
+        assert items.index(next(i for i in items if i.get("call_id") == "c2")) > items.index(
+            next(i for i in items if i.get("call_id") == "c1" and "output" in i)
+        )
+
+        last_answer_only()
+        resumed = await (await runtime.resume("own")).outcome()
+        assert resumed.result == "bought tea", resumed
+        assert len(Script.model.calls) == 1  # the journaled streamed turns were replayed
+        assert Kit.effects == {"lookup": 1, gated.name: 1}
+
+        last_answer_only()
+        again = await (await runtime.start(carry_on, items, task_id="again")).outcome()
+    assert again.result == "bought tea", again
+    assert Kit.effects == {"lookup": 1, gated.name: 1}  # nothing done a second time
+    (sent,) = Script.model.calls
+    assert outputs_and_calls(sent.input) == (outputs, calls)
+
+
+def held_stream(text: str, hold: fw_kit.Gate) -> ModelStep:
+    """A streamed answer that stops after its first text delta until ``hold`` opens: the
+    scripted model's own events for ``text``, from a scripted model of its own."""
+
+    async def events(call: ModelCall) -> AsyncIterator[Any]:
+        inner = ScriptedModel([[assistant_message(text)]])
+        stream = inner.stream_response(
+            call.system_instructions,
+            call.input,
+            call.model_settings,
+            call.tools,
+            call.output_schema,
+            call.handoffs,
+            call.tracing,
+            previous_response_id=call.previous_response_id,
+            conversation_id=call.conversation_id,
+            prompt=call.prompt,
+        )
+        async for event in stream:
+            yield event
+            if event.type == "response.output_text.delta":
+                await hold.wait(timeout=fw_kit.PATIENCE)
+
+    return ModelStep.stream(events)
+
+
+async def test_a_streamed_run_passes_events_as_they_come_and_is_journaled(
+    sqlite_url: str,
+) -> None:
+    Script.model = ScriptedModel(turns("finish"))
+    await fw_kit.normal_run(sqlite_url, shop_streamed)
+    assert len(Script.model.calls) == 3
+    assert Script.seen.count("response.completed") == 3
+    assert "response.output_text.delta" in Script.seen
+
+
+async def test_a_cancel_while_the_model_streams_lands_at_once(sqlite_url: str) -> None:
+    """The streamed request is a step from its start: the cancel lands while the model is
+    half way through its answer (the task saw a delta), and the step is interrupted."""
+    never = fw_kit.Gate()
+    Script.model = ScriptedModel([held_stream("too late", never)])
+    await fw_kit.cancel_while_answering(
+        sqlite_url, shop_streamed, Script.delta_seen, last_answer_only
+    )
+    assert len(Script.model.calls) == 1

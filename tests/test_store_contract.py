@@ -543,7 +543,7 @@ async def test_append_partial_is_idempotent_per_seq(store_url: str) -> None:
         await store.append_partial("s", 0, None, fence=OWNER.token)
         assert (await store.load("r")).partials == ({"hit": "a"}, ["b"])
         assert (await store.load("s")).partials == (None,)
-        assert await store.partial_seqs() == {"r": [0, 1], "s": [0]}
+        assert (await store.read_journal()).partial_seqs == {"r": [0, 1], "s": [0]}
 
 
 async def test_append_partial_blocking_is_durable(store_url: str) -> None:

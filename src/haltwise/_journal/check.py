@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, final
+from typing import Any, final
 
 import anyio
 
 from .._core.exceptions import CorruptRowError, NoStoreError
+from .._core.outcome import StepRecord
 from .._core.records import Event, RunRecord
 from .._core.states import State, StepStatus, is_allowed
 from .owner import held_by_live_owner
 from .store import Store, open_store
-
-_T = TypeVar("_T")
 
 
 @final
@@ -59,24 +58,27 @@ async def verify(store: Store) -> CheckReport:
     ``partial-gap`` (partial results are not numbered 0..n-1) and ``unreadable-row``
     (a row that does not parse: a bad state, JSON that is not JSON, a bad owner...; the run's
     other checks are skipped where they would need that row).
+
+    Everything is read in one snapshot of the store (:meth:`Store.read_journal`), so a write
+    that commits while ``check`` reads (a live runtime's) is seen whole or not at all.
     """
-    findings: list[Finding] = []
-    runs: list[RunRecord] = await _readable(store.list_runs(), findings)
-    total = len(runs) + len(findings)  # each finding so far is a run row that does not parse
+    journal = await store.read_journal()
+    findings = [Finding(row.run_id, "unreadable-row", row.describe()) for row in journal.bad]
+    #: runs whose own row or an event does not parse: their history cannot be checked
+    unreadable = {row.run_id for row in journal.bad if row.table in ("runs", "events")}
     events_by_run: dict[str, list[Event]] = {}
-    for event in await _readable(store.events(), findings):
+    for event in journal.events:
         events_by_run.setdefault(event.run_id, []).append(event)
-    unreadable = {finding.run for finding in findings}
-    partial_seqs = await store.partial_seqs()
-    for run in runs:
+    bad_steps = {row.run_id for row in journal.bad if row.table == "steps"}
+    for run in journal.runs:
         if run.id not in unreadable:
             findings.extend(_check_events(run, events_by_run.get(run.id, [])))
-        findings.extend(_check_partials(run.id, partial_seqs.get(run.id, [])))
-        try:
-            findings.extend(await _check_steps(store, run))
-        except CorruptRowError as error:
-            findings.extend(_unreadable(error))
-    return CheckReport(runs=total, findings=tuple(findings))
+        findings.extend(_check_partials(run.id, journal.partial_seqs.get(run.id, [])))
+        findings.extend(_check_owner(run))
+        if run.id not in bad_steps:
+            findings.extend(_check_steps(run, journal.steps.get(run.id, ())))
+    bad_runs = sum(1 for row in journal.bad if row.table == "runs")
+    return CheckReport(runs=len(journal.runs) + bad_runs, findings=tuple(findings))
 
 
 async def check_store(url: str | None) -> CheckReport:
@@ -100,15 +102,6 @@ async def check_store(url: str | None) -> CheckReport:
 def verify_store(url: str | None = None) -> CheckReport:
     """:func:`check_store`, blocking."""
     return anyio.run(check_store, url)
-
-
-async def _readable(listing: Awaitable[list[_T]], findings: list[Finding]) -> list[_T]:
-    """The records a listing could read; each row it could not becomes a finding."""
-    try:
-        return await listing
-    except CorruptRowError as error:
-        findings.extend(_unreadable(error))
-        return list(error.readable)
 
 
 def _unreadable(error: CorruptRowError) -> Iterator[Finding]:
@@ -146,36 +139,30 @@ def _check_partials(run_id: str, seqs: Sequence[int]) -> Iterator[Finding]:
         yield Finding(run_id, "partial-gap", f"partial results are numbered {list(seqs)}")
 
 
-async def _check_steps(store: Store, run: RunRecord) -> list[Finding]:
-    findings: list[Finding] = []
+def _check_owner(run: RunRecord) -> Iterator[Finding]:
     if run.state.is_final and run.owner is not None:
-        findings.append(
-            Finding(
-                run.id, "owned-final-run", f"{run.state} but still owned by {run.owner.describe()}"
-            )
+        yield Finding(
+            run.id, "owned-final-run", f"{run.state} but still owned by {run.owner.describe()}"
         )
-    steps = (await store.load(run.id)).steps
+
+
+def _check_steps(run: RunRecord, steps: Sequence[StepRecord]) -> Iterator[Finding]:
     indexes = [step.index for step in steps]
     if indexes != list(range(len(indexes))):
-        findings.append(Finding(run.id, "step-gap", f"step indexes are {indexes}"))
+        yield Finding(run.id, "step-gap", f"step indexes are {indexes}")
     live = held_by_live_owner(run)
     for step in steps:
         if step.status is StepStatus.RUNNING and run.state is State.PAUSED:
-            findings.append(
-                Finding(
-                    run.id,
-                    "step-running-while-paused",
-                    f"step {step.index} ({step.tool}) is running but the run is paused; a run "
-                    "pauses only once its steps in flight have ended",
-                )
+            yield Finding(
+                run.id,
+                "step-running-while-paused",
+                f"step {step.index} ({step.tool}) is running but the run is paused; a run "
+                "pauses only once its steps in flight have ended",
             )
         elif step.status is StepStatus.RUNNING and not live:
-            findings.append(
-                Finding(
-                    run.id,
-                    "orphaned-step",
-                    f"step {step.index} ({step.tool}) was left running by an owner that is "
-                    "gone; resume or a worker will settle it",
-                )
+            yield Finding(
+                run.id,
+                "orphaned-step",
+                f"step {step.index} ({step.tool}) was left running by an owner that is "
+                "gone; resume or a worker will settle it",
             )
-    return findings

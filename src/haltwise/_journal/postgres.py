@@ -67,6 +67,7 @@ from .rows import (
     RUN_COLUMNS,
     error_to_text,
     event_from_row,
+    journal_from_rows,
     partial_key,
     partials_from_rows,
     read_all,
@@ -90,7 +91,7 @@ from .sql import (
     plan_transition,
     plan_unpause_write,
 )
-from .store import UNSET, CancelResult, NewRun, PauseSignal, RunJournal, StepStart
+from .store import UNSET, CancelResult, JournalRows, NewRun, PauseSignal, RunJournal, StepStart
 
 _CHANNEL = "haltwise_changes"
 #: advisory lock key that serialises schema creation between processes opening the store at once
@@ -533,13 +534,17 @@ class PostgresStore:
 
         return await self._run(op, read_only=True)
 
-    async def partial_seqs(self) -> dict[str, list[int]]:
-        async def op(conn: _Conn) -> dict[str, list[int]]:
-            cursor = await conn.execute(_SQL.partial_seqs)
-            seqs: dict[str, list[int]] = {}
-            for row in await cursor.fetchall():
-                seqs.setdefault(row["run_id"], []).append(row["seq"])
-            return seqs
+    async def read_journal(self) -> JournalRows:
+        async def op(conn: _Conn) -> JournalRows:
+            # A read-only operation: one REPEATABLE READ snapshot for all four reads.
+            runs = await (await conn.execute(*_SQL.list_runs(None))).fetchall()
+            events = await (await conn.execute(*_SQL.events(None))).fetchall()
+            async with conn.cursor(row_factory=tuple_row) as plain:  # step_from_row: by position
+                await plain.execute(_SQL.all_steps)
+                steps = await plain.fetchall()
+                await plain.execute(_SQL.all_partials)
+                partials = await plain.fetchall()
+            return journal_from_rows(runs, events, steps, partials)
 
         return await self._run(op, read_only=True)
 

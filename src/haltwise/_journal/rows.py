@@ -12,7 +12,7 @@ from .._core.policy import CancelPolicy, Effect
 from .._core.records import Event, Owner, PartialKey, RunRecord, dump_json
 from .._core.states import State, StepStatus
 from .schema import TABLES
-from .store import UNSET
+from .store import UNSET, JournalRows
 
 RUN_COLUMNS = (
     "id, task, state, inputs, reason, force, result, error, cancel_error, owner, lease_until, "
@@ -324,6 +324,55 @@ def steps_from_rows(run_id: str, rows: Sequence[Sequence[Any]]) -> tuple[StepRec
             except CorruptRowError as error:
                 bad.extend(error.rows)
     raise CorruptRowError(bad)
+
+
+def journal_from_rows(
+    runs: Iterable[Any],
+    events: Iterable[Any],
+    steps: Iterable[Sequence[Any]],
+    partials: Iterable[Sequence[Any]],
+) -> JournalRows:
+    """:class:`JournalRows` from the rows of one snapshot: every run (``RUN_COLUMNS``), every
+    event, every step (its run id, then ``STEP_COLUMNS``, by run and index) and every partial's
+    ``(run id, seq, value)`` (by run and seq). Rows that do not parse go to ``bad``."""
+    bad: list[BadRow] = []
+    parsed: dict[str, tuple[StepRecord, ...]] = {}
+    for run_id, rows in _by_run(steps).items():
+        try:
+            parsed[run_id] = steps_from_rows(run_id, [row[1:] for row in rows])
+        except CorruptRowError as error:
+            bad.extend(error.rows)
+    seqs: dict[str, list[int]] = {}
+    for run_id, rows in _by_run(partials).items():
+        seqs[run_id] = [row[1] for row in rows]
+        try:
+            partials_from_rows(run_id, [row[2] for row in rows])
+        except CorruptRowError as error:
+            bad.extend(error.rows)
+    return JournalRows(
+        runs=tuple(_parse_all(run_from_row, runs, bad)),
+        events=tuple(_parse_all(event_from_row, events, bad)),
+        steps=parsed,
+        partial_seqs=seqs,
+        bad=tuple(bad),
+    )
+
+
+def _by_run(rows: Iterable[Sequence[Any]]) -> dict[str, list[Sequence[Any]]]:
+    """Rows whose first column is a run id, grouped by it (in their order)."""
+    grouped: dict[str, list[Sequence[Any]]] = {}
+    for row in rows:
+        grouped.setdefault(row[0], []).append(row)
+    return grouped
+
+
+def _parse_all(parse: Callable[[Any], _T], rows: Iterable[Any], bad: list[BadRow]) -> list[_T]:
+    """The rows that parse; the others' :class:`BadRow` appended to ``bad``."""
+    try:
+        return read_all(parse, rows)
+    except CorruptRowError as error:
+        bad.extend(error.rows)
+        return list(error.readable)
 
 
 def partials_from_rows(run_id: str, values: Sequence[Any]) -> tuple[Any, ...]:

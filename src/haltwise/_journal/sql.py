@@ -194,7 +194,8 @@ class Statements:
         )
         #: the runs with a pause requested ("WHERE pause", as the partial index says it)
         self.pausing = f"SELECT id, state, pause, reason, force FROM {q('runs')} WHERE pause"
-        self.partial_seqs = f"SELECT run_id, seq FROM {q('partials')} ORDER BY run_id, seq"
+        self.all_partials = f"SELECT run_id, seq, value FROM {q('partials')} ORDER BY run_id, seq"
+        self.all_steps = f"SELECT run_id, {STEP_COLUMNS} FROM {q('steps')} ORDER BY run_id, idx"
         self._events = f"SELECT seq, run_id, source, target, reason, at FROM {q('events')}"
         self._runs = f"SELECT {RUN_COLUMNS} FROM {q('runs')}"
 

@@ -41,6 +41,7 @@ from .rows import (
     RUN_COLUMNS,
     error_to_text,
     event_from_row,
+    journal_from_rows,
     partial_key,
     partials_from_rows,
     read_all,
@@ -68,6 +69,7 @@ from .sqlite_writer import Op, Writer, store_error
 from .store import (
     UNSET,
     CancelResult,
+    JournalRows,
     NewRun,
     PauseSignal,
     RunJournal,
@@ -560,15 +562,18 @@ class SQLiteStore:
         runs: list[RunRecord] = await self._writer.call(op, write=False, bulk=True)
         return runs
 
-    async def partial_seqs(self) -> dict[str, list[int]]:
-        def op(conn: sqlite3.Connection) -> dict[str, list[int]]:
-            seqs: dict[str, list[int]] = {}
-            for row in conn.execute(_SQL.partial_seqs):
-                seqs.setdefault(row[0], []).append(row[1])
-            return seqs
+    async def read_journal(self) -> JournalRows:
+        def op(conn: sqlite3.Connection) -> JournalRows:
+            # One transaction (as every operation): in WAL, one snapshot for all four reads.
+            plain = conn.cursor()
+            plain.row_factory = None  # tuples: step_from_row reads by position
+            runs = conn.execute(*_SQL.list_runs(None)).fetchall()
+            events = conn.execute(*_SQL.events(None)).fetchall()
+            steps = plain.execute(_SQL.all_steps).fetchall()
+            return journal_from_rows(runs, events, steps, plain.execute(_SQL.all_partials))
 
-        result: dict[str, list[int]] = await self._writer.call(op, write=False, bulk=True)
-        return result
+        journal: JournalRows = await self._writer.call(op, write=False, bulk=True)
+        return journal
 
     async def events(self, run_id: str | None = None) -> list[Event]:
         def op(conn: sqlite3.Connection) -> list[Event]:

@@ -21,8 +21,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._core.exceptions import InvalidTransitionError, StoreError
-from .._core.outcome import ErrorInfo
+from .._core.exceptions import BadRow, InvalidTransitionError, StoreError
+from .._core.outcome import ErrorInfo, StepRecord
 from .._core.policy import Effect
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot
 from .._core.states import State, StepStatus, is_allowed
@@ -119,6 +119,24 @@ class RunJournal:
     snapshot: RunSnapshot
     events: tuple[Event, ...]
     step_times: dict[int, StepTimes]
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRows:
+    """Every run, transition and step of a store and each run's partial-result numbers, read
+    in one snapshot (for ``check``): a write committed meanwhile is in it whole or not at all.
+
+    ``bad`` names the rows that did not parse; they are left out of the rest (a run whose
+    step rows do not all parse has no entry in ``steps``).
+    """
+
+    runs: tuple[RunRecord, ...]
+    events: tuple[Event, ...]
+    #: run id -> its steps, by index (runs without steps have no entry)
+    steps: dict[str, tuple[StepRecord, ...]]
+    #: run id -> its partial results' sequence numbers, ascending
+    partial_seqs: dict[str, list[int]]
+    bad: tuple[BadRow, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,8 +259,8 @@ class Store(Protocol):
     async def list_runs(self, state: State | None = None) -> list[RunRecord]:
         """All runs (optionally in one state), oldest first."""
 
-    async def partial_seqs(self) -> dict[str, list[int]]:
-        """Every run's partial-result sequence numbers, ascending (for ``check``)."""
+    async def read_journal(self) -> JournalRows:
+        """Every run, event and step and the partials' numbers, in one snapshot (``check``)."""
 
     async def events(self, run_id: str | None = None) -> list[Event]:
         """Recorded transitions, of one run or all, in order."""

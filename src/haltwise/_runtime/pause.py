@@ -75,12 +75,12 @@ async def pause_point(run: RunContext) -> None:
     and the pause is over (a cancel then reaches the run as usual).
     """
     gate = run.pause
-    while gate.requested and run.cancel_reason is None and run.poison is None:
+    while gate.requested and run.cancel.reason is None and run.poison is None:
         if gate.paused or gate.entering or run.flights:
             try:
                 await gate.changed()
             except anyio.get_cancelled_exc_class():
-                if run.cancel_reason is None:
+                if run.cancel.reason is None:
                     raise
                 return  # the cancel reached this wait first: the caller's checkpoint raises it
             continue

@@ -39,6 +39,7 @@ from .operator import registered_task, stand_in_task
 from .pause import deliver_pause_signals
 from .run_context import Probe, RunContext
 from .seat import Seat, cancel_batch, nobody_works
+from .steps import execute_step
 from .takeover import needs_code, refuse_unknown
 from .tool import TASKS, Task
 
@@ -115,6 +116,7 @@ class Runtime:
         self._wake = anyio.Event()
         #: steps running beside their run's own code (see count_concurrent_steps)
         self._side_steps = 0
+        self._host = RuntimeHost(self)
 
     async def __aenter__(self) -> Runtime:
         await self.store.open()
@@ -435,7 +437,7 @@ class Runtime:
     def _begin_hand_over(self) -> int:
         """The first half of :meth:`hand_over`: tell every run here to stop; return how many."""
         for ctx in self._active.values():
-            ctx.handing_over = True
+            ctx.cancel.begin_hand_over()
             ctx.request_cancel("handover", force=False)
         return len(self._active)
 
@@ -466,35 +468,6 @@ class Runtime:
             NewRun(id=run_id, task=name or task.name, inputs=inputs)
         )
         return record.id, created
-
-    async def _start_or_resume_child(
-        self,
-        task: Task[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        child_id: str,
-        parent: str,
-    ) -> TaskHandle:
-        """Start child run ``child_id`` of ``parent``, or pick it up where it stopped.
-
-        Only a run that ``parent`` created is picked up: a run with that id started by anyone
-        else (a user-given id such as ``p2/0``) raises :class:`~haltwise.HaltwiseError`.
-        """
-        try:
-            snapshot = await self.store.load(child_id)
-        except UnknownRunError:
-            return await self._start_named(task, args, kwargs, task_id=child_id, parent=parent)
-        if snapshot.run.parent != parent:
-            raise HaltwiseError(
-                f"run {child_id!r} exists and was not created by run {parent!r}: "
-                "it cannot be adopted as that run's child",
-                task_id=parent,
-            )
-        if child_id in self._active:
-            return TaskHandle(self, child_id)
-        if snapshot.run.state is State.COMPLETED:
-            return TaskHandle(self, child_id)
-        return await self.resume(child_id, task=task)
 
     async def cancel(self, task_id: str, *, reason: str = "user", force: bool = False) -> RunRecord:
         """Record a cancel request for ``task_id`` (any process may hold the run).
@@ -733,7 +706,8 @@ class Runtime:
             snapshot,
             run_id=run_id,
             task=task,
-            runtime=self,
+            host=self._host,
+            execute=execute_step,
             store=self.store,
             fence=self.owner.token,
             assume_done=assume_done,
@@ -818,14 +792,63 @@ class Runtime:
                 requests = await self.store.cancel_requests(list(self._active))
                 for run_id, (reason, force) in requests.items():
                     ctx = self._active.get(run_id)
-                    if ctx is not None and (
-                        ctx.cancel_reason is None or (force and not ctx.forced)
-                    ):
+                    if ctx is not None and ctx.cancel.would_change(force):
                         ctx.request_cancel(reason, force=force)
                 await deliver_pause_signals(self.store, self._active)
             if time.time() >= next_beat:
                 next_beat = time.time() + self.lease / 3
                 await self.store.heartbeat(self.owner.token, self._lease_until())
+
+
+@final
+class RuntimeHost:
+    """A :class:`Runtime` as the runs it works see it (the :class:`~.run_context.RunHost`
+    protocol): start a child, cancel a run, how many runs and side steps are active."""
+
+    __slots__ = ("_runtime",)
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    @property
+    def active_runs(self) -> int:
+        return self._runtime._active_runs
+
+    def count_side_steps(self, delta: int) -> None:
+        self._runtime._count_concurrent_steps(delta)
+
+    async def cancel(self, task_id: str, *, reason: str, force: bool = False) -> RunRecord:
+        return await self._runtime.cancel(task_id, reason=reason, force=force)
+
+    async def start_child(
+        self,
+        task: Task[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        child_id: str,
+        parent: str,
+    ) -> TaskHandle:
+        """Start child run ``child_id`` of ``parent``, or pick it up where it stopped.
+
+        Only a run that ``parent`` created is picked up: a run with that id started by anyone
+        else (a user-given id such as ``p2/0``) raises :class:`~haltwise.HaltwiseError`.
+        """
+        runtime = self._runtime
+        try:
+            snapshot = await runtime.store.load(child_id)
+        except UnknownRunError:
+            return await runtime._start_named(task, args, kwargs, task_id=child_id, parent=parent)
+        if snapshot.run.parent != parent:
+            raise HaltwiseError(
+                f"run {child_id!r} exists and was not created by run {parent!r}: "
+                "it cannot be adopted as that run's child",
+                task_id=parent,
+            )
+        if runtime.is_active(child_id):
+            return TaskHandle(runtime, child_id)
+        if snapshot.run.state is State.COMPLETED:
+            return TaskHandle(runtime, child_id)
+        return await runtime.resume(child_id, task=task)
 
 
 def _check_deadline(deadline: float | None) -> None:

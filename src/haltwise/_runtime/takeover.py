@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._core.exceptions import ResumeRefusedError
-from .._core.outcome import StepRecord
+from .._core.outcome import StepRecord, blocks_resume
 from .._core.policy import CancelPolicy, effective_cancel
 from .._core.records import RunSnapshot
 from .._core.states import StepStatus
@@ -78,13 +78,7 @@ async def run_saga(run: RunContext, steps: Sequence[StepRecord]) -> None:
 def refuse_unknown(snapshot: RunSnapshot, done: Mapping[int, Any], again: frozenset[int]) -> None:
     """Raise :class:`ResumeRefusedError` while an ``unknown`` step of a non-idempotent tool is
     neither assumed done nor to be rerun (CONTRACT.md, "Tool policies")."""
-    blocked = [
-        (step.index, step.tool)
-        for step in snapshot.steps
-        if step.status is StepStatus.UNKNOWN
-        and not step.idempotent
-        and step.index not in done
-        and step.index not in again
-    ]
+    resolved = {*done, *again}
+    blocked = [(step.index, step.tool) for step in snapshot.steps if blocks_resume(step, resolved)]
     if blocked:
         raise ResumeRefusedError(snapshot.run.id, blocked)

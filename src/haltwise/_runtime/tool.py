@@ -1,4 +1,9 @@
-"""``@haltwise.tool`` and ``@haltwise.task``: the declarations the runtime acts on."""
+"""``@haltwise.tool`` and ``@haltwise.task``: the declarations the runtime acts on.
+
+A tool call finds its run through the context variable (:data:`CURRENT_RUN`) and hands itself
+to that run's step executor (:attr:`RunContext.execute`): this module does not import the
+executor.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload, r
 
 from .._core.exceptions import NotInTaskError, PolicyError
 from .._core.policy import CancelPolicy, Effect, ToolPolicy
-from .steps import call_tool as _call_tool
+from .run_context import CURRENT_RUN, CURRENT_STEP
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -145,7 +150,7 @@ def tool_function(spec: ToolSpec) -> Tool[..., Any]:
     from .describe import describe, tool_schema
 
     async def call(*args: Any, **kwargs: Any) -> Any:
-        return await _call_tool(spec, args, kwargs)
+        return await call_tool(spec, args, kwargs)
 
     def schema(format: str = "openai") -> dict[str, Any]:
         return tool_schema(spec, format=format)  # type: ignore[arg-type]
@@ -163,6 +168,25 @@ def tool_function(spec: ToolSpec) -> Tool[..., Any]:
     for attribute, value in attributes.items():
         setattr(made, attribute, value)
     return made
+
+
+def call_tool(
+    spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Coroutine[Any, Any, Any]:
+    """What awaiting a tool function (or :func:`haltwise.step`) awaits: one step of the current
+    run (its executor's coroutine: no frame in between); outside a task, or inside another
+    step (a tool calling a tool: the inner call is part of the outer step), just the function.
+    """
+    run = CURRENT_RUN.get()
+    if run is None or CURRENT_STEP.get() is not None:
+        return _call_plainly(spec, args, kwargs)
+    return run.execute(run, spec, args, kwargs)
+
+
+async def _call_plainly(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if spec.is_async:
+        return await spec.fn(*args, **kwargs)
+    return spec.fn(*args, **kwargs)
 
 
 class OnCancel(StrEnum):
@@ -233,9 +257,7 @@ class Task(Generic[P, R]):
             register_task(self)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
-        from .task_api import current_run
-
-        if current_run() is None:
+        if CURRENT_RUN.get() is None:
             raise NotInTaskError(
                 f"task {self.name!r} was called directly; start it with Runtime.start() "
                 "or haltwise.run()"
@@ -393,7 +415,7 @@ async def step(
     spec = _step_spec(
         fn, name, (cancel, effect, idempotent, compensate, grace, timeout, retries, backoff)
     )
-    return await _call_tool(spec, args, kwargs)
+    return await call_tool(spec, args, kwargs)
 
 
 def _step_spec(fn: Callable[..., Any], name: str | None, declared: tuple[Any, ...]) -> ToolSpec:

@@ -9,7 +9,9 @@
 - :class:`JournaledModel` wraps any ``agents.Model``: each model request (``get_response`` or
   ``stream_response``) is one ``interruptible``, ``read`` step whose response is journaled, so a
   resume replays the answers the model already gave instead of asking again. A streamed request
-  is journaled when the response is complete: its events reach the runner together then.
+  is a step from its start: its events reach the runner as the model sends them, a cancel while
+  it streams interrupts it at once, and it is journaled with the completed response (a replay
+  yields that response's ``response.completed`` event alone).
 - The SDK's own cancel (``RunResultStreaming.cancel()``, a ``Task.cancel()`` of the run, a
   timeout) that lands in a tool call or a model request is settled there by the step's policy (a
   ``finish`` call finishes, a ``rollback`` call is compensated) and cancels the run with reason
@@ -17,6 +19,10 @@
   ends ``stream_events()`` in the SDK, with no exception, so a task that returns right after the
   stream would complete: start streamed runs with :func:`run_streamed`, whose stream raises
   :class:`haltwise.Cancelled` (reason ``"host"``) when it ends because of ``cancel()``.
+- :func:`conversation` is the conversation of a :func:`run_streamed` result, completed: after
+  an immediate ``cancel()`` the SDK's ``to_input_list()`` lacks the cancelled turn (the model's
+  calls and their results); this adds the turn's calls back from what the model answered, each
+  with its result.
 - :func:`close_dangling` gives every ``function_call`` of a conversation (``to_input_list()``) a
   ``function_call_output``: the journaled result for a committed call, a text saying what
   happened for an interrupted, compensated or unknown one. :class:`JournaledModel` applies it to
@@ -27,8 +33,11 @@ Needs the ``openai-agents`` extra: ``pip install 'haltwise[openai-agents]'``.
 
 from __future__ import annotations
 
+import contextvars
 import json
-from collections.abc import AsyncIterator, Mapping
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import aclosing
 from typing import Any
 
 from ._common import require
@@ -54,10 +63,19 @@ from ._conversation import (  # noqa: E402
     settled_calls,
     unsettled_text,
 )
+from ._streams import StreamedStep  # noqa: E402
 
-__all__ = ["JournaledModel", "close_dangling", "function_tool", "run_streamed"]
+__all__ = ["JournaledModel", "close_dangling", "conversation", "function_tool", "run_streamed"]
 
 _OUTPUT_ITEMS: TypeAdapter[list[TResponseOutputItem]] = TypeAdapter(list[TResponseOutputItem])
+
+#: The model turns of the streamed run being driven in this context (set by run_streamed): the
+#: output items of every response a JournaledModel returned, in order, as JSON.
+_TURNS: contextvars.ContextVar[list[list[dict[str, Any]]] | None] = contextvars.ContextVar(
+    "haltwise_agents_turns", default=None
+)
+#: The turns of each live result of run_streamed, by id(result) (dropped with the result).
+_TURNS_OF: dict[int, list[list[dict[str, Any]]]] = {}
 
 
 def function_tool(tool: haltwise.Tool[..., Any]) -> FunctionTool:
@@ -115,21 +133,46 @@ class JournaledModel(Model):
         async def ask() -> dict[str, Any]:
             return _dump_response(await self.model.get_response(*args, **kwargs))
 
-        return _load_response(await self._journaled(ask))
+        data = await self._journaled(ask)
+        _record_turn(data["output"])
+        return _load_response(data)
 
     async def stream_response(
         self, *args: Any, **kwargs: Any
     ) -> AsyncIterator[TResponseStreamEvent]:
-        """``Model.stream_response`` (same parameters), as a step journaled at completion."""
+        """``Model.stream_response`` (same parameters), as a step from its start.
+
+        The model's events reach the runner as they arrive; the step is journaled with the
+        completed response when the stream ends. A replay yields that response's
+        ``response.completed`` event alone, without asking the model.
+        """
         args, kwargs = _closed_input(args, kwargs)
 
-        async def ask() -> dict[str, Any]:
-            return await _completed_response(self.model.stream_response(*args, **kwargs))
+        async def ask(emit: Callable[[TResponseStreamEvent], None]) -> dict[str, Any]:
+            completed: Response | None = None
+            stream = self.model.stream_response(*args, **kwargs)
+            try:
+                async for event in stream:
+                    emit(event)
+                    if isinstance(event, ResponseCompletedEvent):
+                        completed = event.response
+            finally:
+                await _aclose(stream)
+            if completed is None:
+                raise haltwise.HaltwiseError("the model's stream ended with no completed response")
+            return completed.model_dump(mode="json")
 
-        completed = Response.model_validate(await self._journaled(ask))
-        yield ResponseCompletedEvent(
-            type="response.completed", response=completed, sequence_number=0
-        )
+        request = StreamedStep(ask, name=self.name)
+        async with aclosing(request.events()) as events:
+            async for event in events:
+                yield event
+        if request.replayed:
+            yield ResponseCompletedEvent(
+                type="response.completed",
+                response=Response.model_validate(request.value),
+                sequence_number=0,
+            )
+        _record_turn(request.value["output"])
 
     async def _journaled(self, ask: Any) -> Any:
         return await model_request(ask, name=self.name)
@@ -150,15 +193,11 @@ def _closed_input(
     return args, kwargs
 
 
-async def _completed_response(stream: AsyncIterator[TResponseStreamEvent]) -> dict[str, Any]:
-    """Consume a model's event stream; the completed response, as JSON."""
-    completed: Response | None = None
-    async for event in stream:
-        if isinstance(event, ResponseCompletedEvent):
-            completed = event.response
-    if completed is None:
-        raise haltwise.HaltwiseError("the model's stream ended without a completed response")
-    return completed.model_dump(mode="json")
+async def _aclose(stream: AsyncIterator[Any]) -> None:
+    """Close a model's event stream that stopped early (an async generator, usually)."""
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 def _dump_response(response: ModelResponse) -> dict[str, Any]:
@@ -193,7 +232,13 @@ def run_streamed(
     instead of ending quietly; the steps in flight were settled by their policies. Outside a task
     it behaves exactly as the SDK's.
     """
-    result = Runner.run_streamed(agent, input, **kwargs)
+    # The SDK's run loop task is created here and copies this context: the model's responses
+    # in it are recorded for conversation(result).
+    context, turns = contextvars.copy_context(), list[list[dict[str, Any]]]()
+    context.run(_TURNS.set, turns)
+    result = context.run(lambda: Runner.run_streamed(agent, input, **kwargs))
+    _TURNS_OF[id(result)] = turns
+    weakref.finalize(result, _TURNS_OF.pop, id(result), None)
     sdk_cancel, sdk_stream = result.cancel, result.stream_events
     asked: list[str] = []
 
@@ -211,6 +256,42 @@ def run_streamed(
     result.cancel = cancel  # type: ignore[method-assign]
     result.stream_events = stream_events  # type: ignore[method-assign]
     return result
+
+
+def _record_turn(output: list[dict[str, Any]]) -> None:
+    """Note a model response's output items for the streamed run of this context, if any."""
+    turns = _TURNS.get()
+    if turns is not None:
+        turns.append(output)
+
+
+def conversation(
+    result: RunResultStreaming, outcome: haltwise.Outcome | None = None
+) -> list[TResponseInputItem]:
+    """The run's conversation with every model turn and every call's result:
+    ``result.to_input_list()``, completed.
+
+    After an immediate ``cancel()`` the SDK's ``to_input_list()`` holds nothing of the turn it
+    cancelled: neither the model's calls nor their results, also of a call that committed (a
+    ``finish`` charge allowed to end), so a model given that list would make the charge again.
+    For a result of :func:`run_streamed`, every model response of the run that the list lacks
+    (a response with calls none of which the list has) is added in order, as the model gave it
+    (its output items as JSON, ``None`` fields left out); then :func:`close_dangling` gives each
+    call without a result one: the journaled result of a committed call, a text saying so for
+    an interrupted, compensated or unknown one. ``outcome`` is the run's outcome (from
+    ``handle.outcome()``), which says what became of calls this process did not see commit;
+    without it such calls read as interrupted. For a result not made by :func:`run_streamed`
+    it is ``close_dangling(result.to_input_list(), outcome)``.
+    """
+    items: list[Any] = list(result.to_input_list())
+    present = {_field(item, "call_id") for item in items if _field(item, "type") == "function_call"}
+    for turn in _TURNS_OF.get(id(result), []):
+        calls = {item.get("call_id") for item in turn if item.get("type") == "function_call"}
+        if calls and not calls & present:
+            items.extend({k: v for k, v in item.items() if v is not None} for item in turn)
+            present |= calls
+    closed: list[TResponseInputItem] = close_dangling(items, outcome)
+    return closed
 
 
 def close_dangling(
