@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ._core.outcome import StepRecord as StepRecord
     from ._core.policy import CancelPolicy as CancelPolicy
     from ._core.policy import Effect as Effect
+    from ._core.policy import OnCancel as OnCancel
     from ._core.records import Event as Event
     from ._core.records import Owner as Owner
     from ._core.records import RunRecord as RunRecord
@@ -63,7 +64,6 @@ if TYPE_CHECKING:
     from ._runtime.task_api import emit as emit
     from ._runtime.task_api import idempotency_key as idempotency_key
     from ._runtime.task_api import shield as shield
-    from ._runtime.tool import OnCancel as OnCancel
     from ._runtime.tool import Task as Task
     from ._runtime.tool import Tool as Tool
     from ._runtime.tool import step as step
@@ -97,7 +97,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "UnknownStepError",
     ),
     "._core.outcome": ("AttemptError", "ErrorInfo", "Outcome", "Retry", "StepRecord"),
-    "._core.policy": ("CancelPolicy", "Effect"),
+    "._core.policy": ("CancelPolicy", "Effect", "OnCancel"),
     "._core.records": ("Event", "Owner", "RunRecord", "RunSnapshot"),
     "._core.states": ("State", "StepStatus"),
     "._core.views": (
@@ -122,7 +122,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "idempotency_key",
         "shield",
     ),
-    "._runtime.tool": ("OnCancel", "Task", "Tool", "step", "task", "tool"),
+    "._runtime.tool": ("Task", "Tool", "step", "task", "tool"),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, final
 
-from .policy import Effect
+from .policy import CancelPolicy, Effect, effective_cancel
 from .states import State, StepStatus
 
 
@@ -122,6 +122,18 @@ def would_repeat(step: StepRecord) -> bool:
         step.status is StepStatus.UNKNOWN and step.idempotent
     )
     return done and step.effect.repeats_harm
+
+
+def saga_steps(steps: Sequence[StepRecord]) -> list[StepRecord]:
+    """The steps an ``on_cancel="compensate"`` saga undoes, in the order it undoes them: the
+    committed ``rollback`` steps, newest first (CONTRACT.md, "Tool policies")."""
+    undone = [
+        step
+        for step in steps
+        if step.status is StepStatus.COMMITTED
+        and effective_cancel(step.cancel) is CancelPolicy.ROLLBACK
+    ]
+    return sorted(undone, key=lambda step: step.index, reverse=True)
 
 
 def advice(state: State, *, unknown_unsafe: bool, repeats_harm: bool) -> Retry:

@@ -24,12 +24,12 @@ from .._core.exceptions import (
     UnknownStepError,
 )
 from .._core.outcome import ErrorInfo
+from .._core.policy import OnCancel
 from .._core.records import JSONText, RunSnapshot, dump_json
 from .._core.states import State
 from .._journal.store import UNSET
 from .run_context import CALL_ID, CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext
 from .takeover import run_saga, settle_orphans
-from .tool import OnCancel
 
 #: The reason of a run cancelled by a cancellation that haltwise did not request.
 HOST_REASON = "host"

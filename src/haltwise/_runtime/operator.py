@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.exceptions import InputError
 from .._core.outcome import Outcome
+from .._core.policy import OnCancel
 from .._core.records import RunRecord
 from .._core.states import State
 from .._core.views import Change, RunDetail, RunPage, StepWait
@@ -169,7 +170,7 @@ def registered_task(run: RunRecord) -> Task[..., Any] | None:
 def stand_in_task(name: str) -> Task[..., Any]:
     """A task object for a run whose code is not at hand: it keeps committed steps on a cancel
     (``on_cancel="keep"``) and is not registered (``TASKS`` is left as it is)."""
-    from .tool import OnCancel, Task
+    from .tool import Task
 
     return Task(_not_loaded, OnCancel.KEEP, name, register=False)
 

@@ -589,10 +589,12 @@ class Runtime:
         Nothing is cancelled: steps in flight run to their end whatever their policy (the run
         stays ``running``, with ``pause`` set, until they have), then the run is ``paused``,
         waiting at that checkpoint with its owner, until :meth:`unpause` or a cancel (which ends
-        it ``cancelled`` at once). A ``pending`` run pauses at its first checkpoint once it
-        runs. Returns the run as it is right after the request; a run that is ``cancelling``,
-        ``paused`` or final is left as it is. Raises :class:`~haltwise.UnknownRunError` for an
-        unknown id.
+        it ``cancelled`` at once, unless it has something to settle: a child run paused with it,
+        or an ``on_cancel="compensate"`` saga to run; it is then ``cancelling`` until its owner,
+        or the canceller if nobody works it, has settled that). A ``pending`` run pauses at its
+        first checkpoint once it runs. Returns the run as it is right after the request; a run
+        that is ``cancelling``, ``paused`` or final is left as it is. Raises
+        :class:`~haltwise.UnknownRunError` for an unknown id.
         """
         record = await self._seat.request_pause(task_id)
         ctx = self._active.get(task_id)

@@ -11,12 +11,11 @@ import functools
 import inspect
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload, runtime_checkable
 
 from .._core.exceptions import NotInTaskError, PolicyError
-from .._core.policy import CancelPolicy, Effect, ToolPolicy
+from .._core.policy import CancelPolicy, Effect, OnCancel, ToolPolicy
 from .run_context import CURRENT_RUN, CURRENT_STEP
 
 P = ParamSpec("P")
@@ -67,7 +66,7 @@ class ToolSpec:
     for a counting wrapper while it runs, which is why the tool function looks it up per call.
     """
 
-    __slots__ = ("fn", "is_async", "key", "name", "policy")
+    __slots__ = ("defer_settle", "effective_cancel", "fn", "is_async", "key", "name", "policy")
 
     def __init__(
         self, fn: Callable[..., Any], policy: ToolPolicy, name: str, *, register: bool = True
@@ -76,6 +75,10 @@ class ToolSpec:
         self.policy = policy
         self.name = name
         self.is_async = is_async_callable(fn)
+        #: the policy's behaviour on cancel and whether a committed settlement may ride with the
+        #: next write: read at every step, so worked out once here
+        self.effective_cancel = policy.effective_cancel
+        self.defer_settle = policy.may_defer_settle
         #: ``name@module:qualname``: what tells this tool from others of the same name
         self.key = f"{name}@{qualified_name(fn)}"
         if register:
@@ -187,15 +190,6 @@ async def _call_plainly(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str,
     if spec.is_async:
         return await spec.fn(*args, **kwargs)
     return spec.fn(*args, **kwargs)
-
-
-class OnCancel(StrEnum):
-    """What a task does with its committed steps when it is cancelled."""
-
-    #: committed steps stay committed (the default)
-    KEEP = "keep"
-    #: compensate every committed ``rollback`` step, in reverse order (a saga)
-    COMPENSATE = "compensate"
 
 
 #: Every task declared in this process, by name (what a run records as its ``task``).
