@@ -106,11 +106,15 @@ async def shop(prompt: str) -> str:
 @haltwise.task
 async def shop_streamed(prompt: str) -> str:
     """The same agent through ``run_stream``: every model request streams."""
-    async with make_agent().run_stream(prompt) as result:
-        async for piece in result.stream_text(delta=True, debounce_by=None):
-            Script.seen.append(piece)
-            Script.delta_seen.set()
-        return await result.get_output()
+    try:
+        async with make_agent().run_stream(prompt, cancellation_token=Script.token) as result:
+            async for piece in result.stream_text(delta=True, debounce_by=None):
+                Script.seen.append(piece)
+                Script.delta_seen.set()
+            return await result.get_output()
+    except RunCancelled as error:
+        Script.cancelled.append(error)
+        raise
 
 
 @haltwise.task
@@ -123,8 +127,26 @@ async def shop_events(prompt: str) -> str:
     raise AssertionError("no result event")
 
 
-#: the agent's entry points: run, run_stream, run_stream_events
-ENTRY = {"run": shop, "run_stream": shop_streamed, "run_stream_events": shop_events}
+@haltwise.task
+async def shop_iter(prompt: str) -> str:
+    """The same agent node by node (``iter``), each model request streamed by its node."""
+    async with make_agent().iter(prompt) as run:
+        async for node in run:
+            if Agent.is_model_request_node(node):
+                async with node.stream(run.ctx) as stream:
+                    async for _ in stream:
+                        pass
+    assert run.result is not None
+    return run.result.output
+
+
+#: the agent's entry points
+ENTRY = {
+    "run": shop,
+    "run_stream": shop_streamed,
+    "run_stream_events": shop_events,
+    "iter": shop_iter,
+}
 
 
 def calls(*parts: tuple[str, dict[str, Any], str]) -> ModelResponse:
@@ -197,6 +219,23 @@ async def test_a_cancel_while_the_model_streams_lands_at_once(sqlite_url: str) -
     )
     assert Script.seen[0] == "too "
     assert len(Script.requests) == 1
+
+
+async def test_a_cancellation_token_while_the_model_streams_is_a_haltwise_cancel(
+    sqlite_url: str,
+) -> None:
+    Script.load([text("too late")])
+    Script.hold = fw_kit.Gate()
+    Script.token = CancellationToken()
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        handle = await runtime.start(shop_streamed, "buy tea")
+        await Script.delta_seen.wait(timeout=fw_kit.PATIENCE)
+        Script.token.cancel()  # Pydantic AI's own cancel, while the model streams
+        outcome = await handle.outcome()
+    assert outcome.state is haltwise.State.CANCELLED, outcome
+    assert outcome.reason == "host"
+    assert fw_kit.statuses(outcome) == [("model", "interrupted")]
+    assert len(Script.cancelled) == 1
 
 
 @haltwise.task

@@ -44,6 +44,8 @@ def effective_cancel(declared: CancelPolicy | str | None) -> CancelPolicy:
     """What a cancel does to a call of a tool that declared ``declared`` (a policy, its journaled
     value, or None): the declared policy, and ``finish`` when none was declared (CONTRACT.md,
     "Tool policies": not declared behaves as ``finish``)."""
+    if type(declared) is CancelPolicy:
+        return declared  # the common case, without the enum's lookup by value
     return CancelPolicy(declared) if declared else CancelPolicy.FINISH
 
 

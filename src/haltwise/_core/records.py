@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, final
 
@@ -118,6 +119,11 @@ class RunSnapshot:
         )
 
 
+#: what dump_json encodes with: json.dumps(value, separators=(",", ":"), allow_nan=False) builds
+#: this encoder afresh at every call, ~1-2 us of a step's CPU (the output is the same)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 class JSONText(str):
     """A value already serialised by :func:`dump_json`: a store writes it as it is."""
 
@@ -132,15 +138,27 @@ def dump_json(value: Any, what: str) -> str:
     if isinstance(value, JSONText):
         return str(value)  # a plain str for the database drivers
     try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+        return _ENCODER.encode(value)
     except (TypeError, ValueError) as error:
         raise InputError(f"{what} is not JSON-serialisable: {error}") from None
     except RecursionError:
         raise InputError(f"{what} is nested too deeply to be journaled") from None
 
 
+#: json.loads's own scanner, without the two regular-expression passes around it
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
 def load_json(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    """``json.loads(text)`` (None for None), faster for what the journal writes: compact JSON
+    with nothing around it. Anything else is left to ``json.loads``, which raises as it does."""
+    if text is None:
+        return None
+    try:
+        value, end = _SCAN(text, 0)
+    except Exception:  # not JSON, or not text: json.loads says what is wrong
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)
 
 
 def parse_json_text(text: str, what: str) -> Any:

@@ -44,7 +44,7 @@ from .._core.exceptions import (
 )
 from .._core.outcome import ErrorInfo, StepRecord, blocks_resume
 from .._core.policy import CancelPolicy
-from .._core.records import JSONText, dump_json
+from .._core.records import JSONText, dump_json, load_json
 from .._core.states import StepStatus
 from .._journal.store import StepStart
 from .pause import pause_point
@@ -128,11 +128,11 @@ def fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     if not kwargs:
         if not args:
             return _NO_ARGUMENTS
-        if all(type(value) in _SCALARS for value in args):
+        if _SCALARS.issuperset(map(type, args)):
             # The common case, without the JSON encoder: the repr of these is their value.
             return f"{zlib.crc32(repr(args).encode()):08x}"
     try:
-        text = json.dumps([args, kwargs], separators=(",", ":"), sort_keys=True, default=_opaque)
+        text = _FINGERPRINT_JSON.encode([args, kwargs])
     except (TypeError, ValueError):  # keys of mixed types, a cycle: compare the shape only
         text = json.dumps([[_opaque(value) for value in args], sorted(map(str, kwargs))])
     return f"{zlib.crc32(text.encode()):08x}"
@@ -141,6 +141,10 @@ def fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 def _opaque(value: Any) -> str:
     kind = type(value)
     return f"<{kind.__module__}.{kind.__qualname__}>"
+
+
+#: the encoder of a fingerprint's JSON (json.dumps would build one at every call)
+_FINGERPRINT_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, default=_opaque)
 
 
 def _replay(run: RunContext, journaled: StepRecord, spec: ToolSpec, print_: str) -> Any:
@@ -161,7 +165,7 @@ def _replay(run: RunContext, journaled: StepRecord, spec: ToolSpec, print_: str)
 
 
 def _args_json(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    if spec.policy.effective_cancel is not CancelPolicy.ROLLBACK:
+    if spec.effective_cancel is not CancelPolicy.ROLLBACK:
         return None
     return dump_json(
         {"args": list(args), "kwargs": kwargs, "tool": spec.key},
@@ -231,7 +235,7 @@ class _Flight:
         self.spec = spec
         self.args = args
         self.kwargs = kwargs
-        self.policy = spec.policy.effective_cancel
+        self.policy = spec.effective_cancel
         self.call_id = CALL_ID.get()
         self.shielded = SHIELDED.get()
         self.caller = asyncio.current_task()
@@ -363,7 +367,8 @@ class _Flight:
             await _probe(run, "during", self.index)
         self.phase = _Phase.BODY
         try:
-            value = await self._invoke_within_timeout()
+            timeout = self.spec.policy.timeout
+            value = await (self._invoke() if timeout is None else self._invoke_within(timeout))
         except StoreError:
             raise  # the journal failed, not the tool: the step stays as last journaled
         except Cancelled as cancel:
@@ -385,12 +390,9 @@ class _Flight:
         self._take_back_cancels()
         return await self._commit(value)
 
-    async def _invoke_within_timeout(self) -> Any:
+    async def _invoke_within(self, timeout: float) -> Any:
         """:meth:`_invoke`, stopped after the tool's ``timeout`` as a cancel of this step alone
         would stop it; then :class:`StepTimeoutError` (the step is settled as a failure)."""
-        timeout = self.spec.policy.timeout
-        if timeout is None:
-            return await self._invoke()
         with anyio.move_on_after(timeout):
             return await self._invoke()
         if self.policy is CancelPolicy.INTERRUPTIBLE:
@@ -467,10 +469,10 @@ class _Flight:
         except Exception as error:
             await self._failed(error)
             raise
-        durable = not self.spec.policy.may_defer_settle
+        durable = not self.spec.defer_settle
         await settle(self.run, index, StepStatus.COMMITTED, result=text, durable=durable)
         # Hand the task the journaled form, so that a replay sees exactly the same value.
-        return value if type(value) in _SAME_AFTER_JSON else json.loads(text)
+        return value if type(value) in _SAME_AFTER_JSON else load_json(text)
 
     async def _failed(self, error: BaseException) -> None:
         """The body raised: a rollback tool is compensated first (it may have half written);

@@ -66,7 +66,7 @@ class ToolSpec:
     for a counting wrapper while it runs, which is why the tool function looks it up per call.
     """
 
-    __slots__ = ("fn", "is_async", "key", "name", "policy")
+    __slots__ = ("defer_settle", "effective_cancel", "fn", "is_async", "key", "name", "policy")
 
     def __init__(
         self, fn: Callable[..., Any], policy: ToolPolicy, name: str, *, register: bool = True
@@ -75,6 +75,10 @@ class ToolSpec:
         self.policy = policy
         self.name = name
         self.is_async = is_async_callable(fn)
+        #: the policy's behaviour on cancel and whether a committed settlement may ride with the
+        #: next write: read at every step, so worked out once here
+        self.effective_cancel = policy.effective_cancel
+        self.defer_settle = policy.may_defer_settle
         #: ``name@module:qualname``: what tells this tool from others of the same name
         self.key = f"{name}@{qualified_name(fn)}"
         if register:
