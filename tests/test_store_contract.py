@@ -362,12 +362,18 @@ async def test_writes_with_a_stale_token_are_fenced_off(store_url: str) -> None:
             await anyio.to_thread.run_sync(
                 lambda: store.append_partial_blocking("r", 2, "late", fence=stale)
             )
+        with pytest.raises(LostOwnershipError):  # a stale runtime's own cancel (its shutdown)
+            await store.request_cancel("r", "shutdown", force=False, fence=stale)
         assert await store.load("r") == before
         assert await store.events("r") == events
-        # the new owner writes freely
+        # the new owner writes freely; anyone may ask for a cancel
         await store.settle_step("r", 0, StepStatus.COMMITTED, result=1, fence=OTHER.token)
+        asked = await store.request_cancel("r", "user", force=False)
+        assert asked.state is State.CANCELLING
+        asked = await store.request_cancel("r", "user", force=True, fence=OTHER.token)
+        assert asked.force
         done = await store.transition(
-            "r", State.COMPLETED, expected={State.RUNNING}, fence=OTHER.token
+            "r", State.COMPLETED, expected={State.CANCELLING}, fence=OTHER.token
         )
         assert done.state is State.COMPLETED
         with pytest.raises(UnknownRunError):

@@ -139,7 +139,7 @@ class Runtime:
         try:
             with anyio.CancelScope(shield=True):
                 for run_id in list(self._active):
-                    await self.cancel(run_id, reason="shutdown")
+                    await self._cancel_own(run_id, reason="shutdown")
                 for run in list(self._active.values()):
                     await run.done.wait()
             task_group.cancel_scope.cancel()
@@ -513,6 +513,25 @@ class Runtime:
         record = await self.store.request_cancel(task_id, reason, force=force)
         return await self._after_cancel(record)
 
+    async def _cancel_own(self, task_id: str, *, reason: str) -> None:
+        """A cancel this runtime makes of a run it works (its shutdown, a deadline of its start).
+
+        Recorded only while this runtime still holds the run. One that another process took
+        over meanwhile (this one stalled past its lease: a long pause, a lost network) is not
+        cancelled there, as a dead owner's would not be: it is only stopped here, where nothing
+        it does can be written any more.
+        """
+        try:
+            record = await self.store.request_cancel(
+                task_id, reason, force=False, fence=self.owner.token
+            )
+        except LostOwnershipError:
+            ctx = self._active.get(task_id)
+            if ctx is not None:
+                ctx.request_cancel(reason, force=False)
+            return
+        await self._after_cancel(record)
+
     async def _after_cancel(self, record: RunRecord) -> RunRecord:
         """Deliver a recorded cancel here, or settle the run if nobody works it."""
         ctx = self._active.get(record.id)
@@ -815,7 +834,7 @@ class Runtime:
 
     async def _deadline(self, ctx: RunContext, seconds: float) -> None:
         await anyio.sleep(seconds)
-        await self.cancel(ctx.run_id, reason="deadline")
+        await self._cancel_own(ctx.run_id, reason="deadline")
 
     # -- the watcher: cross-process cancels and leases ----------------------------------------
 
