@@ -1,14 +1,17 @@
 """What the framework adapters add per tool call and per model request (issue 16).
 
 For each framework, the same agent (the framework's own offline scripted model, trivial async
-tools) runs bare and with the haltwise adapter inside a task, on a SQLite store at
-``synchronous=FULL`` and ``NORMAL``. One agent run is ``--calls`` turns of one tool call each,
+tools) runs bare and with the haltwise adapter inside a task, through its plain and its streamed
+entry point (the Agents SDK's ``Runner.run`` / ``run_streamed``, Pydantic AI's ``run`` /
+``run_stream``, LangChain's ``ainvoke`` / ``astream`` of the model's tokens), on a SQLite store
+at ``synchronous=FULL`` and ``NORMAL``. One agent run is ``--calls`` turns of one tool call each,
 then the answer: ``calls`` tool calls and ``calls + 1`` model requests, so ``2 * calls + 1``
 steps. Bare and adapter runs alternate, so that both see the same moods of a shared machine.
 Reported: the median wall time of a run (over ``--runs`` of each, after a warm-up), the ratio
-adapter / bare, what haltwise adds per step ((adapter - bare) / steps), and beside it the
-baseline: one raw SQLite ``INSERT`` + ``COMMIT`` (WAL, same ``synchronous``) measured right after,
-on the same disk. All in one process, in one invocation.
+adapter / bare, what haltwise adds per step ((adapter - bare) / steps), the same for the
+process's CPU time (user + sys of all threads: less sensitive to a loaded machine), and beside
+it the baseline: one raw SQLite ``INSERT`` + ``COMMIT`` (WAL, same ``synchronous``) measured
+right after, on the same disk. All in one process, in one invocation.
 
 usage: python bench/bench_integrations.py [--calls N] [--runs N] [--dir DIR]
 """
@@ -16,10 +19,12 @@ usage: python bench/bench_integrations.py [--calls N] [--runs N] [--dir DIR]
 from __future__ import annotations
 
 import argparse
+import json
 import sqlite3
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,18 +45,19 @@ async def bare_lookup(item: str) -> str:
     return f"{item} costs 5"
 
 
-# -- one agent run per framework, bare (adapter=False) or with the adapter -----------------------
+# -- one agent run per framework, bare (adapter=False) or with the adapter, plain or streamed --
 
 
-def agents_runner(calls: int, adapter: bool) -> Callable[[], Awaitable[Any]]:
+def agents_runner(calls: int, adapter: bool, streamed: bool) -> Callable[[], Awaitable[Any]]:
     from agents import Agent, RunConfig, Runner
     from agents import function_tool as sdk_tool
     from agents.testing import ScriptedModel, assistant_message, function_call
 
-    from haltwise.integrations.openai_agents import JournaledModel, function_tool
+    from haltwise.integrations.openai_agents import JournaledModel, function_tool, run_streamed
 
     config = RunConfig(tracing_disabled=True)
     tools = [function_tool(lookup)] if adapter else [sdk_tool(bare_lookup, name_override="lookup")]
+    start_streamed = run_streamed if adapter else Runner.run_streamed
 
     async def run() -> Any:
         turns: list[Any] = [
@@ -59,16 +65,21 @@ def agents_runner(calls: int, adapter: bool) -> Callable[[], Awaitable[Any]]:
         ]
         model: Any = ScriptedModel([*turns, [assistant_message("done")]])
         agent = Agent(name="a", model=JournaledModel(model) if adapter else model, tools=tools)
-        result = await Runner.run(agent, "go", run_config=config, max_turns=calls + 2)
-        return result.final_output
+        if not streamed:
+            result = await Runner.run(agent, "go", run_config=config, max_turns=calls + 2)
+            return result.final_output
+        stream = start_streamed(agent, "go", run_config=config, max_turns=calls + 2)
+        async for _ in stream.stream_events():
+            pass
+        return stream.final_output
 
     return run
 
 
-def pydantic_runner(calls: int, adapter: bool) -> Callable[[], Awaitable[Any]]:
+def pydantic_runner(calls: int, adapter: bool, streamed: bool) -> Callable[[], Awaitable[Any]]:
     from pydantic_ai import Agent, Tool
     from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
-    from pydantic_ai.models.function import FunctionModel
+    from pydantic_ai.models.function import DeltaToolCall, FunctionModel
 
     from haltwise.integrations.pydantic_ai import JournaledModel, tool
 
@@ -79,17 +90,32 @@ def pydantic_runner(calls: int, adapter: bool) -> Callable[[], Awaitable[Any]]:
             ModelResponse(parts=[ToolCallPart("lookup", {"item": f"i{i}"}, tool_call_id=f"c{i}")])
             for i in range(calls)
         ] + [ModelResponse(parts=[TextPart("done")])]
-        model: Any = FunctionModel(lambda messages, info: answers.pop(0))
+
+        async def stream(messages: Any, info: Any) -> Any:
+            (part,) = answers.pop(0).parts
+            if isinstance(part, TextPart):
+                yield part.content
+            else:
+                assert isinstance(part, ToolCallPart)
+                args = part.args_as_json_str()
+                yield {0: DeltaToolCall(part.tool_name, args, tool_call_id=part.tool_call_id)}
+
+        model: Any = FunctionModel(lambda messages, info: answers.pop(0), stream_function=stream)
         agent = Agent(JournaledModel(model) if adapter else model, tools=tools)
-        return (await agent.run("go")).output
+        if not streamed:
+            return (await agent.run("go")).output
+        async with agent.run_stream("go") as result:
+            return await result.get_output()
 
     return run
 
 
-def langchain_runner(calls: int, adapter: bool) -> Callable[[], Awaitable[Any]]:
+def langchain_runner(calls: int, adapter: bool, streamed: bool) -> Callable[[], Awaitable[Any]]:
     from langchain.agents import create_agent
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
+    from langchain_core.messages.tool import tool_call_chunk
+    from langchain_core.outputs import ChatGenerationChunk
     from langchain_core.tools import StructuredTool
 
     from haltwise.integrations.langchain import HaltwiseMiddleware, tool
@@ -97,6 +123,16 @@ def langchain_runner(calls: int, adapter: bool) -> Callable[[], Awaitable[Any]]:
     class Chat(GenericFakeChatModel):
         def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
             return self
+
+        async def _astream(self, messages: Any, stop: Any = None, **kwargs: Any) -> Any:
+            message = self._generate(messages).generations[0].message
+            assert isinstance(message, AIMessage)
+            chunks = [
+                tool_call_chunk(name=c["name"], args=json.dumps(c["args"]), id=c["id"], index=i)
+                for i, c in enumerate(message.tool_calls)
+            ]
+            chunk = AIMessageChunk(content=message.content, tool_call_chunks=chunks)
+            yield ChatGenerationChunk(message=chunk)
 
     tools = [tool(lookup)] if adapter else [StructuredTool.from_function(coroutine=bare_lookup)]
     middleware = [HaltwiseMiddleware()] if adapter else []
@@ -110,16 +146,28 @@ def langchain_runner(calls: int, adapter: bool) -> Callable[[], Awaitable[Any]]:
             for i in range(calls)
         ] + [AIMessage(content="done")]
         agent = create_agent(Chat(messages=iter(answers)), tools=tools, middleware=middleware)
-        state = await agent.ainvoke({"messages": [HumanMessage("go")]})
+        request = {"messages": [HumanMessage("go")]}
+        if not streamed:
+            return (await agent.ainvoke(request))["messages"][-1].content
+        state: Any = None
+        async for mode, data in agent.astream(request, stream_mode=["messages", "values"]):
+            if mode == "values":
+                state = data
         return state["messages"][-1].content
 
     return run
 
 
-FRAMEWORKS: dict[str, Callable[[int, bool], Callable[[], Awaitable[Any]]]] = {
+FRAMEWORKS: dict[str, Callable[[int, bool, bool], Callable[[], Awaitable[Any]]]] = {
     "OpenAI Agents": agents_runner,
     "Pydantic AI": pydantic_runner,
     "LangChain": langchain_runner,
+}
+#: each framework's plain and streamed entry point, as the table names them
+MODES = {
+    "OpenAI Agents": ("run", "run_streamed"),
+    "Pydantic AI": ("run", "run_stream"),
+    "LangChain": ("ainvoke", "astream"),
 }
 
 
@@ -134,30 +182,46 @@ async def journaled_agent() -> Any:
     return await Current.run()
 
 
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """One agent run: its wall time and the process's CPU time (user + sys, all threads)."""
+
+    wall: float
+    cpu: float
+
+
+async def timed(run: Callable[[], Awaitable[Any]]) -> Timing:
+    wall, cpu = time.perf_counter(), time.process_time()
+    await run()
+    return Timing(time.perf_counter() - wall, time.process_time() - cpu)
+
+
 async def paired_times(
     bare: Callable[[], Awaitable[Any]],
     adapted: Callable[[], Awaitable[Any]],
     runs: int,
     store: str,
     steps: int,
-) -> tuple[list[float], list[float]]:
+) -> tuple[list[Timing], list[Timing]]:
     """Bare and adapter runs alternated (after one warm-up of each), so that both see the same
-    moods of a shared machine; the wall time of each."""
+    moods of a shared machine; the times of each."""
     Current.run = adapted
-    bare_times: list[float] = []
-    adapter_times: list[float] = []
+    bare_times: list[Timing] = []
+    adapter_times: list[Timing] = []
+    outcomes: list[haltwise.Outcome] = []
+
+    async def journaled() -> None:
+        outcomes.append(await (await runtime.start(journaled_agent)).outcome())
+
     async with haltwise.Runtime(store) as runtime:
         for attempt in range(runs + 1):  # the first of each is the warm-up
-            start = time.perf_counter()
-            await bare()
-            middle = time.perf_counter()
-            outcome = await (await runtime.start(journaled_agent)).outcome()
-            end = time.perf_counter()
+            plain, adapter = await timed(bare), await timed(journaled)
+            outcome = outcomes.pop()
             assert outcome.state is haltwise.State.COMPLETED, outcome
             assert len(outcome.steps) == steps, outcome.steps
             if attempt:
-                bare_times.append(middle - start)
-                adapter_times.append(end - middle)
+                bare_times.append(plain)
+                adapter_times.append(adapter)
     return bare_times, adapter_times
 
 
@@ -178,27 +242,42 @@ def raw_commit_seconds(path: Path, setting: str, commits: int) -> float:
 
 
 async def measure(calls: int, runs: int, directory: Path) -> list[list[object]]:
+    return [
+        await _row(name, mode, calls, runs, directory, setting)
+        for name in FRAMEWORKS
+        for mode in MODES[name]
+        for setting in ("full", "normal")
+    ]
+
+
+async def _row(
+    name: str, mode: str, calls: int, runs: int, directory: Path, setting: str
+) -> list[object]:
+    """One cell of the table: framework ``name`` through entry ``mode`` at ``setting``."""
     steps = 2 * calls + 1
-    rows: list[list[object]] = []
-    for name, make in FRAMEWORKS.items():
-        for setting in ("full", "normal"):
-            store = f"sqlite:///{directory}/{name.split()[0].lower()}-{setting}.db"
-            store += f"?synchronous={setting}"
-            pair = await paired_times(make(calls, False), make(calls, True), runs, store, steps)
-            bare, adapted = median(pair[0]), median(pair[1])
-            raw = raw_commit_seconds(directory / f"raw-{setting}.db", setting, runs * steps)
-            rows.append(
-                [
-                    name,
-                    setting.upper(),
-                    f"{bare * 1e3:.2f}",
-                    f"{adapted * 1e3:.2f}",
-                    f"{adapted / bare:.2f}x",
-                    f"{(adapted - bare) / steps * 1e6:.0f}",
-                    f"{raw * 1e6:.0f}",
-                ]
-            )
-    return rows
+    streamed = mode != MODES[name][0]
+    store = f"sqlite:///{directory}/{name.split()[0].lower()}-{mode}-{setting}.db"
+    store += f"?synchronous={setting}"
+    make = FRAMEWORKS[name]
+    pair = await paired_times(
+        make(calls, False, streamed), make(calls, True, streamed), runs, store, steps
+    )
+    raw = raw_commit_seconds(directory / f"raw-{setting}.db", setting, runs * steps)
+    return [name, mode, setting.upper(), *_cells(*pair, steps), f"{raw * 1e6:.0f}"]
+
+
+def _cells(bare: list[Timing], adapted: list[Timing], steps: int) -> list[str]:
+    """Median wall times, their ratio, and what the adapter adds per step in wall and CPU time."""
+    wall = median([t.wall for t in bare]), median([t.wall for t in adapted])
+    cpu = median([t.cpu for t in bare]), median([t.cpu for t in adapted])
+    return [
+        f"{wall[0] * 1e3:.2f}",
+        f"{wall[1] * 1e3:.2f}",
+        f"{wall[1] / wall[0]:.2f}x",
+        f"{(wall[1] - wall[0]) / steps * 1e6:.0f}",
+        f"{cpu[1] / cpu[0]:.2f}x",
+        f"{(cpu[1] - cpu[0]) / steps * 1e6:.0f}",
+    ]
 
 
 def main() -> None:
@@ -219,11 +298,14 @@ def main() -> None:
         table(
             [
                 "framework",
+                "entry",
                 "synchronous",
                 "bare run (ms)",
                 "with adapter (ms)",
                 "ratio",
                 "added per step (µs)",
+                "CPU ratio",
+                "CPU added per step (µs)",
                 "raw commit (µs)",
             ],
             rows,

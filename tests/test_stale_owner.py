@@ -1,9 +1,10 @@
 """A runtime that stalled past its lease and comes back: the runs taken over from it are not its.
 
 A process stalls (a long pause, a lost network) until its lease runs out; another takes its run
-over and works it. When the stale one comes back and shuts down, or the deadline of its start
-fires, it must not cancel the run its new owner works (found by the runtime state machine's
-crash rule): its own cancels are fenced by its ownership, as its other writes are. Both stores.
+over and works it. When the stale one comes back and shuts down, the deadline of its start
+fires, or its attempt cancels itself, it must not cancel the run its new owner works (found by
+the runtime state machine's come_back rule): its own cancels are fenced by its ownership, as its
+other writes are. Both stores.
 """
 
 from __future__ import annotations
@@ -136,3 +137,37 @@ async def test_the_deadline_of_a_stale_start_does_not_cancel_the_run_taken_from_
 
         await _take_over_while(store_url, stale, "r", wait_for_the_stale_deadline)
     assert starts["look"] == 2 and ends["look"] == 1
+
+
+gives_up = Gate()
+
+
+@haltwise.task(name="stale_owner:gives_up_in_the_first_attempt")
+async def gives_up_in_the_first_attempt() -> str:
+    """The first attempt waits, then cancels its own run; any later one does the lookup."""
+    if not starts["gives_up"]:
+        starts["gives_up"] += 1
+        entered["a"].set()
+        await gives_up.wait(timeout=60)
+        raise haltwise.Cancelled("gave up")
+    return await look("here")
+
+
+async def test_a_stale_attempt_cancelling_itself_does_not_cancel_the_run_taken_from_it(
+    store_url: str,
+) -> None:
+    global gives_up
+    _reset()
+    gives_up = Gate()
+    starts["look"] = 1  # the lookup below is the second attempt's ("b")
+    async with haltwise.Runtime(store_url) as stale:
+        await stale.start(gives_up_in_the_first_attempt, task_id="r")
+        await entered["a"].wait(timeout=60)
+
+        async def let_the_stale_attempt_give_up() -> None:
+            gives_up.set()
+            with anyio.fail_after(60):
+                while stale.is_active("r"):
+                    await anyio.sleep(0.02)
+
+        await _take_over_while(store_url, stale, "r", let_the_stale_attempt_give_up)
