@@ -23,8 +23,9 @@ import json
 import sqlite3
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum, auto
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,21 @@ async def bare_lookup(item: str) -> str:
     return f"{item} costs 5"
 
 
-# -- one agent run per framework, bare (adapter=False) or with the adapter, plain or streamed --
+class Wrap(Enum):
+    """How much of the agent the adapter wraps."""
+
+    #: nothing: the framework alone
+    BARE = auto()
+    #: the model only (model requests are steps; the tool is the framework's own, no step)
+    MODEL = auto()
+    #: the model and the tools (each tool call a step too): the adapter as users use it
+    ALL = auto()
 
 
-def agents_runner(calls: int, adapter: bool, streamed: bool) -> Callable[[], Awaitable[Any]]:
+# -- one agent run per framework, wrapped as ``wrap`` says, through its plain or streamed entry --
+
+
+def agents_runner(calls: int, wrap: Wrap, streamed: bool) -> Callable[[], Awaitable[Any]]:
     from agents import Agent, RunConfig, Runner
     from agents import function_tool as sdk_tool
     from agents.testing import ScriptedModel, assistant_message, function_call
@@ -56,7 +68,11 @@ def agents_runner(calls: int, adapter: bool, streamed: bool) -> Callable[[], Awa
     from haltwise.integrations.openai_agents import JournaledModel, function_tool, run_streamed
 
     config = RunConfig(tracing_disabled=True)
-    tools = [function_tool(lookup)] if adapter else [sdk_tool(bare_lookup, name_override="lookup")]
+    if wrap is Wrap.ALL:
+        tools = [function_tool(lookup)]
+    else:
+        tools = [sdk_tool(bare_lookup, name_override="lookup")]
+    adapter = wrap is not Wrap.BARE
     start_streamed = run_streamed if adapter else Runner.run_streamed
 
     async def run() -> Any:
@@ -76,14 +92,15 @@ def agents_runner(calls: int, adapter: bool, streamed: bool) -> Callable[[], Awa
     return run
 
 
-def pydantic_runner(calls: int, adapter: bool, streamed: bool) -> Callable[[], Awaitable[Any]]:
+def pydantic_runner(calls: int, wrap: Wrap, streamed: bool) -> Callable[[], Awaitable[Any]]:
     from pydantic_ai import Agent, Tool
     from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
     from pydantic_ai.models.function import DeltaToolCall, FunctionModel
 
     from haltwise.integrations.pydantic_ai import JournaledModel, tool
 
-    tools = [tool(lookup)] if adapter else [Tool(bare_lookup, name="lookup")]
+    tools = [tool(lookup)] if wrap is Wrap.ALL else [Tool(bare_lookup, name="lookup")]
+    adapter = wrap is not Wrap.BARE
 
     async def run() -> Any:
         answers = [
@@ -110,7 +127,7 @@ def pydantic_runner(calls: int, adapter: bool, streamed: bool) -> Callable[[], A
     return run
 
 
-def langchain_runner(calls: int, adapter: bool, streamed: bool) -> Callable[[], Awaitable[Any]]:
+def langchain_runner(calls: int, wrap: Wrap, streamed: bool) -> Callable[[], Awaitable[Any]]:
     from langchain.agents import create_agent
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
     from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
@@ -134,8 +151,17 @@ def langchain_runner(calls: int, adapter: bool, streamed: bool) -> Callable[[], 
             chunk = AIMessageChunk(content=message.content, tool_call_chunks=chunks)
             yield ChatGenerationChunk(message=chunk)
 
-    tools = [tool(lookup)] if adapter else [StructuredTool.from_function(coroutine=bare_lookup)]
-    middleware = [HaltwiseMiddleware()] if adapter else []
+    class ModelOnly(HaltwiseMiddleware):
+        """The middleware's model steps, with its tool calls passed through (no step)."""
+
+        async def awrap_tool_call(self, request: Any, handler: Any) -> Any:
+            return await handler(request)
+
+    if wrap is Wrap.ALL:
+        tools, middleware = [tool(lookup)], [HaltwiseMiddleware()]
+    else:
+        tools = [StructuredTool.from_function(coroutine=bare_lookup)]
+        middleware = [ModelOnly()] if wrap is Wrap.MODEL else []
 
     async def run() -> Any:
         answers = [
@@ -158,7 +184,7 @@ def langchain_runner(calls: int, adapter: bool, streamed: bool) -> Callable[[], 
     return run
 
 
-FRAMEWORKS: dict[str, Callable[[int, bool, bool], Callable[[], Awaitable[Any]]]] = {
+FRAMEWORKS: dict[str, Callable[[int, Wrap, bool], Callable[[], Awaitable[Any]]]] = {
     "OpenAI Agents": agents_runner,
     "Pydantic AI": pydantic_runner,
     "LangChain": langchain_runner,
@@ -196,18 +222,17 @@ async def timed(run: Callable[[], Awaitable[Any]]) -> Timing:
     return Timing(time.perf_counter() - wall, time.process_time() - cpu)
 
 
-async def paired_times(
+async def alternated_times(
     bare: Callable[[], Awaitable[Any]],
-    adapted: Callable[[], Awaitable[Any]],
+    variants: Sequence[tuple[Callable[[], Awaitable[Any]], int]],
     runs: int,
     store: str,
-    steps: int,
-) -> tuple[list[Timing], list[Timing]]:
-    """Bare and adapter runs alternated (after one warm-up of each), so that both see the same
-    moods of a shared machine; the times of each."""
-    Current.run = adapted
+) -> tuple[list[Timing], list[list[Timing]]]:
+    """The bare run and each adapter variant (its agent run and how many steps it makes),
+    alternated run by run after one warm-up of each, so that all see the same moods of a shared
+    machine; the times of each."""
     bare_times: list[Timing] = []
-    adapter_times: list[Timing] = []
+    variant_times: list[list[Timing]] = [[] for _ in variants]
     outcomes: list[haltwise.Outcome] = []
 
     async def journaled() -> None:
@@ -215,14 +240,18 @@ async def paired_times(
 
     async with haltwise.Runtime(store) as runtime:
         for attempt in range(runs + 1):  # the first of each is the warm-up
-            plain, adapter = await timed(bare), await timed(journaled)
-            outcome = outcomes.pop()
-            assert outcome.state is haltwise.State.COMPLETED, outcome
-            assert len(outcome.steps) == steps, outcome.steps
+            plain = await timed(bare)
             if attempt:
                 bare_times.append(plain)
-                adapter_times.append(adapter)
-    return bare_times, adapter_times
+            for (adapted, steps), times in zip(variants, variant_times, strict=True):
+                Current.run = adapted
+                timing = await timed(journaled)
+                outcome = outcomes.pop()
+                assert outcome.state is haltwise.State.COMPLETED, outcome
+                assert len(outcome.steps) == steps, outcome.steps
+                if attempt:
+                    times.append(timing)
+    return bare_times, variant_times
 
 
 def raw_commit_seconds(path: Path, setting: str, commits: int) -> float:
@@ -241,42 +270,91 @@ def raw_commit_seconds(path: Path, setting: str, commits: int) -> float:
     return elapsed / commits
 
 
-async def measure(calls: int, runs: int, directory: Path) -> list[list[object]]:
+SETTINGS = ("full", "normal")
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """The times of one cell: bare runs and adapter runs, alternated."""
+
+    bare: list[Timing]
+    adapted: list[Timing]
+
+    def added(self, cpu: bool = False) -> float:
+        """Median adapter run minus median bare run, in seconds of wall (or CPU) time."""
+        pick: Callable[[Timing], float] = (lambda t: t.cpu) if cpu else (lambda t: t.wall)
+        return median([pick(t) for t in self.adapted]) - median([pick(t) for t in self.bare])
+
+    def ratio(self, cpu: bool = False) -> float:
+        pick: Callable[[Timing], float] = (lambda t: t.cpu) if cpu else (lambda t: t.wall)
+        return median([pick(t) for t in self.adapted]) / median([pick(t) for t in self.bare])
+
+
+async def measure(
+    calls: int, runs: int, directory: Path
+) -> tuple[list[list[object]], list[list[object]]]:
+    """The table of whole runs (each entry, each setting) and the split per tool call and per
+    model request (plain entry, from the same bare runs), measured in one invocation."""
+    rows: list[list[object]] = []
+    split: list[list[object]] = []
+    steps = 2 * calls + 1
+    for name in FRAMEWORKS:
+        for mode in MODES[name]:
+            for setting in SETTINGS:
+                pairs = await _pairs(name, mode, calls, runs, directory, setting)
+                raw = raw_commit_seconds(directory / f"raw-{setting}.db", setting, runs * steps)
+                rows.append(
+                    [name, mode, setting.upper(), *_cells(pairs[Wrap.ALL], steps), _us(raw)]
+                )
+                if Wrap.MODEL in pairs:
+                    split.append([name, setting.upper(), *_split(pairs, calls)])
+    return rows, split
+
+
+async def _pairs(
+    name: str, mode: str, calls: int, runs: int, directory: Path, setting: str
+) -> dict[Wrap, Pair]:
+    """Framework ``name`` through entry ``mode`` at ``setting``: bare runs beside the whole
+    adapter's, and (plain entry) beside the model alone wrapped."""
+    streamed = mode != MODES[name][0]
+    wraps = [Wrap.ALL] if streamed else [Wrap.ALL, Wrap.MODEL]
+    make = FRAMEWORKS[name]
+    variants = [
+        (make(calls, wrap, streamed), 2 * calls + 1 if wrap is Wrap.ALL else calls + 1)
+        for wrap in wraps
+    ]
+    store = f"sqlite:///{directory}/{name.split()[0].lower()}-{mode}-{setting}.db"
+    store += f"?synchronous={setting}"
+    bare, times = await alternated_times(make(calls, Wrap.BARE, streamed), variants, runs, store)
+    return {wrap: Pair(bare, each) for wrap, each in zip(wraps, times, strict=True)}
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f}"
+
+
+def _cells(pair: Pair, steps: int) -> list[str]:
+    """Median wall times, their ratio, and what the adapter adds per step in wall and CPU time."""
     return [
-        await _row(name, mode, calls, runs, directory, setting)
-        for name in FRAMEWORKS
-        for mode in MODES[name]
-        for setting in ("full", "normal")
+        f"{median([t.wall for t in pair.bare]) * 1e3:.2f}",
+        f"{median([t.wall for t in pair.adapted]) * 1e3:.2f}",
+        f"{pair.ratio():.2f}x",
+        _us(pair.added() / steps),
+        f"{pair.ratio(cpu=True):.2f}x",
+        _us(pair.added(cpu=True) / steps),
     ]
 
 
-async def _row(
-    name: str, mode: str, calls: int, runs: int, directory: Path, setting: str
-) -> list[object]:
-    """One cell of the table: framework ``name`` through entry ``mode`` at ``setting``."""
-    steps = 2 * calls + 1
-    streamed = mode != MODES[name][0]
-    store = f"sqlite:///{directory}/{name.split()[0].lower()}-{mode}-{setting}.db"
-    store += f"?synchronous={setting}"
-    make = FRAMEWORKS[name]
-    pair = await paired_times(
-        make(calls, False, streamed), make(calls, True, streamed), runs, store, steps
-    )
-    raw = raw_commit_seconds(directory / f"raw-{setting}.db", setting, runs * steps)
-    return [name, mode, setting.upper(), *_cells(*pair, steps), f"{raw * 1e6:.0f}"]
-
-
-def _cells(bare: list[Timing], adapted: list[Timing], steps: int) -> list[str]:
-    """Median wall times, their ratio, and what the adapter adds per step in wall and CPU time."""
-    wall = median([t.wall for t in bare]), median([t.wall for t in adapted])
-    cpu = median([t.cpu for t in bare]), median([t.cpu for t in adapted])
+def _split(pairs: dict[Wrap, Pair], calls: int) -> list[str]:
+    """Per model request: what wrapping the model alone adds, over its ``calls + 1`` requests;
+    per tool call: what wrapping the tools too adds on top, over its ``calls`` calls."""
+    whole, model = pairs[Wrap.ALL], pairs[Wrap.MODEL]
+    requests = calls + 1
     return [
-        f"{wall[0] * 1e3:.2f}",
-        f"{wall[1] * 1e3:.2f}",
-        f"{wall[1] / wall[0]:.2f}x",
-        f"{(wall[1] - wall[0]) / steps * 1e6:.0f}",
-        f"{cpu[1] / cpu[0]:.2f}x",
-        f"{(cpu[1] - cpu[0]) / steps * 1e6:.0f}",
+        _us(model.added() / requests),
+        _us((whole.added() - model.added()) / calls),
+        _us(model.added(cpu=True) / requests),
+        _us((whole.added(cpu=True) - model.added(cpu=True)) / calls),
     ]
 
 
@@ -287,7 +365,7 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where the stores go (default: a temp dir)")
     args = parser.parse_args()
     directory = Path(args.dir or tempfile.mkdtemp(prefix="haltwise-bench-integrations-"))
-    rows = anyio.run(measure, args.calls, args.runs, directory)
+    rows, split = anyio.run(measure, args.calls, args.runs, directory)
     print(header("The framework adapters: what haltwise adds per tool call and model request"))
     print(
         f"One agent run: {args.calls} tool calls and {args.calls + 1} model requests "
@@ -309,6 +387,24 @@ def main() -> None:
                 "raw commit (µs)",
             ],
             rows,
+        )
+    )
+    print(
+        "\nSplit (plain entry): the same bare runs beside runs with only the model wrapped (model "
+        "requests are steps, the tool is the framework's own); per model request = that "
+        "difference / requests, per tool call = the rest of the whole adapter's / calls.\n"
+    )
+    print(
+        table(
+            [
+                "framework",
+                "synchronous",
+                "per model request (µs)",
+                "per tool call (µs)",
+                "CPU per model request (µs)",
+                "CPU per tool call (µs)",
+            ],
+            split,
         )
     )
 
