@@ -493,9 +493,8 @@ class Runtime:
         cancelled there, as a dead owner's would not be: it is only stopped here, where nothing
         it does can be written any more (None).
         """
-        _check_reason(reason)
         try:
-            record = await self.store.request_cancel(
+            record = await self._seat.request_cancel(
                 task_id, reason, force=force, fence=self.owner.token
             )
         except LostOwnershipError:
