@@ -108,10 +108,13 @@ async def _nothing(runtime: haltwise.Runtime, run_id: str) -> None:
     """The task cancels itself."""
 
 
-CASES: dict[str, tuple[Any, Callable[[haltwise.Runtime, str], Awaitable[None]], str]] = {
-    "absorbed_then_reasserted": (absorbs_then_reasserts, _cancel_when_waiting, "user"),
-    "own_cancel_edge": (own_cancel_edge, _nothing, "host"),
-    "host_and_haltwise_at_once": (host_and_haltwise_at_once, _nothing, "user"),
+#: task, how the test cancels it, the reasons the run may end with: the host's cancel and
+#: haltwise's land in one loop iteration only where recording the request does not yield (the
+#: SQLite fast path); on PostgreSQL the host's may land first, and the run is the host's
+CASES: dict[str, tuple[Any, Callable[[haltwise.Runtime, str], Awaitable[None]], set[str]]] = {
+    "absorbed_then_reasserted": (absorbs_then_reasserts, _cancel_when_waiting, {"user"}),
+    "own_cancel_edge": (own_cancel_edge, _nothing, {"host"}),
+    "host_and_haltwise_at_once": (host_and_haltwise_at_once, _nothing, {"user", "host"}),
 }
 
 
@@ -121,7 +124,7 @@ async def test_a_cancel_error_a_framework_raises_never_escapes_the_run(
 ) -> None:
     global waiting, other_may_end
     waiting, other_may_end = Gate(), Gate()
-    task, cancel, reason = CASES[case]
+    task, cancel, reasons = CASES[case]
     with anyio.fail_after(60):
         async with haltwise.Runtime(store_url) as runtime:
             RUNTIME[:] = [runtime]
@@ -130,7 +133,7 @@ async def test_a_cancel_error_a_framework_raises_never_escapes_the_run(
             await cancel(runtime, "racing")
             outcome = await handle.outcome()  # before the fix: CancelledError, from the group
             assert outcome.state is State.CANCELLED, outcome
-            assert outcome.reason == reason
+            assert outcome.reason in reasons, outcome
             assert outcome.error is None
             other_may_end.set()
             assert (await bystander.outcome()).state is State.COMPLETED
