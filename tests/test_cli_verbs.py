@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,32 @@ import pytest
 from test_cli import AGENT, PATIENCE, Env, error_line, finish, statuses, step_is
 from test_cli_postgres import PgEnv
 
+#: A saga: two notes (rollback steps, each undone by its compensation), then the gated step.
+SAGA = """
+
+def unnote(text):
+    effect("undo:" + text)
+
+
+@haltwise.tool(cancel="rollback", effect="write", compensate=unnote)
+async def note(text: str) -> str:
+    effect("note:" + text)
+    return text
+
+
+@haltwise.task(on_cancel="compensate")
+async def notes():
+    await note("one")
+    await note("two")
+    await think("x")
+    await note("three")
+    return "done"
+"""
+
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
-    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "agent.py").write_text(AGENT + SAGA)
     if request.param == "sqlite":
         return Env(tmp_path)
     return PgEnv(tmp_path, request.getfixturevalue("pg_url"))
@@ -88,16 +111,22 @@ def test_unpause_continues_a_paused_run_whose_owner_died(env: Env) -> None:
     assert env.effects() == ["search", "record:cats", "think", "record:done"], "nothing repeated"
 
 
-def test_a_worker_hands_a_paused_run_over_and_another_keeps_it_paused(env: Env) -> None:
-    env.hw("submit", "agent.py:flow", "--input", '{"policy": "interruptible"}', "--id", "w1")
-    first = env.popen("worker", "agent.py")
-    env.wait_for("w1", "its step in flight", lambda s: step_is(s, 2, "running"))
-    assert env.hw("pause", "w1").returncode == 0
+def handed_over_paused(env: Env, run_id: str, target: str, *submit: str) -> None:
+    """Submit ``run_id``, let a worker run it to its gated step 2, pause it there, then SIGTERM
+    the worker: the run is left paused, handed over (no owner)."""
+    assert env.hw("submit", target, *submit, "--id", run_id).returncode == 0
+    worker = env.popen("worker", "agent.py")
+    env.wait_in_flight(run_id)
+    assert env.hw("pause", run_id).returncode == 0
     env.release("think")
-    paused(env, "w1")
-    first.send_signal(signal.SIGTERM)
-    _, err = first.communicate(timeout=PATIENCE)
-    assert first.returncode == 0, err
+    paused(env, run_id)
+    worker.send_signal(signal.SIGTERM)
+    _, err = worker.communicate(timeout=PATIENCE)
+    assert worker.returncode == 0, err
+
+
+def test_a_worker_hands_a_paused_run_over_and_another_keeps_it_paused(env: Env) -> None:
+    handed_over_paused(env, "w1", "agent.py:flow", "--input", '{"policy": "interruptible"}')
     held = env.status("w1")
     assert held is not None and held["state"] == "paused", "handed over, still paused"
     second = env.popen("worker", "agent.py")
@@ -150,3 +179,55 @@ def test_a_paused_run_holds_no_worker_slot(env: Env) -> None:
         worker.send_signal(signal.SIGTERM)
         worker.communicate(timeout=PATIENCE)
     assert env.effects().count("think") == 1
+
+
+def paused_saga(env: Env, run_id: str) -> subprocess.Popen[str]:
+    """``notes`` run by a ``haltwise run`` process, paused after its gated step."""
+    run = env.popen("run", "agent.py:notes", "--id", run_id, "--json")
+    env.wait_in_flight(run_id)
+    assert env.hw("pause", run_id).returncode == 0
+    env.release("think")
+    paused(env, run_id)
+    return run
+
+
+SAGA_DONE = ["note:one", "note:two", "think"]
+
+
+def test_a_cancel_from_another_process_wakes_the_paused_owner_to_run_its_saga(env: Env) -> None:
+    run = paused_saga(env, "g1")
+    cancelled = env.hw("cancel", "g1", "--reason", "budget", "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    code, outcome, err = finish(run)
+    assert code == 3, err
+    assert isinstance(outcome, dict)
+    assert (outcome["state"], outcome["reason"]) == ("cancelled", "budget")
+    assert statuses(outcome) == ["compensated", "compensated", "committed"]
+    assert env.effects() == [*SAGA_DONE, "undo:two", "undo:one"], "each undone once, newest first"
+    assert env.hw("check").returncode == 0
+
+
+def test_a_cancel_of_a_paused_saga_whose_owner_died_runs_the_saga_itself(env: Env) -> None:
+    run = paused_saga(env, "g2")
+    run.kill()  # kill -9: nobody works the paused run any more
+    run.communicate(timeout=PATIENCE)
+    cancelled = env.hw("cancel", "g2", "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["cancelled"] == ["g2"]
+    now = env.status("g2")
+    assert now is not None and now["state"] == "cancelled", "settled by the cancel command"
+    assert statuses(now) == ["compensated", "compensated", "committed"]
+    assert env.effects() == [*SAGA_DONE, "undo:two", "undo:one"]
+    assert env.hw("check").returncode == 0
+    again = env.hw("cancel", "g2")
+    assert again.returncode == 0 and "already cancelled" in again.stdout
+    assert env.effects().count("undo:one") == 1
+
+
+def test_a_cancel_of_a_paused_saga_a_worker_handed_over_runs_the_saga(env: Env) -> None:
+    handed_over_paused(env, "g3", "agent.py:notes")
+    cancelled = env.hw("cancel", "g3", "--wait")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "settled here" in cancelled.stdout
+    assert env.effects() == [*SAGA_DONE, "undo:two", "undo:one"]
+    assert env.hw("check").returncode == 0

@@ -17,6 +17,9 @@ PROMISES = {
         "model:committed, charge:committed",
         "model asked again 1 time(s)",
         "charged once",
+        "cancelled (reason host, retry resume): model:committed, price:committed, "
+        "model:committed, charge:committed",
+        "  call-charge: charged 5 EUR",
     ],
     "pydantic_ai_agent.py": [
         "reserve:compensated",

@@ -8,15 +8,24 @@ journal does not have.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import json
+import re
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from langchain.agents import create_agent
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from langchain_core.outputs import ChatResult
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    ToolMessage,
+)
+from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
 import fw_kit
 import haltwise
@@ -31,6 +40,11 @@ class Script:
     hold: fw_kit.Gate | None = None
     answering = fw_kit.Gate()
     answers: Iterator[AIMessage] = iter(())
+    #: how many requests streamed; the model's text chunks the streamed task saw, and a gate
+    #: set at the first
+    streamed = 0
+    seen: list[str] = []
+    delta_seen = fw_kit.Gate()
 
 
 class ScriptedChat(GenericFakeChatModel):
@@ -52,6 +66,30 @@ class ScriptedChat(GenericFakeChatModel):
             await Script.hold.wait(timeout=fw_kit.PATIENCE)
         return self._generate(messages, stop=stop, **kwargs)
 
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        """The next message streamed: its text word by word (held after the first word while
+        ``Script.hold`` is closed), then its tool calls as one chunk."""
+        Script.requests.append(list(messages))
+        Script.streamed += 1
+        message = self._generate(messages).generations[0].message
+        assert isinstance(message, AIMessage)
+        for index, word in enumerate(re.split(r"(\s)", str(message.content or ""))):
+            yield ChatGenerationChunk(message=AIMessageChunk(content=word))
+            if index == 0 and Script.hold is not None:
+                await Script.hold.wait(timeout=fw_kit.PATIENCE)
+        if message.tool_calls:
+            chunks = [
+                tool_call_chunk(name=c["name"], args=json.dumps(c["args"]), id=c["id"], index=i)
+                for i, c in enumerate(message.tool_calls)
+            ]
+            yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=chunks))
+
 
 def load(answers: list[AIMessage]) -> None:
     Script.answers, Script.requests = iter(answers), []
@@ -61,6 +99,7 @@ def load(answers: list[AIMessage]) -> None:
 def fresh() -> None:
     fw_kit.reset()
     Script.hold, Script.answering = None, fw_kit.Gate()
+    Script.streamed, Script.seen, Script.delta_seen = 0, [], fw_kit.Gate()
 
 
 def make_agent() -> Any:
@@ -75,6 +114,26 @@ def make_agent() -> Any:
 async def shop(prompt: str) -> str:
     state = await make_agent().ainvoke({"messages": [HumanMessage(prompt)]})
     return str(state["messages"][-1].content)
+
+
+@haltwise.task
+async def shop_streamed(prompt: str) -> str:
+    """The same agent through ``astream``, the model's tokens streamed (``messages`` mode)."""
+    state: dict[str, Any] = {}
+    stream = make_agent().astream(
+        {"messages": [HumanMessage(prompt)]}, stream_mode=["messages", "values"]
+    )
+    async for mode, data in stream:
+        if mode == "values":
+            state = data
+        elif isinstance(data[0], AIMessageChunk) and data[0].content:
+            Script.seen.append(str(data[0].content))
+            Script.delta_seen.set()
+    return str(state["messages"][-1].content)
+
+
+#: the agent's entry points: ainvoke, and astream with the model's tokens streamed
+ENTRY = {"ainvoke": shop, "astream": shop_streamed}
 
 
 @haltwise.task
@@ -100,10 +159,16 @@ def turns(policy: str) -> list[AIMessage]:
     ]
 
 
-async def test_a_normal_run_is_one_step_per_model_call_and_tool_call(sqlite_url: str) -> None:
+@pytest.mark.parametrize("entry", sorted(ENTRY))
+async def test_a_normal_run_is_one_step_per_model_call_and_tool_call(
+    sqlite_url: str, entry: str
+) -> None:
     load(turns("finish"))
-    await fw_kit.normal_run(sqlite_url, shop)
+    await fw_kit.normal_run(sqlite_url, ENTRY[entry])
     assert len(Script.requests) == 3
+    assert Script.streamed == (3 if entry == "astream" else 0)
+    if entry == "astream":
+        assert Script.seen == ["bought", " ", "tea"]  # the tokens reached the task as they came
     last = Script.requests[-1]
     assert [m.content for m in last if isinstance(m, ToolMessage)] == ["tea costs 5", "charged 5"]
 
@@ -122,19 +187,32 @@ def last_answer_only() -> None:
     load([AIMessage(content="bought tea")])
 
 
+@pytest.mark.parametrize("entry", sorted(ENTRY))
 @pytest.mark.parametrize("policy", sorted(GATED))
 async def test_a_haltwise_cancel_inside_each_policys_tool_then_resume(
-    sqlite_url: str, policy: str
+    sqlite_url: str, policy: str, entry: str
 ) -> None:
     load(turns(policy))
-    await fw_kit.cancel_in_tool_then_resume(sqlite_url, shop, policy, last_answer_only)
-    assert len(Script.requests) == 1  # journaled turns were not asked again
+    await fw_kit.cancel_in_tool_then_resume(sqlite_url, ENTRY[entry], policy, last_answer_only)
+    assert len(Script.requests) == 1  # journaled (streamed) turns were not asked again
 
 
 async def test_a_cancel_while_the_model_is_answering_lands_at_once(sqlite_url: str) -> None:
     load([AIMessage(content="too late")])
     Script.hold = fw_kit.Gate()
     await fw_kit.cancel_while_answering(sqlite_url, shop, Script.answering, last_answer_only)
+    assert len(Script.requests) == 1
+
+
+async def test_a_cancel_while_the_model_streams_lands_at_once(sqlite_url: str) -> None:
+    """The streamed model call is a step from its start: the cancel lands after the model's
+    first token reached the task, and the step is interrupted."""
+    load([AIMessage(content="too late")])
+    Script.hold = fw_kit.Gate()
+    await fw_kit.cancel_while_answering(
+        sqlite_url, shop_streamed, Script.delta_seen, last_answer_only
+    )
+    assert Script.seen[0] == "too"
     assert len(Script.requests) == 1
 
 

@@ -16,10 +16,12 @@ from typing import Any
 
 import anyio
 import pytest
+from mcp import Client
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 import haltwise
+from haltwise.integrations._mcp_server import TaskServer, served_tasks
 
 pytestmark = pytest.mark.anyio
 
@@ -248,3 +250,112 @@ def test_mcp_without_tasks_exits_2(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.strip().endswith("no @haltwise.task in this file")
     assert "Traceback" not in done.stderr
+
+
+WAITING_AGENT = """
+import asyncio
+
+import haltwise
+
+GO = asyncio.Event()
+
+
+@haltwise.task
+async def report(topic: str) -> str:
+    haltwise.emit({"found": topic})
+    await GO.wait()
+    await haltwise.aemit({"done": topic})
+    return topic
+"""
+
+
+async def test_progress_is_pushed_by_the_run_and_nothing_polls_while_it_waits(
+    tmp_path: Path,
+) -> None:
+    """The server reads the journal when the run journals a partial result, not on a timer:
+    while the run waits (0.5 s, when a 20 ms poll would read it ~25 times) nothing is read.
+    In process, over the SDK's in-memory transport, with a counting wrapper around the reads."""
+    agent = tmp_path / "waiting.py"
+    agent.write_text(WAITING_AGENT)
+    served, tools = served_tasks(agent)
+    go = served[0].task.fn.__globals__["GO"]
+    got_first = anyio.Event()
+    progress: list[Any] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(json.loads(message or ""))
+        got_first.set()
+
+    async with haltwise.Runtime(f"sqlite:///{tmp_path / 'haltwise.db'}") as runtime:
+        reads = 0
+        read_status = runtime.status
+
+        async def counted(task_id: str) -> haltwise.Outcome:
+            nonlocal reads
+            reads += 1
+            return await read_status(task_id)
+
+        runtime.status = counted  # type: ignore[method-assign]
+        answers: list[Any] = []
+        server = TaskServer(runtime, served, tools).server()
+        async with Client(server) as client, anyio.create_task_group() as group:
+
+            async def call() -> None:
+                answer = await client.call_tool(
+                    "report", {"topic": "cats"}, progress_callback=on_progress
+                )
+                answers.append(answer)
+
+            group.start_soon(call)
+            with anyio.fail_after(PATIENCE):
+                await got_first.wait()
+            before = reads
+            await anyio.sleep(0.5)  # the run waits: the time a poll would spend reading
+            assert reads == before
+            go.set()
+    assert progress == [{"found": "cats"}, {"done": "cats"}]
+    (answer,) = answers
+    assert answer.structured_content == {"result": "cats"}
+
+
+async def test_a_call_for_a_run_another_runtime_works_follows_it_through_the_change_feed(
+    tmp_path: Path,
+) -> None:
+    """A retried key whose run another live runtime works is answered from that run: its
+    partial results reach this server through the journal's change feed, then its result."""
+    agent = tmp_path / "waiting.py"
+    agent.write_text(WAITING_AGENT)
+    served, tools = served_tasks(agent)
+    go = served[0].task.fn.__globals__["GO"]
+    progress: dict[str, list[Any]] = {"a": [], "b": []}
+    answers: dict[str, Any] = {}
+    store = f"sqlite:///{tmp_path / 'haltwise.db'}"
+
+    async def call(client: Client, name: str) -> None:
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            progress[name].append(json.loads(message or ""))
+
+        answers[name] = await client.call_tool(
+            "report", {"topic": "cats"}, progress_callback=on_progress, meta=key("k1")
+        )
+
+    async def until(condition: Any) -> None:
+        with anyio.fail_after(PATIENCE):
+            while not condition():
+                await anyio.sleep(0.005)
+
+    async with haltwise.Runtime(store) as one, haltwise.Runtime(store) as other:
+        first, second = TaskServer(one, served, tools), TaskServer(other, served, tools)
+        async with (
+            Client(first.server()) as client_a,
+            Client(second.server()) as client_b,
+            anyio.create_task_group() as group,
+        ):
+            group.start_soon(call, client_a, "a")
+            await until(lambda: progress["a"])
+            group.start_soon(call, client_b, "b")
+            await until(lambda: progress["b"])
+            assert not other.is_active("k1")  # the other runtime follows, it does not work it
+            go.set()
+    assert progress["a"] == progress["b"] == [{"found": "cats"}, {"done": "cats"}]
+    assert answers["a"].structured_content == answers["b"].structured_content == {"result": "cats"}

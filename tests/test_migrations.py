@@ -232,8 +232,15 @@ async def test_a_v1_postgres_schema_is_upgraded_in_place(pg_dsn: str) -> None:
     assert old_shape["version"] == (str(SCHEMA_VERSION),)
 
 
-#: version 6's change feed on PostgreSQL: a row trigger on steps too (dropped by version 7)
-PG_V6_STEP_TRIGGER = (
+#: the migration that drops PostgreSQL's row trigger on steps (the step statements write the feed)
+STEP_TRIGGER_DROPPED = next(
+    migration.version
+    for migration in schema.MIGRATIONS
+    for change in migration.changes
+    if isinstance(change, schema.Trigger) and any("changes_on_step" in s for s in change.postgresql)
+)
+#: the change feed on PostgreSQL before that migration: a row trigger on steps too
+PG_STEP_TRIGGER = (
     "CREATE OR REPLACE FUNCTION haltwise.record_change() RETURNS trigger LANGUAGE plpgsql AS $$ "
     "BEGIN IF TG_TABLE_NAME = 'events' THEN INSERT INTO haltwise.changes "
     "(run_id, kind, idx, status, at) VALUES (NEW.run_id, 'transition', NEW.seq, NEW.target, 0); "
@@ -243,15 +250,14 @@ PG_V6_STEP_TRIGGER = (
     "VALUES (NEW.run_id, 'partial', NEW.seq, NULL, 0); END IF; RETURN NULL; END $$",
     "CREATE OR REPLACE TRIGGER changes_on_step AFTER INSERT OR UPDATE OF status ON haltwise.steps "
     "FOR EACH ROW EXECUTE FUNCTION haltwise.record_change()",
-    "UPDATE haltwise.haltwise_meta SET value = '6' WHERE key = 'schema_version'",
 )
 
 
-async def test_a_v6_postgres_store_records_each_step_change_once_after_the_upgrade(
+async def test_a_postgres_store_with_the_step_trigger_records_each_step_change_once_upgraded(
     pg_dsn: str,
 ) -> None:
-    # Version 7 writes a step's change in the statement that writes the step: the version 6
-    # trigger must be gone, or every step write would be in the feed twice.
+    # Since STEP_TRIGGER_DROPPED a step's change is written by the statement that writes the
+    # step: the older trigger must be gone, or every step write would be in the feed twice.
     from _pg import create_database
     from haltwise._core.policy import Effect
     from haltwise._core.records import Owner
@@ -262,9 +268,12 @@ async def test_a_v6_postgres_store_records_each_step_change_once_after_the_upgra
     await store.open()
     await store.close()
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        for statement in PG_V6_STEP_TRIGGER:
+        for statement in PG_STEP_TRIGGER:
             await conn.execute(statement)  # type: ignore[call-overload]
-    assert (await pg_shape(url))["version"] == ("6",)
+        await conn.execute(
+            "UPDATE haltwise.haltwise_meta SET value = %s WHERE key = 'schema_version'",
+            (str(STEP_TRIGGER_DROPPED - 1),),
+        )
     owner = Owner(token="t", host="h", pid=1, started=1.0)
     store = open_store(url)
     await store.open()

@@ -36,6 +36,7 @@ from ._core.outcome import Retry as Retry
 from ._core.outcome import StepRecord as StepRecord
 from ._core.policy import CancelPolicy as CancelPolicy
 from ._core.policy import Effect as Effect
+from ._core.policy import OnCancel as OnCancel
 from ._core.records import Event as Event
 from ._core.records import Owner as Owner
 from ._core.records import RunRecord as RunRecord
@@ -64,7 +65,6 @@ from ._runtime.task_api import checkpoint as checkpoint
 from ._runtime.task_api import emit as emit
 from ._runtime.task_api import idempotency_key as idempotency_key
 from ._runtime.task_api import shield as shield
-from ._runtime.tool import OnCancel as OnCancel
 from ._runtime.tool import Task as Task
 from ._runtime.tool import Tool as Tool
 from ._runtime.tool import step as step

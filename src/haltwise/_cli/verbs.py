@@ -33,7 +33,9 @@ def pause_command(task_id: str, wait: bool, as_json: bool, store: str | None) ->
     """Ask run ID to pause at its next checkpoint, from any process; nothing is cancelled.
 
     Steps in flight run to their end whatever their policy, then the run waits, paused, until
-    'haltwise unpause ID'. A cancel of a paused run ends it cancelled at once.
+    'haltwise unpause ID'. A cancel of a paused run ends it cancelled at once, or, when it has
+    something to settle (a child run paused with it, an on_cancel="compensate" saga to run),
+    makes it cancelling until that is done.
     """
 
     async def main() -> int:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, final
 
-from .policy import Effect
+from .policy import CancelPolicy, Effect, effective_cancel
 from .states import State, StepStatus
 
 
@@ -104,9 +104,16 @@ def retry_advice(state: State, steps: Sequence[StepRecord]) -> Retry:
     """The contract's retry rule over a run's steps (see :func:`advice`)."""
     return advice(
         state,
-        unknown_unsafe=any(s.status is StepStatus.UNKNOWN and not s.idempotent for s in steps),
+        unknown_unsafe=any(blocks_resume(s) for s in steps),
         repeats_harm=any(would_repeat(s) for s in steps),
     )
+
+
+def blocks_resume(step: StepRecord, resolved: Container[int] = ()) -> bool:
+    """An ``unknown`` step of a non-idempotent tool that the caller did not resolve (``resolved``:
+    the indexes assumed done or to be run again): a resume is refused while one is, and the
+    advice is ``reconcile`` (CONTRACT.md, "Tool policies")."""
+    return step.status is StepStatus.UNKNOWN and not step.idempotent and step.index not in resolved
 
 
 def would_repeat(step: StepRecord) -> bool:
@@ -115,6 +122,18 @@ def would_repeat(step: StepRecord) -> bool:
         step.status is StepStatus.UNKNOWN and step.idempotent
     )
     return done and step.effect.repeats_harm
+
+
+def saga_steps(steps: Sequence[StepRecord]) -> list[StepRecord]:
+    """The steps an ``on_cancel="compensate"`` saga undoes, in the order it undoes them: the
+    committed ``rollback`` steps, newest first (CONTRACT.md, "Tool policies")."""
+    undone = [
+        step
+        for step in steps
+        if step.status is StepStatus.COMMITTED
+        and effective_cancel(step.cancel) is CancelPolicy.ROLLBACK
+    ]
+    return sorted(undone, key=lambda step: step.index, reverse=True)
 
 
 def advice(state: State, *, unknown_unsafe: bool, repeats_harm: bool) -> Retry:

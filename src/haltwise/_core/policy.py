@@ -44,6 +44,8 @@ def effective_cancel(declared: CancelPolicy | str | None) -> CancelPolicy:
     """What a cancel does to a call of a tool that declared ``declared`` (a policy, its journaled
     value, or None): the declared policy, and ``finish`` when none was declared (CONTRACT.md,
     "Tool policies": not declared behaves as ``finish``)."""
+    if type(declared) is CancelPolicy:
+        return declared  # the common case, without the enum's lookup by value
     return CancelPolicy(declared) if declared else CancelPolicy.FINISH
 
 
@@ -216,3 +218,12 @@ def _parse_backoff(backoff: tuple[float, float, float] | None, name: str) -> Bac
     if not (0 <= first <= most and factor >= 1):
         raise wrong
     return Backoff(float(first), float(factor), float(most))
+
+
+class OnCancel(StrEnum):
+    """What a task does with its committed steps when it is cancelled."""
+
+    #: committed steps stay committed (the default)
+    KEEP = "keep"
+    #: compensate every committed ``rollback`` step, in reverse order (a saga)
+    COMPENSATE = "compensate"

@@ -15,7 +15,9 @@ class State(StrEnum):
     ``CANCELLED``, ``COMPLETED`` and ``FAILED`` are final for a run; only ``resume`` leaves
     ``CANCELLED`` or ``FAILED`` (back to ``RUNNING``, same task id, same journal). ``PAUSED`` is
     not final: the run keeps its owner and waits at a checkpoint until it is unpaused (back to
-    ``RUNNING``) or cancelled (straight to ``CANCELLED``: nothing is in flight to settle).
+    ``RUNNING``) or cancelled: straight to ``CANCELLED`` when nothing is left to settle, else
+    through ``CANCELLING`` (a child run paused with it, a saga to run: see
+    ``RunRecord.settle_on_cancel``).
     """
 
     #: recorded, not begun (``submit``, or the instant before a runtime begins it)
@@ -52,6 +54,7 @@ TRANSITIONS: frozenset[tuple[State, State]] = frozenset(
         (State.RUNNING, State.PAUSED),
         (State.PAUSED, State.RUNNING),
         (State.PAUSED, State.CANCELLED),
+        (State.PAUSED, State.CANCELLING),
         (State.CANCELLING, State.CANCELLED),
         (State.CANCELLING, State.COMPLETED),
         (State.CANCELLED, State.RUNNING),

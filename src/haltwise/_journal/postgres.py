@@ -335,6 +335,7 @@ class PostgresStore:
         cancel_error: ErrorInfo | None = UNSET,
         owner: Owner | None = UNSET,
         lease_until: float | None = UNSET,
+        settle_on_cancel: bool = UNSET,
         fence: str | None = None,
     ) -> RunRecord:
         fields = transition_fields(
@@ -345,6 +346,7 @@ class PostgresStore:
             cancel_error=cancel_error,
             owner=owner,
             lease_until=lease_until,
+            settle_on_cancel=settle_on_cancel,
         )
 
         async def op(conn: _Conn) -> RunRecord:

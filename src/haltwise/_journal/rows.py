@@ -16,7 +16,7 @@ from .store import UNSET, JournalRows
 
 RUN_COLUMNS = (
     "id, task, state, inputs, reason, force, result, error, cancel_error, owner, lease_until, "
-    "parent, created_at, updated_at, pause"
+    "parent, created_at, updated_at, pause, settle_on_cancel"
 )
 STEP_COLUMNS = (
     "idx, tool, cancel, effect, idempotent, status, attempts, result, error, idem_key, args, "
@@ -200,6 +200,7 @@ _RUN_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     ("created_at", _number),
     ("updated_at", _number),
     ("pause", _flag),
+    ("settle_on_cancel", _flag),
 )
 _RUN_NAMES = tuple(column for column, _ in _RUN_CHECKS)
 
@@ -434,6 +435,7 @@ def transition_fields(
     cancel_error: Any,
     owner: Any,
     lease_until: Any,
+    settle_on_cancel: Any = UNSET,
 ) -> dict[str, Any]:
     """The run columns a :meth:`Store.transition` writes (arguments left ``UNSET`` are kept).
 
@@ -453,6 +455,8 @@ def transition_fields(
         fields["owner_token"] = owner.token if owner else None
     if lease_until is not UNSET:
         fields["lease_until"] = lease_until
+    if settle_on_cancel is not UNSET:
+        fields["settle_on_cancel"] = settle_on_cancel
     if target is State.RUNNING:
         fields["force"] = False
     return fields

@@ -129,6 +129,10 @@ def _text(name: str, *, not_null: bool = False) -> Column:
 _PAUSE = Column("pause", Kind.BOOLEAN, not_null=True, default=False)
 #: the runs with a pause requested, for the watcher (``Store.pause_signals``): nearly always none
 _PAUSING = Index("runs_pausing", "runs", ("id",), where="pause")
+#: Version 7: set by the owner as its run enters ``paused``: a cancel of the paused run has
+#: something to settle (a step still in flight: a child run paused with it; a saga to run), so it
+#: goes ``cancelling`` instead of ending ``cancelled`` at once (see ``plan_cancel``)
+_SETTLE_ON_CANCEL = Column("settle_on_cancel", Kind.BOOLEAN, not_null=True, default=False)
 #: Version 5: how a replayed call is matched to its journaled step (the framework's call id, and a
 #: fingerprint of its arguments checked on replay).
 _STEP_IDENTITY = (_text("call_id"), _text("fingerprint"))
@@ -183,6 +187,7 @@ TABLES: tuple[Table, ...] = (
             Column("created_at", Kind.REAL, not_null=True),
             Column("updated_at", Kind.REAL, not_null=True),
             _PAUSE,
+            _SETTLE_ON_CANCEL,
         ),
         primary_key=("id",),
     ),
@@ -347,6 +352,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         7,
+        "whether a cancel of a paused run has something to settle (issue 18)",
+        (AddColumn("runs", _SETTLE_ON_CANCEL),),
+    ),
+    Migration(
+        8,
         "PostgreSQL: a step's change is written by the statement that writes the step (no trigger)",
         (
             Trigger(

@@ -107,7 +107,7 @@ def plan_transition(
 
 def plan_cancel_write(current: RunRecord, reason: str, force: bool, now: float) -> RunWrite | None:
     """A cancel request on ``current`` (see :meth:`Store.request_cancel`); None: no change."""
-    plan = plan_cancel(current.state, current.force, force)
+    plan = plan_cancel(current.state, current.force, force, settles=current.settle_on_cancel)
     fields = plan.fields(reason)
     if not fields:
         return None

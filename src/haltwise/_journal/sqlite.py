@@ -366,6 +366,7 @@ class SQLiteStore:
         cancel_error: ErrorInfo | None = UNSET,
         owner: Owner | None = UNSET,
         lease_until: float | None = UNSET,
+        settle_on_cancel: bool = UNSET,
         fence: str | None = None,
     ) -> RunRecord:
         fields = transition_fields(
@@ -376,6 +377,7 @@ class SQLiteStore:
             cancel_error=cancel_error,
             owner=owner,
             lease_until=lease_until,
+            settle_on_cancel=settle_on_cancel,
         )
 
         def op(conn: sqlite3.Connection) -> RunRecord:

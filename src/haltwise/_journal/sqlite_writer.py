@@ -325,9 +325,8 @@ class Writer:
             raise self.lost
         with self._lock:  # the writer thread sets it under the same lock: no failure is lost
             error, self._deferred_error = self._deferred_error, None
-        if error is not None:
-            raise error
-        with self._lock:
+            if error is not None:
+                raise error
             if not self.fast_path and item.loop is not None and not item.bulk:
                 if self._batch_loop is None:
                     self._batch_loop = item.loop

@@ -175,20 +175,24 @@ class Store(Protocol):
         cancel_error: ErrorInfo | None = UNSET,
         owner: Owner | None = UNSET,
         lease_until: float | None = UNSET,
+        settle_on_cancel: bool = UNSET,
         fence: str | None = None,
     ) -> RunRecord:
         """Compare-and-set the run's state to ``target`` and record the event, in one transaction.
 
         Succeeds only if the current state is in ``expected`` and the table allows
         ``current -> target``; otherwise raises :class:`~haltwise.InvalidTransitionError` and
-        changes nothing. Fields left ``UNSET`` keep their value.
+        changes nothing. Fields left ``UNSET`` keep their value. ``settle_on_cancel`` goes with
+        entering ``paused`` (see :attr:`RunRecord.settle_on_cancel`); leaving ``paused`` clears it.
         """
 
     async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
         """Record a cancel request atomically and return the run as it is afterwards.
 
         ``pending`` -> ``cancelled``; ``running`` -> ``cancelling`` with ``reason`` and ``force``;
-        ``cancelling`` keeps its reason and only gains ``force``; a final run is left as it is.
+        ``paused`` -> ``cancelled``, or ``cancelling`` when its owner said it has something to
+        settle (:attr:`RunRecord.settle_on_cancel`); ``cancelling`` keeps its reason and only
+        gains ``force``; a final run is left as it is.
         """
 
     async def claim(
@@ -417,7 +421,7 @@ def check_transition(
     ):
         raise InvalidTransitionError(run_id, state.value, target.value)
     if target.is_final or (state is State.PAUSED and target is State.RUNNING):
-        return {"pause": False}
+        return {"pause": False, "settle_on_cancel": False}
     return {}
 
 
@@ -445,16 +449,20 @@ class CancelPlan:
         if self.target is not None:
             fields["state"] = self.target.value
             fields["pause"] = False  # a cancel overrides a pause request
+            fields["settle_on_cancel"] = False
         if self.release:
             fields.update(owner=None, owner_token=None, lease_until=None)
         return fields
 
 
-def plan_cancel(current: State, current_force: bool, force: bool) -> CancelPlan:
-    """``pending`` and ``paused`` runs have nothing in flight: they end ``cancelled`` at once."""
-    if current in (State.PENDING, State.PAUSED):
+def plan_cancel(current: State, current_force: bool, force: bool, *, settles: bool) -> CancelPlan:
+    """``pending`` runs, and ``paused`` ones with nothing to settle (``settles`` False: no step in
+    flight, no saga to run), end ``cancelled`` at once; a ``paused`` run with something to settle
+    goes ``cancelling`` like a running one, for its owner (or the canceller, if nobody works it)
+    to settle it and record ``cancelled``."""
+    if current is State.PENDING or (current is State.PAUSED and not settles):
         return CancelPlan(State.CANCELLED, set_reason=True, set_force=force)
-    if current is State.RUNNING:
+    if current in (State.RUNNING, State.PAUSED):
         return CancelPlan(State.CANCELLING, set_reason=True, set_force=force)
     if current is State.CANCELLING and force and not current_force:
         return CancelPlan(None, set_reason=False, set_force=True)

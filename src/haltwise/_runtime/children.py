@@ -43,14 +43,14 @@ async def _run_child(task: Task[..., Any], args: tuple[Any, ...], kwargs: dict[s
     step = CURRENT_STEP.get()
     assert step is not None, "a child step runs inside its parent's step"
     parent = step.run
-    runtime = parent.runtime
+    host = parent.host
     child_id = f"{parent.run_id}/{step.index}"
-    handle = await runtime._start_or_resume_child(task, args, kwargs, child_id, parent.run_id)
+    handle = await host.start_child(task, args, kwargs, child_id, parent.run_id)
     try:
         outcome = await handle.outcome()
     except anyio.get_cancelled_exc_class():
         with anyio.CancelScope(shield=True):
-            await runtime.cancel(child_id, reason="parent", force=parent.forced)
+            await host.cancel(child_id, reason="parent", force=parent.cancel.forced)
             await handle.outcome()
         raise
     if outcome.state is State.COMPLETED:

@@ -24,12 +24,12 @@ from .._core.exceptions import (
     UnknownStepError,
 )
 from .._core.outcome import ErrorInfo
+from .._core.policy import OnCancel
 from .._core.records import JSONText, RunSnapshot, dump_json
 from .._core.states import State
 from .._journal.store import UNSET
 from .run_context import CALL_ID, CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext
 from .takeover import run_saga, settle_orphans
-from .tool import OnCancel
 
 #: The reason of a run cancelled by a cancellation that haltwise did not request.
 HOST_REASON = "host"
@@ -69,28 +69,26 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
     cancelling = body.cancelling() if body is not None else 0
     try:
         with anyio.CancelScope() as scope:
-            ctx.task_scope = scope
-            if ctx.cancel_reason is not None:
-                scope.cancel()
+            ctx.cancel.enter_task_scope(scope)
             try:
                 value = await ctx.task.fn(*inputs.get("args", ()), **inputs.get("kwargs", {}))
                 if scope.cancel_called and body is not None and body.cancelling() > cancelling:
-                    ctx.delivered = True  # the cancel landed in the task, which returned anyway
+                    ctx.cancel.mark_delivered()  # the cancel landed in the task, which returned
                 return Ending(value=value)
             except anyio.get_cancelled_exc_class() as cancel:
                 if scope.cancel_called:
                     raise  # ours: the scope takes it back, below
                 if anyio.current_effective_deadline() == -math.inf:
-                    ctx.forced = True  # the runtime itself is being cancelled
+                    ctx.cancel.force()  # the runtime itself is being cancelled
                     raise
                 while body is not None and body.cancelling() > cancelling:
                     body.uncancel()  # someone cancelled the task function's task itself
                 return Ending(error=cancel, host=True)
             except BaseException as error:
                 return Ending(error=error)
-        return Ending(error=Cancelled(ctx.cancel_reason or "user", task_id=ctx.run_id))
+        return Ending(error=Cancelled(ctx.cancel.reason or "user", task_id=ctx.run_id))
     finally:
-        ctx.task_scope = None
+        ctx.cancel.leave_task_scope()
         ctx.body_task = None
         CURRENT_STEP.reset(tokens[0])
         CALL_ID.reset(tokens[1])
@@ -107,11 +105,12 @@ async def finish(ctx: RunContext, ending: Ending) -> None:
     error = ctx.poison or ending.error
     if isinstance(error, StoreError):
         raise error  # the journal failed under the task, not the task: as after a crash
-    if ctx.handing_over and (ctx.delivered or error is not None) and ctx.poison is None:
+    cancel = ctx.cancel
+    if cancel.handing_over and (cancel.delivered or error is not None) and ctx.poison is None:
         await ctx.store.release(ctx.run_id, ctx.fence)
         return
     cancel_like = isinstance(error, Cancelled | anyio.get_cancelled_exc_class())
-    if ctx.delivered or ctx.forced or (ctx.cancel_reason is not None and error is not None):
+    if cancel.delivered or cancel.forced or (cancel.reason is not None and error is not None):
         await finish_cancel(ctx, cancel_error=None if cancel_like else error)
         return
     if error is not None:
@@ -143,16 +142,16 @@ async def stop_steps(ctx: RunContext, ending: Ending) -> None:
     """
     reason = _own_cancel_reason(ctx, ending)
     if reason is not None:
-        await ctx.runtime.cancel(ctx.run_id, reason=reason)
-        ctx.delivered = True
+        await ctx.host.cancel(ctx.run_id, reason=reason)
+        ctx.cancel.mark_delivered()
     await ctx.all_settled()
 
 
 def _own_cancel_reason(ctx: RunContext, ending: Ending) -> str | None:
     error = ending.error
-    if ctx.cancel_reason is not None or ctx.handing_over or ctx.poison is not None:
+    if ctx.cancel.reason is not None or ctx.cancel.handing_over or ctx.poison is not None:
         return None
-    if ending.host or (ctx.host_cancelled and error is not None):
+    if ending.host or (ctx.cancel.host and error is not None):
         return HOST_REASON
     if error is not None and isinstance(error, tuple(HOST_CANCEL_ERRORS)):
         return HOST_REASON
@@ -185,7 +184,7 @@ async def finish_cancel(
 
     ``release=False`` keeps the run owned (a resume that finishes a cancel, then continues).
     """
-    if ctx.task.on_cancel is OnCancel.COMPENSATE and not ctx.forced:
+    if ctx.task.on_cancel is OnCancel.COMPENSATE and not ctx.cancel.forced:
         await run_saga(ctx, (await ctx.store.load(ctx.run_id)).steps)
     await ctx.store.transition(
         ctx.run_id,
@@ -202,7 +201,8 @@ async def settle_takeover(ctx: RunContext, snapshot: RunSnapshot) -> RunSnapshot
     """Settle orphaned steps; a ``cancelling`` run is finished (``cancelled``), still ours."""
     await settle_orphans(ctx, snapshot.steps)
     if snapshot.run.state is State.CANCELLING:
-        ctx.forced = snapshot.run.force
+        if snapshot.run.force:
+            ctx.cancel.force()
         await finish_cancel(ctx, cancel_error=None, release=False)
     return await ctx.store.load(ctx.run_id)
 

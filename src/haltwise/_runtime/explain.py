@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from .._core.outcome import Outcome, Retry, StepRecord, would_repeat
+from .._core.outcome import Outcome, Retry, StepRecord, blocks_resume, would_repeat
 from .._core.policy import CancelPolicy, effective_cancel
 from .._core.records import Event
 from .._core.states import State, StepStatus
@@ -33,9 +33,7 @@ def retry_words(outcome: Outcome) -> str:
             repeated = _unique(step.tool for step in outcome.steps if would_repeat(step))
             return f"resume: restarting would repeat {', '.join(repeated)}"
         case Retry.RECONCILE:
-            blocked = [
-                s for s in outcome.steps if s.status is StepStatus.UNKNOWN and not s.idempotent
-            ]
+            blocked = [s for s in outcome.steps if blocks_resume(s)]
             return "; ".join(
                 f"reconcile step {s.index} ({s.tool}) first: check whether it happened, then "
                 f"resume with --assume-done {s.index} or --rerun {s.index}"

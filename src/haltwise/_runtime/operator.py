@@ -12,6 +12,7 @@ from typing import Any
 
 from .._core.exceptions import InputError
 from .._core.outcome import Outcome
+from .._core.policy import OnCancel
 from .._core.records import RunRecord
 from .._core.states import State
 from .._core.views import Change, RunDetail, RunPage, StepWait
@@ -19,7 +20,7 @@ from .._journal.operator_sql import decode_cursor, encode_cursor
 from .._journal.owner import owner_alive
 from .._journal.store import Store
 from .explain import cancel_requested_at, retry_words, waiting_for
-from .tool import TASKS, OnCancel, Task
+from .tool import TASKS, Task
 
 __all__ = [
     "feed",

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from .._core.exceptions import InvalidTransitionError
+from .._core.outcome import saga_steps
+from .._core.policy import OnCancel
 from .._core.states import State
 
 if TYPE_CHECKING:
@@ -75,12 +77,12 @@ async def pause_point(run: RunContext) -> None:
     and the pause is over (a cancel then reaches the run as usual).
     """
     gate = run.pause
-    while gate.requested and run.cancel_reason is None and run.poison is None:
+    while gate.requested and run.cancel.reason is None and run.poison is None:
         if gate.paused or gate.entering or run.flights:
             try:
                 await gate.changed()
             except anyio.get_cancelled_exc_class():
-                if run.cancel_reason is None:
+                if run.cancel.reason is None:
                     raise
                 return  # the cancel reached this wait first: the caller's checkpoint raises it
             continue
@@ -100,7 +102,11 @@ async def _enter_pause(run: RunContext) -> None:
     gate = run.pause
     try:
         await run.store.transition(
-            run.run_id, State.PAUSED, expected={State.RUNNING}, fence=run.fence
+            run.run_id,
+            State.PAUSED,
+            expected={State.RUNNING},
+            settle_on_cancel=await settles_on_cancel(run),
+            fence=run.fence,
         )
     except InvalidTransitionError:
         now = (await run.store.load(run.run_id)).run
@@ -112,6 +118,18 @@ async def _enter_pause(run: RunContext) -> None:
     # An unpause (or a cancel) delivered while the write was in flight has lifted the request
     # already: the run is not paused any more.
     gate.paused = gate.requested
+
+
+async def settles_on_cancel(run: RunContext) -> bool:
+    """Whether a cancel of the run, paused now, has something to settle: a step still in flight
+    (a child run paused with it) or a saga to run (``on_cancel="compensate"`` with a committed
+    rollback step). If so, the cancel goes ``cancelling`` and the run's owner finishes it; if
+    not, it ends the run ``cancelled`` at once (CONTRACT.md, "Stopping verbs beyond cancel")."""
+    if run.flights:
+        return True
+    if run.task.on_cancel is not OnCancel.COMPENSATE:
+        return False
+    return bool(saga_steps((await run.store.load(run.run_id)).steps))
 
 
 async def deliver_pause_signals(store: Store, active: Mapping[str, RunContext]) -> None:

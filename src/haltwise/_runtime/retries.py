@@ -34,6 +34,6 @@ def may_retry(
     """
     if retries_done >= policy.retries or settled is not StepStatus.FAILED:
         return False
-    if run.cancel_reason is not None or run.forced:
+    if run.cancel.requested:
         return False
     return isinstance(error, StepTimeoutError) or not isinstance(error, HaltwiseError)

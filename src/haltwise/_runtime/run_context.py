@@ -1,4 +1,9 @@
-"""The in-memory state of one run being worked: its journal, cancel request and steps in flight."""
+"""The in-memory state of one run being worked: its journal, cancel state and steps in flight.
+
+A run reaches the runtime that works it only through :class:`RunHost` (start a child, cancel a
+run, how many runs and side steps are active), and its steps through the executor it was given
+(:attr:`RunContext.execute`): this module imports neither the runtime nor the step executor.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import asyncio
 import itertools
 import os
 import random
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -14,23 +19,67 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from .._core.exceptions import Cancelled, InputError, NonDeterminismError
-from .._core.outcome import StepRecord
+from .._core.exceptions import InputError, NonDeterminismError
+from .._core.outcome import Outcome, StepRecord
 from .._core.records import PartialKey, RunSnapshot
+from .cancel_state import CancelState
 from .pause import PauseGate
+from .progress import Pulse
 
 if TYPE_CHECKING:
     from .._journal.store import Store
-    from .runtime import Runtime
-    from .tool import Task
+    from .tool import Task, ToolSpec
 
 
 Probe = Callable[[str, int], Awaitable[None]]
+#: What awaiting a tool inside a run does: ``steps.execute_step`` (the runtime hands it to the run)
+StepExecutor = Callable[
+    ["RunContext", "ToolSpec", tuple[Any, ...], dict[str, Any]], Coroutine[Any, Any, Any]
+]
 
 #: Idempotency keys need to be unique, not secret: one generator seeded from the OS is enough
 #: (os.urandom per key costs a system call each time).
 _KEYS = random.Random(os.urandom(16))
 os.register_at_fork(after_in_child=lambda: _KEYS.seed(os.urandom(16)))
+
+
+class ChildHandle(Protocol):
+    """A child run started by :meth:`RunHost.start_child`, as its parent's step waits for it."""
+
+    async def outcome(self) -> Outcome:
+        """Wait until the child run is final; return its outcome."""
+        ...  # pragma: no cover - a protocol
+
+
+class RunHost(Protocol):
+    """What a run needs of the runtime that works it, and nothing more.
+
+    :class:`~haltwise.Runtime` provides it (``runtime.RuntimeHost``); the step executor can be
+    driven with any other (tests/test_step_executor.py drives it with a store alone).
+    """
+
+    @property
+    def active_runs(self) -> int:
+        """How many runs the runtime works right now (a run alone may skip schedule points)."""
+        ...  # pragma: no cover - a protocol
+
+    def count_side_steps(self, delta: int) -> None:
+        """A step began (+1) or settled (-1) beside its run's own code, concurrently with it:
+        the store batches the writes of concurrent writers."""
+
+    async def cancel(self, task_id: str, *, reason: str, force: bool = False) -> object:
+        """Record a cancel request for run ``task_id`` and deliver it (``Runtime.cancel``)."""
+
+    async def start_child(
+        self,
+        task: Task[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        child_id: str,
+        parent: str,
+    ) -> ChildHandle:
+        """Start child run ``child_id`` of run ``parent``, or pick it up where it stopped."""
+        ...  # pragma: no cover - a protocol
 
 
 class Flight(Protocol):
@@ -39,7 +88,7 @@ class Flight(Protocol):
     index: int
 
     def on_cancel(self) -> None:
-        """A cancel (forced or not: see the run's ``forced``) was requested for the run."""
+        """A cancel (forced or not: see the run's ``cancel.forced``) was requested for the run."""
 
 
 @dataclass(eq=False)
@@ -98,13 +147,14 @@ class Numbering:
 class RunContext:
     """Everything the runtime knows about a run it is working in this process.
 
-    The cancel request lives here as plain attributes, set from the event-loop thread and read by
-    worker threads (``cancel_requested()``): a stale read there only delays a cooperative stop.
+    ``host`` is the runtime as the run sees it (:class:`RunHost`); ``execute`` runs a tool call
+    as a step of this run; ``cancel`` is the run's cancel state (:class:`CancelState`).
     """
 
     run_id: str
     task: Task[..., Any]
-    runtime: Runtime
+    host: RunHost
+    execute: StepExecutor
     store: Store
     fence: str
     journal: dict[int, StepRecord]
@@ -116,35 +166,24 @@ class RunContext:
     #: for haltwise.testing: awaited at each cancel point, ("before" | "during" | "after", step)
     probe: Probe | None = None
 
-    #: monotonic time of the next schedule point between steps (see steps.call_tool)
+    #: monotonic time of the next schedule point between steps (see steps.execute_step)
     next_yield: float = 0.0
     #: seq of the first partial result this attempt adds, and how many the task's own code
     #: emitted so far
     next_partial: int = 0
     task_emits: int = 0
     _seqs: itertools.count[int] | None = None
-    cancel_reason: str | None = None
-    forced: bool = False
-    #: True once Cancelled was raised into the task: the run then ends cancelled, whatever it does
-    delivered: bool = False
-    #: a cancel that haltwise did not request (asyncio's or anyio's) reached one of its steps
-    host_cancelled: bool = False
-    #: a worker is handing the run over: stop like a cancel, but record no cancel
-    handing_over: bool = False
+    cancel: CancelState = field(default_factory=CancelState)
     poison: NonDeterminismError | None = None
     #: every step begun and not yet settled, by index
     flights: dict[int, Flight] = field(default_factory=dict)
     _all_settled: anyio.Event | None = None
-    shield_scopes: list[anyio.CancelScope] = field(default_factory=list)
-    #: the cancel scope the task function runs in: a cancel request cancels it (see call_task)
-    task_scope: anyio.CancelScope | None = None
     #: the asyncio task that runs the task function
     body_task: asyncio.Task[Any] | None = None
-    #: finish bodies running in that task, and whether a cancel of its scope waits for them
-    _holds: int = 0
-    _scope_cancel_held: bool = False
     done: anyio.Event = field(default_factory=anyio.Event)
     pause: PauseGate = field(default_factory=PauseGate)
+    #: pulsed each time the run journals a partial result (see progress.Pulse)
+    progress: Pulse = field(default_factory=Pulse)
 
     @classmethod
     def for_snapshot(cls, snapshot: RunSnapshot | None, **fields: Any) -> RunContext:
@@ -163,53 +202,27 @@ class RunContext:
     @property
     def cancel_pending(self) -> bool:
         """A cancel was requested and no :func:`haltwise.shield` holds it off right here."""
-        return self.cancel_reason is not None and not SHIELDED.get()
+        return self.cancel.reason is not None and not SHIELDED.get()
 
     def request_cancel(self, reason: str, *, force: bool) -> None:
         """Act on a cancel request already recorded in the store (in-process delivery).
 
         The task function's scope is cancelled (a cancel lands at its next await outside steps
-        and shields) and every step in flight is told, to settle by its own policy. A cancel
-        overrides a pause: a checkpoint waiting in a pause goes on, and raises.
+        and shields) and every step in flight is told, to settle by its own policy (see
+        :meth:`CancelState.record`). A cancel overrides a pause: a checkpoint waiting in a pause
+        goes on, and raises.
         """
         self.pause.lift()
-        first = self.cancel_reason is None
-        if first:
-            self.cancel_reason = reason
-        newly_forced = force and not self.forced
-        if newly_forced:
-            self.forced = True
-            for scope in self.shield_scopes:
-                scope.cancel()
-        if not (first or newly_forced):
-            return
-        if self.task_scope is not None:
-            if self._holds and not self.forced:
-                self._scope_cancel_held = True
-            else:
-                self.task_scope.cancel()
-        for flight in list(self.flights.values()):
-            flight.on_cancel()
-
-    def hold_task_scope(self, delta: int) -> None:
-        """A finish body began (+1) or ended (-1) in the task function's own task.
-
-        While one runs there, a (not forced) cancel does not cancel the task's scope, which
-        would cut it: the scope is cancelled once the last such body has ended.
-        """
-        self._holds += delta
-        if not self._holds and self._scope_cancel_held:
-            self._scope_cancel_held = False
-            if self.task_scope is not None:
-                self.task_scope.cancel()
+        if self.cancel.record(reason, force=force):
+            for flight in list(self.flights.values()):
+                flight.on_cancel()
 
     def raise_if_cancelled(self) -> None:
         """The checkpoint: raise the poison or :class:`Cancelled` if one is due."""
         if self.poison is not None:
             raise self.poison
         if self.cancel_pending:
-            self.delivered = True
-            raise Cancelled(self.cancel_reason or "user", task_id=self.run_id)
+            raise self.cancel.deliver("user", self.run_id)
 
     # -- steps in flight -----------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ from .operator import (
 )
 from .pause import deliver_pause_signals
 from .run_context import Probe, RunContext
+from .steps import execute_step
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
 
@@ -120,6 +121,7 @@ class Runtime:
         self._wake = anyio.Event()
         #: steps running beside their run's own code (see count_concurrent_steps)
         self._side_steps = 0
+        self._host = RuntimeHost(self)
 
     async def __aenter__(self) -> Runtime:
         await self.store.open()
@@ -440,7 +442,7 @@ class Runtime:
     def _begin_hand_over(self) -> int:
         """The first half of :meth:`hand_over`: tell every run here to stop; return how many."""
         for ctx in self._active.values():
-            ctx.handing_over = True
+            ctx.cancel.begin_hand_over()
             ctx.request_cancel("handover", force=False)
         return len(self._active)
 
@@ -471,35 +473,6 @@ class Runtime:
             NewRun(id=run_id, task=name or task.name, inputs=inputs)
         )
         return record.id, created
-
-    async def _start_or_resume_child(
-        self,
-        task: Task[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        child_id: str,
-        parent: str,
-    ) -> TaskHandle:
-        """Start child run ``child_id`` of ``parent``, or pick it up where it stopped.
-
-        Only a run that ``parent`` created is picked up: a run with that id started by anyone
-        else (a user-given id such as ``p2/0``) raises :class:`~haltwise.HaltwiseError`.
-        """
-        try:
-            snapshot = await self.store.load(child_id)
-        except UnknownRunError:
-            return await self._start_named(task, args, kwargs, task_id=child_id, parent=parent)
-        if snapshot.run.parent != parent:
-            raise HaltwiseError(
-                f"run {child_id!r} exists and was not created by run {parent!r}: "
-                "it cannot be adopted as that run's child",
-                task_id=parent,
-            )
-        if child_id in self._active:
-            return TaskHandle(self, child_id)
-        if snapshot.run.state is State.COMPLETED:
-            return TaskHandle(self, child_id)
-        return await self.resume(child_id, task=task)
 
     async def cancel(self, task_id: str, *, reason: str = "user", force: bool = False) -> RunRecord:
         """Record a cancel request for ``task_id`` (any process may hold the run).
@@ -651,10 +624,12 @@ class Runtime:
         Nothing is cancelled: steps in flight run to their end whatever their policy (the run
         stays ``running``, with ``pause`` set, until they have), then the run is ``paused``,
         waiting at that checkpoint with its owner, until :meth:`unpause` or a cancel (which ends
-        it ``cancelled`` at once). A ``pending`` run pauses at its first checkpoint once it
-        runs. Returns the run as it is right after the request; a run that is ``cancelling``,
-        ``paused`` or final is left as it is. Raises :class:`~haltwise.UnknownRunError` for an
-        unknown id.
+        it ``cancelled`` at once, unless it has something to settle: a child run paused with it,
+        or an ``on_cancel="compensate"`` saga to run; it is then ``cancelling`` until its owner,
+        or the canceller if nobody works it, has settled that). A ``pending`` run pauses at its
+        first checkpoint once it runs. Returns the run as it is right after the request; a run
+        that is ``cancelling``, ``paused`` or final is left as it is. Raises
+        :class:`~haltwise.UnknownRunError` for an unknown id.
         """
         record = await self.store.request_pause(task_id)
         ctx = self._active.get(task_id)
@@ -765,7 +740,8 @@ class Runtime:
             snapshot,
             run_id=run_id,
             task=task,
-            runtime=self,
+            host=self._host,
+            execute=execute_step,
             store=self.store,
             fence=self.owner.token,
             assume_done=assume_done,
@@ -850,14 +826,63 @@ class Runtime:
                 requests = await self.store.cancel_requests(list(self._active))
                 for run_id, (reason, force) in requests.items():
                     ctx = self._active.get(run_id)
-                    if ctx is not None and (
-                        ctx.cancel_reason is None or (force and not ctx.forced)
-                    ):
+                    if ctx is not None and ctx.cancel.would_change(force):
                         ctx.request_cancel(reason, force=force)
                 await deliver_pause_signals(self.store, self._active)
             if time.time() >= next_beat:
                 next_beat = time.time() + self.lease / 3
                 await self.store.heartbeat(self.owner.token, self._lease_until())
+
+
+@final
+class RuntimeHost:
+    """A :class:`Runtime` as the runs it works see it (the :class:`~.run_context.RunHost`
+    protocol): start a child, cancel a run, how many runs and side steps are active."""
+
+    __slots__ = ("_runtime",)
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    @property
+    def active_runs(self) -> int:
+        return self._runtime._active_runs
+
+    def count_side_steps(self, delta: int) -> None:
+        self._runtime._count_concurrent_steps(delta)
+
+    async def cancel(self, task_id: str, *, reason: str, force: bool = False) -> RunRecord:
+        return await self._runtime.cancel(task_id, reason=reason, force=force)
+
+    async def start_child(
+        self,
+        task: Task[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        child_id: str,
+        parent: str,
+    ) -> TaskHandle:
+        """Start child run ``child_id`` of ``parent``, or pick it up where it stopped.
+
+        Only a run that ``parent`` created is picked up: a run with that id started by anyone
+        else (a user-given id such as ``p2/0``) raises :class:`~haltwise.HaltwiseError`.
+        """
+        runtime = self._runtime
+        try:
+            snapshot = await runtime.store.load(child_id)
+        except UnknownRunError:
+            return await runtime._start_named(task, args, kwargs, task_id=child_id, parent=parent)
+        if snapshot.run.parent != parent:
+            raise HaltwiseError(
+                f"run {child_id!r} exists and was not created by run {parent!r}: "
+                "it cannot be adopted as that run's child",
+                task_id=parent,
+            )
+        if runtime.is_active(child_id):
+            return TaskHandle(runtime, child_id)
+        if snapshot.run.state is State.COMPLETED:
+            return TaskHandle(runtime, child_id)
+        return await runtime.resume(child_id, task=task)
 
 
 def _check_deadline(deadline: float | None) -> None:

@@ -42,14 +42,14 @@ from .._core.exceptions import (
     StoreError,
     UnknownStepError,
 )
-from .._core.outcome import ErrorInfo, StepRecord
+from .._core.outcome import ErrorInfo, StepRecord, blocks_resume
 from .._core.policy import CancelPolicy
 from .._core.records import JSONText, dump_json
 from .._core.states import StepStatus
 from .._journal.store import StepStart
 from .pause import pause_point
 from .retries import may_retry
-from .run_context import CALL_ID, CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext, StepContext
+from .run_context import CALL_ID, CURRENT_STEP, SHIELDED, RunContext, StepContext
 from .threads import ThreadCall, start_thread
 
 if TYPE_CHECKING:
@@ -66,14 +66,11 @@ _NO_ARGUMENTS = "00000000"
 _SCALARS = frozenset({int, str, float, bool, type(None)})
 
 
-async def call_tool(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """What awaiting a tool function (or :func:`haltwise.step`) does."""
-    run = CURRENT_RUN.get()
-    if run is None or CURRENT_STEP.get() is not None:
-        # Outside a task, or a tool calling a tool: the inner call is part of the outer step.
-        if spec.is_async:
-            return await spec.fn(*args, **kwargs)
-        return spec.fn(*args, **kwargs)
+async def execute_step(
+    run: RunContext, spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """What awaiting a tool function (or :func:`haltwise.step`) inside run ``run`` does, outside
+    any step (the run's :attr:`~RunContext.execute`)."""
     if run.probe is not None:
         # The point before a step that is never begun: its index must stay free.
         await _probe(run, "before", run.numbering.peek(CALL_ID.get()))
@@ -86,7 +83,7 @@ async def call_tool(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any
     finally:
         run.land(flight.index)
         if flight.counted:
-            run.runtime._count_concurrent_steps(-1)
+            run.host.count_side_steps(-1)
     if time.monotonic() >= run.next_yield:
         await _between_steps(run, flight.replayed)
     if run.probe is not None:
@@ -104,7 +101,7 @@ async def _between_steps(run: RunContext, replayed: bool) -> None:
     fast path (one run active). At most one per _YIELD_INTERVAL: a run that yields at every
     step spends ~5% of a trivial step on it. A cancel landing here is the checkpoint's.
     """
-    if run.runtime._active_runs > 1 and not replayed:
+    if run.host.active_runs > 1 and not replayed:
         return
     run.next_yield = time.monotonic() + _YIELD_INTERVAL
     try:
@@ -131,11 +128,11 @@ def fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     if not kwargs:
         if not args:
             return _NO_ARGUMENTS
-        if all(type(value) in _SCALARS for value in args):
+        if _SCALARS.issuperset(map(type, args)):
             # The common case, without the JSON encoder: the repr of these is their value.
             return f"{zlib.crc32(repr(args).encode()):08x}"
     try:
-        text = json.dumps([args, kwargs], separators=(",", ":"), sort_keys=True, default=_opaque)
+        text = _FINGERPRINT_JSON.encode([args, kwargs])
     except (TypeError, ValueError):  # keys of mixed types, a cycle: compare the shape only
         text = json.dumps([[_opaque(value) for value in args], sorted(map(str, kwargs))])
     return f"{zlib.crc32(text.encode()):08x}"
@@ -144,6 +141,10 @@ def fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 def _opaque(value: Any) -> str:
     kind = type(value)
     return f"<{kind.__module__}.{kind.__qualname__}>"
+
+
+#: the encoder of a fingerprint's JSON (json.dumps would build one at every call)
+_FINGERPRINT_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, default=_opaque)
 
 
 def _replay(run: RunContext, journaled: StepRecord, spec: ToolSpec, print_: str) -> Any:
@@ -158,13 +159,13 @@ def _replay(run: RunContext, journaled: StepRecord, spec: ToolSpec, print_: str)
             )
             raise run.poison
         return journaled.result
-    if status is StepStatus.UNKNOWN and not (journaled.idempotent or journaled.index in run.rerun):
+    if blocks_resume(journaled, run.rerun):
         raise UnknownStepError(run.run_id, journaled.index, journaled.tool)
     return _RUN_AGAIN
 
 
 def _args_json(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    if spec.policy.effective_cancel is not CancelPolicy.ROLLBACK:
+    if spec.effective_cancel is not CancelPolicy.ROLLBACK:
         return None
     return dump_json(
         {"args": list(args), "kwargs": kwargs, "tool": spec.key},
@@ -234,7 +235,7 @@ class _Flight:
         self.spec = spec
         self.args = args
         self.kwargs = kwargs
-        self.policy = spec.policy.effective_cancel
+        self.policy = spec.effective_cancel
         self.call_id = CALL_ID.get()
         self.shielded = SHIELDED.get()
         self.caller = asyncio.current_task()
@@ -266,12 +267,13 @@ class _Flight:
         function's own task is reached by its cancel scope; any other caller's task is
         cancelled here, and that cancel is taken back once the step has settled.
         """
-        if self.phase not in (_Phase.BODY, _Phase.WAIT) or (self.shielded and not self.run.forced):
+        forced = self.run.cancel.forced
+        if self.phase not in (_Phase.BODY, _Phase.WAIT) or (self.shielded and not forced):
             return
         caller = self.caller
         if self.finishing_here and caller is not None:
             # finish, in the task function's own task: cut at once if forced, else after grace
-            if self.run.forced:
+            if forced:
                 self._cut()
             elif self.grace_timer is None:
                 loop = asyncio.get_running_loop()
@@ -336,14 +338,14 @@ class _Flight:
             idempotent=policy.idempotent,
             idempotency_key=key,
             args=_args_json(self.spec, self.args, self.kwargs),
-            cleanup=run.cancel_reason is not None or run.forced,
+            cleanup=run.cancel.requested,
             call_id=self.call_id,
             fingerprint=print_,
         )
         if not self.in_body_task:
             # Beside the task function's own code: the store batches its writes with others.
             self.counted = True
-            run.runtime._count_concurrent_steps(+1)
+            run.host.count_side_steps(+1)
         try:
             _, stored_cancel = await run.store.start_step(run.run_id, start, fence=run.fence)
         except _CANCELLED:
@@ -352,11 +354,12 @@ class _Flight:
             raise
         if stored_cancel is not None:
             run.request_cancel(stored_cancel[0], force=stored_cancel[1])
-        if (run.cancel_reason is not None and not self.shielded) or run.forced:
+        cancel = run.cancel
+        if (cancel.reason is not None and not self.shielded) or cancel.forced:
             # The cancel came first: the body never ran.
             await settle(run, self.index, StepStatus.INTERRUPTED)
             run.raise_if_cancelled()
-            raise Cancelled(run.cancel_reason or "user", task_id=run.run_id)
+            raise Cancelled(cancel.reason or "user", task_id=run.run_id)
 
     async def _execute(self) -> Any:
         run = self.run
@@ -364,7 +367,8 @@ class _Flight:
             await _probe(run, "during", self.index)
         self.phase = _Phase.BODY
         try:
-            value = await self._invoke_within_timeout()
+            timeout = self.spec.policy.timeout
+            value = await (self._invoke() if timeout is None else self._invoke_within(timeout))
         except StoreError:
             raise  # the journal failed, not the tool: the step stays as last journaled
         except Cancelled as cancel:
@@ -376,7 +380,7 @@ class _Flight:
             self._propagate(cancel)
         except Exception as error:
             self.phase = _Phase.AFTER
-            if run.cancel_reason is not None and self.policy is not CancelPolicy.FINISH:
+            if run.cancel.reason is not None and self.policy is not CancelPolicy.FINISH:
                 # A body that turned the cancel into an error of its own was still cancelled.
                 await self._settle_cancelled()
                 self._propagate(error)
@@ -386,12 +390,9 @@ class _Flight:
         self._take_back_cancels()
         return await self._commit(value)
 
-    async def _invoke_within_timeout(self) -> Any:
+    async def _invoke_within(self, timeout: float) -> Any:
         """:meth:`_invoke`, stopped after the tool's ``timeout`` as a cancel of this step alone
         would stop it; then :class:`StepTimeoutError` (the step is settled as a failure)."""
-        timeout = self.spec.policy.timeout
-        if timeout is None:
-            return await self._invoke()
         with anyio.move_on_after(timeout):
             return await self._invoke()
         if self.policy is CancelPolicy.INTERRUPTIBLE:
@@ -407,7 +408,7 @@ class _Flight:
             return await self._finish_here()
         if spec.is_async:
             self.inner = asyncio.ensure_future(spec.fn(*self.args, **self.kwargs))
-            if self.run.forced and not self.shielded:
+            if self.run.cancel.forced and not self.shielded:
                 # A forced cancel came first: the body is stopped at its first await, as a
                 # body running in the caller's task would be.
                 asyncio.get_running_loop().call_soon(self.inner.cancel)
@@ -428,31 +429,28 @@ class _Flight:
         then cut, and the step ``unknown``.
         """
         run = self.run
-        scope = run.task_scope
-        if scope is not None and scope.cancel_called and not run.forced:
+        cancel = run.cancel
+        scope = cancel.task_scope
+        if scope is not None and scope.cancel_called and not cancel.forced:
             return await self._finish_shielded()
         self.finishing_here = True
-        run.hold_task_scope(+1)
+        cancel.hold_task_scope(+1)
         try:
-            if run.forced and not self.shielded:
+            if cancel.forced and not self.shielded:
                 self._cut()  # a forced cancel came first: stopped at the body's first await
             return await self.spec.fn(*self.args, **self.kwargs)
         finally:
             self.finishing_here = False
             if self.grace_timer is not None:
                 self.grace_timer.cancel()
-            run.hold_task_scope(-1)
+            cancel.hold_task_scope(-1)
 
     async def _finish_shielded(self) -> Any:
         """:meth:`_finish_here` when the cancel came between the start and the body (the
         task's scope is cancelled already): the body runs shielded, for at most grace."""
-        run = self.run
         with anyio.move_on_after(self.spec.policy.grace, shield=True) as scope:
-            run.shield_scopes.append(scope)  # a forced cancel still cuts it
-            try:
+            with self.run.cancel.shielding(scope):  # a forced cancel still cuts it
                 return await self.spec.fn(*self.args, **self.kwargs)
-            finally:
-                run.shield_scopes.remove(scope)
         raise _CANCELLED("the grace of a finish step ran out, or the cancel was forced")
 
     def _cut(self) -> None:
@@ -471,7 +469,7 @@ class _Flight:
         except Exception as error:
             await self._failed(error)
             raise
-        durable = not self.spec.policy.may_defer_settle
+        durable = not self.spec.defer_settle
         await settle(self.run, index, StepStatus.COMMITTED, result=text, durable=durable)
         # Hand the task the journaled form, so that a replay sees exactly the same value.
         return value if type(value) in _SAME_AFTER_JSON else json.loads(text)
@@ -495,13 +493,12 @@ class _Flight:
         """The body raised :class:`Cancelled`: a cooperating stop, or the tool cancelling its
         own run (with its reason) when no cancel was requested."""
         run = self.run
-        if run.cancel_reason is None:
+        if run.cancel.reason is None:
             with anyio.CancelScope(shield=True):
-                await run.runtime.cancel(run.run_id, reason=cancel.reason)
+                await run.host.cancel(run.run_id, reason=cancel.reason)
         self._take_back_cancels()
         await self._settle_cancelled()
-        run.delivered = True
-        raise Cancelled(run.cancel_reason or cancel.reason, task_id=run.run_id)
+        raise run.cancel.deliver(cancel.reason, run.run_id)
 
     async def _settle_cancelled(self) -> None:
         """Settle the step by its policy after a cancel reached it (haltwise's or a host's).
@@ -516,7 +513,7 @@ class _Flight:
 
     async def _cancelled_status(self) -> tuple[StepStatus, JSONText | None]:
         """The status a cancel leaves (and the result, for a body that finished anyway)."""
-        forced = self.run.forced or self.shielded
+        forced = self.run.cancel.forced or self.shielded
         if self.policy is CancelPolicy.FINISH:
             return await self._finish_within_grace(forced, StepStatus.UNKNOWN)
         if self.policy is CancelPolicy.INTERRUPTIBLE:
@@ -543,11 +540,8 @@ class _Flight:
             return otherwise, None  # an async body in the caller's task: it has stopped
         if not forced:
             with anyio.move_on_after(self.spec.policy.grace, shield=True) as scope:
-                self.run.shield_scopes.append(scope)
-                try:
+                with self.run.cancel.shielding(scope):
                     await _wait_done(inner)  # a forced cancel cancels the scope
-                finally:
-                    self.run.shield_scopes.remove(scope)
         if not inner.done() or inner.cancelled() or inner.exception() is not None:
             self._abandon()
             return otherwise, None
@@ -589,11 +583,10 @@ class _Flight:
         """
         run = self.run
         self._take_back_cancels()
-        if run.cancel_reason is not None and not self.shielded and self.in_body_task:
-            run.delivered = True
-            raise Cancelled(run.cancel_reason, task_id=run.run_id) from None
-        if run.cancel_reason is None:
-            run.host_cancelled = True
+        if run.cancel.reason is not None and not self.shielded and self.in_body_task:
+            raise run.cancel.deliver("user", run.run_id) from None
+        if run.cancel.reason is None:
+            run.cancel.mark_host()
         raise cancel
 
 
@@ -622,7 +615,7 @@ def _no_scope_between(run: RunContext) -> bool:
     """
     body = run.body_task
     state = None if body is None else _anyio_task_states.get(body)
-    return state is not None and state.cancel_scope is run.task_scope
+    return state is not None and state.cancel_scope is run.cancel.task_scope
 
 
 async def _wait_done(future: asyncio.Future[Any]) -> None:
@@ -651,10 +644,9 @@ async def compensate(
     not completed: the step becomes ``unknown``.
     """
     undo = tool.policy.compensate
-    if undo is None or run.forced:
+    if undo is None or run.cancel.forced:
         return False
-    with anyio.move_on_after(tool.policy.grace, shield=True) as scope:
-        run.shield_scopes.append(scope)
+    with anyio.move_on_after(tool.policy.grace, shield=True) as scope, run.cancel.shielding(scope):
         try:
             if inspect.iscoroutinefunction(undo):
                 await undo(*args, **kwargs)
@@ -663,6 +655,4 @@ async def compensate(
             return True
         except Exception:
             return False
-        finally:
-            run.shield_scopes.remove(scope)
     return False

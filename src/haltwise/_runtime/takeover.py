@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._core.exceptions import ResumeRefusedError
-from .._core.outcome import StepRecord
+from .._core.outcome import StepRecord, blocks_resume, saga_steps
 from .._core.policy import CancelPolicy, effective_cancel
 from .._core.records import RunSnapshot
 from .._core.states import StepStatus
@@ -55,21 +55,14 @@ async def settle_orphans(run: RunContext, steps: Sequence[StepRecord]) -> None:
 
 async def run_saga(run: RunContext, steps: Sequence[StepRecord]) -> None:
     """``on_cancel="compensate"``: undo committed rollback steps, newest first."""
-    for step in sorted(steps, key=lambda s: s.index, reverse=True):
-        if step.status is StepStatus.COMMITTED and step_policy(step) is CancelPolicy.ROLLBACK:
-            await settle(run, step.index, await compensate_journaled(run, step))
+    for step in saga_steps(steps):
+        await settle(run, step.index, await compensate_journaled(run, step))
 
 
 def refuse_unknown(snapshot: RunSnapshot, done: Mapping[int, Any], again: frozenset[int]) -> None:
     """Raise :class:`ResumeRefusedError` while an ``unknown`` step of a non-idempotent tool is
     neither assumed done nor to be rerun (CONTRACT.md, "Tool policies")."""
-    blocked = [
-        (step.index, step.tool)
-        for step in snapshot.steps
-        if step.status is StepStatus.UNKNOWN
-        and not step.idempotent
-        and step.index not in done
-        and step.index not in again
-    ]
+    resolved = {*done, *again}
+    blocked = [(step.index, step.tool) for step in snapshot.steps if blocks_resume(step, resolved)]
     if blocked:
         raise ResumeRefusedError(snapshot.run.id, blocked)

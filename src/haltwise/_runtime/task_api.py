@@ -39,6 +39,7 @@ def emit(value: Any) -> None:
     if due is not None:
         run, seq, text, origin = due
         run.store.append_partial_blocking(run.run_id, seq, text, fence=run.fence, origin=origin)
+        run.progress.pulse()
 
 
 async def aemit(value: Any) -> None:
@@ -51,6 +52,7 @@ async def aemit(value: Any) -> None:
     if due is not None:
         run, seq, text, origin = due
         await run.store.append_partial(run.run_id, seq, text, fence=run.fence, origin=origin)
+        run.progress.pulse()
 
 
 def _next_partial(value: Any, name: str) -> tuple[RunContext, int, JSONText, PartialKey] | None:
@@ -129,12 +131,9 @@ async def shield(seconds: float) -> AsyncIterator[None]:
         if run is None:
             yield
             return
-        if run.forced:
-            scope.cancel()
         token = SHIELDED.set(True)
-        run.shield_scopes.append(scope)
         try:
-            yield
+            with run.cancel.shielding(scope):  # a forced cancel cancels it (at once if forced)
+                yield
         finally:
             SHIELDED.reset(token)
-            run.shield_scopes.remove(scope)

@@ -1,4 +1,9 @@
-"""``@haltwise.tool`` and ``@haltwise.task``: the declarations the runtime acts on."""
+"""``@haltwise.tool`` and ``@haltwise.task``: the declarations the runtime acts on.
+
+A tool call finds its run through the context variable (:data:`CURRENT_RUN`) and hands itself
+to that run's step executor (:attr:`RunContext.execute`): this module does not import the
+executor.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,12 @@ import functools
 import inspect
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload, runtime_checkable
 
 from .._core.exceptions import NotInTaskError, PolicyError
-from .._core.policy import CancelPolicy, Effect, ToolPolicy
-from .steps import call_tool as _call_tool
+from .._core.policy import CancelPolicy, Effect, OnCancel, ToolPolicy
+from .run_context import CURRENT_RUN, CURRENT_STEP
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -62,7 +66,7 @@ class ToolSpec:
     for a counting wrapper while it runs, which is why the tool function looks it up per call.
     """
 
-    __slots__ = ("fn", "is_async", "key", "name", "policy")
+    __slots__ = ("defer_settle", "effective_cancel", "fn", "is_async", "key", "name", "policy")
 
     def __init__(
         self, fn: Callable[..., Any], policy: ToolPolicy, name: str, *, register: bool = True
@@ -71,6 +75,10 @@ class ToolSpec:
         self.policy = policy
         self.name = name
         self.is_async = is_async_callable(fn)
+        #: the policy's behaviour on cancel and whether a committed settlement may ride with the
+        #: next write: read at every step, so worked out once here
+        self.effective_cancel = policy.effective_cancel
+        self.defer_settle = policy.may_defer_settle
         #: ``name@module:qualname``: what tells this tool from others of the same name
         self.key = f"{name}@{qualified_name(fn)}"
         if register:
@@ -145,7 +153,7 @@ def tool_function(spec: ToolSpec) -> Tool[..., Any]:
     from .describe import describe, tool_schema
 
     async def call(*args: Any, **kwargs: Any) -> Any:
-        return await _call_tool(spec, args, kwargs)
+        return await call_tool(spec, args, kwargs)
 
     def schema(format: str = "openai") -> dict[str, Any]:
         return tool_schema(spec, format=format)  # type: ignore[arg-type]
@@ -165,13 +173,23 @@ def tool_function(spec: ToolSpec) -> Tool[..., Any]:
     return made
 
 
-class OnCancel(StrEnum):
-    """What a task does with its committed steps when it is cancelled."""
+def call_tool(
+    spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Coroutine[Any, Any, Any]:
+    """What awaiting a tool function (or :func:`haltwise.step`) awaits: one step of the current
+    run (its executor's coroutine: no frame in between); outside a task, or inside another
+    step (a tool calling a tool: the inner call is part of the outer step), just the function.
+    """
+    run = CURRENT_RUN.get()
+    if run is None or CURRENT_STEP.get() is not None:
+        return _call_plainly(spec, args, kwargs)
+    return run.execute(run, spec, args, kwargs)
 
-    #: committed steps stay committed (the default)
-    KEEP = "keep"
-    #: compensate every committed ``rollback`` step, in reverse order (a saga)
-    COMPENSATE = "compensate"
+
+async def _call_plainly(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if spec.is_async:
+        return await spec.fn(*args, **kwargs)
+    return spec.fn(*args, **kwargs)
 
 
 #: Every task declared in this process, by name (what a run records as its ``task``).
@@ -233,9 +251,7 @@ class Task(Generic[P, R]):
             register_task(self)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
-        from .task_api import current_run
-
-        if current_run() is None:
+        if CURRENT_RUN.get() is None:
             raise NotInTaskError(
                 f"task {self.name!r} was called directly; start it with Runtime.start() "
                 "or haltwise.run()"
@@ -393,7 +409,7 @@ async def step(
     spec = _step_spec(
         fn, name, (cancel, effect, idempotent, compensate, grace, timeout, retries, backoff)
     )
-    return await _call_tool(spec, args, kwargs)
+    return await call_tool(spec, args, kwargs)
 
 
 def _step_spec(fn: Callable[..., Any], name: str | None, declared: tuple[Any, ...]) -> ToolSpec:

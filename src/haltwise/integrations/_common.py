@@ -115,4 +115,4 @@ async def cancel_run_for_host() -> None:
         return
     run_id = run.run_id
     with anyio.CancelScope(shield=True):
-        await run.runtime.cancel(run_id, reason="host")
+        await run.host.cancel(run_id, reason="host")

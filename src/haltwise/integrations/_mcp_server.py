@@ -7,7 +7,8 @@ run's result at once; a run that stopped early (cancelled, failed, or left behin
 server) is resumed from its journal first, so its committed steps do not run again (a resume
 refused because of an ``unknown`` step is an error result naming the step). Each partial result
 the run emits is sent as a ``notifications/progress`` (``progress`` = how many partials so far,
-``message`` = the partial as JSON) when the client asked for progress. The client's
+``message`` = the partial as JSON) when the client asked for progress, as soon as it is journaled
+(the run's progress pulse wakes the server; nothing polls). The client's
 ``notifications/cancelled`` cancels the run with reason ``"client"``: its steps settle by their
 policies in this process although no response is sent. A completed run answers with its result
 (text: the result as JSON; ``structuredContent``: ``{"result": result}``); a cancelled or failed
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -46,8 +47,6 @@ __all__ = ["IDEMPOTENCY_KEY", "OUTCOME_KEY", "serve", "served_tasks"]
 IDEMPOTENCY_KEY = "haltwise/idempotency-key"
 #: The result ``_meta`` key that carries the run's outcome (the ``status --json`` object).
 OUTCOME_KEY = "haltwise/outcome"
-#: How often a call's run is looked at for new partial results, in seconds.
-_POLL = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,16 +186,41 @@ class TaskServer:
             return handle  # a live process works it: answer with its outcome
 
     async def _follow(self, ctx: ServerRequestContext[Any, Any], handle: TaskHandle) -> Outcome:
-        """Wait for the run's final state, sending each new partial result as progress."""
+        """Wait for the run's final state, sending each new partial result as progress.
+
+        The journal is read again only when the run may have a new partial result (see
+        :meth:`_progress`), never on a timer: a run that makes no progress costs nothing.
+        """
         sent = 0
+        final: list[Outcome] = []
+        async with anyio.create_task_group() as group:
+
+            async def wait_final() -> None:
+                final.append(await handle.outcome())
+                group.cancel_scope.cancel()
+
+            group.start_soon(wait_final)
+            async for _ in self._progress(handle.id):
+                partials = (await handle.status()).partials
+                with anyio.CancelScope(shield=True):  # counted as sent only once sent
+                    sent = await _report(ctx, partials, sent)
+        await _report(ctx, final[0].partials, sent)
+        return final[0]
+
+    async def _progress(self, run_id: str) -> AsyncIterator[None]:
+        """Yield at once, then each time run ``run_id`` may have journaled a partial result:
+        for a run worked here, when it does (its progress pulse); for one another process
+        works, at each of its changes in the journal's change feed."""
+        run = self.runtime._active.get(run_id)
+        if run is None:
+            yield
+            async for _ in self.runtime.changes(run_id=run_id):
+                yield
+            return
         while True:
-            final: Outcome | None = None
-            with anyio.move_on_after(_POLL):
-                final = await handle.outcome()
-            outcome = final or await handle.status()
-            sent = await _report(ctx, outcome.partials, sent)
-            if final is not None:
-                return final
+            woken = run.progress.next()  # taken before the journal is read: nothing is missed
+            yield
+            await woken.wait()
 
 
 async def _report(ctx: ServerRequestContext[Any, Any], partials: Sequence[Any], sent: int) -> int:

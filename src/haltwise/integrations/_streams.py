@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Generic, TypeVar, final
 
 import anyio
@@ -58,8 +58,9 @@ class StreamedStep(Generic[E]):
         self.value: Any = None
         self.replayed = True
 
-    async def events(self) -> AsyncIterator[E]:
-        """The model's events as they arrive; what the step raised, once they stop."""
+    async def events(self) -> AsyncGenerator[E, None]:
+        """The model's events as they arrive; what the step raised, once they stop. Iterate it
+        under ``contextlib.aclosing`` so that a consumer leaving early stops the step at once."""
         send, receive = anyio.create_memory_object_stream[E](math.inf)
 
         async def ask() -> Any:

@@ -37,6 +37,7 @@ import contextvars
 import json
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import aclosing
 from typing import Any
 
 from ._common import require
@@ -162,8 +163,9 @@ class JournaledModel(Model):
             return completed.model_dump(mode="json")
 
         request = StreamedStep(ask, name=self.name)
-        async for event in request.events():
-            yield event
+        async with aclosing(request.events()) as events:
+            async for event in events:
+                yield event
         if request.replayed:
             yield ResponseCompletedEvent(
                 type="response.completed",

@@ -7,8 +7,13 @@
   ``haltwise.Cancelled`` is never turned into anything else.
 - :class:`JournaledModel` wraps any model (a ``WrapperModel``): each ``request`` is one
   ``interruptible``, ``read`` step whose ``ModelResponse`` is journaled, so a resume replays the
-  answers the model already gave instead of asking again. (Streamed requests, ``run_stream``,
-  are passed through unjournaled.)
+  answers the model already gave instead of asking again. A streamed request
+  (``request_stream``: ``run_stream``, ``run_stream_events``, an ``iter`` node's ``stream``) is
+  a step from its start: its events reach Pydantic AI as the model sends them, a cancel while it
+  streams interrupts it at once, and it is journaled with the complete response; a replay
+  streams that response's parts (Pydantic AI's ``CompletedStreamedResponse``) without asking
+  the model. ``AgentStream.cancel()`` (``StreamedRunResult.cancel()``) while the model streams
+  is a haltwise cancel of the run (reason ``"host"``).
 - Pydantic AI's own cancel (``CancellationToken.cancel()``, ``AgentRun.cancel()``,
   ``RunContext.cancel()``, ``timeout=``) cancels the asyncio task driving the run. Where that
   lands in a model request or a tool call, the step settles by its policy (haltwise's host-cancel
@@ -30,8 +35,10 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from ._common import require
@@ -41,21 +48,29 @@ require("pydantic_ai", "pydantic_ai", "pydantic-ai")
 from pydantic_ai import RunContext, Tool  # noqa: E402
 from pydantic_ai.exceptions import RunCancelled  # noqa: E402
 from pydantic_ai.messages import (  # noqa: E402
+    FinalResultEvent,
     ModelMessage,
     ModelMessagesTypeAdapter,
     ModelRequest,
     ModelResponse,
+    ModelResponseStreamEvent,
     ToolCallPart,
     ToolReturnPart,
 )
-from pydantic_ai.models import Model, ModelRequestParameters  # noqa: E402
+from pydantic_ai.models import (  # noqa: E402
+    CompletedStreamedResponse,
+    Model,
+    ModelRequestParameters,
+    StreamedResponse,
+)
 from pydantic_ai.models.wrapper import WrapperModel  # noqa: E402
 from pydantic_ai.settings import ModelSettings  # noqa: E402
+from pydantic_ai.usage import RequestUsage  # noqa: E402
 
 import haltwise  # noqa: E402
 
 from .._runtime.ending import HOST_CANCEL_ERRORS  # noqa: E402
-from ._common import MODEL_STEP, model_request  # noqa: E402
+from ._common import MODEL_STEP, cancel_run_for_host, model_request  # noqa: E402
 from ._conversation import (  # noqa: E402
     SettledCall,
     call_tool,
@@ -63,6 +78,7 @@ from ._conversation import (  # noqa: E402
     settled_calls,
     unsettled_text,
 )
+from ._streams import StreamedStep  # noqa: E402
 
 __all__ = ["JournaledModel", "close_dangling", "tool"]
 
@@ -111,20 +127,170 @@ class JournaledModel(WrapperModel):
         model_settings: ModelSettings | None,
         model_request_parameters: ModelRequestParameters,
     ) -> ModelResponse:
-        closed = (
-            close_dangling(messages, await current_run_outcome())
-            if _needs_closing(messages)
-            else messages
-        )
+        closed = await _closed(messages)
 
         async def ask() -> Any:
             response = await self.wrapped.request(closed, model_settings, model_request_parameters)
-            return ModelMessagesTypeAdapter.dump_python([response], mode="json")
+            return _dump(response)
 
-        data = await model_request(ask, name=self.step_name)
-        (response,) = ModelMessagesTypeAdapter.validate_python(data)
-        assert isinstance(response, ModelResponse)
-        return response
+        return _load(await model_request(ask, name=self.step_name))
+
+    @asynccontextmanager
+    async def request_stream(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: RunContext[Any] | None = None,
+    ) -> AsyncIterator[StreamedResponse]:
+        """``Model.request_stream`` (same parameters), as a step from its start (see the
+        module docstring): the stream is asked for when it is first iterated."""
+        closed = await _closed(messages)
+
+        def open_stream() -> Any:
+            return self.wrapped.request_stream(
+                closed, model_settings, model_request_parameters, run_context
+            )
+
+        stream = _JournaledStream(
+            model_request_parameters, open_stream, self.step_name, self.wrapped.model_name
+        )
+        try:
+            yield stream
+        finally:
+            await stream.aclose()
+
+
+class _JournaledStream(StreamedResponse):
+    """The streamed response :meth:`JournaledModel.request_stream` gives Pydantic AI.
+
+    Iterated, it runs the model's stream as a :class:`StreamedStep` and passes its events on
+    (they already carry the part-end and final-result events of the model's own stream), or,
+    replayed, the journaled response's parts. ``get()`` is the response so far, then the
+    journaled one.
+    """
+
+    def __init__(
+        self,
+        model_request_parameters: ModelRequestParameters,
+        open_stream: Callable[[], Any],
+        step_name: str,
+        model_name: str,
+    ) -> None:
+        super().__init__(model_request_parameters)
+        self._open_stream = open_stream
+        self._step_name = step_name
+        self._model_name = model_name
+        self._live: StreamedResponse | None = None
+        self._response: ModelResponse | None = None
+        self._started = datetime.now(UTC)
+
+    def __aiter__(self) -> AsyncIterator[ModelResponseStreamEvent]:
+        if self._event_iterator is None:
+            self._event_iterator = self._events()
+        return self._event_iterator
+
+    async def _events(self) -> AsyncIterator[ModelResponseStreamEvent]:
+        request = StreamedStep(self._ask, name=self._step_name)
+        async with aclosing(request.events()) as events:
+            async for event in events:
+                yield self._applied(event)
+        self._response = _load(request.value)
+        if request.replayed:
+            replay = CompletedStreamedResponse(
+                self._response,
+                model_request_parameters=self.model_request_parameters,
+                replay_events=True,
+            )
+            async for event in replay:
+                yield self._applied(event)
+        self._finished = True
+
+    async def _ask(self, emit: Callable[[ModelResponseStreamEvent], None]) -> Any:
+        async with self._open_stream() as live:
+            self._live = live
+            async for event in live:
+                emit(event)
+            return _dump(live.get())
+
+    def _applied(self, event: ModelResponseStreamEvent) -> ModelResponseStreamEvent:
+        if isinstance(event, FinalResultEvent):
+            self.final_result_event = event
+        self._parts_manager.apply_event(event)
+        return event
+
+    async def _get_event_iterator(self) -> AsyncIterator[ModelResponseStreamEvent]:
+        return  # never called: __aiter__ is this class's own
+        yield  # pragma: no cover
+
+    async def aclose(self) -> None:
+        """Close the events' generator (a step still streaming is stopped and settled)."""
+        events = self._event_iterator
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+    async def close_stream(self) -> None:
+        """``AgentStream.cancel()`` while the model streams: inside a task, a cancel of the run
+        with reason ``"host"`` (the streaming step is interrupted, the run ends ``cancelled``);
+        outside one, the model's stream is cancelled as Pydantic AI's own would be."""
+        if self._response is not None:
+            return
+        if haltwise.current_task_id() is not None:
+            await cancel_run_for_host()
+        elif self._live is not None:
+            await self._live.cancel()
+
+    def get(self) -> ModelResponse:
+        """The journaled response once there is one; before, the parts passed on so far."""
+        return self._response if self._response is not None else super().get()
+
+    def _source(self) -> ModelResponse | StreamedResponse | None:
+        """What says the response's usage, model and provider: the journaled response, else
+        the model's live stream."""
+        return self._response if self._response is not None else self._live
+
+    @property
+    def usage(self) -> RequestUsage:
+        source = self._source()
+        return source.usage if source is not None else super().usage
+
+    @property
+    def model_name(self) -> str:
+        source = self._source()
+        return (source.model_name if source is not None else None) or self._model_name
+
+    @property
+    def provider_name(self) -> str | None:
+        source = self._source()
+        return source.provider_name if source is not None else None
+
+    @property
+    def provider_url(self) -> str | None:
+        source = self._source()
+        return source.provider_url if source is not None else None
+
+    @property
+    def timestamp(self) -> datetime:
+        source = self._source()
+        return source.timestamp if source is not None else self._started
+
+
+def _dump(response: ModelResponse) -> Any:
+    return ModelMessagesTypeAdapter.dump_python([response], mode="json")
+
+
+def _load(data: Any) -> ModelResponse:
+    (response,) = ModelMessagesTypeAdapter.validate_python(data)
+    assert isinstance(response, ModelResponse)
+    return response
+
+
+async def _closed(messages: list[ModelMessage]) -> list[ModelMessage]:
+    """The request's history closed from the journal when it needs it (see close_dangling)."""
+    if not _needs_closing(messages):
+        return messages
+    return close_dangling(messages, await current_run_outcome())
 
 
 def close_dangling(

@@ -6,7 +6,8 @@ its model (a wrong type, a missing or unknown field) is 422.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from enum import StrEnum
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from pydantic import ValidationError as PydanticValidationError
@@ -14,6 +15,7 @@ from starlette.requests import Request
 
 from .._core.exceptions import InputError
 from .._core.records import parse_json_text
+from .._core.states import State
 from ._errors import ApiError
 
 __all__ = [
@@ -30,7 +32,9 @@ __all__ = [
 BODY_LIMIT = 1024 * 1024
 
 _M = TypeVar("_M", bound=BaseModel)
-_Active = Literal["pending", "running", "cancelling"]
+#: the states a bulk cancel may name: every state that is not final (states.FINAL_STATES)
+_ACTIVE_STATES = {state.name: state.value for state in State if not state.is_final}
+_Active = StrEnum("_Active", _ACTIVE_STATES)  # type: ignore[misc]
 
 
 class _Body(BaseModel):

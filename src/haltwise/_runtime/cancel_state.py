@@ -1,0 +1,136 @@
+"""The cancel state of one run worked in this process: the request, and where it is delivered.
+
+One object per run (:attr:`RunContext.cancel`), written only through its methods: the request
+(reason, forced), what became of it (delivered into the task, a host's cancel reached a step, a
+hand-over), and the cancel scopes a request cancels (the task function's scope, the shields).
+Set from the event-loop thread; worker threads only read ``reason`` (a stale read there only
+delays a cooperative stop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import anyio
+
+from .._core.exceptions import Cancelled
+
+
+@dataclass(eq=False, slots=True)
+class CancelState:
+    """A run's cancel request and the scopes it reaches (CONTRACT.md, "Cancellation").
+
+    ``reason`` is None until a cancel is requested; ``forced`` once a forced one was (or the
+    runtime itself is being cancelled). ``delivered``: :class:`Cancelled` was raised into the
+    task, so the run ends cancelled whatever it then does. ``host``: a cancellation haltwise did
+    not request (asyncio's, anyio's) reached one of the run's steps. ``handing_over``: a worker
+    is handing the run over: it stops like a cancel, but no cancel is recorded.
+    """
+
+    reason: str | None = None
+    forced: bool = False
+    delivered: bool = False
+    host: bool = False
+    handing_over: bool = False
+    #: the cancel scope the task function runs in (see ending.call_task), while it runs
+    task_scope: anyio.CancelScope | None = None
+    #: the shields in effect (haltwise.shield, a finish body's grace, a compensation): a
+    #: forced cancel cancels them
+    _shields: list[anyio.CancelScope] = field(default_factory=list)
+    #: finish bodies running in the task function's own task, and whether a cancel of its
+    #: scope waits for them
+    _holds: int = 0
+    _scope_cancel_held: bool = False
+
+    @property
+    def requested(self) -> bool:
+        """Whether a cancel was requested (or the run is forced to stop)."""
+        return self.reason is not None or self.forced
+
+    def would_change(self, force: bool) -> bool:
+        """Whether a request (``force`` or not) would change anything: the first one, or the
+        first forced one."""
+        return self.reason is None or (force and not self.forced)
+
+    def record(self, reason: str, *, force: bool) -> bool:
+        """Note a request; True if it changed anything (then the steps in flight are told).
+
+        The first reason stays. A forced request cancels every shield; the task function's
+        scope is cancelled, unless a finish body runs in its task and the cancel is not forced
+        (then once that body has ended, see :meth:`hold_task_scope`).
+        """
+        changed = self.would_change(force)
+        if self.reason is None:
+            self.reason = reason
+        if force and not self.forced:
+            self.force()
+        if changed and self.task_scope is not None:
+            if self._holds and not self.forced:
+                self._scope_cancel_held = True
+            else:
+                self.task_scope.cancel()
+        return changed
+
+    def force(self) -> None:
+        """Stop at once: every shield is cancelled, and later ones are cut (see
+        :meth:`shielding`). Also for a takeover of a run whose cancel was forced, and for a
+        runtime that is itself being cancelled."""
+        self.forced = True
+        for scope in self._shields:
+            scope.cancel()
+
+    def deliver(self, fallback: str, run_id: str) -> Cancelled:
+        """The :class:`Cancelled` to raise into the task now (the run then ends cancelled)."""
+        self.delivered = True
+        return Cancelled(self.reason or fallback, task_id=run_id)
+
+    def mark_delivered(self) -> None:
+        """The cancel reached the task another way (it landed at an await of the task's own
+        code, or the run cancelled itself): the run ends cancelled."""
+        self.delivered = True
+
+    def mark_host(self) -> None:
+        """A cancellation haltwise did not request reached one of the run's steps."""
+        self.host = True
+
+    def begin_hand_over(self) -> None:
+        """A worker hands the run over: stop like a cancel, recording none."""
+        self.handing_over = True
+
+    # -- the scopes a cancel reaches -----------------------------------------------------------
+
+    def enter_task_scope(self, scope: anyio.CancelScope) -> None:
+        """The task function runs in ``scope`` from now on; cancelled at once if a cancel came
+        first."""
+        self.task_scope = scope
+        if self.reason is not None:
+            scope.cancel()
+
+    def leave_task_scope(self) -> None:
+        self.task_scope = None
+
+    def hold_task_scope(self, delta: int) -> None:
+        """A finish body began (+1) or ended (-1) in the task function's own task.
+
+        While one runs there, a (not forced) cancel does not cancel the task's scope, which
+        would cut it: the scope is cancelled once the last such body has ended.
+        """
+        self._holds += delta
+        if not self._holds and self._scope_cancel_held:
+            self._scope_cancel_held = False
+            if self.task_scope is not None:
+                self.task_scope.cancel()
+
+    @contextmanager
+    def shielding(self, scope: anyio.CancelScope) -> Iterator[None]:
+        """Register the shield ``scope`` for the block: a forced cancel cancels it (at once if
+        the run is forced already)."""
+        if self.forced:
+            scope.cancel()
+        self._shields.append(scope)
+        try:
+            yield
+        finally:
+            self._shields.remove(scope)
