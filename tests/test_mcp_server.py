@@ -273,7 +273,7 @@ async def test_progress_is_pushed_by_the_run_and_nothing_polls_while_it_waits(
     tmp_path: Path,
 ) -> None:
     """The server reads the journal when the run journals a partial result, not on a timer:
-    while the run waits (0.5 s, when a 20 ms poll would read it ~25 times) nothing is read.
+    while the run waits (0.5 s, when a 20 ms poll would read it ~25 times) it is not read.
     In process, over the SDK's in-memory transport, with a counting wrapper around the reads."""
     agent = tmp_path / "waiting.py"
     agent.write_text(WAITING_AGENT)
@@ -311,7 +311,8 @@ async def test_progress_is_pushed_by_the_run_and_nothing_polls_while_it_waits(
                 await got_first.wait()
             before = reads
             await anyio.sleep(0.5)  # the run waits: the time a poll would spend reading
-            assert reads == before
+            # at most the one read a pulse given during the first read adds (a 20 ms poll: ~25)
+            assert reads - before <= 1
             go.set()
     assert progress == [{"found": "cats"}, {"done": "cats"}]
     (answer,) = answers

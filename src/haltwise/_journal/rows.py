@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from .._core.exceptions import BadRow, CorruptRowError
 from .._core.outcome import AttemptError, ErrorInfo, StepRecord
 from .._core.policy import CancelPolicy, Effect
-from .._core.records import Event, Owner, PartialKey, RunRecord, dump_json
+from .._core.records import Event, Owner, PartialKey, RunRecord, dump_json, load_json
 from .._core.states import State, StepStatus
 from .schema import TABLES
 from .store import UNSET, JournalRows
@@ -284,10 +284,10 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         idempotent=bool(idempotent),
         status=_STEP_STATUSES[status],
         attempts=attempts,
-        result=None if result is None else json.loads(result),
+        result=load_json(result),
         error=error_from_text(error),
         idempotency_key=key,
-        args=None if args is None else json.loads(args),
+        args=load_json(args),
         cleanup=bool(cleanup),
         call_id=call_id,
         fingerprint=fingerprint,
@@ -379,7 +379,7 @@ def _parse_all(parse: Callable[[Any], _T], rows: Iterable[Any], bad: list[BadRow
 def partials_from_rows(run_id: str, values: Sequence[Any]) -> tuple[Any, ...]:
     """Run ``run_id``'s partial results from their stored texts, in order."""
     try:
-        return tuple(json.loads(value) for value in values)
+        return tuple(map(load_json, values))
     except _BAD_VALUE:
         pass
     bad: list[BadRow] = []

@@ -49,7 +49,7 @@ class _Item:
     op: Op
     write: bool
     #: who learns the outcome: a callback, or (for a caller on an event loop) a future of
-    #: ``loop``, set there (batched wake-ups)
+    #: ``loop``, set there (batched wake-ups), made when the item is handed on (awaitable)
     deliver: _Deliver | None
     #: the op writes with at most one statement, so a failure leaves nothing to undo and it
     #: needs no savepoint of its own in a batch (SQLite undoes a failed statement by itself)
@@ -59,6 +59,13 @@ class _Item:
     #: its cost grows with the store (a listing): run by the writer thread only, so that it
     #: never holds up the event loop
     bulk: bool = False
+
+    def awaitable(self) -> None:
+        """Give an operation submitted from an event loop its future, before it is handed to
+        whoever may complete it (the loop's batch, the writer thread). Called on that loop; an
+        operation run at once (the fast path) never needs one."""
+        if self.loop is not None and self.future is None:
+            self.future = self.loop.create_future()
 
     def hand(self, value: Any, error: BaseException | None) -> None:
         """Give the operation's outcome to whoever waits for it (on the future's loop)."""
@@ -332,6 +339,7 @@ class Writer:
                     self._batch_loop = item.loop
                     self._schedule_loop_batch()
                 if self._batch_loop is item.loop:
+                    item.awaitable()
                     self._loop_batch.append(item)
                     return False, None, None
             batch, self._deferred = [*self._deferred, item], []
@@ -342,6 +350,7 @@ class Writer:
                 and self.conn_lock.acquire(blocking=False)
             )
             if not inline:
+                item.awaitable()
                 self._enqueue(batch)
                 return False, None, None
         try:
@@ -349,6 +358,7 @@ class Writer:
         finally:
             self.conn_lock.release()
         if outcomes is None:
+            item.awaitable()
             with self._lock:
                 self._enqueue(batch)
             return False, None, None
@@ -441,10 +451,11 @@ class Writer:
         whose cost grows with the store) is always run by the writer thread.
         """
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        item = _Item(op, write, None, atomic or not write, loop, future, bulk)
+        item = _Item(op, write, None, atomic or not write, loop, None, bulk)
         ran, value, error = self._submit(item)
         if not ran:
+            future = item.future
+            assert future is not None  # given by _submit before it handed the item on
             if not shield:
                 return await future
             with anyio.CancelScope(shield=True):

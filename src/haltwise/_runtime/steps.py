@@ -44,7 +44,7 @@ from .._core.exceptions import (
 )
 from .._core.outcome import ErrorInfo, StepRecord, blocks_resume
 from .._core.policy import CancelPolicy
-from .._core.records import JSONText, dump_json
+from .._core.records import JSONText, dump_json, load_json
 from .._core.states import StepStatus
 from .._journal.store import StepStart
 from .pause import pause_point
@@ -472,7 +472,7 @@ class _Flight:
         durable = not self.spec.defer_settle
         await settle(self.run, index, StepStatus.COMMITTED, result=text, durable=durable)
         # Hand the task the journaled form, so that a replay sees exactly the same value.
-        return value if type(value) in _SAME_AFTER_JSON else json.loads(text)
+        return value if type(value) in _SAME_AFTER_JSON else load_json(text)
 
     async def _failed(self, error: BaseException) -> None:
         """The body raised: a rollback tool is compensated first (it may have half written);
