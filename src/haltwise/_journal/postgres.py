@@ -62,7 +62,7 @@ from .operator_sql import (
     summary_from_row,
     times_from_rows,
 )
-from .postgres_steps import StepWriter, write_deferred
+from .postgres_steps import StepWriter, feed_insert, write_deferred
 from .rows import (
     RUN_COLUMNS,
     error_to_text,
@@ -99,6 +99,11 @@ _SCHEMA_LOCK = 0x68616C74
 _POOL_MAX = 10
 _CONNECT_TIMEOUT = 10
 _RETRIES = 5
+
+#: a fork's copied steps in the change feed (the statements writing steps write their changes)
+_COPIED_STEPS_FEED = feed_insert(
+    "(SELECT run_id, idx, status FROM haltwise.steps WHERE run_id = %s ORDER BY idx) AS w"
+)
 
 _T = TypeVar("_T")
 _Conn = psycopg.AsyncConnection[DictRow]
@@ -312,6 +317,7 @@ class PostgresStore:
             if run.fork is not None:
                 fork = (run.id, run.fork.source, run.fork.from_step)
                 await conn.execute(_SQL.copy_steps, fork)
+                await conn.execute(_COPIED_STEPS_FEED, (run.id,))
                 await conn.execute(_SQL.copy_partials, fork)
             return run_from_row(inserted), True
 
