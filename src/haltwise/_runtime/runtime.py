@@ -136,7 +136,7 @@ class Runtime:
         try:
             with anyio.CancelScope(shield=True):
                 for run_id in list(self._active):
-                    await self.cancel(run_id, reason="shutdown")
+                    await self._cancel_own(run_id, reason="shutdown")
                 for run in list(self._active.values()):
                     await run.done.wait()
             task_group.cancel_scope.cancel()
@@ -482,6 +482,28 @@ class Runtime:
         record = await self._seat.request_cancel(task_id, reason, force=force)
         return await self._after_cancel(record)
 
+    async def _cancel_own(
+        self, task_id: str, *, reason: str, force: bool = False
+    ) -> RunRecord | None:
+        """A cancel this runtime makes of a run it works (its shutdown, a deadline of its start,
+        the run cancelling itself); the run as it is afterwards.
+
+        Recorded only while this runtime still holds the run. One that another process took
+        over meanwhile (this one stalled past its lease: a long pause, a lost network) is not
+        cancelled there, as a dead owner's would not be: it is only stopped here, where nothing
+        it does can be written any more (None).
+        """
+        try:
+            record = await self._seat.request_cancel(
+                task_id, reason, force=force, fence=self.owner.token
+            )
+        except LostOwnershipError:
+            ctx = self._active.get(task_id)
+            if ctx is not None:
+                ctx.request_cancel(reason, force=force)
+            return None
+        return await self._after_cancel(record)
+
     async def _after_cancel(self, record: RunRecord) -> RunRecord:
         """Deliver a recorded cancel here, or settle the run if nobody works it."""
         ctx = self._active.get(record.id)
@@ -780,7 +802,7 @@ class Runtime:
 
     async def _deadline(self, ctx: RunContext, seconds: float) -> None:
         await anyio.sleep(seconds)
-        await self.cancel(ctx.run_id, reason="deadline")
+        await self._cancel_own(ctx.run_id, reason="deadline")
 
     # -- the watcher: cross-process cancels and leases ----------------------------------------
 
@@ -841,8 +863,13 @@ class RuntimeHost:
     def count_side_steps(self, delta: int) -> None:
         self._runtime._count_concurrent_steps(delta)
 
-    async def cancel(self, task_id: str, *, reason: str, force: bool = False) -> RunRecord:
-        return await self._runtime.cancel(task_id, reason=reason, force=force)
+    async def cancel(self, task_id: str, *, reason: str, force: bool = False) -> RunRecord | None:
+        """A run worked here is cancelled as this runtime's own act (see ``_cancel_own``);
+        any other as by anyone (``Runtime.cancel``)."""
+        runtime = self._runtime
+        if runtime.is_active(task_id):
+            return await runtime._cancel_own(task_id, reason=reason, force=force)
+        return await runtime.cancel(task_id, reason=reason, force=force)
 
     async def pause(self, task_id: str) -> RunRecord:
         return await self._runtime.pause(task_id)
