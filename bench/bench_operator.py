@@ -12,8 +12,12 @@
    store (each with two steps), p50/p95, on SQLite and PostgreSQL.
 4. ``sse``: a client on ``/api/events``; from the commit of a transition (the database's clock
    in the change row) to the client reading its event.
+5. ``command``: ``haltwise cancel ID`` typed as a command (a new interpreter each time), from
+   exec to the tool interrupted in another process, p50/p95, on SQLite and PostgreSQL; beside
+   it, in the same run, the floor: a bare interpreter's exec -> exit, and the import of the
+   command line alone.
 
-usage: python bench/bench_operator.py [bulk|api|pages|sse|all] [--runs N] [--trials N]
+usage: python bench/bench_operator.py [bulk|api|pages|sse|command|all] [--runs N] [--trials N]
        (PostgreSQL cases need HALTWISE_PG_BIN or a local PostgreSQL; skipped otherwise)
 """
 
@@ -167,23 +171,62 @@ def api_cancels(url: str, trials: int, root: Path) -> list[float]:
     return latencies
 
 
-def cli_cancels(url: str, trials: int) -> list[float]:
-    latencies = []
+def cli_cancels(url: str, trials: int) -> tuple[list[float], list[float]]:
+    """Per trial: exec -> the tool interrupted (wall), and the command's own CPU (user+sys)."""
+    latencies, cpus = [], []
     target = spawn_target(url, trials)
     for i in range(trials):
         read_event(target, "entered")
         time.sleep(0.05)
+        before = children_cpu()
         sent = time.time()
         subprocess.run(
             [sys.executable, "-m", "haltwise", "cancel", f"x{i}", "--store", url],
             check=True,
             capture_output=True,
         )
+        cpus.append(children_cpu() - before)
         stopped = float(read_event(target, "stopped")[2])
         latencies.append(stopped - sent)
         read_event(target, "final")
     target.wait(timeout=30)
-    return latencies
+    return latencies, cpus
+
+
+def children_cpu() -> float:
+    """User + system CPU seconds of the ended children of this process."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def exec_seconds(argv: list[str]) -> tuple[float, float]:
+    """One process from exec to its exit: its wall time and its CPU (user+sys) seconds."""
+    before = children_cpu()
+    start = time.time()
+    subprocess.run(argv, check=True, capture_output=True)
+    return time.time() - start, children_cpu() - before
+
+
+def run_command(trials: int) -> None:
+    print(header("haltwise cancel ID typed in a shell: exec to the tool interrupted"))
+    python = sys.executable
+    floors = {
+        "bare interpreter: python -c pass (exec -> exit)": [python, "-c", "pass"],
+        "import haltwise._cli (exec -> exit)": [python, "-c", "import haltwise._cli"],
+    }
+    rows = []
+    for what, argv in floors.items():
+        walls, cpus = zip(*(exec_seconds(argv) for _ in range(trials)), strict=True)
+        rows.append(["-", what, trials, *_p50_p95(list(walls)), ms(list(cpus), 0.5)])
+    for name, fresh in stores():
+        walls, cpus = cli_cancels(fresh(), trials)
+        what = "haltwise cancel ID (exec -> interrupted)"
+        rows.append([name, what, trials, *_p50_p95(walls), ms(cpus, 0.5)])
+    print(table(["store", "what", "trials", "p50", "p95", "CPU of the process, p50"], rows))
+
+
+def _p50_p95(values: list[float]) -> list[str]:
+    return [ms(values, 0.5), ms(values, 0.95)]
 
 
 def stores() -> Iterator[tuple[str, Callable[[], str]]]:
@@ -215,7 +258,7 @@ def run_api(trials: int) -> None:
     for name, fresh in stores():
         with tempfile.TemporaryDirectory() as root:
             api = api_cancels(fresh(), trials, Path(root))
-        command = cli_cancels(fresh(), max(5, trials // 3))
+        command, _ = cli_cancels(fresh(), max(5, trials // 3))
         rows.append([name, "POST /api/runs/{id}/cancel", trials, ms(api, 0.5), ms(api, 0.99)])
         rows.append(
             [name, "haltwise cancel ID (exec)", len(command), ms(command, 0.5), ms(command, 0.95)]
@@ -408,7 +451,7 @@ def run_sse(trials: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
-        "what", nargs="?", default="all", choices=["bulk", "api", "pages", "sse", "all"]
+        "what", nargs="?", default="all", choices=["bulk", "api", "pages", "sse", "command", "all"]
     )
     parser.add_argument("--runs", type=int, default=10_000, help="runs for bulk")
     parser.add_argument("--page-runs", type=int, default=100_000, help="runs for pages")
@@ -424,6 +467,8 @@ def main() -> None:
         run_pages(args.page_runs, args.trials)
     if args.what in ("sse", "all"):
         run_sse(max(10, args.trials // 3))
+    if args.what in ("command", "all"):
+        run_command(args.trials)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +136,143 @@ def test_cancel_of_a_run_a_worker_released(env: StoreEnv) -> None:
     assert settled is not None and settled["state"] == "cancelled"
     assert statuses(settled) == ["committed", "committed", "interrupted"]
     assert "think" not in env.effects() and env.effects().count("record:done") == 0
+
+
+def test_cancel_all_loads_an_orphans_task_so_its_rollback_step_is_compensated(
+    env: StoreEnv,
+) -> None:
+    process = env.start_flow("r1", "rollback", "--json")
+    process.kill()
+    process.communicate()
+    done = env.hw("cancel", "--all", "--task", "flow", "--wait", "--json", timeout=PATIENCE)
+    assert done.returncode == 0, done.stderr
+    assert as_json(done)["cancelled"] == ["r1"]
+    settled = env.status("r1")
+    assert settled is not None and settled["state"] == "cancelled"
+    assert statuses(settled) == ["committed", "committed", "compensated"]
+    assert env.effects().count("undo_note") == 1
+
+
+def test_an_orphan_whose_file_is_not_trusted_is_left_for_a_worker_of_its_file(
+    env: StoreEnv, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Run from another project, the cancel command may not load the run's file: settling the
+    rollback step there would leave it unknown (no compensation), so it does not settle it; it
+    says so in one line and names the command that does, which then compensates it."""
+    process = env.start_flow("r1", "rollback", "--json")
+    process.kill()
+    process.communicate()
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    done = run_in(env, elsewhere, "cancel", "r1")
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert "r1 stays cancelling" in line and f"haltwise worker {env.agent}" in line
+    assert "Traceback" not in done.stderr
+    waited = run_in(env, elsewhere, "cancel", "r1", "--wait")
+    assert waited.returncode == 2  # waiting would never end: it says why instead of hanging
+    assert waited.stderr.startswith("haltwise: error: run r1 stays cancelling")
+    left = env.status("r1")
+    assert left is not None and left["state"] == "cancelling"
+    assert step_is(left, 2, "running") and "undo_note" not in env.effects()
+    worker = env.popen("worker", "agent.py")
+    try:
+        settled = env.wait_for("r1", "cancelled", lambda s: s["state"] == "cancelled")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=PATIENCE) == 0
+    assert statuses(settled) == ["committed", "committed", "compensated"]
+    assert env.effects().count("undo_note") == 1
+
+
+def run_in(env: StoreEnv, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``haltwise ARGS`` run from another directory (another project) on the env's store."""
+    return subprocess.run(
+        [sys.executable, "-m", "haltwise", *args, "--store", env.store],
+        cwd=cwd,
+        env=env.environ(),
+        text=True,
+        capture_output=True,
+        timeout=PATIENCE,
+    )
+
+
+#: What a command that only reads or requests must not import (CONTRACT.md's speed target for
+#: ``haltwise cancel ID``): the machinery that works runs, rich, the server, the explorer.
+HEAVY_MODULES = (
+    "haltwise._runtime.runtime",
+    "haltwise._runtime.steps",
+    "haltwise._runtime.takeover",
+    "haltwise._runtime.loader",
+    "haltwise._analysis",
+    "haltwise.server",
+    "haltwise.integrations",
+    "rich",
+    "starlette",
+    "uvicorn",
+    "pydantic",
+)
+
+
+def heavy_imports(
+    done: subprocess.CompletedProcess[str], allowed: tuple[str, ...] = ()
+) -> list[str]:
+    """The :data:`HEAVY_MODULES` (and their submodules) a ``python -X importtime`` process
+    imported, read from its stderr, but the ``allowed`` ones."""
+    modules = {
+        line.rpartition("|")[2].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "haltwise._runtime.seat" in modules  # the measurement sees our modules
+    return sorted(
+        module
+        for module in modules
+        for heavy in HEAVY_MODULES
+        if heavy not in allowed and (module == heavy or module.startswith(heavy + "."))
+    )
+
+
+def importtime(env: StoreEnv, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "haltwise", *args],
+        cwd=env.root,
+        env=env.environ(),
+        text=True,
+        capture_output=True,
+        timeout=PATIENCE,
+    )
+
+
+def test_cancel_of_a_worked_run_imports_no_runtime_machinery(env: StoreEnv) -> None:
+    process = env.start_flow("r1", "interruptible", "--json")
+    done = importtime(env, "cancel", "r1")
+    assert done.returncode == 0, done.stderr
+    assert "cancel requested for run r1" in done.stdout
+    assert heavy_imports(done) == []
+    code, outcome, _ = finish(process)
+    assert code == 3 and isinstance(outcome, dict) and outcome["state"] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("args", "allowed"),
+    [
+        (("status", "r1", "--json"), ()),
+        (("status", "r1"), ("rich",)),  # a person's summary is drawn by rich
+        (("list", "--json"), ()),
+        (("pause", "r1"), ()),
+        (("unpause", "r1"), ()),
+        (("prune", "--older-than", "1d"), ()),
+    ],
+)
+def test_the_commands_that_read_or_request_import_no_runtime_machinery(
+    env: StoreEnv, args: tuple[str, ...], allowed: tuple[str, ...]
+) -> None:
+    env.release("send_email")
+    ran = env.hw("run", "agent.py:flow", "--id", "r1", "--input", '{"policy": "finish"}')
+    assert ran.returncode == 0, ran.stderr
+    done = importtime(env, *args)
+    assert done.returncode == 0, done.stderr
+    assert heavy_imports(done, allowed) == []
 
 
 def test_prune_deletes_only_final_runs_older_than_asked(env: StoreEnv) -> None:

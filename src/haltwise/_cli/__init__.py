@@ -1,12 +1,14 @@
 """The ``haltwise`` command line (CONTRACT.md, "Command line"). The only package that knows click.
 
-Each command is one small function in a module of this package (:mod:`.runs`, :mod:`.work`,
-:mod:`.verify`), registered on the :func:`cli` group here, explicitly, so that no module imports
-another for its side effects. Shared options and exit codes live in :mod:`.base`.
+Each command is one small function in a module of this package (:mod:`.runs`, :mod:`.operate`,
+:mod:`.work`, :mod:`.verify`...), named in :data:`COMMANDS` here, explicitly, and imported only
+when it runs, so that no module imports another for its side effects and a command that only
+reads or requests starts fast. Shared options and exit codes live in :mod:`.base`.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
@@ -16,14 +18,52 @@ import click
 
 from .. import __version__
 from .._core.exceptions import HaltwiseError, UnknownRunError
-from . import mcp, runs, serve, verbs, verify, work
 from .base import USAGE, fail, looked_in
 from .signals import RELAY
 
 __all__ = ["cli", "main", "run_cli"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+#: Every command: its name, and the module of this package and the function that make it. A
+#: command's module is imported only when that command runs (or the help lists them all), so
+#: ``haltwise cancel ID`` loads what cancelling needs and nothing of ``run``, ``serve``, ``mcp``
+#: or ``explore``.
+COMMANDS = {
+    "run": ("runs", "run_command"),
+    "cancel": ("operate", "cancel_command"),
+    "prune": ("operate", "prune_command"),
+    "status": ("operate", "status_command"),
+    "resume": ("runs", "resume_command"),
+    "list": ("operate", "list_command"),
+    "audit": ("runs", "audit_command"),
+    "serve": ("serve", "serve_command"),
+    "pause": ("verbs", "pause_command"),
+    "unpause": ("verbs", "unpause_command"),
+    "fork": ("verbs", "fork_command"),
+    "submit": ("work", "submit_command"),
+    "worker": ("work", "worker_command"),
+    "check": ("verify", "check_command"),
+    "explore": ("verify", "explore_command"),
+    "mcp": ("mcp", "mcp_command"),
+}
+
+
+class _Commands(click.Group):
+    """The ``haltwise`` group: each command imported from :data:`COMMANDS` when it is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = COMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        module = importlib.import_module(f"{__name__}.{where[0]}")
+        command: click.Command = getattr(module, where[1])
+        return command
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="haltwise")
 def cli() -> None:
     """Run multi-step agent tasks that can be stopped early, on purpose.
@@ -31,27 +71,6 @@ def cli() -> None:
     Exit codes: 0 completed (or the command did its job), 1 failed, 3 cancelled,
     2 bad usage or bad input.
     """
-
-
-for _command in (
-    runs.run_command,
-    runs.cancel_command,
-    runs.prune_command,
-    runs.status_command,
-    runs.resume_command,
-    runs.list_command,
-    runs.audit_command,
-    serve.serve_command,
-    verbs.pause_command,
-    verbs.unpause_command,
-    verbs.fork_command,
-    work.submit_command,
-    work.worker_command,
-    verify.check_command,
-    verify.explore_command,
-    mcp.mcp_command,
-):
-    cli.add_command(_command)
 
 
 #: Loggers whose records are not for the command line's user: psycopg_pool logs every failed

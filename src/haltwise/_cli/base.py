@@ -9,20 +9,18 @@ object on stdout.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import anyio
 import click
 
-from .._core.exceptions import InputError, NoStoreError
+from .._core.exceptions import InputError
 from .._core.outcome import Outcome
 from .._core.records import parse_json_text
 from .._core.states import State
-from .._journal.secrets import safe_url, scrub
-from .._journal.store import Store, open_store, store_url_from
-from .render import escape_controls
+from .._runtime.seat import safe_url, scrub, store_url_from
+from .text import escape_controls
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,26 +69,6 @@ def looked_in() -> str:
 def store_in_use() -> str | None:
     """The store the command used, as a message may show it (no password); None if none."""
     return safe_url(STORE_IN_USE[0]) if STORE_IN_USE else None
-
-
-@asynccontextmanager
-async def reading(url: str | None) -> AsyncIterator[Store | None]:
-    """The store, opened read-only, for a command that only looks (``status``, ``list``...).
-
-    Reading never creates a store, nor waits behind another process's write lock; ``None``
-    when there is no store there (a mistyped path), which the command then says.
-    """
-    journal = open_store(url, read_only=True)
-    try:
-        await journal.open()
-    except NoStoreError:
-        yield None
-        return
-    try:
-        yield journal
-    finally:
-        with anyio.CancelScope(shield=True):
-            await journal.close()
 
 
 def json_option(command: F) -> F:

@@ -22,9 +22,9 @@ import anyio
 
 from .._core.exceptions import HaltwiseError, InputError, RunOwnedError, UnknownRunError
 from .._core.outcome import Outcome
-from .._core.records import RunRecord, parse_json_text
-from .._journal.owner import held_by_live_owner
+from .._core.records import RunRecord, RunSnapshot, parse_json_text
 from .._runtime.runtime import Runtime
+from .._runtime.seat import held_by_live_owner
 from .._runtime.tool import Task
 from .render import LiveView, Screen
 from .signals import RELAY, SIGNAL_REASONS
@@ -92,7 +92,8 @@ class Foreground:
 
     async def _refresh(self, run_id: str, view: LiveView) -> None:
         while True:
-            view.show(await self._runtime.store.load(run_id))
+            detail = await self._runtime.inspect(run_id)
+            view.show(RunSnapshot(detail.run, detail.outcome.steps, detail.outcome.partials))
             await anyio.sleep(_REFRESH)
 
 
@@ -179,12 +180,12 @@ async def existing_run(runtime: Runtime, task_id: str) -> Outcome | None:
     Raises :class:`HaltwiseError` (exit 2) if the run exists and is not final, naming its owner.
     """
     try:
-        snapshot = await runtime.store.load(task_id)
+        detail = await runtime.inspect(task_id)
     except UnknownRunError:
         return None
-    run = snapshot.run
+    run = detail.run
     if run.state.is_final:
-        return snapshot.outcome()
+        return detail.outcome
     if run.owner is not None and held_by_live_owner(run):
         raise RunOwnedError(task_id, run.owner.describe())
     raise HaltwiseError(_not_final_words(run), task_id=task_id)
@@ -192,7 +193,7 @@ async def existing_run(runtime: Runtime, task_id: str) -> Outcome | None:
 
 async def check_ours(runtime: Runtime, task_id: str) -> None:
     """After ``start``: refuse to follow a run another process created meanwhile (same id)."""
-    run = (await runtime.store.load(task_id)).run
+    run = (await runtime.inspect(task_id)).run
     if run.owner is not None and run.owner.token != runtime.owner.token:
         raise RunOwnedError(task_id, run.owner.describe())
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -30,10 +29,11 @@ from .._core.policy import CancelPolicy
 from .._core.records import RunSnapshot
 from .._core.states import State, StepStatus
 from .._core.views import RunSummary, StepWait
-from .._journal.check import CheckReport
 from .._runtime.explain import retry_words, waiting_for
+from .text import escape_controls
 
 if TYPE_CHECKING:
+    from .. import CheckReport
     from .._analysis.audit import AuditReport
 
 __all__ = ["LiveView", "Screen", "cancelling_line", "pause_line", "retry_words"]
@@ -117,25 +117,11 @@ def snapshot_waits(snapshot: RunSnapshot) -> tuple[StepWait, ...]:
     )
 
 
-#: Control characters a text from the journal (an id, a reason, an error) may hold: C0 (but the
-#: newline), DEL, C1 and the Unicode bidirectional overrides. Written raw they would drive the
-#: terminal (colours, the window title, the cursor), so they are shown escaped: ``\x1b``.
-_CONTROLS = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 #: A width outside this range (``COLUMNS=0``, ``COLUMNS=banana``) is ignored: rich would print
 #: nothing at width 0, and build lines of that many spaces at a huge one.
 _WIDTHS = range(20, 1001)
 #: The width used when neither the terminal nor ``COLUMNS`` gives a usable one.
 _DEFAULT_WIDTH = 80
-
-
-def escape_controls(text: str) -> str:
-    """``text`` with every control character (see ``_CONTROLS``) written as an escape."""
-    return _CONTROLS.sub(_escaped, text)
-
-
-def _escaped(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 class _SafeConsole(Console):

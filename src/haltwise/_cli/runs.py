@@ -1,33 +1,27 @@
-"""``run``, ``cancel``, ``status``, ``resume``, ``list`` and ``audit``: the commands on one run."""
+"""``run``, ``resume`` and ``audit``: the commands that run a task or load its file.
+
+(The commands that only read or request, ``cancel``, ``status``, ``list``, ``prune``, are in
+:mod:`.operate`.)
+"""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import click
 
-from .._core.exceptions import HaltwiseError, InputError, UnknownRunError
+from .._core.exceptions import InputError
 from .._core.outcome import Outcome
-from .._core.records import RunSnapshot
 from .._core.states import State
-from .._core.views import CancelBatch, RunDetail, RunPage
-from .._journal.owner import held_by_live_owner
-from .._runtime.operator import MAX_LIMIT, inspect_run, page_of_runs
 from .._runtime.runtime import Runtime
 from .base import (
     deadline_option,
     exit_code,
-    fail,
     json_option,
-    looked_in,
     parse_assumed,
-    parse_duration,
     print_json,
-    reading,
     run_async,
-    store_in_use,
     store_option,
 )
 from .foreground import (
@@ -40,9 +34,8 @@ from .foreground import (
     source_of,
     task_of,
 )
-from .render import Screen, cancelling_line, pause_line
+from .render import Screen
 from .signals import RELAY
-from .sources import journaled_file
 
 
 @click.command("run")
@@ -99,185 +92,6 @@ def run_command(
     return run_async(main)
 
 
-@click.command("cancel")
-@click.argument("task_ids", metavar="ID...", nargs=-1)
-@click.option("--all", "every", is_flag=True, help="Cancel every active run (see --task, --state).")
-@click.option("--task", metavar="TASK", help="With --all: only runs of this task.")
-@click.option(
-    "--state",
-    type=click.Choice([state.value for state in State if not state.is_final]),
-    help="With --all: only runs in this state.",
-)
-@click.option("--reason", default="user", show_default=True, help="Why the runs are stopped.")
-@click.option("--force", is_flag=True, help="Stop at once: no grace, no compensation.")
-@click.option("--wait", is_flag=True, help="Wait until the runs are final.")
-@click.option("--dry-run", is_flag=True, help="With --all: list the runs, change nothing.")
-@json_option
-@store_option
-def cancel_command(
-    task_ids: tuple[str, ...],
-    every: bool,
-    task: str | None,
-    state: str | None,
-    reason: str,
-    force: bool,
-    wait: bool,
-    dry_run: bool,
-    as_json: bool,
-    store: str | None,
-) -> int:
-    """Request a cancel of runs ID... (or --all), from any process, in one transaction.
-
-    A run nobody works (its owner is gone, or a worker released it) is settled here, by its
-    policies, as a takeover would, and recorded cancelled.
-    """
-    _check_selection(task_ids, every, task, state, dry_run)
-
-    async def main() -> tuple[CancelBatch, list[Outcome]]:
-        async with Runtime(store) as runtime:
-            for run_id in task_ids:
-                await _load_if_orphaned(runtime, run_id)
-            batch = await runtime.cancel_many(
-                None if every else task_ids,
-                task=task,
-                state=state,
-                reason=reason,
-                force=force,
-                dry_run=dry_run,
-            )
-            for run_id in batch.already_final:
-                await runtime.inspect(run_id)  # reported as it is: its journal must be readable
-            waited = [await runtime.outcome(run_id) for run_id in batch.cancelled if wait]
-            return batch, waited
-
-    batch, waited = run_async(main)
-    if as_json:
-        print_json(batch.to_json())
-    else:
-        _say_cancelled(batch, reason, force)
-        for outcome in waited:
-            Screen().outcome(outcome)
-    if len(batch.unknown) == 1:
-        return fail(f"{UnknownRunError(batch.unknown[0])} ({looked_in()})")
-    if batch.unknown:
-        named = ", ".join(map(repr, batch.unknown))
-        return fail(f"no runs with ids {named} in the store ({looked_in()})")
-    return 0
-
-
-async def _load_if_orphaned(runtime: Runtime, run_id: str) -> None:
-    """Load the task of a run nobody works, if its file is trusted (see :func:`task_of`), so
-    that the cancel settles it with its compensations and saga; otherwise it settles without."""
-    try:
-        run = (await runtime.inspect(run_id)).run
-    except UnknownRunError:
-        return  # reported with the others
-    if run.state.is_final or held_by_live_owner(run):
-        return
-    with contextlib.suppress(HaltwiseError):
-        task_of(run)
-
-
-def _check_selection(
-    task_ids: tuple[str, ...], every: bool, task: str | None, state: str | None, dry_run: bool
-) -> None:
-    if every and task_ids:
-        raise click.UsageError("name runs by ID or cancel --all, not both")
-    if not every and not task_ids:
-        raise click.UsageError("name the runs to cancel (ID...), or --all")
-    if not every and (task is not None or state is not None or dry_run):
-        raise click.UsageError("--task, --state and --dry-run go with --all")
-
-
-def _say_cancelled(batch: CancelBatch, reason: str, force: bool) -> None:
-    screen = Screen()
-    if batch.dry_run:
-        for run_id in batch.cancelled:
-            screen.note(f"would cancel run {run_id}")
-        screen.note(f"{len(batch.cancelled)} run(s) would be cancelled; nothing changed")
-        return
-    forced = ", forced" if force else ""
-    for run_id in batch.cancelled:
-        state = batch.states[run_id]
-        screen.note(f"cancel requested for run {run_id} (reason: {reason}{forced}); it is {state}")
-        if run_id in batch.settled_here:
-            screen.note(f"run {run_id}: nobody was working it; settled here by its policies")
-        elif state is State.CANCELLED:
-            screen.note(
-                f"run {run_id}: nothing was in flight (pending or paused): cancelled at once"
-            )
-    for run_id in batch.already_final:
-        screen.note(f"run {run_id} is already {batch.states[run_id]}; nothing to cancel")
-    if not batch.cancelled and not batch.already_final and not batch.unknown:
-        screen.note("no active run to cancel")
-
-
-@click.command("prune")
-@click.option(
-    "--older-than",
-    "older_than",
-    required=True,
-    metavar="DURATION",
-    help="Delete final runs that ended longer ago than this: 30d, 12h, 90m, 45s.",
-)
-@click.option(
-    "--state",
-    type=click.Choice([state.value for state in State if state.is_final]),
-    help="Only runs in this final state.",
-)
-@click.option("--dry-run", is_flag=True, help="List the runs, delete nothing.")
-@json_option
-@store_option
-def prune_command(
-    older_than: str, state: str | None, dry_run: bool, as_json: bool, store: str | None
-) -> int:
-    """Delete final runs (steps, partial results, history) that ended long enough ago.
-
-    An active run is never deleted.
-    """
-    seconds = parse_duration(older_than)
-
-    async def main() -> list[str]:
-        async with Runtime(store) as runtime:
-            return await runtime.prune(seconds, state=state, dry_run=dry_run)
-
-    ids = run_async(main)
-    if as_json:
-        print_json({"would_prune" if dry_run else "pruned": ids})
-    elif dry_run:
-        screen = Screen()
-        for run_id in ids:
-            screen.note(f"would prune run {run_id}")
-        screen.note(f"{len(ids)} run(s) would be pruned; nothing deleted")
-    else:
-        Screen().note(f"pruned {len(ids)} run(s)")
-    return 0
-
-
-@click.command("status")
-@click.argument("task_id", metavar="ID")
-@json_option
-@store_option
-def status_command(task_id: str, as_json: bool, store: str | None) -> int:
-    """Show run ID: state, steps, partial results and retry advice."""
-
-    async def main() -> RunDetail:
-        async with reading(store) as journal:
-            if journal is None:
-                raise HaltwiseError(f"no run with id {task_id!r}: there is no store at {where()}")
-            return await inspect_run(journal, task_id)
-
-    detail = run_async(main)
-    if as_json:
-        print_json(detail.outcome.to_json())
-    else:
-        waiting = cancelling_line(detail.outcome.state, detail.forced, detail.waiting)
-        snapshot = RunSnapshot(detail.run, detail.outcome.steps, detail.outcome.partials)
-        notes = (_source_words(detail), _owner_words(detail), waiting, pause_line(snapshot))
-        Screen().outcome(detail.outcome, notes=notes)
-    return 0
-
-
 @click.command("resume")
 @click.argument("task_id", metavar="ID")
 @click.argument("file", metavar="[FILE.py]", required=False)
@@ -324,10 +138,10 @@ def resume_command(
 
     async def main() -> int:
         async with Runtime(store) as runtime:
-            snapshot = await runtime.store.load(task_id)
-            if snapshot.run.state is State.COMPLETED:
-                return _report(snapshot.outcome(), as_json)
-            task = task_of(snapshot.run, file, moved=moved)
+            detail = await runtime.inspect(task_id)
+            if detail.run.state is State.COMPLETED:
+                return _report(detail.outcome, as_json)
+            task = task_of(detail.run, file, moved=moved)
             async with signals_as_cancels(runtime, quiet=as_json) as foreground:
                 handle = await runtime.resume(
                     task_id,
@@ -340,43 +154,6 @@ def resume_command(
         return _report(outcome, as_json)
 
     return run_async(main)
-
-
-@click.command("list")
-@click.option(
-    "--state",
-    type=click.Choice([state.value for state in State]),
-    help="Only runs in this state.",
-)
-@click.option("--task", metavar="TASK", help="Only runs of this task (agent.py:research).")
-@click.option(
-    "--limit",
-    type=click.IntRange(min=1, max=MAX_LIMIT),
-    default=100,
-    show_default=True,
-    help="At most this many runs.",
-)
-@json_option
-@store_option
-def list_command(
-    state: str | None, task: str | None, limit: int, as_json: bool, store: str | None
-) -> int:
-    """List the runs in the store, newest created first."""
-
-    async def main() -> RunPage | None:
-        async with reading(store) as journal:
-            if journal is None:
-                return None  # nothing has run with this store yet: reading creates none
-            return await page_of_runs(journal, state=state, task=task, limit=limit, cursor=None)
-
-    page = run_async(main)
-    if as_json:
-        print_json({"runs": [run.to_json() for run in page.runs] if page else []})
-    elif page is None:
-        Screen().note(f"no runs: there is no store at {where()}")
-    else:
-        Screen().runs(page.runs)
-    return 0
 
 
 @click.command("audit")
@@ -428,28 +205,3 @@ def _report(outcome: Outcome, as_json: bool) -> int:
     else:
         Screen().outcome(outcome)
     return exit_code(outcome)
-
-
-def where() -> str:
-    """The store the command looked in, for a message."""
-    return store_in_use() or "the default place"
-
-
-def _source_words(detail: RunDetail) -> str | None:
-    """The line ``status`` shows about the file ``resume`` would load the task from."""
-    named = journaled_file(detail.run)
-    return f"source: {named}" if named is not None else None
-
-
-def _owner_words(detail: RunDetail) -> str | None:
-    """The line ``status`` shows about who holds an active run."""
-    run_id, owner = detail.outcome.id, detail.owner
-    if detail.outcome.state.is_final:
-        return None
-    if owner is None:
-        return f"owner: none (waiting for a worker, or: haltwise resume {run_id})"
-    if not detail.owner_alive:
-        return (
-            f"its owner ({owner.describe()}) is gone: continue it with 'haltwise resume {run_id}'"
-        )
-    return f"owner: {owner.describe()}"

@@ -8,18 +8,18 @@ to (final, cancelling, not paused) says so and exits 0, as ``cancel`` of a final
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .._core.records import RunRecord
 from .._core.states import State
-from .._journal.owner import held_by_live_owner
-from .._runtime.fork import ForkPlan
-from .._runtime.runtime import Runtime
+from .._runtime.seat import Seat, held_by_live_owner, open_seat
 from .base import deadline_option, exit_code, json_option, print_json, run_async, store_option
-from .foreground import signals_as_cancels, task_of
-from .render import Screen
+from .text import note
+
+if TYPE_CHECKING:
+    from .._runtime.fork import ForkPlan
 
 __all__ = ["fork_command", "pause_command", "unpause_command"]
 
@@ -39,10 +39,10 @@ def pause_command(task_id: str, wait: bool, as_json: bool, store: str | None) ->
     """
 
     async def main() -> int:
-        async with Runtime(store) as runtime:
-            record = await runtime.pause(task_id)
+        async with open_seat(store) as seat:
+            record = await seat.request_pause(task_id)
             if wait and record.pause:
-                record = await _until_paused(runtime, task_id)
+                record = await _until_paused(seat, task_id)
         _tell(record, _pause_words(record), as_json)
         return 0
 
@@ -61,13 +61,13 @@ def unpause_command(task_id: str, as_json: bool, store: str | None) -> int:
     """
 
     async def main() -> int:
-        async with Runtime(store) as runtime:
-            run = (await runtime.store.load(task_id)).run
-            if run.state is State.PAUSED and not held_by_live_owner(run):
-                return await _continue_here(runtime, run, as_json)
-            record = await runtime.unpause(task_id)
-        _tell(record, _unpause_words(run, record), as_json)
-        return 0
+        async with open_seat(store) as seat:
+            run = (await seat.inspect(task_id)).run
+            if run.state is not State.PAUSED or held_by_live_owner(run):
+                record = await seat.request_unpause(task_id)
+                _tell(record, _unpause_words(run, record), as_json)
+                return 0
+        return await _continue_here(store, run, as_json)  # its owner is gone: it goes on here
 
     return run_async(main)
 
@@ -103,13 +103,17 @@ def fork_command(
     --dry-run stops there. ID itself is not changed. Signals and exit code as for 'run'.
     """
 
+    from .._runtime.runtime import Runtime
+    from .foreground import signals_as_cancels, task_of
+    from .render import Screen
+
     async def main() -> int:
         async with Runtime(store) as runtime:
             plan = await runtime.fork_plan(task_id, from_step=from_step, new_id=new_id)
             if dry_run:
                 _show_plan(plan, new_id, as_json, final=True)
                 return 0
-            task = task_of((await runtime.store.load(task_id)).run)
+            task = task_of((await runtime.inspect(task_id)).run)
             _show_plan(plan, new_id, as_json, final=False)
             async with signals_as_cancels(runtime, quiet=as_json) as foreground:
                 handle = await runtime.fork(
@@ -132,21 +136,25 @@ def _show_plan(plan: ForkPlan, new_id: str | None, as_json: bool, *, final: bool
         if final:
             print_json({**plan.to_json(), "id": new_id})
         return
-    screen = Screen()
     head = f"fork of run {plan.source} from step {plan.from_step}"
     if plan.from_step:
         head += f": steps 0-{plan.from_step - 1} replayed from it"
     if not plan.repeated:
-        screen.note(f"{head}; no committed write or external step runs again")
+        note(f"{head}; no committed write or external step runs again")
         return
-    screen.note(f"{head}; these committed steps will run again:")
+    note(f"{head}; these committed steps will run again:")
     for step in plan.repeated:
-        screen.note(f"  step {step.index} {step.tool} ({step.effect.value})")
+        note(f"  step {step.index} {step.tool} ({step.effect.value})")
 
 
-async def _continue_here(runtime: Runtime, run: RunRecord, as_json: bool) -> int:
+async def _continue_here(store: str | None, run: RunRecord, as_json: bool) -> int:
+    """Continue a paused run whose owner is gone, here in the foreground (as ``resume``)."""
+    from .._runtime.runtime import Runtime
+    from .foreground import signals_as_cancels, task_of
+    from .render import Screen
+
     task = task_of(run)
-    async with signals_as_cancels(runtime, quiet=as_json) as foreground:
+    async with Runtime(store) as runtime, signals_as_cancels(runtime, quiet=as_json) as foreground:
         await runtime.unpause(run.id, task=task)
         outcome = await foreground.follow(run.id, Screen())
     if as_json:
@@ -156,20 +164,20 @@ async def _continue_here(runtime: Runtime, run: RunRecord, as_json: bool) -> int
     return exit_code(outcome)
 
 
-async def _until_paused(runtime: Runtime, task_id: str) -> RunRecord:
+async def _until_paused(seat: Seat, task_id: str) -> RunRecord:
     seen: int | None = None
     while True:
-        run = (await runtime.store.load(task_id)).run
+        run = (await seat.inspect(task_id)).run
         if run.state is State.PAUSED or run.state.is_final or not run.pause:
             return run
-        seen = await runtime.store.wait_for_change(0.5, since=seen)
+        seen = await seat.wait_for_change(0.5, since=seen)
 
 
 def _tell(record: RunRecord, words: str, as_json: bool) -> None:
     if as_json:
         print_json(_record_json(record))
     else:
-        Screen().note(words)
+        note(words)
 
 
 def _record_json(record: RunRecord) -> dict[str, Any]:

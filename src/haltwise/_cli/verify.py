@@ -9,7 +9,7 @@ import anyio
 import click
 
 from .._core.exceptions import InputError
-from .._journal.check import check_store
+from .._runtime.seat import check_journal
 from .base import json_option, run_async, store_option
 from .foreground import parse_input
 from .render import Screen
@@ -23,7 +23,7 @@ def check_command(as_json: bool, store: str | None) -> int:
     owner, partial results are contiguous. Exit 0 if sound, 1 with the findings if not."""
 
     async def main() -> int:
-        report = await check_store(store)
+        report = await check_journal(store)
         if as_json:
             click.echo(json.dumps(report.to_json()))
         else:

@@ -62,7 +62,7 @@ from .operator_sql import (
     summary_from_row,
     times_from_rows,
 )
-from .postgres_steps import StepWriter, write_deferred
+from .postgres_steps import StepWriter, feed_insert, write_deferred
 from .rows import (
     RUN_COLUMNS,
     error_to_text,
@@ -81,11 +81,11 @@ from .sql import (
     Plan,
     RunWrite,
     Statements,
+    cancel_plan,
     check_fence,
     event_parameters,
     insert_run_parameters,
     pause_signals_of,
-    plan_cancel_write,
     plan_create,
     plan_pause_write,
     plan_transition,
@@ -99,6 +99,11 @@ _SCHEMA_LOCK = 0x68616C74
 _POOL_MAX = 10
 _CONNECT_TIMEOUT = 10
 _RETRIES = 5
+
+#: a fork's copied steps in the change feed (the statements writing steps write their changes)
+_COPIED_STEPS_FEED = feed_insert(
+    "(SELECT run_id, idx, status FROM haltwise.steps WHERE run_id = %s ORDER BY idx) AS w"
+)
 
 _T = TypeVar("_T")
 _Conn = psycopg.AsyncConnection[DictRow]
@@ -312,6 +317,7 @@ class PostgresStore:
             if run.fork is not None:
                 fork = (run.id, run.fork.source, run.fork.from_step)
                 await conn.execute(_SQL.copy_steps, fork)
+                await conn.execute(_COPIED_STEPS_FEED, (run.id,))
                 await conn.execute(_SQL.copy_partials, fork)
             return run_from_row(inserted), True
 
@@ -350,8 +356,10 @@ class PostgresStore:
 
         return await self._run(op)
 
-    async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
-        return await self._request(run_id, partial(_cancel_plan, reason, force))
+    async def request_cancel(
+        self, run_id: str, reason: str, *, force: bool, fence: str | None = None
+    ) -> RunRecord:
+        return await self._request(run_id, cancel_plan(reason, force, fence))
 
     async def _request(self, run_id: str, plan: Plan) -> RunRecord:
         """Lock the run, ``plan`` the write, apply it (if any): one transaction."""
@@ -818,10 +826,6 @@ async def _check_fence(conn: _Conn, run_id: str, fence: str) -> DictRow:
         raise UnknownRunError(run_id)
     check_fence(run_id, row["owner_token"], fence)
     return row
-
-
-def _cancel_plan(reason: str, force: bool, current: RunRecord, now: float) -> RunWrite | None:
-    return plan_cancel_write(current, reason, force, now)
 
 
 async def _apply(conn: _Conn, run_id: str, write: RunWrite) -> RunRecord:

@@ -13,7 +13,6 @@ from .._core.policy import CancelPolicy, effective_cancel
 from .._core.records import Event
 from .._core.states import State, StepStatus
 from .._core.views import StepTimes, StepWait
-from .tool import TOOLS
 
 __all__ = ["cancel_requested_at", "retry_words", "waiting_for"]
 
@@ -63,6 +62,8 @@ def waiting_for(
     left is ``None`` without those times). The grace is known only for tools loaded in this
     process; a forced cancel leaves no grace at all.
     """
+    from .tool import TOOLS  # here, not at load: a read-only command needs no tool machinery
+
     waits = []
     for step in steps:
         if step.status is not StepStatus.RUNNING:

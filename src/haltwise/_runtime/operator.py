@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._core.exceptions import InputError
 from .._core.outcome import Outcome
@@ -20,7 +20,9 @@ from .._journal.operator_sql import decode_cursor, encode_cursor
 from .._journal.owner import owner_alive
 from .._journal.store import Store
 from .explain import cancel_requested_at, retry_words, waiting_for
-from .tool import TASKS, Task
+
+if TYPE_CHECKING:
+    from .tool import Task
 
 __all__ = [
     "feed",
@@ -160,12 +162,16 @@ async def feed(
 def registered_task(run: RunRecord) -> Task[..., Any] | None:
     """The task of a journaled run, if one of that name is loaded in this process. (A face that
     may load files loads the run's task first, by its own rules on which files it trusts.)"""
+    from .tool import TASKS  # here, not at load: reading needs no tool machinery (see .seat)
+
     return TASKS.get(run.task)
 
 
 def stand_in_task(name: str) -> Task[..., Any]:
     """A task object for a run whose code is not at hand: it keeps committed steps on a cancel
     (``on_cancel="keep"``) and is not registered (``TASKS`` is left as it is)."""
+    from .tool import Task
+
     return Task(_not_loaded, OnCancel.KEEP, name, register=False)
 
 

@@ -35,19 +35,12 @@ from .._journal.owner import DEFAULT_LEASE, held_by_live_owner, new_owner
 from .._journal.store import ForkOf, NewRun, Store, open_store
 from .ending import call_task, fail_refused, finish, settle_takeover
 from .fork import ForkPlan, plan_fork
-from .operator import (
-    feed,
-    inspect_run,
-    page_of_runs,
-    parse_state,
-    registered_task,
-    resolve_task,
-    stand_in_task,
-)
-from .pause import deliver_pause_signals
+from .operator import registered_task, stand_in_task
+from .pause import PauseGate, deliver_pause_signals, relay_to_children
 from .run_context import Probe, RunContext
+from .seat import Seat, cancel_batch, nobody_works
 from .steps import execute_step
-from .takeover import refuse_unknown
+from .takeover import needs_code, refuse_unknown
 from .tool import TASKS, Task
 
 
@@ -112,6 +105,8 @@ class Runtime:
         ):
             raise InputError(f"lease must be a finite number of seconds > 0, not {lease!r}")
         self.store: Store = open_store(store)
+        #: the requests and the read API (one home for their rules; see :mod:`.seat`)
+        self._seat = Seat(self.store)
         self.lease = lease
         self.owner = new_owner()
         self._active: dict[str, RunContext] = {}
@@ -141,7 +136,7 @@ class Runtime:
         try:
             with anyio.CancelScope(shield=True):
                 for run_id in list(self._active):
-                    await self.cancel(run_id, reason="shutdown")
+                    await self._cancel_own(run_id, reason="shutdown")
                 for run in list(self._active.values()):
                     await run.done.wait()
             task_group.cancel_scope.cancel()
@@ -478,12 +473,35 @@ class Runtime:
         """Record a cancel request for ``task_id`` (any process may hold the run).
 
         Returns the run as it is right after the request: ``cancelled`` for a ``pending`` run,
-        ``cancelling`` for a running one, unchanged for a final one. Raises
+        ``cancelling`` for a running one, unchanged for a final one. A run nobody works (its
+        owner is gone, or it was released) is settled here by its policies and returned
+        ``cancelled``; if that needs a compensation from a task not loaded in this process, it
+        is returned ``cancelling``, left for a process that has the code. Raises
         :class:`~haltwise.UnknownRunError` for an unknown id.
         """
-        _check_reason(reason)
-        _check_no_nul(task_id, "a run id")
-        record = await self.store.request_cancel(task_id, reason, force=force)
+        record = await self._seat.request_cancel(task_id, reason, force=force)
+        return await self._after_cancel(record)
+
+    async def _cancel_own(
+        self, task_id: str, *, reason: str, force: bool = False
+    ) -> RunRecord | None:
+        """A cancel this runtime makes of a run it works (its shutdown, a deadline of its start,
+        the run cancelling itself); the run as it is afterwards.
+
+        Recorded only while this runtime still holds the run. One that another process took
+        over meanwhile (this one stalled past its lease: a long pause, a lost network) is not
+        cancelled there, as a dead owner's would not be: it is only stopped here, where nothing
+        it does can be written any more (None).
+        """
+        try:
+            record = await self._seat.request_cancel(
+                task_id, reason, force=force, fence=self.owner.token
+            )
+        except LostOwnershipError:
+            ctx = self._active.get(task_id)
+            if ctx is not None:
+                ctx.request_cancel(reason, force=force)
+            return None
         return await self._after_cancel(record)
 
     async def _after_cancel(self, record: RunRecord) -> RunRecord:
@@ -499,23 +517,43 @@ class Runtime:
         return await self._settle_orphan(record.id)
 
     def _orphaned(self, run: RunRecord) -> bool:
-        """A ``cancelling`` run that nobody works: released, or its owner is gone."""
-        if run.state is not State.CANCELLING:
-            return False
-        if run.owner is not None and run.owner.token == self.owner.token:
-            return False  # this runtime holds it (working it, or taking it over right now)
-        return not held_by_live_owner(run)
+        """A ``cancelling`` run that nobody works: released, or its owner is gone (a run this
+        runtime holds is worked: working it, or taking it over right now)."""
+        return nobody_works(run, self.owner.token)
 
     async def _settle_orphan(self, task_id: str) -> RunRecord:
         """Finish the cancel of a run nobody works, as a takeover would (CONTRACT.md, cancel):
-        settle its steps by their policies, run its saga, record ``cancelled``."""
-        run = (await self.store.load(task_id)).run
-        # Without its task here, its steps still settle by their journaled policies, but a
-        # rollback step's compensation and the task's saga cannot run (the step is unknown).
-        task = registered_task(run) or stand_in_task(run.task)
+        settle its steps by their policies, run its saga, record ``cancelled``; then cancel its
+        child runs that were in flight, with reason ``"parent"`` (each settled here in turn if
+        nobody works it either).
+
+        A run whose task is not loaded here is settled only if that needs none of its code (no
+        compensation to run, see :func:`~.takeover.needs_code`); otherwise it is left
+        ``cancelling`` for a process that has the code (a worker of its file takes it over)."""
+        snapshot = await self.store.load(task_id)
+        task = registered_task(snapshot.run)
+        if task is None:
+            if needs_code(snapshot):
+                return snapshot.run
+            task = stand_in_task(snapshot.run.task)  # steps settle by their journaled policies
         with contextlib.suppress(RunOwnedError):  # another process took it first: it finishes
             await self._adopt(task_id, task)
+        for step in snapshot.steps:
+            if step.status in _MAY_HOLD_A_CHILD:
+                await self._cancel_child(
+                    task_id, f"{task_id}/{step.index}", force=snapshot.run.force
+                )
         return (await self.store.load(task_id)).run
+
+    async def _cancel_child(self, parent: str, child_id: str, *, force: bool) -> None:
+        """Cancel ``child_id`` with reason ``"parent"`` if it is an active child run of
+        ``parent`` (the step may be any other tool: then there is no such run)."""
+        try:
+            child = (await self.store.load(child_id)).run
+        except UnknownRunError:
+            return
+        if child.parent == parent and not child.state.is_final:
+            await self.cancel(child_id, reason="parent", force=force)
 
     async def cancel_many(
         self,
@@ -533,38 +571,17 @@ class Runtime:
         Each run is cancelled as by :meth:`cancel` (and a run nobody works is settled here);
         ``dry_run`` changes nothing and reports which runs would be cancelled.
         """
-        _check_reason(reason)
-        chosen = parse_state(state)
-        if chosen is not None and chosen.is_final:
-            raise InputError(f"a {chosen} run cannot be cancelled: name an active state")
-        if ids is not None and (task is not None or chosen is not None):
-            raise InputError("name runs by id, or by task and state, not both")
-        for text in [*(ids or ()), task or ""]:
-            _check_no_nul(text, "a run id or task name")
-        tasks = None if task is None else await resolve_task(self.store, task)
-        result = await self.store.request_cancels(
-            ids=None if ids is None else list(dict.fromkeys(ids)),
-            states=() if chosen is None else (chosen,),
-            tasks=tasks,
-            reason=reason,
-            force=force,
-            dry_run=dry_run,
+        result = await self._seat.request_cancels(
+            ids, task=task, state=state, reason=reason, force=force, dry_run=dry_run
         )
-        states = {record.id: record.state for record in result.already_final}
+        states: dict[str, State] = {}
         settled = []
         for record in result.reached:
             after = record if dry_run else await self._after_cancel(record)
             states[record.id] = after.state
             if self._orphaned(record) and after.state.is_final:
                 settled.append(record.id)
-        return CancelBatch(
-            cancelled=tuple(record.id for record in result.reached),
-            already_final=tuple(record.id for record in result.already_final),
-            unknown=result.unknown,
-            dry_run=dry_run,
-            states=states,
-            settled_here=tuple(settled),
-        )
+        return cancel_batch(result, after=states, settled_here=settled, dry_run=dry_run)
 
     async def prune(
         self, older_than: float, *, state: State | str | None = None, dry_run: bool = False
@@ -572,20 +589,7 @@ class Runtime:
         """Delete the final runs that ended more than ``older_than`` seconds ago (with their
         steps, partial results and history) and return their ids; ``state`` narrows it to one
         final state. An active run is never deleted. ``dry_run`` deletes nothing."""
-        if isinstance(older_than, bool) or not isinstance(older_than, int | float):
-            raise InputError("older_than must be a number of seconds")
-        if not older_than >= 0 or math.isinf(older_than):
-            raise InputError(
-                f"older_than must be a finite number of seconds >= 0, not {older_than}"
-            )
-        chosen = parse_state(state)
-        if chosen is not None and not chosen.is_final:
-            raise InputError(f"prune deletes final runs only, not {chosen} ones")
-        return await self.store.prune(
-            ended_before=time.time() - older_than,
-            states=() if chosen is None else (chosen,),
-            dry_run=dry_run,
-        )
+        return await self._seat.prune(older_than, state=state, dry_run=dry_run)
 
     # -- the read API ----------------------------------------------------------------------------
 
@@ -594,7 +598,7 @@ class Runtime:
         and whether that owner is alive, its transitions with their times, and, while it is
         ``cancelling``, the steps it waits for with their policy and the grace left.
         Raises :class:`~haltwise.UnknownRunError` for an unknown id."""
-        return await inspect_run(self.store, task_id)
+        return await self._seat.inspect(task_id)
 
     async def list_runs(
         self,
@@ -607,7 +611,7 @@ class Runtime:
         """Up to ``limit`` runs, newest created first, in one query; ``page.next`` is the
         ``cursor`` of the next page (``None`` on the last). ``task`` is a name as the listing
         shows it (``agent.py:research``) or its bare function name when that is unambiguous."""
-        return await page_of_runs(self.store, state=state, task=task, limit=limit, cursor=cursor)
+        return await self._seat.list_runs(state=state, task=task, limit=limit, cursor=cursor)
 
     def changes(
         self, since: int | None = None, *, run_id: str | None = None
@@ -616,7 +620,7 @@ class Runtime:
         committed after change number ``since`` (from now on when ``None``), in order, as they
         happen, by any process sharing the store; only run ``run_id``'s when given. Each
         :class:`Change` has a ``seq``: pass the last one seen as ``since`` to miss nothing."""
-        return feed(self.store, since, None if run_id is None else {run_id})
+        return self._seat.changes(since, run_id=run_id)
 
     async def pause(self, task_id: str) -> RunRecord:
         """Ask run ``task_id`` to pause at its next checkpoint (any process may hold the run).
@@ -627,14 +631,17 @@ class Runtime:
         it ``cancelled`` at once, unless it has something to settle: a child run paused with it,
         or an ``on_cancel="compensate"`` saga to run; it is then ``cancelling`` until its owner,
         or the canceller if nobody works it, has settled that). A ``pending`` run pauses at its
-        first checkpoint once it runs. Returns the run as it is right after the request; a run
-        that is ``cancelling``, ``paused`` or final is left as it is. Raises
+        first checkpoint once it runs. A parent's pause pauses its child runs in flight (and
+        theirs): the parent is paused once they are, its child step still waiting for them;
+        :meth:`unpause` of the parent unpauses them. Returns the run as it is right after the
+        request; a run that is ``cancelling``, ``paused`` or final is left as it is. Raises
         :class:`~haltwise.UnknownRunError` for an unknown id.
         """
-        record = await self.store.request_pause(task_id)
+        record = await self._seat.request_pause(task_id)
         ctx = self._active.get(task_id)
         if ctx is not None and record.pause and not ctx.pause.requested:
             ctx.pause.request()
+            await relay_to_children(ctx)
         return record
 
     async def unpause(self, task_id: str, *, task: Task[..., Any] | None = None) -> RunRecord:
@@ -652,10 +659,11 @@ class Runtime:
             snapshot = await self._take_over(snapshot, the_task, {}, frozenset())
             await self._continue(snapshot, the_task, {}, frozenset(), None, None)
             return (await self.store.load(task_id)).run
-        record = await self.store.request_unpause(task_id)
+        record = await self._seat.request_unpause(task_id)
         ctx = self._active.get(task_id)
         if ctx is not None and not record.pause:
             ctx.pause.lift()
+            await relay_to_children(ctx)
         return record
 
     def is_paused(self, task_id: str) -> bool:
@@ -671,7 +679,9 @@ class Runtime:
         """Wait for the run to reach a final state and return its outcome.
 
         A ``cancelling`` run that nobody works any more (its owner died meanwhile, or released
-        it) is settled here, as :meth:`cancel` would: waiting for it never hangs.
+        it) is settled here, as :meth:`cancel` would: waiting for it never hangs, unless its
+        settling needs code this process has not loaded (a compensation), which a worker of its
+        file then brings.
 
         Raises :class:`~haltwise.StoreError` if this runtime stopped working the run because
         its journal could not be written (a full disk, a lost database): every call raises it,
@@ -692,8 +702,9 @@ class Runtime:
             snapshot = await self.store.load(task_id)
             if snapshot.run.state.is_final:
                 return snapshot.outcome()
-            if self._orphaned(snapshot.run):
-                await self._settle_orphan(task_id)  # its owner died while we waited
+            # its owner died while we waited: settle it here, if its code is at hand
+            orphaned = self._orphaned(snapshot.run)
+            if orphaned and (await self._settle_orphan(task_id)).state.is_final:
                 continue
             await self.store.wait_for_change(0.5)
 
@@ -791,7 +802,7 @@ class Runtime:
 
     async def _deadline(self, ctx: RunContext, seconds: float) -> None:
         await anyio.sleep(seconds)
-        await self.cancel(ctx.run_id, reason="deadline")
+        await self._cancel_own(ctx.run_id, reason="deadline")
 
     # -- the watcher: cross-process cancels and leases ----------------------------------------
 
@@ -837,7 +848,8 @@ class Runtime:
 @final
 class RuntimeHost:
     """A :class:`Runtime` as the runs it works see it (the :class:`~.run_context.RunHost`
-    protocol): start a child, cancel a run, how many runs and side steps are active."""
+    protocol): start a child, cancel, pause or unpause a run, a run's pause gate, how many runs
+    and side steps are active."""
 
     __slots__ = ("_runtime",)
 
@@ -851,8 +863,28 @@ class RuntimeHost:
     def count_side_steps(self, delta: int) -> None:
         self._runtime._count_concurrent_steps(delta)
 
-    async def cancel(self, task_id: str, *, reason: str, force: bool = False) -> RunRecord:
-        return await self._runtime.cancel(task_id, reason=reason, force=force)
+    async def cancel(self, task_id: str, *, reason: str, force: bool = False) -> RunRecord | None:
+        """A run worked here is cancelled as this runtime's own act (see ``_cancel_own``);
+        any other as by anyone (``Runtime.cancel``)."""
+        runtime = self._runtime
+        if runtime.is_active(task_id):
+            return await runtime._cancel_own(task_id, reason=reason, force=force)
+        return await runtime.cancel(task_id, reason=reason, force=force)
+
+    async def pause(self, task_id: str) -> RunRecord:
+        return await self._runtime.pause(task_id)
+
+    async def unpause(self, task_id: str) -> RunRecord:
+        return await self._runtime.unpause(task_id)
+
+    def pause_gate(self, task_id: str) -> PauseGate | None:
+        ctx = self._runtime._active.get(task_id)
+        return None if ctx is None else ctx.pause
+
+    async def stopped(self, task_id: str) -> None:
+        ctx = self._runtime._active.get(task_id)
+        if ctx is not None:
+            await ctx.done.wait()
 
     async def start_child(
         self,
@@ -885,6 +917,11 @@ class RuntimeHost:
         return await runtime.resume(child_id, task=task)
 
 
+#: the statuses of a child step whose child run may still be active (in flight; interrupted by a
+#: hand-over, which hands the child over too; forced)
+_MAY_HOLD_A_CHILD = frozenset({StepStatus.RUNNING, StepStatus.INTERRUPTED, StepStatus.UNKNOWN})
+
+
 def _check_deadline(deadline: float | None) -> None:
     if deadline is None:
         return
@@ -911,16 +948,3 @@ def _check_step_indexes(
         raise InputError(f"step {min(both)} cannot be both assumed done and rerun", task_id=task_id)
     for index in done:
         dump_json(done[index], f"the assumed result of step {index}")
-
-
-def _check_reason(reason: object) -> None:
-    """A cancel reason is a non-empty string a store can hold (no NUL character)."""
-    if not isinstance(reason, str) or not reason:
-        raise InputError("a cancel reason must be a non-empty string")
-    _check_no_nul(reason, "a cancel reason")
-
-
-def _check_no_nul(text: str, what: str) -> None:
-    # PostgreSQL text cannot hold NUL: refused as bad input here, for both stores alike.
-    if isinstance(text, str) and "\x00" in text:
-        raise InputError(f"{what} cannot contain a NUL character")

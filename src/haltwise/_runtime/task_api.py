@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 
 from .._core.exceptions import InputError, NotInTaskError
+from .._core.outcome import Outcome
 from .._core.records import JSONText, PartialKey, dump_json
 from .pause import pause_point
 from .run_context import CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext, current_run
@@ -20,6 +21,7 @@ __all__ = [
     "current_run",
     "emit",
     "idempotency_key",
+    "journaled_outcome",
     "shield",
 ]
 
@@ -137,3 +139,12 @@ async def shield(seconds: float) -> AsyncIterator[None]:
                 yield
         finally:
             SHIELDED.reset(token)
+
+
+async def journaled_outcome() -> Outcome | None:
+    """The current run's outcome as journaled now (inside a task; ``None`` outside one), for a
+    face that must read the run it is part of (an integration closing dangling calls)."""
+    run = current_run()
+    if run is None:
+        return None
+    return (await run.store.load(run.run_id)).outcome()

@@ -23,7 +23,7 @@ import anyio
 
 import haltwise
 
-from .._runtime.run_context import current_run
+from .._runtime.task_api import journaled_outcome
 from ._common import call_id as call_id_scope
 
 __all__ = [
@@ -59,10 +59,7 @@ def remember_committed(call_id: str, result: Any) -> None:
 
 async def current_run_outcome() -> haltwise.Outcome | None:
     """The current run as journaled now (inside a task), else ``None``."""
-    run = current_run()
-    if run is None:
-        return None
-    return (await run.store.load(run.run_id)).outcome()
+    return await journaled_outcome()
 
 
 async def remember_from_journal(call_id: str) -> None:

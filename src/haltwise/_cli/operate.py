@@ -1,0 +1,355 @@
+"""``cancel``, ``prune``, ``status`` and ``list``: the commands that only read or request.
+
+They work through a :class:`~haltwise._runtime.seat.Seat` and import neither the machinery that
+works runs, nor rich, nor the server, so that ``haltwise cancel ID`` reaches the run in little
+more than an interpreter's start. Only what needs more pays for it, when it does: a cancel of a
+run nobody works is settled by a :class:`~haltwise.Runtime` (its task's file loaded, when this
+project trusts it, so that its compensations and saga run), ``--wait`` waits through one, and a
+human summary of a run is drawn by :mod:`.render`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import click
+
+from .._core.exceptions import HaltwiseError, UnknownRunError
+from .._core.records import RunRecord
+from .._core.states import State
+from .._core.views import CancelBatch, RunDetail, RunPage
+from .._runtime.operator import MAX_LIMIT
+from .._runtime.seat import CancelResult, cancel_batch, nobody_works, open_seat, reading
+from .base import (
+    fail,
+    json_option,
+    looked_in,
+    parse_duration,
+    print_json,
+    run_async,
+    store_in_use,
+    store_option,
+    warn,
+)
+from .sources import journaled_file
+from .text import note
+
+if TYPE_CHECKING:
+    from .._core.outcome import Outcome
+
+__all__ = ["cancel_command", "list_command", "prune_command", "status_command"]
+
+
+@click.command("cancel")
+@click.argument("task_ids", metavar="ID...", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="Cancel every active run (see --task, --state).")
+@click.option("--task", metavar="TASK", help="With --all: only runs of this task.")
+@click.option(
+    "--state",
+    type=click.Choice([state.value for state in State if not state.is_final]),
+    help="With --all: only runs in this state.",
+)
+@click.option("--reason", default="user", show_default=True, help="Why the runs are stopped.")
+@click.option("--force", is_flag=True, help="Stop at once: no grace, no compensation.")
+@click.option("--wait", is_flag=True, help="Wait until the runs are final.")
+@click.option("--dry-run", is_flag=True, help="With --all: list the runs, change nothing.")
+@json_option
+@store_option
+def cancel_command(
+    task_ids: tuple[str, ...],
+    every: bool,
+    task: str | None,
+    state: str | None,
+    reason: str,
+    force: bool,
+    wait: bool,
+    dry_run: bool,
+    as_json: bool,
+    store: str | None,
+) -> int:
+    """Request a cancel of runs ID... (or --all), from any process, in one transaction.
+
+    A run nobody works (its owner is gone, or a worker released it) is settled here, by its
+    policies, as a takeover would, and recorded cancelled.
+    """
+    _check_selection(task_ids, every, task, state, dry_run)
+
+    async def main() -> tuple[CancelResult, list[RunRecord]]:
+        async with open_seat(store) as seat:
+            result = await seat.request_cancels(
+                None if every else task_ids,
+                task=task,
+                state=state,
+                reason=reason,
+                force=force,
+                dry_run=dry_run,
+            )
+            for record in result.already_final:
+                await seat.inspect(record.id)  # reported as it is: its journal must be readable
+        orphans = [] if dry_run else [run for run in result.reached if nobody_works(run)]
+        return result, orphans
+
+    result, orphans = run_async(main)
+    finished = _Finished()
+    if orphans or (wait and result.reached and not dry_run):
+        finished = run_async(lambda: _finish_here(store, result, orphans, reason, force, wait))
+    batch = cancel_batch(
+        result, after=finished.states, settled_here=finished.settled, dry_run=dry_run
+    )
+    _report_batch(batch, reason, force, as_json)
+    for outcome in [] if as_json else finished.waited:
+        _summary(outcome)
+    return _exit_of(batch, finished, wait)
+
+
+@dataclass
+class _Finished:
+    """What the canceller did beyond the request: orphans settled, left, and waited-for runs."""
+
+    states: dict[str, State] = field(default_factory=dict)
+    settled: list[str] = field(default_factory=list)
+    #: orphans left ``cancelling``: the one line that says why and what finishes them
+    left: dict[str, str] = field(default_factory=dict)
+    waited: list[Outcome] = field(default_factory=list)
+
+
+async def _finish_here(
+    store: str | None,
+    result: CancelResult,
+    orphans: list[RunRecord],
+    reason: str,
+    force: bool,
+    wait: bool,
+) -> _Finished:
+    """Settle the runs nobody works, with their tasks' code when this project trusts their
+    files (as ``resume`` would load them), and with ``wait`` wait for every run reached."""
+    from .._runtime.runtime import Runtime
+
+    finished = _Finished()
+    unloaded = {run.id: _load_task(run) for run in orphans}
+    async with Runtime(store) as runtime:
+        for run in orphans:
+            after = await runtime.cancel(run.id, reason=reason, force=force)
+            finished.states[run.id] = after.state
+            if after.state.is_final:
+                finished.settled.append(run.id)
+            elif after.state is State.CANCELLING and not runtime.is_active(run.id):
+                finished.left[run.id] = _left_words(run, unloaded[run.id])
+        if wait:
+            for run in result.reached:
+                if run.id not in finished.left:
+                    finished.waited.append(await runtime.outcome(run.id))
+    return finished
+
+
+def _load_task(run: RunRecord) -> str | None:
+    """Load an orphan's task from the file its journal names, if trusted (see
+    :func:`~.foreground.task_of`); the reason it could not be, else None."""
+    from .foreground import task_of
+
+    try:
+        task_of(run)
+    except HaltwiseError as error:
+        return str(error)
+    return None
+
+
+def _left_words(run: RunRecord, unloaded: str | None) -> str:
+    """Why an orphan stays ``cancelling`` and which command finishes its cancel."""
+    named = journaled_file(run)
+    worker = f"haltwise worker {named}" if named is not None else "a worker of its task"
+    why = f" ({unloaded})" if unloaded else ""
+    return (
+        f"run {run.id} stays cancelling: nobody works it, and settling it runs compensations "
+        f"of its task {run.task}, whose code is not loaded here{why}; {worker} finishes the "
+        "cancel (or cancel it with --force: no compensation)"
+    )
+
+
+def _exit_of(batch: CancelBatch, finished: _Finished, wait: bool) -> int:
+    for words in finished.left.values():
+        if wait:
+            return fail(words)  # it will not become final here: waiting would never end
+        warn(words)
+    if len(batch.unknown) == 1:
+        return fail(f"{UnknownRunError(batch.unknown[0])} ({looked_in()})")
+    if batch.unknown:
+        named = ", ".join(map(repr, batch.unknown))
+        return fail(f"no runs with ids {named} in the store ({looked_in()})")
+    return 0
+
+
+def _check_selection(
+    task_ids: tuple[str, ...], every: bool, task: str | None, state: str | None, dry_run: bool
+) -> None:
+    if every and task_ids:
+        raise click.UsageError("name runs by ID or cancel --all, not both")
+    if not every and not task_ids:
+        raise click.UsageError("name the runs to cancel (ID...), or --all")
+    if not every and (task is not None or state is not None or dry_run):
+        raise click.UsageError("--task, --state and --dry-run go with --all")
+
+
+def _report_batch(batch: CancelBatch, reason: str, force: bool, as_json: bool) -> None:
+    if as_json:
+        print_json(batch.to_json())
+        return
+    if batch.dry_run:
+        for run_id in batch.cancelled:
+            note(f"would cancel run {run_id}")
+        note(f"{len(batch.cancelled)} run(s) would be cancelled; nothing changed")
+        return
+    forced = ", forced" if force else ""
+    for run_id in batch.cancelled:
+        state = batch.states[run_id]
+        note(f"cancel requested for run {run_id} (reason: {reason}{forced}); it is {state}")
+        if run_id in batch.settled_here:
+            note(f"run {run_id}: nobody was working it; settled here by its policies")
+        elif state is State.CANCELLED:
+            note(f"run {run_id}: nothing was in flight (pending or paused): cancelled at once")
+    for run_id in batch.already_final:
+        note(f"run {run_id} is already {batch.states[run_id]}; nothing to cancel")
+    if not batch.cancelled and not batch.already_final and not batch.unknown:
+        note("no active run to cancel")
+
+
+@click.command("prune")
+@click.option(
+    "--older-than",
+    "older_than",
+    required=True,
+    metavar="DURATION",
+    help="Delete final runs that ended longer ago than this: 30d, 12h, 90m, 45s.",
+)
+@click.option(
+    "--state",
+    type=click.Choice([state.value for state in State if state.is_final]),
+    help="Only runs in this final state.",
+)
+@click.option("--dry-run", is_flag=True, help="List the runs, delete nothing.")
+@json_option
+@store_option
+def prune_command(
+    older_than: str, state: str | None, dry_run: bool, as_json: bool, store: str | None
+) -> int:
+    """Delete final runs (steps, partial results, history) that ended long enough ago.
+
+    An active run is never deleted.
+    """
+    seconds = parse_duration(older_than)
+
+    async def main() -> list[str]:
+        async with open_seat(store) as seat:
+            return await seat.prune(seconds, state=state, dry_run=dry_run)
+
+    ids = run_async(main)
+    if as_json:
+        print_json({"would_prune" if dry_run else "pruned": ids})
+    elif dry_run:
+        for run_id in ids:
+            note(f"would prune run {run_id}")
+        note(f"{len(ids)} run(s) would be pruned; nothing deleted")
+    else:
+        note(f"pruned {len(ids)} run(s)")
+    return 0
+
+
+@click.command("status")
+@click.argument("task_id", metavar="ID")
+@json_option
+@store_option
+def status_command(task_id: str, as_json: bool, store: str | None) -> int:
+    """Show run ID: state, steps, partial results and retry advice."""
+
+    async def main() -> RunDetail:
+        async with reading(store) as seat:
+            if seat is None:
+                raise HaltwiseError(f"no run with id {task_id!r}: there is no store at {where()}")
+            return await seat.inspect(task_id)
+
+    detail = run_async(main)
+    if as_json:
+        print_json(detail.outcome.to_json())
+        return 0
+    from .._core.records import RunSnapshot
+    from .render import Screen, cancelling_line, pause_line
+
+    waiting = cancelling_line(detail.outcome.state, detail.forced, detail.waiting)
+    snapshot = RunSnapshot(detail.run, detail.outcome.steps, detail.outcome.partials)
+    notes = (_source_words(detail), _owner_words(detail), waiting, pause_line(snapshot))
+    Screen().outcome(detail.outcome, notes=notes)
+    return 0
+
+
+@click.command("list")
+@click.option(
+    "--state",
+    type=click.Choice([state.value for state in State]),
+    help="Only runs in this state.",
+)
+@click.option("--task", metavar="TASK", help="Only runs of this task (agent.py:research).")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1, max=MAX_LIMIT),
+    default=100,
+    show_default=True,
+    help="At most this many runs.",
+)
+@json_option
+@store_option
+def list_command(
+    state: str | None, task: str | None, limit: int, as_json: bool, store: str | None
+) -> int:
+    """List the runs in the store, newest created first."""
+
+    async def main() -> RunPage | None:
+        async with reading(store) as seat:
+            if seat is None:
+                return None  # nothing has run with this store yet: reading creates none
+            return await seat.list_runs(state=state, task=task, limit=limit)
+
+    page = run_async(main)
+    if as_json:
+        print_json({"runs": [run.to_json() for run in page.runs] if page else []})
+    elif page is None:
+        note(f"no runs: there is no store at {where()}")
+    else:
+        from .render import Screen
+
+        Screen().runs(page.runs)
+    return 0
+
+
+# -- helpers of these commands ----------------------------------------------------------------
+
+
+def _summary(outcome: Outcome) -> None:
+    from .render import Screen
+
+    Screen().outcome(outcome)
+
+
+def where() -> str:
+    """The store the command looked in, for a message."""
+    return store_in_use() or "the default place"
+
+
+def _source_words(detail: RunDetail) -> str | None:
+    """The line ``status`` shows about the file ``resume`` would load the task from."""
+    named = journaled_file(detail.run)
+    return f"source: {named}" if named is not None else None
+
+
+def _owner_words(detail: RunDetail) -> str | None:
+    """The line ``status`` shows about who holds an active run."""
+    run_id, owner = detail.outcome.id, detail.owner
+    if detail.outcome.state.is_final:
+        return None
+    if owner is None:
+        return f"owner: none (waiting for a worker, or: haltwise resume {run_id})"
+    if not detail.owner_alive:
+        return (
+            f"its owner ({owner.describe()}) is gone: continue it with 'haltwise resume {run_id}'"
+        )
+    return f"owner: {owner.describe()}"

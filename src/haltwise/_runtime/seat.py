@@ -1,0 +1,246 @@
+"""The operator's seat: what a process that works no run may read of the journal and ask of it.
+
+A :class:`Seat` over a store offers the read API (:meth:`~Seat.inspect`, :meth:`~Seat.list_runs`,
+:meth:`~Seat.changes`) and the requests (cancel, pause, unpause, prune), and nothing that works
+a run: opening one starts no watcher and takes no owner, and this module imports neither the step
+executor nor the takeover, so that a command that only reads or requests (``haltwise cancel ID``,
+``status``, ``list``, ``pause``) starts in a fraction of the time a :class:`~haltwise.Runtime`
+takes. The runtime makes its own requests through a seat, so every rule here has one home.
+
+What a seat cannot do is settle a run that nobody works (:func:`nobody_works`): that takes the
+runtime's takeover (:meth:`~haltwise.Runtime.cancel` of such a run settles it by its policies).
+The faces (command line, server) reach the journal only through a seat or a runtime; the few
+journal words they need (a URL's default and its form without password, whether a run is held
+by a live owner) are re-exported here.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, final
+
+from .._core.exceptions import InputError, NoStoreError
+from .._core.records import RunRecord
+from .._core.states import State
+from .._core.views import CancelBatch, Change, RunDetail, RunPage
+from .._journal.owner import held_by_live_owner
+from .._journal.secrets import safe_url, scrub
+from .._journal.store import CancelResult, Store, open_store, store_url_from
+from .operator import feed, inspect_run, page_of_runs, parse_state, resolve_task
+
+if TYPE_CHECKING:
+    from .._journal.check import CheckReport
+
+__all__ = [
+    "CancelResult",
+    "Seat",
+    "cancel_batch",
+    "check_journal",
+    "check_no_nul",
+    "check_reason",
+    "held_by_live_owner",
+    "nobody_works",
+    "open_seat",
+    "reading",
+    "safe_url",
+    "scrub",
+    "store_url_from",
+]
+
+
+@final
+class Seat:
+    """The read API and the requests over one open store (see the module's docstring)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def inspect(self, task_id: str) -> RunDetail:
+        """Run ``task_id`` in full (see :meth:`haltwise.Runtime.inspect`)."""
+        return await inspect_run(self._store, task_id)
+
+    async def list_runs(
+        self,
+        *,
+        state: State | str | None = None,
+        task: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """A page of runs, newest created first (see :meth:`haltwise.Runtime.list_runs`)."""
+        return await page_of_runs(self._store, state=state, task=task, limit=limit, cursor=cursor)
+
+    def changes(
+        self, since: int | None = None, *, run_id: str | None = None
+    ) -> AsyncIterator[Change]:
+        """The journal's changes (see :meth:`haltwise.Runtime.changes`)."""
+        return feed(self._store, since, None if run_id is None else {run_id})
+
+    async def wait_for_change(self, timeout: float, since: int | None = None) -> int:
+        """Wait up to ``timeout`` seconds for the journal to change after mark ``since``; return
+        the mark to pass next time (``None`` the first time: waits for any change from now)."""
+        return await self._store.wait_for_change(timeout, since=since)
+
+    async def request_cancel(
+        self, task_id: str, reason: str, *, force: bool, fence: str | None = None
+    ) -> RunRecord:
+        """Record a cancel of one run (see :meth:`haltwise.Runtime.cancel`); the run as it is
+        right after. Delivering it to a run worked here, or settling an orphan, is the caller's.
+        ``fence``: only while that owner holds the run (see :meth:`Store.request_cancel`)."""
+        check_reason(reason)
+        check_no_nul(task_id, "a run id")
+        return await self._store.request_cancel(task_id, reason, force=force, fence=fence)
+
+    async def request_cancels(
+        self,
+        ids: Sequence[str] | None = None,
+        *,
+        task: str | None = None,
+        state: State | str | None = None,
+        reason: str = "user",
+        force: bool = False,
+        dry_run: bool = False,
+    ) -> CancelResult:
+        """Record the cancel of several runs in one transaction (see
+        :meth:`haltwise.Runtime.cancel_many`, which also settles the runs nobody works)."""
+        check_reason(reason)
+        chosen = parse_state(state)
+        if chosen is not None and chosen.is_final:
+            raise InputError(f"a {chosen} run cannot be cancelled: name an active state")
+        if ids is not None and (task is not None or chosen is not None):
+            raise InputError("name runs by id, or by task and state, not both")
+        for text in [*(ids or ()), task or ""]:
+            check_no_nul(text, "a run id or task name")
+        tasks = None if task is None else await resolve_task(self._store, task)
+        return await self._store.request_cancels(
+            ids=None if ids is None else list(dict.fromkeys(ids)),
+            states=() if chosen is None else (chosen,),
+            tasks=tasks,
+            reason=reason,
+            force=force,
+            dry_run=dry_run,
+        )
+
+    async def request_pause(self, task_id: str) -> RunRecord:
+        """Record a pause request (see :meth:`haltwise.Runtime.pause`); the run right after."""
+        check_no_nul(task_id, "a run id")
+        return await self._store.request_pause(task_id)
+
+    async def request_unpause(self, task_id: str) -> RunRecord:
+        """Withdraw a pause, or record ``paused -> running`` (see
+        :meth:`haltwise.Runtime.unpause`, which also continues a paused orphan)."""
+        check_no_nul(task_id, "a run id")
+        return await self._store.request_unpause(task_id)
+
+    async def prune(
+        self, older_than: float, *, state: State | str | None = None, dry_run: bool = False
+    ) -> list[str]:
+        """Delete old final runs (see :meth:`haltwise.Runtime.prune`); their ids."""
+        if isinstance(older_than, bool) or not isinstance(older_than, int | float):
+            raise InputError("older_than must be a number of seconds")
+        if not older_than >= 0 or math.isinf(older_than):
+            raise InputError(
+                f"older_than must be a finite number of seconds >= 0, not {older_than}"
+            )
+        chosen = parse_state(state)
+        if chosen is not None and not chosen.is_final:
+            raise InputError(f"prune deletes final runs only, not {chosen} ones")
+        return await self._store.prune(
+            ended_before=time.time() - older_than,
+            states=() if chosen is None else (chosen,),
+            dry_run=dry_run,
+        )
+
+
+@asynccontextmanager
+async def open_seat(url: str | None) -> AsyncIterator[Seat]:
+    """A seat over the store at ``url`` (created if there is none), closed on exit."""
+    store = open_store(url)
+    await store.open()
+    try:
+        yield Seat(store)
+    finally:
+        await _close(store)
+
+
+@asynccontextmanager
+async def reading(url: str | None) -> AsyncIterator[Seat | None]:
+    """A seat over the store at ``url`` opened read-only, for a command that only looks.
+
+    Reading never creates a store, nor waits behind another process's write lock; ``None``
+    when there is no store there (a mistyped path), which the command then says.
+    """
+    store = open_store(url, read_only=True)
+    try:
+        await store.open()
+    except NoStoreError:
+        yield None
+        return
+    try:
+        yield Seat(store)
+    finally:
+        await _close(store)
+
+
+async def _close(store: Store) -> None:
+    import anyio
+
+    with anyio.CancelScope(shield=True):
+        await store.close()
+
+
+async def check_journal(url: str | None) -> CheckReport:
+    """``haltwise check``: verify the store at ``url`` (see :func:`haltwise.verify_store`)."""
+    from .._journal.check import check_store
+
+    return await check_store(url)
+
+
+def nobody_works(run: RunRecord, own_token: str | None = None) -> bool:
+    """A ``cancelling`` run that nobody works (released, or its owner is gone): its cancel
+    completes only when someone settles it (CONTRACT.md, ``cancel``). ``own_token`` is the
+    asking runtime's owner token: a run it holds is worked, whatever its lease says."""
+    if run.state is not State.CANCELLING:
+        return False
+    if run.owner is not None and run.owner.token == own_token:
+        return False
+    return not held_by_live_owner(run)
+
+
+def cancel_batch(
+    result: CancelResult,
+    *,
+    after: Mapping[str, State],
+    settled_here: Sequence[str],
+    dry_run: bool,
+) -> CancelBatch:
+    """The :class:`CancelBatch` of a bulk request: ``after`` the runs' states once the cancel
+    was delivered (or their orphans settled), ``settled_here`` the runs nobody worked that the
+    canceller settled."""
+    states = {record.id: record.state for record in (*result.already_final, *result.reached)}
+    states.update(after)
+    return CancelBatch(
+        cancelled=tuple(record.id for record in result.reached),
+        already_final=tuple(record.id for record in result.already_final),
+        unknown=result.unknown,
+        dry_run=dry_run,
+        states=states,
+        settled_here=tuple(settled_here),
+    )
+
+
+def check_reason(reason: object) -> None:
+    """A cancel reason is a non-empty string a store can hold (no NUL character)."""
+    if not isinstance(reason, str) or not reason:
+        raise InputError("a cancel reason must be a non-empty string")
+    check_no_nul(reason, "a cancel reason")
+
+
+def check_no_nul(text: str, what: str) -> None:
+    """Refuse a NUL character in a text a store keeps (:class:`InputError`): PostgreSQL text
+    cannot hold one, so it is bad input for both stores alike."""
+    if isinstance(text, str) and "\x00" in text:
+        raise InputError(f"{what} cannot contain a NUL character")
