@@ -55,11 +55,11 @@ from .sql import (
     Plan,
     RunWrite,
     Statements,
+    cancel_plan,
     check_fence,
     event_parameters,
     insert_run_parameters,
     pause_signals_of,
-    plan_cancel_write,
     plan_create,
     plan_pause_write,
     plan_transition,
@@ -388,8 +388,10 @@ class SQLiteStore:
         record: RunRecord = await self._writer.call(op)
         return record
 
-    async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
-        return await self._request(run_id, partial(_cancel_plan, reason, force))
+    async def request_cancel(
+        self, run_id: str, reason: str, *, force: bool, fence: str | None = None
+    ) -> RunRecord:
+        return await self._request(run_id, cancel_plan(reason, force, fence))
 
     async def _request(self, run_id: str, plan: Plan) -> RunRecord:
         """Read the run, ``plan`` the write, apply it (if any): one transaction."""
@@ -777,10 +779,6 @@ def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.R
         raise UnknownRunError(run_id)
     check_fence(run_id, row["owner_token"], fence)
     return row
-
-
-def _cancel_plan(reason: str, force: bool, current: RunRecord, now: float) -> RunWrite | None:
-    return plan_cancel_write(current, reason, force, now)
 
 
 def _apply(conn: sqlite3.Connection, run_id: str, write: RunWrite) -> RunRecord:

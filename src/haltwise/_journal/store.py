@@ -186,13 +186,17 @@ class Store(Protocol):
         entering ``paused`` (see :attr:`RunRecord.settle_on_cancel`); leaving ``paused`` clears it.
         """
 
-    async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
+    async def request_cancel(
+        self, run_id: str, reason: str, *, force: bool, fence: str | None = None
+    ) -> RunRecord:
         """Record a cancel request atomically and return the run as it is afterwards.
 
         ``pending`` -> ``cancelled``; ``running`` -> ``cancelling`` with ``reason`` and ``force``;
         ``paused`` -> ``cancelled``, or ``cancelling`` when its owner said it has something to
         settle (:attr:`RunRecord.settle_on_cancel`); ``cancelling`` keeps its reason and only
-        gains ``force``; a final run is left as it is.
+        gains ``force``; a final run is left as it is. With ``fence`` (an owner token), only
+        while that owner holds the run: otherwise :class:`~haltwise.LostOwnershipError`, and
+        nothing changes (a runtime's own cancels).
         """
 
     async def claim(
