@@ -268,14 +268,28 @@ class PostgresStore:
 
     # -- running operations ------------------------------------------------------------------
 
-    async def _run(self, op: Callable[[_Conn], Awaitable[_T]], *, read_only: bool = False) -> _T:
+    async def _run(
+        self,
+        op: Callable[[_Conn], Awaitable[_T]],
+        *,
+        read_only: bool = False,
+        after_steps: bool = True,
+    ) -> _T:
+        """Run ``op`` in a transaction of its own (see the module docstring).
+
+        A deferred settlement commits before any other operation of this store object, except
+        the few with ``after_steps=False``: they neither read nor write step rows nor record
+        anything a task did (the runtime watcher's cancel and pause reads, the lease
+        heartbeat), so nothing they make durable can precede a settlement it depends on, and
+        what they read does not show it. They keep the watcher's ticks from forcing a commit of
+        their own on a sequential run's deferred settlement."""
         pool = self._pool
         if pool is None:
             raise StoreError(f"store {self._where} is not open")
-        # A deferred settlement commits before any other operation of this store object.
-        if self._steps.has_deferred():
-            await self._steps.flush()
-        self._steps.raise_deferred_error()
+        if after_steps:
+            if self._steps.has_deferred():
+                await self._steps.flush()
+            self._steps.raise_deferred_error()
         # The operation runs in its own task: a caller cancelled while waiting stops waiting,
         # and the transaction still commits or rolls back whole (as in the SQLite store).
         task = asyncio.ensure_future(self._transact(pool, op, read_only))
@@ -402,7 +416,7 @@ class PostgresStore:
                 )
                 return pause_signals_of(await rows.fetchall(), set(ids))
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, after_steps=False)
 
     async def claim(
         self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None
@@ -431,7 +445,7 @@ class PostgresStore:
         async def op(conn: _Conn) -> int:
             return (await conn.execute(_SQL.heartbeat, (lease_until, owner_token))).rowcount
 
-        return await self._run(op)
+        return await self._run(op, after_steps=False)
 
     async def claim_pending(
         self, owner: Owner, tasks: Collection[str], *, lease_until: float, limit: int
@@ -588,7 +602,7 @@ class PostgresStore:
                 for row in await cursor.fetchall()
             }
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, after_steps=False)
 
     # -- the operator's operations (their SQL: operator_sql) ------------------------------------
 
