@@ -91,7 +91,16 @@ from .sql import (
     plan_transition,
     plan_unpause_write,
 )
-from .store import UNSET, CancelResult, JournalRows, NewRun, PauseSignal, RunJournal, StepStart
+from .store import (
+    UNSET,
+    CancelResult,
+    JournalRows,
+    NewRun,
+    PauseSignal,
+    RunJournal,
+    StepStart,
+    StepStarted,
+)
 
 _CHANNEL = "haltwise_changes"
 #: advisory lock key that serialises schema creation between processes opening the store at once
@@ -465,9 +474,7 @@ class PostgresStore:
         claimed = read_all(run_from_row, await self._run(op))
         return sorted(claimed, key=lambda run: (run.created_at, run.id))
 
-    async def start_step(
-        self, run_id: str, step: StepStart, *, fence: str
-    ) -> tuple[int, tuple[str, bool] | None]:
+    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
         # One statement with every run's step writes queued meanwhile (see postgres_steps): the
         # fence check with its share lock, the upsert and the run's cancel state together.
         row = _start_row(run_id, step, fence, time.time())
@@ -479,8 +486,8 @@ class PostgresStore:
         if started is None:
             raise StoreError(f"run {run_id!r}: step {step.index} could not be journaled")
         if started.state != State.CANCELLING.value:
-            return started.attempts, None
-        return started.attempts, (started.reason or "user", started.force)
+            return StepStarted(started.attempts)
+        return StepStarted(started.attempts, cancel=(started.reason or "user", started.force))
 
     async def settle_step(
         self,
