@@ -23,11 +23,17 @@ AGENT = "examples/research_agent.py:research"
 RUN_ID = "demo"
 
 
+#: The paid API answers once this file exists: the demo creates it after its cancel is
+#: recorded, so the cancel lands while the call is in flight on a machine of any speed.
+API_GATE = OUT / "paid-api-may-answer"
+
+
 def env() -> dict[str, str]:
     return {
         **os.environ,
         "HALTWISE_STORE": f"sqlite:///{OUT / 'haltwise.db'}",
         "DEMO_WORLD": str(OUT / "world"),
+        "DEMO_API_GATE": str(API_GATE),
         "NO_COLOR": os.environ.get("NO_COLOR", ""),
     }
 
@@ -140,6 +146,7 @@ def main() -> int:
 
     say("2. Someone else stops it, from another process", f"haltwise cancel {RUN_ID}")
     print("   " + haltwise("cancel", RUN_ID).stdout.strip().replace("\n", "\n   "))
+    API_GATE.touch()  # the paid API answers now, after the cancel (the call was in flight)
     run.communicate(timeout=60)
     print(f"   the agent's process exited {run.returncode} (3 = cancelled, never 1 = failed)")
 

@@ -37,6 +37,9 @@ from haltwise.testing import record_effect
 WORLD = Path(os.environ.get("DEMO_WORLD", "demo-world"))
 #: Seconds each simulated network call takes; the demo cancels while one is in flight.
 LATENCY = float(os.environ.get("DEMO_LATENCY", "0.25"))
+#: If set, a file the paid API waits for before it answers (at most a minute): ``make demo``
+#: sets it, so that its cancel lands while the call is in flight however slow the machine is.
+API_GATE = os.environ.get("DEMO_API_GATE")
 
 CORPUS = {
     "solar storms": [
@@ -120,11 +123,20 @@ def save_note(text: str) -> int:
         return int(conn.execute("SELECT count(*) FROM notes").fetchone()[0])
 
 
+async def _api_answers() -> None:
+    """Wait until the paid API answers: at once, unless ``$DEMO_API_GATE`` names a file that
+    does not exist yet (then until it does, for at most a minute)."""
+    deadline = time.monotonic() + 60
+    while API_GATE and not os.path.exists(API_GATE) and time.monotonic() < deadline:
+        await anyio.sleep(0.01)
+
+
 @haltwise.tool(cancel="finish", effect="external", idempotent=True, grace=10.0)
 async def charge_summary_api(text: str) -> str:
     """Have a paid API summarise the notes. The API deduplicates by idempotency key."""
     key = haltwise.idempotency_key()
     await anyio.sleep(LATENCY * 4)  # a slow paid call: the demo cancels while it runs
+    await _api_answers()
     ledger = _world() / "ledger.jsonl"
     seen = ledger.read_text().splitlines() if ledger.exists() else []
     if not any(json.loads(line)["key"] == key for line in seen):

@@ -16,6 +16,7 @@ interleave, and their order in the file is the order in which they were written.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import anyio
@@ -47,9 +48,21 @@ def _done(run: str, index: int) -> None:
     _log("executions", f"done {run} {index} {os.getpid()}")
 
 
+def hold_file(run: str) -> Path:
+    """While this file exists, run ``run``'s ``look`` bodies wait (a test cancels it there)."""
+    return _world() / f"hold-{run}"
+
+
+async def _while_held(run: str) -> None:
+    deadline = time.monotonic() + 60
+    while hold_file(run).exists() and time.monotonic() < deadline:
+        await anyio.sleep(0.005)
+
+
 @haltwise.tool(cancel="interruptible", effect="read")
 async def look(run: str, index: int) -> int:
     _start(run, index)
+    await _while_held(run)
     await anyio.sleep(STEP_DELAY)
     _done(run, index)
     return index

@@ -40,9 +40,27 @@ async def notes():
 """
 
 
+#: A parent whose step 1 is a child run with the gated step (the child's step 1).
+FAMILY = """
+
+@haltwise.task
+async def kid():
+    await record("kid")
+    return await think("kid")
+
+
+@haltwise.task
+async def family():
+    await record("mom")
+    inner = await kid()
+    await record("after")
+    return inner
+"""
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
-    (tmp_path / "agent.py").write_text(AGENT + SAGA)
+    (tmp_path / "agent.py").write_text(AGENT + SAGA + FAMILY)
     if request.param == "sqlite":
         return Env(tmp_path)
     return PgEnv(tmp_path, request.getfixturevalue("pg_url"))
@@ -231,3 +249,56 @@ def test_a_cancel_of_a_paused_saga_a_worker_handed_over_runs_the_saga(env: Env) 
     assert "settled here" in cancelled.stdout
     assert env.effects() == [*SAGA_DONE, "undo:two", "undo:one"]
     assert env.hw("check").returncode == 0
+
+
+def paused_family(env: Env, run_id: str) -> subprocess.Popen[str]:
+    """``family`` run by a ``haltwise run`` process, paused from another process while its
+    child's gated step is in flight: returned once parent and child are both paused."""
+    run = env.popen("run", "agent.py:family", "--id", run_id, "--json")
+    env.wait_in_flight(f"{run_id}/1", index=1)
+    assert env.hw("pause", run_id).returncode == 0
+    env.wait_for(
+        f"{run_id}/1",
+        "its pause relayed",
+        lambda _: "pause requested" in env.hw("status", f"{run_id}/1").stdout,
+    )
+    env.release("think")
+    paused(env, f"{run_id}/1")
+    parent = paused(env, run_id)
+    assert statuses(parent) == ["committed", "running"], "the child step waits, paused"
+    assert env.hw("check").returncode == 0
+    return run
+
+
+def test_a_pause_of_a_parent_from_another_process_pauses_its_child(env: Env) -> None:
+    run = paused_family(env, "f1")
+    assert env.effects() == ["record:mom", "record:kid", "think"]
+    assert env.hw("unpause", "f1").returncode == 0
+    code, outcome, err = finish(run)
+    assert code == 0, err
+    assert isinstance(outcome, dict) and outcome["result"] == "kid"
+    assert (env.status("f1/1") or {})["state"] == "completed"
+    assert env.effects() == ["record:mom", "record:kid", "think", "record:after"]
+
+
+def test_a_cancel_of_a_paused_parent_from_another_process_cancels_the_child(env: Env) -> None:
+    run = paused_family(env, "f2")
+    assert env.hw("cancel", "f2").returncode == 0
+    code, outcome, err = finish(run)
+    assert code == 3, err
+    assert isinstance(outcome, dict) and statuses(outcome) == ["committed", "interrupted"]
+    child = env.status("f2/1")
+    assert child is not None and (child["state"], child["reason"]) == ("cancelled", "parent")
+    assert env.hw("check").returncode == 0
+
+
+def test_a_cancel_of_a_paused_parent_whose_owner_died_settles_the_child_too(env: Env) -> None:
+    run = paused_family(env, "f3")
+    run.kill()
+    run.communicate(timeout=PATIENCE)
+    assert env.hw("cancel", "f3").returncode == 0
+    parent, child = env.status("f3"), env.status("f3/1")
+    assert parent is not None and parent["state"] == "cancelled"
+    assert child is not None and (child["state"], child["reason"]) == ("cancelled", "parent")
+    assert env.hw("check").returncode == 0
+    assert env.effects() == ["record:mom", "record:kid", "think"]

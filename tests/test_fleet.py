@@ -237,22 +237,44 @@ class FleetRecord:
     in_flight: dict[str, int]
 
 
+def hold_one(targets: list[str]) -> str:
+    """Hold the oldest target that is not cancelled while pending in its first step (its
+    ``look`` waits while its hold file exists), so that one cancel surely lands while a run
+    runs, however loaded the machine (the random ones may all come after their run ended). The
+    kill waits for that cancel: it finds the run's owner alive."""
+    by_age = sorted(targets)
+    held = by_age[0]
+    assert held not in by_age[len(by_age) - len(by_age) // 5 :], "no target to hold"
+    fleet_agent.hold_file(held).touch()  # in $FLEET_WORLD, the workers' world
+    return held
+
+
 async def cancel_at_random_moments(
-    runtime: Runtime, targets: list[str], scale: Scale, rng: random.Random
+    runtime: Runtime,
+    targets: list[str],
+    scale: Scale,
+    rng: random.Random,
+    hold: tuple[str, anyio.Event],
 ) -> dict[str, State]:
     """Cancel every run in ``targets``, each at a random moment, and return what cancel said.
 
     A fifth, the last submitted (workers take runs in submission order), are cancelled within
-    the first 50 ms, while they are still pending; the others at a random moment within about
-    one run's time of the moment they were seen started (so most land while they run, some after
-    they completed).
+    the first 50 ms, while they are still pending; the held one (see :func:`hold_one`) as soon
+    as it is seen started, then let go (and its event set); the others at a random moment
+    within about one run's time
+    of the moment they were seen started (so most land while they run, some after they
+    completed).
     """
     returned: dict[str, State] = {}
+    held, held_cancelled = hold
 
     async def cancel_after(run_id: str, delay: float) -> None:
         await anyio.sleep(delay)  # the random moment itself
         record = await runtime.cancel(run_id, reason=CANCEL_REASON)
         returned[run_id] = record.state
+        if run_id == held:
+            fleet_agent.hold_file(run_id).unlink()
+            held_cancelled.set()
 
     by_age = sorted(targets)
     early = by_age[len(by_age) - len(by_age) // 5 :]
@@ -267,7 +289,7 @@ async def cancel_at_random_moments(
                     if runs[run_id].state is not State.PENDING:
                         waiting.discard(run_id)
                         delay = rng.uniform(0, scale.run_seconds)
-                        group.start_soon(cancel_after, run_id, delay)
+                        group.start_soon(cancel_after, run_id, 0.0 if run_id == held else delay)
                 await anyio.sleep(0.005)  # the polling interval
         if waiting:
             stuck = [(run_id, runs[run_id].owner) for run_id in sorted(waiting)]
@@ -298,19 +320,30 @@ async def kill_mid_way(
 
 
 async def drive_fleet(
-    url: str, world: Path, scale: Scale, victim: WorkerProcess, rng: random.Random
+    url: str,
+    world: Path,
+    scale: Scale,
+    victim: WorkerProcess,
+    rng: random.Random,
+    targets: list[str],
+    held: str,
 ) -> FleetRecord:
     ids = [f"run{i:03d}" for i in range(scale.runs)]
-    targets = rng.sample(ids, scale.cancels)
     async with Runtime(url) as runtime:
         in_flight: dict[str, int] = {}
 
+        held_cancelled = anyio.Event()
+
         async def killer() -> None:
+            with anyio.fail_after(60):  # the held run's cancel finds its owner alive
+                await held_cancelled.wait()
             in_flight.update(await kill_mid_way(runtime, world, victim, scale.runs))
 
         async with anyio.create_task_group() as group:
             group.start_soon(killer)
-            returned = await cancel_at_random_moments(runtime, targets, scale, rng)
+            returned = await cancel_at_random_moments(
+                runtime, targets, scale, rng, (held, held_cancelled)
+            )
         await wait_settled(runtime, ids, timeout=60)
     return FleetRecord(returned=returned, victim=victim.pid, in_flight=in_flight)
 
@@ -415,6 +448,8 @@ def run_fleet(
     monkeypatch.setenv("FLEET_WORLD", str(world))  # for the tools the reconciling resume runs
     rng = random.Random(seed)
     ids = [f"run{i:03d}" for i in range(scale.runs)]
+    targets = rng.sample(ids, scale.cancels)
+    held = hold_one(targets)
 
     async def submit_all() -> None:
         async with Runtime(url) as runtime:
@@ -429,7 +464,7 @@ def run_fleet(
         slow = {"FLEET_STEP_DELAY": str(max(scale.step_delay, VICTIM_STEP_DELAY))}
         workers = [WorkerProcess(url, world, env=slow)]
         workers += [WorkerProcess(url, world, env=env) for _ in range(scale.workers - 1)]
-        record = anyio.run(drive_fleet, url, world, scale, workers[0], rng)
+        record = anyio.run(drive_fleet, url, world, scale, workers[0], rng, targets, held)
         assert record.in_flight, "the victim was killed between runs, not mid-way"
         before = anyio.run(load_all, url, ids)
         anyio.run(reconcile, url, before)
@@ -443,6 +478,7 @@ def run_fleet(
     check_charges(world)
     returned = Counter(record.returned.values())
     assert returned[State.CANCELLED] and returned[State.CANCELLING], returned
+    assert record.returned[held] is State.CANCELLING, "the held run was not running"
     report = haltwise.verify_store(url)
     assert report.ok, report.findings
     return tally

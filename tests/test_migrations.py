@@ -197,10 +197,15 @@ async def pg_shape(url: str) -> dict[str, Any]:
         )
         indexes = await cursor.fetchall()
         cursor = await conn.execute(
+            "SELECT event_object_table, trigger_name, event_manipulation, action_timing "
+            "FROM information_schema.triggers WHERE trigger_schema = 'haltwise' ORDER BY 1, 2, 3"
+        )
+        triggers = await cursor.fetchall()
+        cursor = await conn.execute(
             "SELECT value FROM haltwise.haltwise_meta WHERE key = 'schema_version'"
         )
         version = await cursor.fetchone()
-    return {"columns": columns, "indexes": indexes, "version": version}
+    return {"columns": columns, "indexes": indexes, "triggers": triggers, "version": version}
 
 
 async def test_a_v1_postgres_schema_is_upgraded_in_place(pg_dsn: str) -> None:
@@ -225,3 +230,65 @@ async def test_a_v1_postgres_schema_is_upgraded_in_place(pg_dsn: str) -> None:
     old_shape, new_shape = await pg_shape(old_url), await pg_shape(new_url)
     assert old_shape == new_shape
     assert old_shape["version"] == (str(SCHEMA_VERSION),)
+
+
+#: the migration that drops PostgreSQL's row trigger on steps (the step statements write the feed)
+STEP_TRIGGER_DROPPED = next(
+    migration.version
+    for migration in schema.MIGRATIONS
+    for change in migration.changes
+    if isinstance(change, schema.Trigger) and any("changes_on_step" in s for s in change.postgresql)
+)
+#: the change feed on PostgreSQL before that migration: a row trigger on steps too
+PG_STEP_TRIGGER = (
+    "CREATE OR REPLACE FUNCTION haltwise.record_change() RETURNS trigger LANGUAGE plpgsql AS $$ "
+    "BEGIN IF TG_TABLE_NAME = 'events' THEN INSERT INTO haltwise.changes "
+    "(run_id, kind, idx, status, at) VALUES (NEW.run_id, 'transition', NEW.seq, NEW.target, 0); "
+    "ELSIF TG_TABLE_NAME = 'steps' THEN INSERT INTO haltwise.changes "
+    "(run_id, kind, idx, status, at) VALUES (NEW.run_id, 'step', NEW.idx, NEW.status, 0); "
+    "ELSE INSERT INTO haltwise.changes (run_id, kind, idx, status, at) "
+    "VALUES (NEW.run_id, 'partial', NEW.seq, NULL, 0); END IF; RETURN NULL; END $$",
+    "CREATE OR REPLACE TRIGGER changes_on_step AFTER INSERT OR UPDATE OF status ON haltwise.steps "
+    "FOR EACH ROW EXECUTE FUNCTION haltwise.record_change()",
+)
+
+
+async def test_a_postgres_store_with_the_step_trigger_records_each_step_change_once_upgraded(
+    pg_dsn: str,
+) -> None:
+    # Since STEP_TRIGGER_DROPPED a step's change is written by the statement that writes the
+    # step: the older trigger must be gone, or every step write would be in the feed twice.
+    from _pg import create_database
+    from haltwise._core.policy import Effect
+    from haltwise._core.records import Owner
+    from haltwise._journal.store import NewRun, StepStart
+
+    url = create_database(pg_dsn)
+    store = open_store(url)
+    await store.open()
+    await store.close()
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        for statement in PG_STEP_TRIGGER:
+            await conn.execute(statement)  # type: ignore[call-overload]
+        await conn.execute(
+            "UPDATE haltwise.haltwise_meta SET value = %s WHERE key = 'schema_version'",
+            (str(STEP_TRIGGER_DROPPED - 1),),
+        )
+    owner = Owner(token="t", host="h", pid=1, started=1.0)
+    store = open_store(url)
+    await store.open()
+    try:
+        await store.create_run(
+            NewRun(id="r", task="t", inputs={}, state=State.RUNNING, owner=owner)
+        )
+        start = StepStart(0, "tool", "finish", Effect.WRITE, False, "k")
+        await store.start_step("r", start, fence="t")
+        await store.settle_step("r", 0, StepStatus.COMMITTED, result=1, fence="t")
+        changes, _ = await store.changes_after(0, limit=100)
+    finally:
+        await store.close()
+    steps = [(c.index, c.status) for c in changes if c.kind == "step"]
+    assert steps == [(0, "running"), (0, "committed")]
+    shape = await pg_shape(url)
+    assert shape["version"] == (str(SCHEMA_VERSION),)
+    assert "changes_on_step" not in {trigger[1] for trigger in shape["triggers"]}

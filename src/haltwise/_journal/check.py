@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, final
 
@@ -54,7 +54,8 @@ async def verify(store: Store) -> CheckReport:
     previous ended), ``state-mismatch`` (the run's state is not where its events end),
     ``orphaned-step`` (a step left ``running`` with no live owner: the run awaits takeover),
     ``owned-final-run`` (a final run still has an owner), ``step-running-while-paused`` (a
-    ``paused`` run with a step in flight), ``step-gap`` (step indexes are not 0..n-1),
+    ``paused`` run with a step in flight, other than a child run paused with it), ``step-gap``
+    (step indexes are not 0..n-1),
     ``partial-gap`` (partial results are not numbered 0..n-1) and ``unreadable-row``
     (a row that does not parse: a bad state, JSON that is not JSON, a bad owner...; the run's
     other checks are skipped where they would need that row).
@@ -70,13 +71,17 @@ async def verify(store: Store) -> CheckReport:
     for event in journal.events:
         events_by_run.setdefault(event.run_id, []).append(event)
     bad_steps = {row.run_id for row in journal.bad if row.table == "steps"}
+    #: the active child runs, each as (its parent, its id)
+    children = {
+        (run.parent, run.id) for run in journal.runs if run.parent and not run.state.is_final
+    }
     for run in journal.runs:
         if run.id not in unreadable:
             findings.extend(_check_events(run, events_by_run.get(run.id, [])))
         findings.extend(_check_partials(run.id, journal.partial_seqs.get(run.id, [])))
         findings.extend(_check_owner(run))
         if run.id not in bad_steps:
-            findings.extend(_check_steps(run, journal.steps.get(run.id, ())))
+            findings.extend(_check_steps(run, journal.steps.get(run.id, ()), children))
     bad_runs = sum(1 for row in journal.bad if row.table == "runs")
     return CheckReport(runs=len(journal.runs) + bad_runs, findings=tuple(findings))
 
@@ -146,13 +151,22 @@ def _check_owner(run: RunRecord) -> Iterator[Finding]:
         )
 
 
-def _check_steps(run: RunRecord, steps: Sequence[StepRecord]) -> Iterator[Finding]:
+def _check_steps(
+    run: RunRecord, steps: Sequence[StepRecord], children: Collection[tuple[str, str]]
+) -> Iterator[Finding]:
+    """Step findings; a step that is a child run (in ``children``: (parent, id) of every active
+    child run) may stay ``running`` in a paused run: its child was paused with it."""
     indexes = [step.index for step in steps]
     if indexes != list(range(len(indexes))):
         yield Finding(run.id, "step-gap", f"step indexes are {indexes}")
     live = held_by_live_owner(run)
     for step in steps:
-        if step.status is StepStatus.RUNNING and run.state is State.PAUSED:
+        child = (run.id, f"{run.id}/{step.index}")
+        if (
+            step.status is StepStatus.RUNNING
+            and run.state is State.PAUSED
+            and child not in children
+        ):
             yield Finding(
                 run.id,
                 "step-running-while-paused",

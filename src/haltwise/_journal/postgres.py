@@ -61,7 +61,7 @@ from .operator_sql import (
     summary_from_row,
     times_from_rows,
 )
-from .postgres_steps import StepWriter, write_deferred
+from .postgres_steps import StepWriter, feed_insert, write_deferred
 from .rows import (
     RUN_COLUMNS,
     error_to_text,
@@ -80,17 +80,26 @@ from .sql import (
     Plan,
     RunWrite,
     Statements,
+    cancel_plan,
     check_fence,
     event_parameters,
     insert_run_parameters,
     pause_signals_of,
-    plan_cancel_write,
     plan_create,
     plan_pause_write,
     plan_transition,
     plan_unpause_write,
 )
-from .store import UNSET, CancelResult, JournalRows, NewRun, PauseSignal, RunJournal, StepStart
+from .store import (
+    UNSET,
+    CancelResult,
+    JournalRows,
+    NewRun,
+    PauseSignal,
+    RunJournal,
+    StepStart,
+    StepStarted,
+)
 
 _CHANNEL = "haltwise_changes"
 #: advisory lock key that serialises schema creation between processes opening the store at once
@@ -98,6 +107,11 @@ _SCHEMA_LOCK = 0x68616C74
 _POOL_MAX = 10
 _CONNECT_TIMEOUT = 10
 _RETRIES = 5
+
+#: a fork's copied steps in the change feed (the statements writing steps write their changes)
+_COPIED_STEPS_FEED = feed_insert(
+    "(SELECT run_id, idx, status FROM haltwise.steps WHERE run_id = %s ORDER BY idx) AS w"
+)
 
 _T = TypeVar("_T")
 _Conn = psycopg.AsyncConnection[DictRow]
@@ -253,14 +267,28 @@ class PostgresStore:
 
     # -- running operations ------------------------------------------------------------------
 
-    async def _run(self, op: Callable[[_Conn], Awaitable[_T]], *, read_only: bool = False) -> _T:
+    async def _run(
+        self,
+        op: Callable[[_Conn], Awaitable[_T]],
+        *,
+        read_only: bool = False,
+        after_steps: bool = True,
+    ) -> _T:
+        """Run ``op`` in a transaction of its own (see the module docstring).
+
+        A deferred settlement commits before any other operation of this store object, except
+        the few with ``after_steps=False``: they neither read nor write step rows nor record
+        anything a task did (the runtime watcher's cancel and pause reads, the lease
+        heartbeat), so nothing they make durable can precede a settlement it depends on, and
+        what they read does not show it. They keep the watcher's ticks from forcing a commit of
+        their own on a sequential run's deferred settlement."""
         pool = self._pool
         if pool is None:
             raise StoreError(f"store {self._where} is not open")
-        # A deferred settlement commits before any other operation of this store object.
-        if self._steps.has_deferred():
-            await self._steps.flush()
-        self._steps.raise_deferred_error()
+        if after_steps:
+            if self._steps.has_deferred():
+                await self._steps.flush()
+            self._steps.raise_deferred_error()
         # The operation runs in its own task: a caller cancelled while waiting stops waiting,
         # and the transaction still commits or rolls back whole (as in the SQLite store).
         task = asyncio.ensure_future(self._transact(pool, op, read_only))
@@ -311,6 +339,7 @@ class PostgresStore:
             if run.fork is not None:
                 fork = (run.id, run.fork.source, run.fork.from_step)
                 await conn.execute(_SQL.copy_steps, fork)
+                await conn.execute(_COPIED_STEPS_FEED, (run.id,))
                 await conn.execute(_SQL.copy_partials, fork)
             return run_from_row(inserted), True
 
@@ -349,8 +378,10 @@ class PostgresStore:
 
         return await self._run(op)
 
-    async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
-        return await self._request(run_id, partial(_cancel_plan, reason, force))
+    async def request_cancel(
+        self, run_id: str, reason: str, *, force: bool, fence: str | None = None
+    ) -> RunRecord:
+        return await self._request(run_id, cancel_plan(reason, force, fence))
 
     async def _request(self, run_id: str, plan: Plan) -> RunRecord:
         """Lock the run, ``plan`` the write, apply it (if any): one transaction."""
@@ -384,7 +415,7 @@ class PostgresStore:
                 )
                 return pause_signals_of(await rows.fetchall(), set(ids))
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, after_steps=False)
 
     async def claim(
         self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None
@@ -413,7 +444,7 @@ class PostgresStore:
         async def op(conn: _Conn) -> int:
             return (await conn.execute(_SQL.heartbeat, (lease_until, owner_token))).rowcount
 
-        return await self._run(op)
+        return await self._run(op, after_steps=False)
 
     async def claim_pending(
         self, owner: Owner, tasks: Collection[str], *, lease_until: float, limit: int
@@ -442,9 +473,7 @@ class PostgresStore:
         claimed = read_all(run_from_row, await self._run(op))
         return sorted(claimed, key=lambda run: (run.created_at, run.id))
 
-    async def start_step(
-        self, run_id: str, step: StepStart, *, fence: str
-    ) -> tuple[int, tuple[str, bool] | None]:
+    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
         # One statement with every run's step writes queued meanwhile (see postgres_steps): the
         # fence check with its share lock, the upsert and the run's cancel state together.
         row = _start_row(run_id, step, fence, time.time())
@@ -456,8 +485,8 @@ class PostgresStore:
         if started is None:
             raise StoreError(f"run {run_id!r}: step {step.index} could not be journaled")
         if started.state != State.CANCELLING.value:
-            return started.attempts, None
-        return started.attempts, (started.reason or "user", started.force)
+            return StepStarted(started.attempts)
+        return StepStarted(started.attempts, cancel=(started.reason or "user", started.force))
 
     async def settle_step(
         self,
@@ -572,7 +601,7 @@ class PostgresStore:
                 for row in await cursor.fetchall()
             }
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, after_steps=False)
 
     # -- the operator's operations (their SQL: operator_sql) ------------------------------------
 
@@ -815,10 +844,6 @@ async def _check_fence(conn: _Conn, run_id: str, fence: str) -> DictRow:
         raise UnknownRunError(run_id)
     check_fence(run_id, row["owner_token"], fence)
     return row
-
-
-def _cancel_plan(reason: str, force: bool, current: RunRecord, now: float) -> RunWrite | None:
-    return plan_cancel_write(current, reason, force, now)
 
 
 async def _apply(conn: _Conn, run_id: str, write: RunWrite) -> RunRecord:

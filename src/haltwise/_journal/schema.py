@@ -28,6 +28,7 @@ __all__ = [
     "INDEXES",
     "MIGRATIONS",
     "POSTGRES",
+    "POSTGRES_CLOCK",
     "SCHEMA_VERSION",
     "SQLITE",
     "TABLES",
@@ -251,7 +252,8 @@ INDEXES: tuple[Index, ...] = (
 )
 
 _SQLITE_CLOCK = "((julianday('now') - 2440587.5) * 86400.0)"
-_POSTGRES_CLOCK = "extract(epoch from clock_timestamp())::double precision"
+#: the database's clock, seconds since the epoch (the change feed's ``at``)
+POSTGRES_CLOCK = "extract(epoch from clock_timestamp())::double precision"
 
 
 def _sqlite_trigger(name: str, when: str, kind: str, index: str, status: str) -> str:
@@ -265,11 +267,25 @@ def _sqlite_trigger(name: str, when: str, kind: str, index: str, status: str) ->
 def _postgres_insert(kind: str, index: str, status: str) -> str:
     return (
         "INSERT INTO haltwise.changes (run_id, kind, idx, status, at) "
-        f"VALUES (NEW.run_id, '{kind}', {index}, {status}, {_POSTGRES_CLOCK});"
+        f"VALUES (NEW.run_id, '{kind}', {index}, {status}, {POSTGRES_CLOCK});"
     )
 
 
-#: The triggers that fill ``changes`` (one function for the three tables on PostgreSQL).
+#: PostgreSQL's function behind the triggers of :data:`TRIGGERS` (transitions and partials)
+_RECORD_CHANGE = (
+    "CREATE OR REPLACE FUNCTION haltwise.record_change() RETURNS trigger "
+    "LANGUAGE plpgsql AS $$ BEGIN IF TG_TABLE_NAME = 'events' THEN "
+    + _postgres_insert("transition", "NEW.seq", "NEW.target")
+    + " ELSE "
+    + _postgres_insert("partial", "NEW.seq", "NULL")
+    + " END IF; RETURN NULL; END $$"
+)
+
+#: The triggers that fill ``changes`` (one function for the tables on PostgreSQL). A step's
+#: start and settlement have no trigger on PostgreSQL: each statement that writes a step row
+#: writes its change in the same statement (``postgres_steps.feed_cte``), which costs the server
+#: less than a row trigger calling PL/pgSQL on the busiest path (docs/design.md, "The change
+#: feed on PostgreSQL").
 TRIGGERS: tuple[Trigger, ...] = (
     Trigger(
         "record_change",
@@ -292,18 +308,9 @@ TRIGGERS: tuple[Trigger, ...] = (
             ),
         ),
         postgresql=(
-            "CREATE OR REPLACE FUNCTION haltwise.record_change() RETURNS trigger "
-            "LANGUAGE plpgsql AS $$ BEGIN IF TG_TABLE_NAME = 'events' THEN "
-            + _postgres_insert("transition", "NEW.seq", "NEW.target")
-            + " ELSIF TG_TABLE_NAME = 'steps' THEN "
-            + _postgres_insert("step", "NEW.idx", "NEW.status")
-            + " ELSE "
-            + _postgres_insert("partial", "NEW.seq", "NULL")
-            + " END IF; RETURN NULL; END $$",
+            _RECORD_CHANGE,
             "CREATE OR REPLACE TRIGGER changes_on_event AFTER INSERT ON haltwise.events "
             "FOR EACH ROW EXECUTE FUNCTION haltwise.record_change()",
-            "CREATE OR REPLACE TRIGGER changes_on_step AFTER INSERT OR UPDATE OF status "
-            "ON haltwise.steps FOR EACH ROW EXECUTE FUNCTION haltwise.record_change()",
             "CREATE OR REPLACE TRIGGER changes_on_partial AFTER INSERT ON haltwise.partials "
             "FOR EACH ROW EXECUTE FUNCTION haltwise.record_change()",
         ),
@@ -347,6 +354,20 @@ MIGRATIONS: tuple[Migration, ...] = (
         7,
         "whether a cancel of a paused run has something to settle (issue 18)",
         (AddColumn("runs", _SETTLE_ON_CANCEL),),
+    ),
+    Migration(
+        8,
+        "PostgreSQL: a step's change is written by the statement that writes the step (no trigger)",
+        (
+            Trigger(
+                "record_change",
+                sqlite=(),
+                postgresql=(
+                    _RECORD_CHANGE,
+                    "DROP TRIGGER IF EXISTS changes_on_step ON haltwise.steps",
+                ),
+            ),
+        ),
     ),
 )
 

@@ -36,6 +36,7 @@ __all__ = [
     "Plan",
     "RunWrite",
     "Statements",
+    "cancel_plan",
     "check_fence",
     "lost",
     "pause_signals_of",
@@ -113,6 +114,16 @@ def plan_cancel_write(current: RunRecord, reason: str, force: bool, now: float) 
         return None
     events = () if plan.target is None else ((current.state, plan.target, reason),)
     return RunWrite(fields={**fields, "updated_at": now}, events=events, at=now)
+
+
+def cancel_plan(reason: str, force: bool, fence: str | None) -> Plan:
+    """The plan of :meth:`Store.request_cancel`: :func:`plan_cancel_write`, after the fence."""
+
+    def plan(current: RunRecord, now: float) -> RunWrite | None:
+        check_fence(current.id, current.owner.token if current.owner else None, fence)
+        return plan_cancel_write(current, reason, force, now)
+
+    return plan
 
 
 def plan_pause_write(current: RunRecord, now: float) -> RunWrite | None:

@@ -54,11 +54,11 @@ from .sql import (
     Plan,
     RunWrite,
     Statements,
+    cancel_plan,
     check_fence,
     event_parameters,
     insert_run_parameters,
     pause_signals_of,
-    plan_cancel_write,
     plan_create,
     plan_pause_write,
     plan_transition,
@@ -73,6 +73,7 @@ from .store import (
     PauseSignal,
     RunJournal,
     StepStart,
+    StepStarted,
 )
 
 #: The page size of a new store file (bytes).
@@ -103,7 +104,8 @@ ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = attempts 
     settled_at = NULL, call_id = excluded.call_id, fingerprint = excluded.fingerprint,
     errors = CASE WHEN error IS NULL THEN errors ELSE json_insert(coalesce(errors, '[]'), '$[#]',
         json_set(json(error), '$.attempt', attempts)) END
-RETURNING attempts, (SELECT state = 'cancelling' FROM runs WHERE id = steps.run_id)
+RETURNING attempts, (SELECT CASE WHEN state = 'cancelling' THEN 1 WHEN pause THEN 2 ELSE 0 END
+                     FROM runs WHERE id = steps.run_id)
 """
 
 _SETTLE_STEP = """
@@ -116,20 +118,18 @@ WHERE run_id = ? AND idx = ? AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND own
 # track per step while it waits for its batch (measurable with a thousand runs waiting).
 
 
-def _start_step(
-    parameters: tuple[Any, ...], conn: sqlite3.Connection
-) -> tuple[int, tuple[str, bool] | None]:
-    # One statement: the fence check, the upsert and the run's cancel state together.
+def _start_step(parameters: tuple[Any, ...], conn: sqlite3.Connection) -> StepStarted:
+    # One statement: the fence check, the upsert and the run's cancel and pause state together.
     row = conn.execute(_START_STEP, parameters).fetchone()
     run_id, fence = parameters[-2:]
     if row is None:
         _check_fence(conn, run_id, fence)  # raises why: unknown run or lost ownership
         raise StoreError(f"run {run_id!r}: step {parameters[1]} could not be journaled")
-    attempts, cancelling = row
-    if not cancelling:
-        return attempts, None
+    attempts, signal = row
+    if signal != 1:
+        return StepStarted(attempts, pause=signal == 2)
     run = _check_fence(conn, run_id, fence)
-    return attempts, (run["reason"] or "user", bool(run["force"]))
+    return StepStarted(attempts, cancel=(run["reason"] or "user", bool(run["force"])))
 
 
 def _settle_step(parameters: tuple[Any, ...], conn: sqlite3.Connection) -> None:
@@ -387,8 +387,10 @@ class SQLiteStore:
         record: RunRecord = await self._writer.call(op)
         return record
 
-    async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
-        return await self._request(run_id, partial(_cancel_plan, reason, force))
+    async def request_cancel(
+        self, run_id: str, reason: str, *, force: bool, fence: str | None = None
+    ) -> RunRecord:
+        return await self._request(run_id, cancel_plan(reason, force, fence))
 
     async def _request(self, run_id: str, plan: Plan) -> RunRecord:
         """Read the run, ``plan`` the write, apply it (if any): one transaction."""
@@ -476,9 +478,7 @@ class SQLiteStore:
         # hold up the queue) and is reported by CorruptRowError, with the others as readable.
         return sorted(read_all(run_from_row, rows), key=lambda run: (run.created_at, run.id))
 
-    async def start_step(
-        self, run_id: str, step: StepStart, *, fence: str
-    ) -> tuple[int, tuple[str, bool] | None]:
+    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
         parameters = (
             run_id,
             step.index,
@@ -495,7 +495,7 @@ class SQLiteStore:
             run_id,
             fence,
         )
-        started: tuple[int, tuple[str, bool] | None] = await self._writer.call(
+        started: StepStarted = await self._writer.call(
             partial(_start_step, parameters), atomic=True, shield=True
         )
         return started
@@ -775,10 +775,6 @@ def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.R
         raise UnknownRunError(run_id)
     check_fence(run_id, row["owner_token"], fence)
     return row
-
-
-def _cancel_plan(reason: str, force: bool, current: RunRecord, now: float) -> RunWrite | None:
-    return plan_cancel_write(current, reason, force, now)
 
 
 def _apply(conn: sqlite3.Connection, run_id: str, write: RunWrite) -> RunRecord:

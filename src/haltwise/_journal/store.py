@@ -92,6 +92,21 @@ class PauseSignal:
 
 
 @dataclass(frozen=True, slots=True)
+class StepStarted:
+    """What :meth:`Store.start_step` reads back in the transaction that journals the start."""
+
+    #: how many times the step's body was started, this one included
+    attempts: int
+    #: the run's ``(reason, force)`` if it is ``cancelling``, else None
+    cancel: tuple[str, bool] | None = None
+    #: a pause of the run is requested. Read with the start where the store's watcher polls
+    #: (SQLite: a pause requested by another process then reaches a stepping run at its next
+    #: step, not its next poll); PostgreSQL's watcher is woken at once by the request's NOTIFY,
+    #: so its store leaves this False.
+    pause: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class StepStart:
     """The journal entry written before a tool body runs."""
 
@@ -186,13 +201,17 @@ class Store(Protocol):
         entering ``paused`` (see :attr:`RunRecord.settle_on_cancel`); leaving ``paused`` clears it.
         """
 
-    async def request_cancel(self, run_id: str, reason: str, *, force: bool) -> RunRecord:
+    async def request_cancel(
+        self, run_id: str, reason: str, *, force: bool, fence: str | None = None
+    ) -> RunRecord:
         """Record a cancel request atomically and return the run as it is afterwards.
 
         ``pending`` -> ``cancelled``; ``running`` -> ``cancelling`` with ``reason`` and ``force``;
         ``paused`` -> ``cancelled``, or ``cancelling`` when its owner said it has something to
         settle (:attr:`RunRecord.settle_on_cancel`); ``cancelling`` keeps its reason and only
-        gains ``force``; a final run is left as it is.
+        gains ``force``; a final run is left as it is. With ``fence`` (an owner token), only
+        while that owner holds the run: otherwise :class:`~haltwise.LostOwnershipError`, and
+        nothing changes (a runtime's own cancels).
         """
 
     async def claim(
@@ -211,16 +230,15 @@ class Store(Protocol):
     ) -> list[RunRecord]:
         """Claim up to ``limit`` unowned ``pending`` runs of ``tasks`` (for workers)."""
 
-    async def start_step(
-        self, run_id: str, step: StepStart, *, fence: str
-    ) -> tuple[int, tuple[str, bool] | None]:
+    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
         """Journal that the step's tool body is about to run (status ``running``, attempts + 1).
 
         Completes even if the caller is cancelled meanwhile (the store shields its own wait), so
         the caller always knows whether the step is journaled. Returns the step's attempts and,
         if the run is ``cancelling`` in the store, its ``(reason, force)``, read in the same
         transaction: a cancel recorded by another process is then acted on before the tool body
-        runs, at no extra cost.
+        runs, at no extra cost (and, on SQLite, whether a pause is requested: see
+        :class:`StepStarted`).
         """
 
     async def settle_step(

@@ -4,7 +4,9 @@ The child step is an ``interruptible`` step with effect ``external`` (the cautio
 the child's own steps may write). Its body starts the child run ``PARENT_ID/STEP_INDEX`` (or
 resumes it, on the parent's resume) and waits for it. A cancel of the parent interrupts that
 wait: the child is then cancelled with reason ``"parent"`` (forced if the parent's cancel was)
-and the parent's step is settled once the child's run has ended.
+and the parent's step is settled once the child's run has ended (a worker handing the parent
+over hands the child over too: it is not cancelled). While it waits, the parent's
+pause and unpause are relayed to the child: a paused parent's child is paused too.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._core.exceptions import ChildRunError
+from .._core.exceptions import ChildRunError, HaltwiseError
 from .._core.policy import CancelPolicy, Effect, ToolPolicy
 from .._core.states import State
+from .pause import pause_if_at_rest, relay_to_children
 from .run_context import CURRENT_STEP
 
 if TYPE_CHECKING:
+    from .._core.outcome import Outcome
+    from .run_context import ChildHandle, RunContext
     from .tool import Task, Tool
 
 _CHILD_POLICY = ToolPolicy(
@@ -46,13 +51,47 @@ async def _run_child(task: Task[..., Any], args: tuple[Any, ...], kwargs: dict[s
     host = parent.host
     child_id = f"{parent.run_id}/{step.index}"
     handle = await host.start_child(task, args, kwargs, child_id, parent.run_id)
+    gate = host.pause_gate(child_id)
+    if gate is not None:
+        gate.parent = parent.pause  # the parent looks again whenever its child's pause changes
+        parent.children[step.index] = gate
+        await relay_to_children(parent)  # paused meanwhile: so is the child
     try:
-        outcome = await handle.outcome()
+        outcome = await _wait_relaying_pause(parent, handle)
     except anyio.get_cancelled_exc_class():
         with anyio.CancelScope(shield=True):
-            await host.cancel(child_id, reason="parent", force=parent.cancel.forced)
-            await handle.outcome()
+            if parent.cancel.handing_over:
+                await host.stopped(child_id)  # handed over with its parent, not cancelled
+            else:
+                await host.cancel(child_id, reason="parent", force=parent.cancel.forced)
+                await handle.outcome()
         raise
+    finally:
+        parent.children.pop(step.index, None)
+        if gate is not None:
+            gate.parent = None
     if outcome.state is State.COMPLETED:
         return outcome.result
     raise ChildRunError(child_id, outcome.state.value, outcome.error or outcome.cancel_error)
+
+
+async def _wait_relaying_pause(parent: RunContext, handle: ChildHandle) -> Outcome:
+    """Wait for the child's outcome; meanwhile, each time the parent's pause changes (or its
+    child's: that wakes the parent's gate too), record the parent paused if it is at rest."""
+    async with anyio.create_task_group() as watch:
+        watch.start_soon(_pause_when_at_rest, parent)
+        outcome = await handle.outcome()
+        watch.cancel_scope.cancel()
+    return outcome
+
+
+async def _pause_when_at_rest(parent: RunContext) -> None:
+    """A parent waiting in a child step reaches no checkpoint: once its pause is requested and
+    its child is paused, this records it paused (:func:`pause_if_at_rest`)."""
+    while True:
+        changed = parent.pause.next_change()
+        try:
+            await pause_if_at_rest(parent)
+        except HaltwiseError:
+            return  # the store failed or the run was lost: the parent's own code finds out
+        await changed.wait()

@@ -67,6 +67,7 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
     body = asyncio.current_task()
     ctx.body_task = body
     cancelling = body.cancelling() if body is not None else 0
+    landed: BaseException | None = None
     try:
         with anyio.CancelScope() as scope:
             ctx.cancel.enter_task_scope(scope)
@@ -76,16 +77,22 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
                     ctx.cancel.mark_delivered()  # the cancel landed in the task, which returned
                 return Ending(value=value)
             except anyio.get_cancelled_exc_class() as cancel:
-                if scope.cancel_called:
-                    raise  # ours: the scope takes it back, below
-                if anyio.current_effective_deadline() == -math.inf:
-                    ctx.cancel.force()  # the runtime itself is being cancelled
-                    raise
-                while body is not None and body.cancelling() > cancelling:
-                    body.uncancel()  # someone cancelled the task function's task itself
-                return Ending(error=cancel, host=True)
+                if not scope.cancel_called:
+                    if anyio.current_effective_deadline() == -math.inf:
+                        ctx.cancel.force()  # the runtime itself is being cancelled
+                        raise
+                    _take_back(body, cancelling)  # someone cancelled the task function's task
+                    return Ending(error=cancel, host=True)
+                # A cancel was requested: this is it landing, whatever CancelledError carries it
+                # (a framework may raise one afresh, or its own, once ours reached it). Not
+                # re-raised: the scope would let one through that does not carry its message.
+                landed = cancel
             except BaseException as error:
                 return Ending(error=error)
+        if landed is not None and anyio.current_effective_deadline() == -math.inf:
+            ctx.cancel.force()  # the runtime itself is being cancelled too
+            raise landed
+        _take_back(body, cancelling)  # a host's cancel that landed with ours is settled by it
         return Ending(error=Cancelled(ctx.cancel.reason or "user", task_id=ctx.run_id))
     finally:
         ctx.cancel.leave_task_scope()
@@ -94,6 +101,13 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
         CALL_ID.reset(tokens[1])
         SHIELDED.reset(tokens[2])
         CURRENT_RUN.reset(token)
+
+
+def _take_back(body: asyncio.Task[Any] | None, cancelling: int) -> None:
+    """Undo the native cancels of the task function's task beyond the ``cancelling`` it had:
+    they were settled as the run's cancel, and must not linger into the runtime."""
+    while body is not None and body.cancelling() > cancelling:
+        body.uncancel()
 
 
 async def finish(ctx: RunContext, ending: Ending) -> None:

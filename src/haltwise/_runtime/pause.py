@@ -7,6 +7,10 @@ in this process (:meth:`PauseGate.request`) and through its watcher otherwise
 (:func:`deliver_pause_signals`). Steps in flight run to their end, whatever their policy. The
 first checkpoint reached with no step in flight records ``running -> paused`` and every
 checkpoint then waits on an event (no polling, no busy wait) until an unpause or a cancel.
+
+A child run is one step of its parent: the parent's pause is relayed to it (and the parent's
+unpause), and a parent whose only steps in flight are paused children is at rest, so it pauses
+too (see ``children.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from .._core.policy import OnCancel
 from .._core.states import State
 
 if TYPE_CHECKING:
-    from .._journal.store import Store
+    from .._journal.store import PauseSignal, Store
     from .run_context import RunContext
 
 
@@ -43,6 +47,12 @@ class PauseGate:
     #: counts what this process learnt or did about the pause: the watcher drops what it read
     #: from the store while this changed (it may be older than what the process knows)
     generation: int = 0
+    #: the gate of the parent run whose step this run is (a child run worked in the same
+    #: process): woken with this one, so that the parent sees its child pause or go on
+    parent: PauseGate | None = None
+    #: this run's pause was asked for by its parent's (see :func:`relay_to_children`): the
+    #: parent's unpause undoes it
+    by_parent: bool = False
     _changed: anyio.Event = field(default_factory=anyio.Event)
 
     def request(self) -> None:
@@ -62,23 +72,30 @@ class PauseGate:
         """Let every waiting checkpoint look again (a step ended, a request changed)."""
         changed, self._changed = self._changed, anyio.Event()
         changed.set()
+        if self.parent is not None:
+            self.parent.wake()
 
     async def changed(self) -> None:
         """Wait until :meth:`wake` is called next."""
         await self._changed.wait()
+
+    def next_change(self) -> anyio.Event:
+        """The event the next :meth:`wake` sets (taken before acting, so as to miss none)."""
+        return self._changed
 
 
 async def pause_point(run: RunContext) -> None:
     """The pause half of a checkpoint: wait here while the run's pause is in effect.
 
     Returns at once when no pause is requested or a cancel is pending (the caller's cancel
-    checkpoint then raises). The first caller that finds no step in flight records the run
-    ``paused``; if an unpause or a cancel was recorded first, the store refuses that transition
-    and the pause is over (a cancel then reaches the run as usual).
+    checkpoint then raises). The first caller that finds the run at rest (:func:`at_rest`: no
+    step in flight but paused child runs) records the run ``paused``; if an unpause or a cancel
+    was recorded first, the store refuses that transition and the pause is over (a cancel then
+    reaches the run as usual).
     """
     gate = run.pause
-    while gate.requested and run.cancel.reason is None and run.poison is None:
-        if gate.paused or gate.entering or run.flights:
+    while _pausing(run):
+        if not _may_enter(run):
             try:
                 await gate.changed()
             except anyio.get_cancelled_exc_class():
@@ -86,15 +103,62 @@ async def pause_point(run: RunContext) -> None:
                     raise
                 return  # the cancel reached this wait first: the caller's checkpoint raises it
             continue
-        gate.entering = True
+        await _record_pause(run)
+
+
+async def pause_if_at_rest(run: RunContext) -> None:
+    """Record the run ``paused`` now if its pause is requested and it is at rest, without
+    waiting: what a checkpoint would do, for a run whose code is waiting in a child step."""
+    if _pausing(run) and _may_enter(run):
+        await _record_pause(run)
+
+
+async def relay_to_children(run: RunContext) -> None:
+    """Make the pause of the run's child runs in flight here follow the run's own.
+
+    A pause of the run pauses each child not already pausing (and, through it, the child's
+    own children); when the run's pause is undone (an unpause), the pauses it asked for are
+    undone too, not a pause someone asked of the child itself. A cancel is not relayed here:
+    the child step's cancel cancels its child.
+    """
+    wanted = run.pause.requested and run.cancel.reason is None
+    for index, child in list(run.children.items()):
+        child_id = f"{run.run_id}/{index}"
+        if wanted and not child.requested:
+            child.by_parent = True
+            await run.host.pause(child_id)
+        elif not wanted and child.by_parent and run.cancel.reason is None:
+            child.by_parent = False
+            await run.host.unpause(child_id)
+
+
+def at_rest(run: RunContext) -> bool:
+    """No step of the run is in flight but child runs that are paused (a child step waits for
+    its child run; a pause of the parent pauses the child, and then the parent may pause)."""
+    children = run.children
+    return all(index in children and children[index].paused for index in run.flights)
+
+
+def _pausing(run: RunContext) -> bool:
+    return run.pause.requested and run.cancel.reason is None and run.poison is None
+
+
+def _may_enter(run: RunContext) -> bool:
+    gate = run.pause
+    return not (gate.paused or gate.entering) and at_rest(run)
+
+
+async def _record_pause(run: RunContext) -> None:
+    gate = run.pause
+    gate.entering = True
+    gate.generation += 1
+    try:
+        with anyio.CancelScope(shield=True):
+            await _enter_pause(run)
+    finally:
+        gate.entering = False
         gate.generation += 1
-        try:
-            with anyio.CancelScope(shield=True):
-                await _enter_pause(run)
-        finally:
-            gate.entering = False
-            gate.generation += 1
-            gate.wake()
+        gate.wake()
 
 
 async def _enter_pause(run: RunContext) -> None:
@@ -143,17 +207,23 @@ async def deliver_pause_signals(store: Store, active: Mapping[str, RunContext]) 
     before = {run_id: run.pause.generation for run_id, run in active.items()}
     signals = await store.pause_signals(list(active), watched=watched)
     for run_id, run in list(active.items()):
-        signal = signals.get(run_id)
-        gate = run.pause
-        if signal is None or gate.generation != before.get(run_id) or gate.entering:
-            continue  # nothing to say, or read while this process changed it: look next time
-        if signal.state is State.CANCELLED:
-            run.request_cancel(signal.reason or "user", force=signal.force)
-        elif signal.state is State.RUNNING and gate.paused:
-            gate.lift()  # unpaused meanwhile (and perhaps asked to pause again since)
-            if signal.pause:
-                gate.request()
-        elif signal.pause and not gate.requested:
+        _deliver(run, signals.get(run_id), before.get(run_id))
+    for run in [run for run in active.values() if run.children]:
+        await relay_to_children(run)
+
+
+def _deliver(run: RunContext, signal: PauseSignal | None, generation: int | None) -> None:
+    """Act on one run's signal, unless this process changed its pause since ``generation``."""
+    gate = run.pause
+    if signal is None or gate.generation != generation or gate.entering:
+        return  # nothing to say, or read while this process changed it: look next time
+    if signal.state is State.CANCELLED:
+        run.request_cancel(signal.reason or "user", force=signal.force)
+    elif signal.state is State.RUNNING and gate.paused:
+        gate.lift()  # unpaused meanwhile (and perhaps asked to pause again since)
+        if signal.pause:
             gate.request()
-        elif not signal.pause and gate.requested and signal.state is State.RUNNING:
-            gate.lift()  # withdrawn before it took effect
+    elif signal.pause and not gate.requested:
+        gate.request()
+    elif not signal.pause and gate.requested and signal.state is State.RUNNING:
+        gate.lift()  # withdrawn before it took effect

@@ -81,6 +81,18 @@ class RunHost(Protocol):
         """Start child run ``child_id`` of run ``parent``, or pick it up where it stopped."""
         ...  # pragma: no cover - a protocol
 
+    async def pause(self, task_id: str) -> object:
+        """Request a pause of run ``task_id`` and deliver it (``Runtime.pause``)."""
+
+    async def unpause(self, task_id: str) -> object:
+        """Undo a pause of run ``task_id`` (``Runtime.unpause``)."""
+
+    def pause_gate(self, task_id: str) -> PauseGate | None:
+        """The pause gate of run ``task_id`` if the runtime works it, else None."""
+
+    async def stopped(self, task_id: str) -> None:
+        """Wait until the runtime no longer works run ``task_id`` (at once if it does not)."""
+
 
 class Flight(Protocol):
     """A step in flight, as the run sees it: told about cancels, settled by itself."""
@@ -182,6 +194,8 @@ class RunContext:
     body_task: asyncio.Task[Any] | None = None
     done: anyio.Event = field(default_factory=anyio.Event)
     pause: PauseGate = field(default_factory=PauseGate)
+    #: the child steps in flight whose child run is worked here: step index -> its pause gate
+    children: dict[int, PauseGate] = field(default_factory=dict)
     #: pulsed each time the run journals a partial result (see progress.Pulse)
     progress: Pulse = field(default_factory=Pulse)
 

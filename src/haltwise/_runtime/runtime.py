@@ -37,7 +37,7 @@ from .cancel_state import outside_any_task
 from .ending import call_task, fail_refused, finish, settle_takeover
 from .fork import ForkPlan, plan_fork
 from .operator import registered_task, stand_in_task
-from .pause import deliver_pause_signals
+from .pause import PauseGate, deliver_pause_signals, relay_to_children
 from .run_context import Probe, RunContext
 from .seat import Seat, cancel_batch, nobody_works
 from .steps import execute_step
@@ -137,7 +137,7 @@ class Runtime:
         try:
             with anyio.CancelScope(shield=True):
                 for run_id in list(self._active):
-                    await self.cancel(run_id, reason="shutdown")
+                    await self._cancel_own(run_id, reason="shutdown")
                 for run in list(self._active.values()):
                     await run.done.wait()
             task_group.cancel_scope.cancel()
@@ -483,6 +483,28 @@ class Runtime:
         record = await self._seat.request_cancel(task_id, reason, force=force)
         return await self._after_cancel(record)
 
+    async def _cancel_own(
+        self, task_id: str, *, reason: str, force: bool = False
+    ) -> RunRecord | None:
+        """A cancel this runtime makes of a run it works (its shutdown, a deadline of its start,
+        the run cancelling itself); the run as it is afterwards.
+
+        Recorded only while this runtime still holds the run. One that another process took
+        over meanwhile (this one stalled past its lease: a long pause, a lost network) is not
+        cancelled there, as a dead owner's would not be: it is only stopped here, where nothing
+        it does can be written any more (None).
+        """
+        try:
+            record = await self._seat.request_cancel(
+                task_id, reason, force=force, fence=self.owner.token
+            )
+        except LostOwnershipError:
+            ctx = self._active.get(task_id)
+            if ctx is not None:
+                ctx.request_cancel(reason, force=force)
+            return None
+        return await self._after_cancel(record)
+
     async def _after_cancel(self, record: RunRecord) -> RunRecord:
         """Deliver a recorded cancel here, or settle the run if nobody works it."""
         if self._deliver(record) or not self._orphaned(record):
@@ -506,7 +528,9 @@ class Runtime:
 
     async def _settle_orphan(self, task_id: str) -> RunRecord:
         """Finish the cancel of a run nobody works, as a takeover would (CONTRACT.md, cancel):
-        settle its steps by their policies, run its saga, record ``cancelled``.
+        settle its steps by their policies, run its saga, record ``cancelled``; then cancel its
+        child runs that were in flight, with reason ``"parent"`` (each settled here in turn if
+        nobody works it either).
 
         A run whose task is not loaded here is settled only if that needs none of its code (no
         compensation to run, see :func:`~.takeover.needs_code`); otherwise it is left
@@ -519,7 +543,22 @@ class Runtime:
             task = stand_in_task(snapshot.run.task)  # steps settle by their journaled policies
         with contextlib.suppress(RunOwnedError):  # another process took it first: it finishes
             await self._adopt(task_id, task)
+        for step in snapshot.steps:
+            if step.status in _MAY_HOLD_A_CHILD:
+                await self._cancel_child(
+                    task_id, f"{task_id}/{step.index}", force=snapshot.run.force
+                )
         return (await self.store.load(task_id)).run
+
+    async def _cancel_child(self, parent: str, child_id: str, *, force: bool) -> None:
+        """Cancel ``child_id`` with reason ``"parent"`` if it is an active child run of
+        ``parent`` (the step may be any other tool: then there is no such run)."""
+        try:
+            child = (await self.store.load(child_id)).run
+        except UnknownRunError:
+            return
+        if child.parent == parent and not child.state.is_final:
+            await self.cancel(child_id, reason="parent", force=force)
 
     async def cancel_many(
         self,
@@ -602,14 +641,17 @@ class Runtime:
         it ``cancelled`` at once, unless it has something to settle: a child run paused with it,
         or an ``on_cancel="compensate"`` saga to run; it is then ``cancelling`` until its owner,
         or the canceller if nobody works it, has settled that). A ``pending`` run pauses at its
-        first checkpoint once it runs. Returns the run as it is right after the request; a run
-        that is ``cancelling``, ``paused`` or final is left as it is. Raises
+        first checkpoint once it runs. A parent's pause pauses its child runs in flight (and
+        theirs): the parent is paused once they are, its child step still waiting for them;
+        :meth:`unpause` of the parent unpauses them. Returns the run as it is right after the
+        request; a run that is ``cancelling``, ``paused`` or final is left as it is. Raises
         :class:`~haltwise.UnknownRunError` for an unknown id.
         """
         record = await self._seat.request_pause(task_id)
         ctx = self._active.get(task_id)
         if ctx is not None and record.pause and not ctx.pause.requested:
             ctx.pause.request()
+            await relay_to_children(ctx)
         return record
 
     async def unpause(self, task_id: str, *, task: Task[..., Any] | None = None) -> RunRecord:
@@ -631,6 +673,7 @@ class Runtime:
         ctx = self._active.get(task_id)
         if ctx is not None and not record.pause:
             ctx.pause.lift()
+            await relay_to_children(ctx)
         return record
 
     def is_paused(self, task_id: str) -> bool:
@@ -769,7 +812,7 @@ class Runtime:
 
     async def _deadline(self, ctx: RunContext, seconds: float) -> None:
         await anyio.sleep(seconds)
-        await self.cancel(ctx.run_id, reason="deadline")
+        await self._cancel_own(ctx.run_id, reason="deadline")
 
     # -- the watcher: cross-process cancels and leases ----------------------------------------
 
@@ -815,7 +858,8 @@ class Runtime:
 @final
 class RuntimeHost:
     """A :class:`Runtime` as the runs it works see it (the :class:`~.run_context.RunHost`
-    protocol): start a child, cancel a run, how many runs and side steps are active."""
+    protocol): start a child, cancel, pause or unpause a run, a run's pause gate, how many runs
+    and side steps are active."""
 
     __slots__ = ("_runtime",)
 
@@ -829,8 +873,28 @@ class RuntimeHost:
     def count_side_steps(self, delta: int) -> None:
         self._runtime._count_concurrent_steps(delta)
 
-    async def cancel(self, task_id: str, *, reason: str, force: bool = False) -> RunRecord:
-        return await self._runtime.cancel(task_id, reason=reason, force=force)
+    async def cancel(self, task_id: str, *, reason: str, force: bool = False) -> RunRecord | None:
+        """A run worked here is cancelled as this runtime's own act (see ``_cancel_own``);
+        any other as by anyone (``Runtime.cancel``)."""
+        runtime = self._runtime
+        if runtime.is_active(task_id):
+            return await runtime._cancel_own(task_id, reason=reason, force=force)
+        return await runtime.cancel(task_id, reason=reason, force=force)
+
+    async def pause(self, task_id: str) -> RunRecord:
+        return await self._runtime.pause(task_id)
+
+    async def unpause(self, task_id: str) -> RunRecord:
+        return await self._runtime.unpause(task_id)
+
+    def pause_gate(self, task_id: str) -> PauseGate | None:
+        ctx = self._runtime._active.get(task_id)
+        return None if ctx is None else ctx.pause
+
+    async def stopped(self, task_id: str) -> None:
+        ctx = self._runtime._active.get(task_id)
+        if ctx is not None:
+            await ctx.done.wait()
 
     async def start_child(
         self,
@@ -861,6 +925,11 @@ class RuntimeHost:
         if snapshot.run.state is State.COMPLETED:
             return TaskHandle(runtime, child_id)
         return await runtime.resume(child_id, task=task)
+
+
+#: the statuses of a child step whose child run may still be active (in flight; interrupted by a
+#: hand-over, which hands the child over too; forced)
+_MAY_HOLD_A_CHILD = frozenset({StepStatus.RUNNING, StepStatus.INTERRUPTED, StepStatus.UNKNOWN})
 
 
 def _check_deadline(deadline: float | None) -> None:

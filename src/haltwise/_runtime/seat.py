@@ -84,12 +84,15 @@ class Seat:
         the mark to pass next time (``None`` the first time: waits for any change from now)."""
         return await self._store.wait_for_change(timeout, since=since)
 
-    async def request_cancel(self, task_id: str, reason: str, *, force: bool) -> RunRecord:
+    async def request_cancel(
+        self, task_id: str, reason: str, *, force: bool, fence: str | None = None
+    ) -> RunRecord:
         """Record a cancel of one run (see :meth:`haltwise.Runtime.cancel`); the run as it is
-        right after. Delivering it to a run worked here, or settling an orphan, is the caller's."""
+        right after. Delivering it to a run worked here, or settling an orphan, is the caller's.
+        ``fence``: only while that owner holds the run (see :meth:`Store.request_cancel`)."""
         check_reason(reason)
         check_no_nul(task_id, "a run id")
-        return await self._store.request_cancel(task_id, reason, force=force)
+        return await self._store.request_cancel(task_id, reason, force=force, fence=fence)
 
     async def request_cancels(
         self,

@@ -309,6 +309,9 @@ def close_dangling(
     answered = {
         _field(item, "call_id") for item in items if _field(item, "type") == "function_call_output"
     }
+    calls = {_field(item, "call_id") for item in items if _field(item, "type") == "function_call"}
+    if calls <= answered:
+        return items  # the common case: nothing to look up
     settled = settled_calls(outcome)
     fixed: list[Any] = []
     for item in items:
