@@ -32,7 +32,6 @@ from .operator_sql import (
     OperatorSQL,
     cancel_writes,
     change_from_row,
-    in_order,
     sort_named,
     summary_from_row,
     times_from_rows,
@@ -660,10 +659,9 @@ class SQLiteStore:
             writes, reached = cancel_writes(_OPS, chosen, reason, force, time.time())
             for write in writes:
                 conn.executemany(write.sql, write.rows)
-            after = conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(reached),))
-            return CancelResult(in_order(read_all(run_from_row, after), reached), final, unknown)
+            return CancelResult(reached, final, unknown)
 
-        result: CancelResult = await self._writer.call(op, bulk=True)
+        result: CancelResult = await self._writer.call(op)
         return result
 
     async def prune(
