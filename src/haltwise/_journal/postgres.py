@@ -57,7 +57,6 @@ from .operator_sql import (
     OperatorSQL,
     cancel_writes,
     change_from_row,
-    in_order,
     sort_named,
     summary_from_row,
     times_from_rows,
@@ -668,10 +667,8 @@ class PostgresStore:
                 for write in writes:
                     await batch.executemany(write.sql, write.rows)
             if reached:
-                await _notify(conn, reached[0])
-            cursor = await conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(reached),))
-            after = read_all(run_from_row, await cursor.fetchall())
-            return CancelResult(in_order(after, reached), final, unknown)
+                await _notify(conn, reached[0].id)
+            return CancelResult(reached, final, unknown)
 
         return await self._run(op, read_only=dry_run)
 

@@ -32,7 +32,6 @@ from .operator_sql import (
     OperatorSQL,
     cancel_writes,
     change_from_row,
-    in_order,
     sort_named,
     summary_from_row,
     times_from_rows,
@@ -119,6 +118,10 @@ WHERE run_id = ? AND idx = ? AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND own
 # track per step while it waits for its batch (measurable with a thousand runs waiting).
 
 
+#: a step's first start, in a run neither cancelling nor asked to pause (a record: shared)
+_FIRST_START = StepStarted(1)
+
+
 def _start_step(parameters: tuple[Any, ...], conn: sqlite3.Connection) -> StepStarted:
     # One statement: the fence check, the upsert and the run's cancel and pause state together.
     row = conn.execute(_START_STEP, parameters).fetchone()
@@ -127,6 +130,8 @@ def _start_step(parameters: tuple[Any, ...], conn: sqlite3.Connection) -> StepSt
         _check_fence(conn, run_id, fence)  # raises why: unknown run or lost ownership
         raise StoreError(f"run {run_id!r}: step {parameters[1]} could not be journaled")
     attempts, signal = row
+    if signal == 0 and attempts == 1:
+        return _FIRST_START  # the common case, without building a record
     if signal != 1:
         return StepStarted(attempts, pause=signal == 2)
     run = _check_fence(conn, run_id, fence)
@@ -654,10 +659,9 @@ class SQLiteStore:
             writes, reached = cancel_writes(_OPS, chosen, reason, force, time.time())
             for write in writes:
                 conn.executemany(write.sql, write.rows)
-            after = conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(reached),))
-            return CancelResult(in_order(read_all(run_from_row, after), reached), final, unknown)
+            return CancelResult(reached, final, unknown)
 
-        result: CancelResult = await self._writer.call(op, bulk=True)
+        result: CancelResult = await self._writer.call(op)
         return result
 
     async def prune(
