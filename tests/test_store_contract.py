@@ -44,7 +44,7 @@ from haltwise._core.states import TRANSITIONS, State, StepStatus, is_allowed
 from haltwise._core.views import ChangeKind
 from haltwise._journal.check import verify
 from haltwise._journal.schema import SCHEMA_VERSION
-from haltwise._journal.store import UNSET, ForkOf, NewRun, StepStart, Store, open_store
+from haltwise._journal.store import UNSET, ForkOf, NewRun, StepStart, StepStarted, Store, open_store
 
 pytestmark = pytest.mark.anyio
 
@@ -484,8 +484,8 @@ async def test_every_step_start_and_settlement_is_one_change_in_order(store_url:
 async def test_start_step_returns_the_cancel_hint(store_url: str) -> None:
     async with opened(store_url) as store:
         await reach(store, "r", State.RUNNING)
-        attempts, hint = await store.start_step("r", step(0), fence=OWNER.token)
-        assert (attempts, hint) == (1, None)
+        started = await store.start_step("r", step(0), fence=OWNER.token)
+        assert (started.attempts, started.cancel, started.pause) == (1, None, False)
         record = (await store.load("r")).steps[0]
         assert (record.index, record.tool, record.status, record.attempts) == (
             0,
@@ -493,10 +493,19 @@ async def test_start_step_returns_the_cancel_hint(store_url: str) -> None:
             StepStatus.RUNNING,
             1,
         )
+        await store.request_pause("r")
+        started = await store.start_step("r", step(1), fence=OWNER.token)
+        # SQLite reads the pause with the step (its watcher polls); PostgreSQL's NOTIFY wakes
+        # the watcher instead
+        assert (started.cancel, started.pause) == (None, store_url.startswith("sqlite"))
         await store.request_cancel("r", "deadline", force=False)
-        assert (await store.start_step("r", step(1), fence=OWNER.token))[1] == ("deadline", False)
+        started = await store.start_step("r", step(2), fence=OWNER.token)
+        assert (started.cancel, started.pause) == (("deadline", False), False)
         await store.request_cancel("r", "user", force=True)
-        assert (await store.start_step("r", step(2), fence=OWNER.token))[1] == ("deadline", True)
+        assert (await store.start_step("r", step(3), fence=OWNER.token)).cancel == (
+            "deadline",
+            True,
+        )
 
 
 async def test_step_writes_complete_in_a_cancelled_scope(store_url: str) -> None:
@@ -510,7 +519,7 @@ async def test_step_writes_complete_in_a_cancelled_scope(store_url: str) -> None
             started = await store.start_step("r", step(0), fence=OWNER.token)
             await store.settle_step("r", 0, StepStatus.COMMITTED, result=7, fence=OWNER.token)
             settled = True
-        assert started == (1, None) and settled
+        assert started == StepStarted(1) and settled
         journaled = (await store.load("r")).steps[0]
         assert (journaled.status, journaled.result) == (StepStatus.COMMITTED, 7)
 
@@ -527,7 +536,7 @@ async def test_attempts_increment_and_a_restart_clears_the_result(store_url: str
             idempotency_key="r/0",
             args='{"args": ["x"], "kwargs": {}}',
         )
-        assert (await store.start_step("r", start, fence=OWNER.token))[0] == 1
+        assert (await store.start_step("r", start, fence=OWNER.token)).attempts == 1
         journaled = (await store.load("r")).steps[0]
         assert (journaled.cancel, journaled.effect, journaled.idempotent) == (
             None,
@@ -538,7 +547,7 @@ async def test_attempts_increment_and_a_restart_clears_the_result(store_url: str
         failure = ErrorInfo(type="OSError", message="disk")
         await store.settle_step("r", 0, StepStatus.FAILED, error=failure, fence=OWNER.token)
         assert (await store.load("r")).steps[0].error == failure
-        assert (await store.start_step("r", start, fence=OWNER.token))[0] == 2
+        assert (await store.start_step("r", start, fence=OWNER.token)).attempts == 2
         second = (await store.load("r")).steps[0]
         assert (second.attempts, second.status, second.error) == (2, StepStatus.RUNNING, None)
         await store.settle_step("r", 0, StepStatus.COMMITTED, result=[1, "a"], fence=OWNER.token)
@@ -548,7 +557,7 @@ async def test_attempts_increment_and_a_restart_clears_the_result(store_url: str
             [1, "a"],
             2,
         )
-        assert (await store.start_step("r", start, fence=OWNER.token))[0] == 3
+        assert (await store.start_step("r", start, fence=OWNER.token)).attempts == 3
         third = (await store.load("r")).steps[0]
         assert (third.attempts, third.result) == (3, None)
         await store.start_step("r", step(1), fence=OWNER.token)
@@ -807,7 +816,7 @@ async def test_sqlite_closing_commits_the_loops_pending_batch(sqlite_url: str) -
             await anyio.lowlevel.checkpoint()  # they ran up to their writes; no flush yet
             assert not started
             await store.close()
-    assert started == [(1, None)] * 3
+    assert started == [StepStarted(1)] * 3
     async with opened(sqlite_url) as again:
         assert [s.index for s in (await again.load("r")).steps] == [0, 1, 2]
 

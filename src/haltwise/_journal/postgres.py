@@ -57,7 +57,6 @@ from .operator_sql import (
     OperatorSQL,
     cancel_writes,
     change_from_row,
-    in_order,
     sort_named,
     summary_from_row,
     times_from_rows,
@@ -91,7 +90,16 @@ from .sql import (
     plan_transition,
     plan_unpause_write,
 )
-from .store import UNSET, CancelResult, JournalRows, NewRun, PauseSignal, RunJournal, StepStart
+from .store import (
+    UNSET,
+    CancelResult,
+    JournalRows,
+    NewRun,
+    PauseSignal,
+    RunJournal,
+    StepStart,
+    StepStarted,
+)
 
 _CHANNEL = "haltwise_changes"
 #: advisory lock key that serialises schema creation between processes opening the store at once
@@ -465,9 +473,7 @@ class PostgresStore:
         claimed = read_all(run_from_row, await self._run(op))
         return sorted(claimed, key=lambda run: (run.created_at, run.id))
 
-    async def start_step(
-        self, run_id: str, step: StepStart, *, fence: str
-    ) -> tuple[int, tuple[str, bool] | None]:
+    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
         # One statement with every run's step writes queued meanwhile (see postgres_steps): the
         # fence check with its share lock, the upsert and the run's cancel state together.
         row = _start_row(run_id, step, fence, time.time())
@@ -479,8 +485,8 @@ class PostgresStore:
         if started is None:
             raise StoreError(f"run {run_id!r}: step {step.index} could not be journaled")
         if started.state != State.CANCELLING.value:
-            return started.attempts, None
-        return started.attempts, (started.reason or "user", started.force)
+            return StepStarted(started.attempts)
+        return StepStarted(started.attempts, cancel=(started.reason or "user", started.force))
 
     async def settle_step(
         self,
@@ -661,10 +667,8 @@ class PostgresStore:
                 for write in writes:
                     await batch.executemany(write.sql, write.rows)
             if reached:
-                await _notify(conn, reached[0])
-            cursor = await conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(reached),))
-            after = read_all(run_from_row, await cursor.fetchall())
-            return CancelResult(in_order(after, reached), final, unknown)
+                await _notify(conn, reached[0].id)
+            return CancelResult(reached, final, unknown)
 
         return await self._run(op, read_only=dry_run)
 

@@ -189,13 +189,20 @@ async def _run(request: Request, served: Served) -> Response:
 
 
 def _member(request: Request) -> tuple[str, str | None]:
-    """The run id (percent-decoded) and the action after it, from the raw path."""
+    """The run id (percent-decoded) and the action after it, from the raw path.
+
+    Every endpoint under ``/api/runs/{id}`` takes its id from here, so the one rule on ids
+    from a path is here too: an id with a NUL character names no run (no store can hold one;
+    PostgreSQL would refuse the query), whatever the endpoint: 404, as for any unknown id.
+    """
     raw = request.scope.get("raw_path") or request.scope["path"].encode()
     tail = raw.split(b"?", 1)[0].decode("latin-1")[len("/api/runs/") :]
     parts = tail.split("/")
     if not parts[0] or len(parts) > 2 or (len(parts) == 2 and not parts[1]):
         raise ApiError(404, "not_found", "no such endpoint")
     run_id = unquote(parts[0], errors="strict")
+    if "\x00" in run_id:
+        raise ApiError(404, "unknown_run", f"no run with id {run_id!r}: an id holds no NUL")
     return run_id, parts[1] if len(parts) == 2 else None
 
 
