@@ -118,6 +118,10 @@ WHERE run_id = ? AND idx = ? AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND own
 # track per step while it waits for its batch (measurable with a thousand runs waiting).
 
 
+#: a step's first start, in a run neither cancelling nor asked to pause (a record: shared)
+_FIRST_START = StepStarted(1)
+
+
 def _start_step(parameters: tuple[Any, ...], conn: sqlite3.Connection) -> StepStarted:
     # One statement: the fence check, the upsert and the run's cancel and pause state together.
     row = conn.execute(_START_STEP, parameters).fetchone()
@@ -126,6 +130,8 @@ def _start_step(parameters: tuple[Any, ...], conn: sqlite3.Connection) -> StepSt
         _check_fence(conn, run_id, fence)  # raises why: unknown run or lost ownership
         raise StoreError(f"run {run_id!r}: step {parameters[1]} could not be journaled")
     attempts, signal = row
+    if signal == 0 and attempts == 1:
+        return _FIRST_START  # the common case, without building a record
     if signal != 1:
         return StepStarted(attempts, pause=signal == 2)
     run = _check_fence(conn, run_id, fence)
