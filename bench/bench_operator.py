@@ -24,6 +24,7 @@ usage: python bench/bench_operator.py [bulk|api|pages|sse|command|all] [--runs N
 from __future__ import annotations
 
 import argparse
+import compileall
 import gc
 import http.client
 import json
@@ -94,28 +95,60 @@ async def bulk_case(url: str, runs: int, bulk: bool) -> dict[str, float]:
         cpu0, wall0 = time.process_time(), time.monotonic()
         await anyio.sleep(3.0)
         idle = (time.process_time() - cpu0) / (time.monotonic() - wall0) * 100
-        start = time.perf_counter()
-        if bulk:
-            await runtime.cancel_many(ids, reason="bulk")
-        else:
-            for run_id in ids:
-                await runtime.cancel(run_id, reason="one by one")
-        requested = time.perf_counter() - start
-        while runtime._active_runs:
-            await anyio.sleep(0.001)
-        done = time.perf_counter() - start
+        with collecting() as collector:
+            start = time.perf_counter()
+            if bulk:
+                await runtime.cancel_many(ids, reason="bulk")
+            else:
+                for run_id in ids:
+                    await runtime.cancel(run_id, reason="one by one")
+            requested = time.perf_counter() - start
+            while runtime._active_runs:
+                await anyio.sleep(0.001)
+            done = time.perf_counter() - start
         last = await runtime.inspect(ids[-1])
         assert last.outcome.state is haltwise.State.CANCELLED
-    return {"per_run_kib": per_run, "idle_cpu": idle, "requested": requested, "done": done}
+    return {
+        "per_run_kib": per_run,
+        "idle_cpu": idle,
+        "requested": requested,
+        "done": done,
+        "gc": collector.seconds,
+        "full": collector.full,
+    }
+
+
+class _Collector:
+    """Time spent in the garbage collector, and how many full (generation 2) collections."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._began
+        self.full += info["generation"] == 2
+
+
+@contextmanager
+def collecting() -> Iterator[_Collector]:
+    collector = _Collector()
+    gc.callbacks.append(collector)
+    try:
+        yield collector
+    finally:
+        gc.callbacks.remove(collector)
 
 
 def run_bulk(runs: int) -> None:
     print(header(f"{runs:,} runs waiting in a tool, in one process: cancel them all (SQLite)"))
     rows = []
     for bulk in (False, True):
-        with tempfile.TemporaryDirectory() as scratch:
-            url = f"sqlite:///{scratch}/bulk.db"
-            result = anyio.run(bulk_case, url, runs, bulk)
+        result = fresh_process_bulk_case(runs, bulk)
         rows.append(
             [
                 "Runtime.cancel_many (one transaction)"
@@ -123,16 +156,37 @@ def run_bulk(runs: int) -> None:
                 else "Runtime.cancel per run (baseline)",
                 f"{result['requested'] * 1000:,.0f} ms",
                 f"{result['done'] * 1000:,.0f} ms",
+                f"{result['gc'] * 1000:,.0f} ms ({result['full']:.0f} full)",
                 f"{result['per_run_kib']:.1f} KiB",
                 f"{result['idle_cpu']:.1f}%",
             ]
         )
     print(
         table(
-            ["how", "requests recorded", "all cancelled", "memory per waiting run", "idle CPU"],
+            [
+                "how",
+                "requests recorded",
+                "all cancelled",
+                "of which garbage collection",
+                "memory per waiting run",
+                "idle CPU",
+            ],
             rows,
         )
     )
+
+
+def fresh_process_bulk_case(runs: int, bulk: bool) -> dict[str, float]:
+    """:func:`bulk_case` in a process of its own (memory per run is measured from its start)."""
+    argv = [sys.executable, __file__, "_bulk_case", "--runs", str(runs)]
+    done = subprocess.run([*argv, *(["--bulk"] if bulk else [])], check=True, capture_output=True)
+    result: dict[str, float] = json.loads(done.stdout.decode().splitlines()[-1])
+    return result
+
+
+def bulk_case_here(runs: int, bulk: bool) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        print(json.dumps(anyio.run(bulk_case, f"sqlite:///{scratch}/bulk.db", runs, bulk)))
 
 
 # -- 2. a cancel through the API, beside the command -------------------------------------------
@@ -210,6 +264,9 @@ def exec_seconds(argv: list[str]) -> tuple[float, float]:
 def run_command(trials: int) -> None:
     print(header("haltwise cancel ID typed in a shell: exec to the tool interrupted"))
     python = sys.executable
+    # As installed (pip byte-compiles a wheel): with PYTHONDONTWRITEBYTECODE set, an editable
+    # checkout would otherwise compile every module changed since its last .pyc at every start.
+    compileall.compile_dir(str(Path(haltwise.__file__).parent), quiet=1)
     floors = {
         "bare interpreter: python -c pass (exec -> exit)": [python, "-c", "pass"],
         "import haltwise._cli (exec -> exit)": [python, "-c", "import haltwise._cli"],
@@ -451,14 +508,21 @@ def run_sse(trials: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
-        "what", nargs="?", default="all", choices=["bulk", "api", "pages", "sse", "command", "all"]
+        "what",
+        nargs="?",
+        default="all",
+        choices=["bulk", "api", "pages", "sse", "command", "all", "_bulk_case"],
     )
+    parser.add_argument("--bulk", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, default=10_000, help="runs for bulk")
     parser.add_argument("--page-runs", type=int, default=100_000, help="runs for pages")
     parser.add_argument("--trials", type=int, default=60)
     args = parser.parse_args()
     resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
     os.environ.pop("HALTWISE_TOKEN", None)
+    if args.what == "_bulk_case":
+        bulk_case_here(args.runs, args.bulk)
+        return
     if args.what in ("bulk", "all"):
         run_bulk(args.runs)
     if args.what in ("api", "all"):

@@ -21,7 +21,9 @@ systems alternating round after round so that a slow spell of the shared machine
    committed steps ran again on resume.
 3. Throughput: 1, 10, 100 and 1,000 concurrent runs of ``--scale-steps`` (20) trivial steps in
    one process, beside the one-commit ceiling (1 / the raw loop's seconds per step of section
-   1): aggregate durable steps per second, plotted to ``--png``.
+   1): aggregate durable steps per second, plotted to ``--png``. With ``--procs N`` (2), also
+   the 100 runs shared by N worker processes on the same server, started at one moment (the
+   aggregate rate: several processes put both cores to Python).
 
 ``--baseline REV`` measures every haltwise row also with the source tree of an earlier revision
 (a temporary git worktree; the benchmark code is always this tree's), alternating with the
@@ -29,7 +31,8 @@ working tree: a before/after in the same run. The tables go to stdout (each with
 average when it began: the machine is shared), the numbers to ``--json``.
 
 usage: python bench/bench_postgres.py [--steps N] [--repeat N] [--trials N] [--runs 1,10,...]
-       [--scale-steps N] [--scale-repeat N] [--baseline REV] [--json PATH] [--png PATH]
+       [--scale-steps N] [--scale-repeat N] [--procs N] [--baseline REV] [--json PATH]
+       [--png PATH]
 """
 
 from __future__ import annotations
@@ -156,7 +159,35 @@ def _cancel_trials(system: str, url: str, trials: int) -> list[dict[str, Any]]:
     return [trial.to_json() for trial in found]
 
 
+async def _runs_at(url: str, runs: int, steps: int, start_at: float, prefix: str) -> dict[str, Any]:
+    """One of several processes sharing the load: open the runtime, start ``runs`` runs of
+    ``steps`` trivial steps at the wall-clock time ``start_at``, return when they are final."""
+    import anyio
+    from _peer_haltwise import trivial_run
+
+    import haltwise
+
+    async def one(runtime: haltwise.Runtime, task_id: str) -> None:
+        handle = await runtime.start(trivial_run, steps, "none", task_id=task_id)
+        if (await handle.outcome()).state is not haltwise.State.COMPLETED:
+            raise SystemExit(f"run {task_id} did not complete")
+
+    async with haltwise.Runtime(url) as runtime:
+        late = time.time() > start_at
+        await anyio.sleep(max(0.0, start_at - time.time()))
+        async with anyio.create_task_group() as group:
+            for k in range(runs):
+                group.start_soon(one, runtime, f"{prefix}-{k}")
+        return {"end": time.time(), "late": late}
+
+
 def worker(kind: str, system: str, variant: str, url: str, count: int) -> dict[str, Any]:
+    if kind == "procs":  # variant RUNSxSTEPS:START:PREFIX
+        import anyio
+
+        shape, start_at, prefix = variant.split(":")
+        runs, steps = (int(n) for n in shape.split("x"))
+        return anyio.run(_runs_at, url, runs, steps, float(start_at), prefix)
     if kind == "cancel":
         return {"trials": _cancel_trials(system, url, count)}
     if kind == "scale":
@@ -245,6 +276,53 @@ class Server:
         found["commits"], found["wal_syncs"] = after[0] - before[0], after[1] - before[1]
         return found
 
+    def measure_procs(self, row: Row, runs: int, steps: int, procs: int) -> dict[str, Any]:
+        """``runs`` runs of ``steps`` steps shared by ``procs`` fresh processes on one fresh
+        database, all told to start at the same moment (after each opened its runtime):
+        aggregate steps per second from that moment to the last completion."""
+        url = create_database(self.dsn, prefix="bench")
+        name = url.rpartition("/")[2]
+        env = dict(os.environ)
+        if row.source is not None:
+            env["PYTHONPATH"] = str(row.source)
+        start_at = time.time() + 3.0 + 0.5 * procs  # time for each process to open its runtime
+        shares = [runs // procs + (1 if i < runs % procs else 0) for i in range(procs)]
+        children = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    "procs",
+                    "haltwise",
+                    f"{share}x{steps}:{start_at}:p{i}",
+                    url,
+                    "0",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=HERE,
+            )
+            for i, share in enumerate(shares)
+        ]
+        from peers import worker_result
+
+        found = []
+        for child in children:
+            out, err = child.communicate(timeout=900)
+            found.append(
+                worker_result(subprocess.CompletedProcess(child.args, child.returncode, out, err))
+            )
+        self._query(f'DROP DATABASE "{name}" WITH (FORCE)')
+        errors = [f["error"] for f in found if "error" in f]
+        if errors:
+            return {"error": errors[0]}
+        if any(f["late"] for f in found):
+            return {"error": "a process opened its runtime after the start (machine too busy)"}
+        return {"steps_per_s": runs * steps / (max(f["end"] for f in found) - start_at)}
+
 
 def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
@@ -312,6 +390,24 @@ def scale_section(
     return cells
 
 
+def procs_section(
+    server: Server, row: Row, runs: int, steps: int, procs: int, repeat: int
+) -> dict[str, Any]:
+    """``runs`` concurrent runs shared by ``procs`` worker processes (``row``'s tree)."""
+    rates, errors = [], []
+    for _ in range(repeat):
+        found = server.measure_procs(row, runs, steps, procs)
+        if "steps_per_s" in found:
+            rates.append(found["steps_per_s"])
+        else:
+            errors.append(found["error"])
+    cell: dict[str, Any] = {"runs": runs, "procs": procs, "steps_per_s": rates}
+    cell["median"] = median(rates) if rates else None
+    if errors:
+        cell["error"] = errors[0]
+    return cell
+
+
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     from peers import _fastest, _paired, _target
 
@@ -328,11 +424,18 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     at_100 = next((c for c in report["scale"].get(mine, []) if c["runs"] == 100), None)
     roof = report.get("ceiling_steps_per_s")
     scale = at_100["median"] / roof if at_100 and at_100["median"] and roof else None
+    shared = report.get("procs") or {}
+    procs = shared["median"] / roof if shared.get("median") and roof else None
     return [
         _target("per-step, haltwise / raw psycopg", -1.5, _paired(ours, raw)),
         _target("per-step, DBOS / haltwise", 4, _paired(dbos, ours)),
         _target("cancel 'stopped' p95, DBOS / haltwise", 3, stopped),
         _target("100 concurrent runs / the one-commit ceiling", 5, scale),
+        *(
+            [_target(f"100 runs over {shared['procs']} processes / the ceiling", 5, procs)]
+            if shared
+            else []
+        ),
     ]
 
 
@@ -406,6 +509,19 @@ def print_scale(report: dict[str, Any]) -> None:
     for label in labels:
         headers += [f"{label} steps/s", "x ceiling"]
     print(table(headers, rows))
+    shared = report.get("procs")
+    if shared:
+        rate = shared["median"]
+        found = (
+            f"{rate:,.0f} steps/s ({rate / roof:.1f}x the ceiling)"
+            if rate
+            else "not run: " + shared.get("error", "?")
+        )
+        print(
+            f"\nThe same 100 runs shared by {shared['procs']} worker processes on the one server "
+            f"({labels[-1]}; started at one moment, to the last completion; median of "
+            f"{len(shared['steps_per_s'])}): {found}"
+        )
 
 
 def plot(report: dict[str, Any], path: Path) -> str:
@@ -482,6 +598,10 @@ def run(server: Server, args: argparse.Namespace, trees: dict[str, Path | None])
     report["scale"] = scale_section(
         server, scale_rows, report["runs"], args.scale_steps, args.scale_repeat
     )
+    if args.procs > 1 and 100 in report["runs"]:
+        report["procs"] = procs_section(
+            server, scale_rows[-1], 100, args.scale_steps, args.procs, args.scale_repeat
+        )
     if report["ceiling_steps_per_s"]:
         print_scale(report)
     report["targets"] = targets(report)
@@ -506,6 +626,9 @@ def main() -> None:
     parser.add_argument("--runs", default="1,10,100,1000", help="concurrent run counts")
     parser.add_argument("--scale-steps", type=int, default=20)
     parser.add_argument("--scale-repeat", type=int, default=3)
+    parser.add_argument(
+        "--procs", type=int, default=2, help="also 100 runs over this many processes (0: not)"
+    )
     parser.add_argument("--baseline", help="also measure haltwise at this earlier revision")
     parser.add_argument("--json", type=Path, default=DOCS / "postgres.json")
     parser.add_argument("--png", type=Path, default=DOCS / "postgres_throughput.png")

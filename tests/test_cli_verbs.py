@@ -58,12 +58,49 @@ async def family():
 """
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def env(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
-    (tmp_path / "agent.py").write_text(AGENT + SAGA + FAMILY)
+#: A step retried once (its first attempt fails), then one that times out, caught by the task
+#: (needs only ``anyio`` and ``haltwise`` imported before it: the HTTP tests serve it too).
+PATIENT = """
+
+FLAKY = []
+
+
+@haltwise.tool(cancel="interruptible", effect="read", retries=2, backoff=(0, 1, 0))
+async def flaky(topic: str) -> str:
+    FLAKY.append(topic)
+    if len(FLAKY) == 1:
+        raise ConnectionError("the first attempt fails")
+    return topic
+
+
+@haltwise.tool(cancel="interruptible", effect="read", timeout=0.05)
+async def slow(topic: str) -> str:
+    await anyio.sleep(60)
+    return topic
+
+
+@haltwise.task
+async def patient(topic: str = "x"):
+    got = await flaky(topic)
+    try:
+        await slow(topic)
+    except haltwise.StepTimeoutError:
+        return got + " (slow timed out)"
+    return got
+"""
+
+
+def env_on(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
+    """A test directory with the agent file, on the store ``request.param`` names."""
+    (tmp_path / "agent.py").write_text(AGENT + SAGA + FAMILY + PATIENT)
     if request.param == "sqlite":
         return Env(tmp_path)
     return PgEnv(tmp_path, request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
+    return env_on(request, tmp_path)
 
 
 def paused(env: Env, run_id: str) -> dict[str, object]:
@@ -302,3 +339,20 @@ def test_a_cancel_of_a_paused_parent_whose_owner_died_settles_the_child_too(env:
     assert child is not None and (child["state"], child["reason"]) == ("cancelled", "parent")
     assert env.hw("check").returncode == 0
     assert env.effects() == ["record:mom", "record:kid", "think"]
+
+
+def test_a_retried_and_a_timed_out_step_on_the_command_line(env: Env) -> None:
+    done = env.hw("run", "agent.py:patient", "--id", "r1", "--json")
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout)
+    assert (outcome["state"], outcome["result"]) == ("completed", "x (slow timed out)")
+    retried, timed_out = outcome["steps"]
+    assert (retried["status"], retried["attempts"]) == ("committed", 2)
+    assert [(e["attempt"], e["type"]) for e in retried["earlier_errors"]] == [
+        (1, "ConnectionError")
+    ]
+    assert (timed_out["status"], timed_out["error"]["type"]) == ("failed", "StepTimeoutError")
+    assert env.status("r1") == outcome, "status --json says the same"
+    shown = env.hw("status", "r1").stdout
+    assert "StepTimeoutError" in shown
+    assert env.hw("check").returncode == 0

@@ -127,3 +127,28 @@ def test_html_in_ids_reasons_and_partials_is_shown_as_text(
     assert browser.title == "haltwise"
     with pytest.raises(NoAlertPresentException):
         browser.switch_to.alert.text  # noqa: B018
+
+
+def listed(driver: WebDriver) -> list[str]:
+    return [
+        row.get_attribute("data-id") or ""
+        for row in driver.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
+    ]
+
+
+def test_the_runs_list_pages_through_every_run(served: Served, browser: WebDriver) -> None:
+    for i in range(5):
+        assert served.post("/api/runs", {"task": "quick", "id": f"q{i}"}).status == 201
+    for i in range(5):
+        served.wait_for(f"q{i}", "completed", lambda run: run["state"] == "completed")
+    browser.get(f"{served.base}/#/?limit=2")
+    seen = []
+    for page in (["q4", "q3"], ["q2", "q1"], ["q0"]):
+        wait(browser, f"the page {page}", lambda d, page=page: listed(d) == page)
+        seen += listed(browser)
+        older = browser.find_elements(By.ID, "page-older")
+        if page != ["q0"]:
+            older[0].click()
+    assert seen == ["q4", "q3", "q2", "q1", "q0"] and not older  # every run once, then no more
+    browser.find_element(By.ID, "page-newest").click()
+    wait(browser, "back at the newest", lambda d: listed(d) == ["q4", "q3"])

@@ -11,7 +11,8 @@ import pytest
 
 import haltwise
 from haltwise import State, StepStatus
-from test_cli import AGENT, Env, error_line
+from test_cli import Env, error_line
+from test_cli_verbs import env_on
 
 pytestmark = pytest.mark.anyio
 
@@ -137,10 +138,9 @@ async def test_a_fork_refuses_what_it_cannot_replay(store_url: str) -> None:
 # -- the command line ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    (tmp_path / "agent.py").write_text(AGENT)
-    return Env(tmp_path)
+@pytest.fixture(params=["sqlite", "postgres"])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
+    return env_on(request, tmp_path)
 
 
 def test_fork_dry_run_lists_what_runs_again_and_the_fork_runs_it(env: Env) -> None:

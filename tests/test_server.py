@@ -18,7 +18,8 @@ import anyio
 import pytest
 
 import haltwise
-from _serve import PATIENCE, Served, events, start_server
+from _serve import AGENT, PATIENCE, Served, events, start_server
+from test_cli_verbs import PATIENT
 
 
 @pytest.fixture
@@ -265,3 +266,54 @@ def test_pause_and_unpause_through_the_api(served: Served) -> None:
     run = finished(served, "z1")
     assert run["state"] == "completed"
     assert served.post("/api/runs/nope/pause", {}).status == 404
+
+
+@pytest.fixture
+def served_verbs(tmp_path: Path, store_url: str) -> Iterator[Served]:
+    """The server with the verbs' tasks too (a retried step, a timed-out one)."""
+    server = start_server(tmp_path, store_url, agent=AGENT + PATIENT)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_retried_and_a_timed_out_step_through_the_api(served_verbs: Served) -> None:
+    served = served_verbs
+    assert served.post("/api/runs", {"task": "patient", "id": "r1"}).status == 201
+    run = finished(served, "r1")
+    assert (run["state"], run["result"]) == ("completed", "x (slow timed out)")
+    retried, timed_out = run["steps"]
+    assert (retried["status"], retried["attempts"]) == ("committed", 2)
+    assert [e["type"] for e in retried["earlier_errors"]] == ["ConnectionError"]
+    assert (timed_out["status"], timed_out["error"]["type"]) == ("failed", "StepTimeoutError")
+
+
+def test_fork_through_the_api(served: Served) -> None:
+    served.release("charge")
+    assert served.post("/api/runs", {"task": "pay", "id": "s1"}).status == 201
+    assert finished(served, "s1")["state"] == "completed"
+    dry = served.post("/api/runs/s1/fork", {"from_step": 1, "dry_run": True})
+    assert dry.status == 200
+    assert dry.json() == {
+        "source": "s1",
+        "from_step": 1,
+        "will_repeat": [{"index": 1, "tool": "charge", "effect": "external"}],
+        "id": None,
+    }
+    assert [r["id"] for r in served.get("/api/runs").json()["runs"]] == ["s1"], "nothing ran"
+    forked = served.post("/api/runs/s1/fork", {"from_step": 1, "id": "f1"})
+    assert forked.status == 202, forked.json()
+    assert forked.json()["id"] == "f1" and forked.json()["fork"]["source"] == "s1"
+    run = finished(served, "f1")
+    assert (run["state"], run["result"]) == ("completed", "charged 3")
+    assert [s["attempts"] for s in run["steps"]] == [1, 1]
+    assert "fork of s1 from step 1" in [e.get("reason") for e in run["events"]]
+    source = served.get("/api/runs/s1").json()
+    assert [s["attempts"] for s in source["steps"]] == [1, 1], "the source is not changed"
+    assert served.post("/api/runs/s1/fork", {"from_step": 9}).status == 422
+    assert served.post("/api/runs/s1/fork", {"from_step": -1}).status == 422
+    assert served.post("/api/runs/s1/fork", {"from_step": 0, "id": "f1"}).status == 422
+    assert served.post("/api/runs/nope/fork", {"from_step": 0}).status == 404
+    refused = served.post("/api/runs/s1/fork", {"from_step": 0}, token="reader-token")
+    assert refused.status == 403

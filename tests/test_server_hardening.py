@@ -36,3 +36,35 @@ def test_a_body_the_journal_cannot_hold_is_a_400(served: Served, body: bytes) ->
         assert answer.status == 400, (path, answer.status, answer.json())
         assert answer.error_code == "malformed"
     assert served.get("/api/runs").status == 200
+
+
+@pytest.fixture
+def served_on(tmp_path: Path, store_url: str) -> Iterator[Served]:
+    server = start_server(tmp_path, store_url)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+#: Every endpoint that takes a run id in its path (CONTRACT.md, "HTTP API and dashboard").
+PATH_ENDPOINTS = [
+    ("GET", ""),
+    ("GET", "/events"),
+    ("POST", "/cancel"),
+    ("POST", "/pause"),
+    ("POST", "/unpause"),
+    ("POST", "/resume"),
+]
+
+
+def test_a_nul_in_a_path_id_is_an_unknown_run_on_both_stores(served_on: Served) -> None:
+    """A NUL byte reached PostgreSQL as a 503 ("text fields cannot contain NUL") before."""
+    for method, action in PATH_ENDPOINTS:
+        for run_id in ("%00", "a%00b"):
+            answer = served_on.request(
+                method, f"/api/runs/{run_id}{action}", {} if method == "POST" else None
+            )
+            assert answer.status == 404, (method, action, answer.status, answer.body)
+            assert answer.error_code == "unknown_run"
+    assert served_on.get("/api/runs").status == 200

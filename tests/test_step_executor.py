@@ -10,6 +10,7 @@ and is checked in the journal the store wrote, then with ``haltwise check``'s ow
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,7 +32,9 @@ pytestmark = pytest.mark.anyio
 
 calls: Counter[str] = Counter()
 owner = new_owner()
+#: set once ``wanted`` tool bodies are inside (wait_forever, charge)
 inside = anyio.Event()
+wanted = [1]
 #: what the first attempt of ``writes_then_fail`` raises at its end (None: nothing)
 failure: list[Exception] = []
 
@@ -41,7 +44,14 @@ def _fresh() -> None:
     global inside
     calls.clear()
     failure.clear()
+    wanted[:] = [1]
     inside = anyio.Event()
+
+
+def enter(name: str) -> None:
+    calls[name] += 1
+    if sum(calls[tool] for tool in ("wait_forever", "charge")) >= wanted[0]:
+        inside.set()
 
 
 class StoreHost:
@@ -51,6 +61,7 @@ class StoreHost:
         self.store = store
         self.runs: dict[str, RunContext] = {}
         self.side_steps = 0
+        self.most_side_steps = 0
 
     @property
     def active_runs(self) -> int:
@@ -58,6 +69,7 @@ class StoreHost:
 
     def count_side_steps(self, delta: int) -> None:
         self.side_steps += delta
+        self.most_side_steps = max(self.most_side_steps, self.side_steps)
         self.store.set_concurrency(len(self.runs) + self.side_steps)
 
     async def cancel(self, task_id: str, *, reason: str, force: bool = False) -> object:
@@ -79,15 +91,13 @@ async def write(text: str) -> str:
 
 @haltwise.tool(cancel="interruptible", effect="read")
 async def wait_forever() -> None:
-    calls["wait_forever"] += 1
-    inside.set()
+    enter("wait_forever")
     await anyio.sleep_forever()
 
 
 @haltwise.tool(cancel="finish", effect="external")
 async def charge(amount: int) -> int:
-    calls["charge"] += 1
-    inside.set()
+    enter("charge")
     await anyio.sleep(0.05)  # the cancel arrives meanwhile: a finish step runs to its end
     return amount
 
@@ -97,6 +107,10 @@ async def three_writes() -> list[str]:
     if failure:
         raise failure.pop()
     return written
+
+
+async def two_at_once() -> list[Any]:
+    return list(await asyncio.gather(wait_forever(), charge(7)))
 
 
 async def write_then_wait() -> None:
@@ -218,6 +232,23 @@ async def test_a_finish_step_runs_to_its_end_through_a_cancel(tmp_path: Path) ->
         ("charge", StepStatus.COMMITTED, 5)
     ]
     assert calls["charge"] == 1
+    await checked(host.store, tmp_path)
+
+
+async def test_concurrent_steps_settle_each_by_its_policy(tmp_path: Path) -> None:
+    """Two steps beside the task function's own code (a gather): both count as side steps for
+    the store's batching, and a cancel settles each by its own policy."""
+    wanted[:] = [2]  # cancel once both bodies run
+    host, run = await open_run(tmp_path, two_at_once)
+    outcome = await drive_cancelled_inside(host, run)
+    assert outcome.state is State.CANCELLED
+    assert {s.tool: s.status for s in outcome.steps} == {
+        "wait_forever": StepStatus.INTERRUPTED,
+        "charge": StepStatus.COMMITTED,
+    }
+    assert calls == Counter(wait_forever=1, charge=1)
+    assert host.side_steps == 0  # every side step counted in was counted out
+    assert host.most_side_steps == 2
     await checked(host.store, tmp_path)
 
 

@@ -298,6 +298,10 @@ def _summary(outcome: Outcome, notes: Sequence[str]) -> Iterator[RenderableType]
         error = outcome.cancel_error
         yield Text(f"raised while cancelling: {error.type}: {error.message}")
     yield _steps_table(outcome.steps) if outcome.steps else Text("steps: none")
+    for step in outcome.steps:
+        if step.status is StepStatus.FAILED and step.error is not None:
+            failed = f"step {step.index} ({step.tool}) failed: {step.error.type}: "
+            yield Text(failed + step.error.message, style="red")
     if outcome.partials:
         yield Text(f"partials ({len(outcome.partials)}):")
         for value in outcome.partials:

@@ -95,6 +95,8 @@ class StepRecord:
             "status": self.status.value,
             "attempts": self.attempts,
         }
+        if self.status is StepStatus.FAILED and self.error is not None:
+            data["error"] = self.error.to_json()  # CONTRACT.md: a failed step carries its own
         if self.earlier_errors:
             data["earlier_errors"] = [item.to_json() for item in self.earlier_errors]
         return data

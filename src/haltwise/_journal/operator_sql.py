@@ -17,7 +17,7 @@ import base64
 import binascii
 import json
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, final
 
 from .._core.exceptions import InputError
@@ -35,7 +35,6 @@ __all__ = [
     "change_from_row",
     "decode_cursor",
     "encode_cursor",
-    "in_order",
     "sort_named",
     "summary_from_row",
 ]
@@ -242,28 +241,39 @@ class CancelWrite:
 
 def cancel_writes(
     ops: OperatorSQL, runs: Iterable[RunRecord], reason: str, force: bool, now: float
-) -> tuple[list[CancelWrite], list[str]]:
+) -> tuple[list[CancelWrite], tuple[RunRecord, ...]]:
     """The writes of cancelling ``runs``, each as :func:`plan_cancel_write` says.
 
     Returns the statements (updates grouped by the columns they write, then the events) and
-    the ids the request reached (every run that was not final).
+    the runs the request reached (every run that was not final) as the writes leave them, so
+    that the transaction need not read them back.
     """
     groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
     events: list[tuple[Any, ...]] = []
-    reached: list[str] = []
+    reached: list[RunRecord] = []
     for run in runs:
         if run.state.is_final:
             continue
-        reached.append(run.id)
         write = plan_cancel_write(run, reason, force, now)
         if write is None:
+            reached.append(run)
             continue
+        reached.append(written(run, write.fields))
         groups.setdefault(tuple(write.fields), []).append((*write.fields.values(), run.id))
         events += event_parameters(run.id, write)
     writes = [CancelWrite(ops.update_by_id(names), rows) for names, rows in groups.items()]
     if events:
         writes.append(CancelWrite(ops.record_event(), events))
-    return writes, reached
+    return writes, tuple(reached)
+
+
+def written(run: RunRecord, fields: dict[str, Any]) -> RunRecord:
+    """``run`` as an update of its row with the column values ``fields`` leaves it (the run
+    columns a request writes: ``state`` as its value, ``owner_token`` beside ``owner``)."""
+    changes = {name: value for name, value in fields.items() if name != "owner_token"}
+    if "state" in changes:
+        changes["state"] = State(changes["state"])
+    return replace(run, **changes)
 
 
 def sort_named(
@@ -278,12 +288,6 @@ def sort_named(
     final = tuple(by_id[i] for i in named if i in by_id and by_id[i].state.is_final)
     unknown = tuple(i for i in named if i not in by_id)
     return active, final, unknown
-
-
-def in_order(records: Iterable[RunRecord], ids: Sequence[str]) -> tuple[RunRecord, ...]:
-    """``records`` in the order of ``ids`` (a read by id list returns them in any order)."""
-    by_id = {record.id: record for record in records}
-    return tuple(by_id[i] for i in ids if i in by_id)
 
 
 # -- the cursor of a page -----------------------------------------------------------------------

@@ -57,7 +57,6 @@ from .operator_sql import (
     OperatorSQL,
     cancel_writes,
     change_from_row,
-    in_order,
     sort_named,
     summary_from_row,
     times_from_rows,
@@ -91,7 +90,16 @@ from .sql import (
     plan_transition,
     plan_unpause_write,
 )
-from .store import UNSET, CancelResult, JournalRows, NewRun, PauseSignal, RunJournal, StepStart
+from .store import (
+    UNSET,
+    CancelResult,
+    JournalRows,
+    NewRun,
+    PauseSignal,
+    RunJournal,
+    StepStart,
+    StepStarted,
+)
 
 _CHANNEL = "haltwise_changes"
 #: advisory lock key that serialises schema creation between processes opening the store at once
@@ -259,14 +267,28 @@ class PostgresStore:
 
     # -- running operations ------------------------------------------------------------------
 
-    async def _run(self, op: Callable[[_Conn], Awaitable[_T]], *, read_only: bool = False) -> _T:
+    async def _run(
+        self,
+        op: Callable[[_Conn], Awaitable[_T]],
+        *,
+        read_only: bool = False,
+        after_steps: bool = True,
+    ) -> _T:
+        """Run ``op`` in a transaction of its own (see the module docstring).
+
+        A deferred settlement commits before any other operation of this store object, except
+        the few with ``after_steps=False``: they neither read nor write step rows nor record
+        anything a task did (the runtime watcher's cancel and pause reads, the lease
+        heartbeat), so nothing they make durable can precede a settlement it depends on, and
+        what they read does not show it. They keep the watcher's ticks from forcing a commit of
+        their own on a sequential run's deferred settlement."""
         pool = self._pool
         if pool is None:
             raise StoreError(f"store {self._where} is not open")
-        # A deferred settlement commits before any other operation of this store object.
-        if self._steps.has_deferred():
-            await self._steps.flush()
-        self._steps.raise_deferred_error()
+        if after_steps:
+            if self._steps.has_deferred():
+                await self._steps.flush()
+            self._steps.raise_deferred_error()
         # The operation runs in its own task: a caller cancelled while waiting stops waiting,
         # and the transaction still commits or rolls back whole (as in the SQLite store).
         task = asyncio.ensure_future(self._transact(pool, op, read_only))
@@ -393,7 +415,7 @@ class PostgresStore:
                 )
                 return pause_signals_of(await rows.fetchall(), set(ids))
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, after_steps=False)
 
     async def claim(
         self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None
@@ -422,7 +444,7 @@ class PostgresStore:
         async def op(conn: _Conn) -> int:
             return (await conn.execute(_SQL.heartbeat, (lease_until, owner_token))).rowcount
 
-        return await self._run(op)
+        return await self._run(op, after_steps=False)
 
     async def claim_pending(
         self, owner: Owner, tasks: Collection[str], *, lease_until: float, limit: int
@@ -451,9 +473,7 @@ class PostgresStore:
         claimed = read_all(run_from_row, await self._run(op))
         return sorted(claimed, key=lambda run: (run.created_at, run.id))
 
-    async def start_step(
-        self, run_id: str, step: StepStart, *, fence: str
-    ) -> tuple[int, tuple[str, bool] | None]:
+    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
         # One statement with every run's step writes queued meanwhile (see postgres_steps): the
         # fence check with its share lock, the upsert and the run's cancel state together.
         row = _start_row(run_id, step, fence, time.time())
@@ -465,8 +485,8 @@ class PostgresStore:
         if started is None:
             raise StoreError(f"run {run_id!r}: step {step.index} could not be journaled")
         if started.state != State.CANCELLING.value:
-            return started.attempts, None
-        return started.attempts, (started.reason or "user", started.force)
+            return StepStarted(started.attempts)
+        return StepStarted(started.attempts, cancel=(started.reason or "user", started.force))
 
     async def settle_step(
         self,
@@ -581,7 +601,7 @@ class PostgresStore:
                 for row in await cursor.fetchall()
             }
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, after_steps=False)
 
     # -- the operator's operations (their SQL: operator_sql) ------------------------------------
 
@@ -647,10 +667,8 @@ class PostgresStore:
                 for write in writes:
                     await batch.executemany(write.sql, write.rows)
             if reached:
-                await _notify(conn, reached[0])
-            cursor = await conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(reached),))
-            after = read_all(run_from_row, await cursor.fetchall())
-            return CancelResult(in_order(after, reached), final, unknown)
+                await _notify(conn, reached[0].id)
+            return CancelResult(reached, final, unknown)
 
         return await self._run(op, read_only=dry_run)
 

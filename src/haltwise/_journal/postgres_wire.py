@@ -29,6 +29,9 @@ from psycopg.errors import error_from_result
 from psycopg.rows import DictRow
 
 _Conn = psycopg.AsyncConnection[DictRow]
+#: a prepared statement is planned again after this many executions, or this many seconds
+REPLAN_EXECUTIONS = 1000
+REPLAN_SECONDS = 60.0
 #: a row of a result, each value as the server's text (None: NULL)
 Row = tuple[bytes | None, ...]
 
@@ -73,9 +76,11 @@ class Wire:
     def __init__(self, conn: _Conn) -> None:
         self.conn = conn
         self.pgconn = conn.pgconn
-        #: names of the statements prepared on this connection
-        self.prepared: set[bytes] = set()
+        #: the statements prepared on this connection: name -> (executions left before it is
+        #: planned again, the loop's clock when it was planned)
+        self.prepared: dict[bytes, tuple[int, float]] = {}
         self._loop = asyncio.get_running_loop()
+        self.clock = self._loop.time
         self._fd = self.pgconn.socket
         self._waiting: asyncio.Future[None] | None = None
         self._loop.add_reader(self._fd, self._readable)
@@ -143,11 +148,25 @@ class Prepared:
     sql: str
 
     async def ensure(self, wire: Wire) -> None:
-        """Prepare the statement on ``wire``'s connection unless it is already."""
-        if self.name not in wire.prepared:
-            wire.pgconn.send_prepare(self.name, _numbered(self.sql).encode())
+        """Have the statement prepared on ``wire``'s connection, with a plan made recently.
+
+        The plan is generic (made once, whatever the parameters), from the tables' sizes when
+        it was made: one made while the journal was nearly empty may scan a table that has
+        since grown. So a statement is planned again after :data:`REPLAN_EXECUTIONS`
+        executions or :data:`REPLAN_SECONDS` (a millisecond or so of the server's time).
+        """
+        left, planned = wire.prepared.get(self.name, (0, 0.0))
+        now = wire.clock()
+        if left > 0 and now - planned < REPLAN_SECONDS:
+            wire.prepared[self.name] = (left - 1, planned)
+            return
+        if self.name in wire.prepared:
+            del wire.prepared[self.name]
+            wire.pgconn.send_query(b"DEALLOCATE " + self.name)
             await wire.results()
-            wire.prepared.add(self.name)
+        wire.pgconn.send_prepare(self.name, _numbered(self.sql).encode())
+        await wire.results()
+        wire.prepared[self.name] = (REPLAN_EXECUTIONS, now)
 
     async def rows(self, wire: Wire, values: Sequence[Any]) -> list[Row]:
         """Execute the statement with ``values`` (in autocommit mode: it commits on its own)

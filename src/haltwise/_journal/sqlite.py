@@ -32,7 +32,6 @@ from .operator_sql import (
     OperatorSQL,
     cancel_writes,
     change_from_row,
-    in_order,
     sort_named,
     summary_from_row,
     times_from_rows,
@@ -74,6 +73,7 @@ from .store import (
     PauseSignal,
     RunJournal,
     StepStart,
+    StepStarted,
 )
 
 #: The page size of a new store file (bytes).
@@ -104,7 +104,8 @@ ON CONFLICT (run_id, idx) DO UPDATE SET status = 'running', attempts = attempts 
     settled_at = NULL, call_id = excluded.call_id, fingerprint = excluded.fingerprint,
     errors = CASE WHEN error IS NULL THEN errors ELSE json_insert(coalesce(errors, '[]'), '$[#]',
         json_set(json(error), '$.attempt', attempts)) END
-RETURNING attempts, (SELECT state = 'cancelling' FROM runs WHERE id = steps.run_id)
+RETURNING attempts, (SELECT CASE WHEN state = 'cancelling' THEN 1 WHEN pause THEN 2 ELSE 0 END
+                     FROM runs WHERE id = steps.run_id)
 """
 
 _SETTLE_STEP = """
@@ -117,20 +118,24 @@ WHERE run_id = ? AND idx = ? AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND own
 # track per step while it waits for its batch (measurable with a thousand runs waiting).
 
 
-def _start_step(
-    parameters: tuple[Any, ...], conn: sqlite3.Connection
-) -> tuple[int, tuple[str, bool] | None]:
-    # One statement: the fence check, the upsert and the run's cancel state together.
+#: a step's first start, in a run neither cancelling nor asked to pause (a record: shared)
+_FIRST_START = StepStarted(1)
+
+
+def _start_step(parameters: tuple[Any, ...], conn: sqlite3.Connection) -> StepStarted:
+    # One statement: the fence check, the upsert and the run's cancel and pause state together.
     row = conn.execute(_START_STEP, parameters).fetchone()
     run_id, fence = parameters[-2:]
     if row is None:
         _check_fence(conn, run_id, fence)  # raises why: unknown run or lost ownership
         raise StoreError(f"run {run_id!r}: step {parameters[1]} could not be journaled")
-    attempts, cancelling = row
-    if not cancelling:
-        return attempts, None
+    attempts, signal = row
+    if signal == 0 and attempts == 1:
+        return _FIRST_START  # the common case, without building a record
+    if signal != 1:
+        return StepStarted(attempts, pause=signal == 2)
     run = _check_fence(conn, run_id, fence)
-    return attempts, (run["reason"] or "user", bool(run["force"]))
+    return StepStarted(attempts, cancel=(run["reason"] or "user", bool(run["force"])))
 
 
 def _settle_step(parameters: tuple[Any, ...], conn: sqlite3.Connection) -> None:
@@ -479,9 +484,7 @@ class SQLiteStore:
         # hold up the queue) and is reported by CorruptRowError, with the others as readable.
         return sorted(read_all(run_from_row, rows), key=lambda run: (run.created_at, run.id))
 
-    async def start_step(
-        self, run_id: str, step: StepStart, *, fence: str
-    ) -> tuple[int, tuple[str, bool] | None]:
+    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
         parameters = (
             run_id,
             step.index,
@@ -498,7 +501,7 @@ class SQLiteStore:
             run_id,
             fence,
         )
-        started: tuple[int, tuple[str, bool] | None] = await self._writer.call(
+        started: StepStarted = await self._writer.call(
             partial(_start_step, parameters), atomic=True, shield=True
         )
         return started
@@ -656,10 +659,9 @@ class SQLiteStore:
             writes, reached = cancel_writes(_OPS, chosen, reason, force, time.time())
             for write in writes:
                 conn.executemany(write.sql, write.rows)
-            after = conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(reached),))
-            return CancelResult(in_order(read_all(run_from_row, after), reached), final, unknown)
+            return CancelResult(reached, final, unknown)
 
-        result: CancelResult = await self._writer.call(op, bulk=True)
+        result: CancelResult = await self._writer.call(op)
         return result
 
     async def prune(

@@ -92,6 +92,21 @@ class PauseSignal:
 
 
 @dataclass(frozen=True, slots=True)
+class StepStarted:
+    """What :meth:`Store.start_step` reads back in the transaction that journals the start."""
+
+    #: how many times the step's body was started, this one included
+    attempts: int
+    #: the run's ``(reason, force)`` if it is ``cancelling``, else None
+    cancel: tuple[str, bool] | None = None
+    #: a pause of the run is requested. Read with the start where the store's watcher polls
+    #: (SQLite: a pause requested by another process then reaches a stepping run at its next
+    #: step, not its next poll); PostgreSQL's watcher is woken at once by the request's NOTIFY,
+    #: so its store leaves this False.
+    pause: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class StepStart:
     """The journal entry written before a tool body runs."""
 
@@ -215,16 +230,15 @@ class Store(Protocol):
     ) -> list[RunRecord]:
         """Claim up to ``limit`` unowned ``pending`` runs of ``tasks`` (for workers)."""
 
-    async def start_step(
-        self, run_id: str, step: StepStart, *, fence: str
-    ) -> tuple[int, tuple[str, bool] | None]:
+    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
         """Journal that the step's tool body is about to run (status ``running``, attempts + 1).
 
         Completes even if the caller is cancelled meanwhile (the store shields its own wait), so
         the caller always knows whether the step is journaled. Returns the step's attempts and,
         if the run is ``cancelling`` in the store, its ``(reason, force)``, read in the same
         transaction: a cancel recorded by another process is then acted on before the tool body
-        runs, at no extra cost.
+        runs, at no extra cost (and, on SQLite, whether a pause is requested: see
+        :class:`StepStarted`).
         """
 
     async def settle_step(
@@ -413,9 +427,9 @@ def check_transition(
     return the columns the transition writes besides the caller's (the pause request's rule).
 
     A run enters ``paused`` only while a pause is requested (an unpause or a cancel recorded
-    first wins). The request is cleared when the run leaves ``paused`` for ``running`` (an
-    unpause) and when it ends; a ``pending`` run starting keeps it (it pauses at its first
-    checkpoint).
+    first wins). The request (and ``settle_on_cancel``) is cleared when the run leaves
+    ``paused`` (an unpause, a cancel) and when it ends; a ``pending`` run starting keeps it (it
+    pauses at its first checkpoint).
     """
     state = current.state
     if (
@@ -424,7 +438,7 @@ def check_transition(
         or (target is State.PAUSED and not current.pause)
     ):
         raise InvalidTransitionError(run_id, state.value, target.value)
-    if target.is_final or (state is State.PAUSED and target is State.RUNNING):
+    if target.is_final or state is State.PAUSED:
         return {"pause": False, "settle_on_cancel": False}
     return {}
 

@@ -33,6 +33,7 @@ from .._core.states import State, StepStatus
 from .._core.views import CancelBatch, Change, RunDetail, RunPage
 from .._journal.owner import DEFAULT_LEASE, held_by_live_owner, new_owner
 from .._journal.store import ForkOf, NewRun, Store, open_store
+from .cancel_state import outside_any_task
 from .ending import call_task, fail_refused, finish, settle_takeover
 from .fork import ForkPlan, plan_fork
 from .operator import registered_task, stand_in_task
@@ -506,15 +507,19 @@ class Runtime:
 
     async def _after_cancel(self, record: RunRecord) -> RunRecord:
         """Deliver a recorded cancel here, or settle the run if nobody works it."""
-        ctx = self._active.get(record.id)
-        if ctx is not None:
-            if record.state in (State.CANCELLING, State.CANCELLED):
-                # cancelling: settle what is in flight; cancelled (it was paused): stop its task
-                ctx.request_cancel(record.reason or "user", force=record.force)
-            return record
-        if not self._orphaned(record):
+        if self._deliver(record) or not self._orphaned(record):
             return record
         return await self._settle_orphan(record.id)
+
+    def _deliver(self, record: RunRecord) -> bool:
+        """Deliver a recorded cancel to the run if it is worked here (False if it is not)."""
+        ctx = self._active.get(record.id)
+        if ctx is None:
+            return False
+        if record.state in (State.CANCELLING, State.CANCELLED):
+            # cancelling: settle what is in flight; cancelled (it was paused): stop its task
+            ctx.request_cancel(record.reason or "user", force=record.force)
+        return True
 
     def _orphaned(self, run: RunRecord) -> bool:
         """A ``cancelling`` run that nobody works: released, or its owner is gone (a run this
@@ -576,8 +581,13 @@ class Runtime:
         )
         states: dict[str, State] = {}
         settled = []
+        here = [] if dry_run else [record for record in result.reached if self.is_active(record.id)]
+        if here:  # one callback of the event loop delivers them all (see outside_any_task)
+            await outside_any_task(lambda: [self._deliver(record) for record in here])
+        worked = {record.id for record in here}
         for record in result.reached:
-            after = record if dry_run else await self._after_cancel(record)
+            done = dry_run or record.id in worked
+            after = record if done else await self._after_cancel(record)
             states[record.id] = after.state
             if self._orphaned(record) and after.state.is_final:
                 settled.append(record.id)

@@ -347,13 +347,16 @@ class _Flight:
             self.counted = True
             run.host.count_side_steps(+1)
         try:
-            _, stored_cancel = await run.store.start_step(run.run_id, start, fence=run.fence)
+            started = await run.store.start_step(run.run_id, start, fence=run.fence)
         except _CANCELLED:
             # Cancelled while waiting for the write, which happens anyway: the body never ran.
             await _to_the_end(settle(run, self.index, StepStatus.INTERRUPTED))
             raise
-        if stored_cancel is not None:
-            run.request_cancel(stored_cancel[0], force=stored_cancel[1])
+        if started.cancel is not None:
+            reason, force = started.cancel
+            run.request_cancel(reason, force=force)
+        elif started.pause and not run.pause.requested:
+            run.pause.request()  # another process asked: the run pauses once this step ends
         cancel = run.cancel
         if (cancel.reason is not None and not self.shielded) or cancel.forced:
             # The cancel came first: the body never ran.

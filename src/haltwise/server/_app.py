@@ -27,7 +27,15 @@ from .._core.states import State
 from .._runtime.runtime import Runtime
 from .._runtime.tool import Task
 from ._auth import SESSION_COOKIE, Tokens, authorise
-from ._bodies import BulkCancelBody, CancelBody, EmptyBody, ResumeBody, SubmitBody, read_body
+from ._bodies import (
+    BulkCancelBody,
+    CancelBody,
+    EmptyBody,
+    ForkBody,
+    ResumeBody,
+    SubmitBody,
+    read_body,
+)
 from ._errors import ApiError, error_response, from_haltwise, on_api_error, on_haltwise_error
 from ._openapi import openapi_document
 from ._sse import EventStream, since_of
@@ -189,13 +197,20 @@ async def _run(request: Request, served: Served) -> Response:
 
 
 def _member(request: Request) -> tuple[str, str | None]:
-    """The run id (percent-decoded) and the action after it, from the raw path."""
+    """The run id (percent-decoded) and the action after it, from the raw path.
+
+    Every endpoint under ``/api/runs/{id}`` takes its id from here, so the one rule on ids
+    from a path is here too: an id with a NUL character names no run (no store can hold one;
+    PostgreSQL would refuse the query), whatever the endpoint: 404, as for any unknown id.
+    """
     raw = request.scope.get("raw_path") or request.scope["path"].encode()
     tail = raw.split(b"?", 1)[0].decode("latin-1")[len("/api/runs/") :]
     parts = tail.split("/")
     if not parts[0] or len(parts) > 2 or (len(parts) == 2 and not parts[1]):
         raise ApiError(404, "not_found", "no such endpoint")
     run_id = unquote(parts[0], errors="strict")
+    if "\x00" in run_id:
+        raise ApiError(404, "unknown_run", f"no run with id {run_id!r}: an id holds no NUL")
     return run_id, parts[1] if len(parts) == 2 else None
 
 
@@ -227,8 +242,8 @@ async def _verb(request: Request, served: Served, run_id: str, name: str) -> Res
     return JSONResponse({"id": run_id, "state": detail.outcome.state.value}, status_code=202)
 
 
-async def _resume(request: Request, served: Served, run_id: str) -> Response:
-    body = await read_body(request, ResumeBody)
+async def _served_task(served: Served, run_id: str) -> Task[..., Any]:
+    """The served task of run ``run_id`` (404 without FILE.py, or for a task it lacks)."""
     tasks = _tasks(served)
     detail = await served.runtime.inspect(run_id)
     task = tasks.get(detail.outcome.task)
@@ -236,6 +251,12 @@ async def _resume(request: Request, served: Served, run_id: str) -> Response:
         raise ApiError(
             404, "unknown_task", f"run {run_id!r} is of task {detail.outcome.task!r}, not served"
         )
+    return task
+
+
+async def _resume(request: Request, served: Served, run_id: str) -> Response:
+    body = await read_body(request, ResumeBody)
+    task = await _served_task(served, run_id)
     assume_done = _step_results(body.assume_done)
     handle = await served.runtime.resume(
         run_id, assume_done=assume_done, rerun=set(body.rerun), deadline=body.deadline, task=task
@@ -254,7 +275,31 @@ def _step_results(assume_done: dict[str, Any]) -> dict[int, Any]:
     return results
 
 
-_ACTIONS = {"cancel": _cancel, "pause": _pause, "unpause": _unpause, "resume": _resume}
+async def _fork(request: Request, served: Served, run_id: str) -> Response:
+    """As ``haltwise fork``: the plan (which committed write/external steps run again) with
+    ``dry_run``, 200; otherwise the fork runs in the server (with FILE.py only), 202."""
+    body = await read_body(request, ForkBody)
+    plan = await served.runtime.fork_plan(run_id, from_step=body.from_step, new_id=body.id)
+    if body.dry_run:
+        return JSONResponse({**plan.to_json(), "id": body.id})
+    task = await _served_task(served, run_id)
+    handle = await served.runtime.fork(
+        run_id, from_step=body.from_step, new_id=body.id, task=task, deadline=body.deadline
+    )
+    state = (await served.runtime.inspect(handle.id)).outcome.state
+    return JSONResponse(
+        {"id": handle.id, "state": state.value, "fork": {**plan.to_json(), "id": handle.id}},
+        status_code=202,
+    )
+
+
+_ACTIONS = {
+    "cancel": _cancel,
+    "pause": _pause,
+    "unpause": _unpause,
+    "resume": _resume,
+    "fork": _fork,
+}
 
 
 async def _bulk_cancel(request: Request, served: Served) -> Response:

@@ -23,6 +23,7 @@ __all__ = [
     "BulkCancelBody",
     "CancelBody",
     "EmptyBody",
+    "ForkBody",
     "ResumeBody",
     "SubmitBody",
     "read_body",
@@ -77,6 +78,16 @@ class ResumeBody(_Body):
 
     assume_done: dict[str, Any] = Field(default_factory=dict)
     rerun: list[StrictInt] = Field(default_factory=list)
+    deadline: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+
+class ForkBody(_Body):
+    """``POST /api/runs/{id}/fork``: a new run whose steps before ``from_step`` are replayed
+    from this one (``haltwise fork``); ``dry_run`` only lists what would run again."""
+
+    from_step: StrictInt = Field(ge=0)
+    id: StrictStr | None = Field(None, min_length=1, max_length=1000)
+    dry_run: StrictBool = False
     deadline: float | None = Field(None, gt=0, allow_inf_nan=False)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from .._core.states import State
-from ._bodies import BulkCancelBody, CancelBody, EmptyBody, ResumeBody, SubmitBody
+from ._bodies import BulkCancelBody, CancelBody, EmptyBody, ForkBody, ResumeBody, SubmitBody
 
 __all__ = ["openapi_document"]
 
@@ -22,6 +22,7 @@ _MODELS: tuple[type[BaseModel], ...] = (
     EmptyBody,
     SubmitBody,
     ResumeBody,
+    ForkBody,
 )
 _ERRORS = {
     "400": "malformed request",
@@ -149,6 +150,14 @@ def openapi_document() -> dict[str, Any]:
         ),
         "/api/runs/{id}/resume": _post(
             "resume the run in the server (with FILE.py only)", ResumeBody, "404", "409", ok="202"
+        ),
+        "/api/runs/{id}/fork": _post(
+            "fork the run from a step: the plan (dry_run), or the fork run in the server "
+            "(with FILE.py only)",
+            ForkBody,
+            "404",
+            "422",
+            ok="202",
         ),
         "/api/runs/{id}/events": _events("the run's changes (SSE)", [_RUN_ID]),
         "/api/cancel": {

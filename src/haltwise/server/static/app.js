@@ -4,7 +4,9 @@
 "use strict";
 
 const main = document.getElementById("main");
-const STATES = ["pending", "running", "cancelling", "cancelled", "completed", "failed"];
+const STATES = ["pending", "running", "paused", "cancelling", "cancelled", "completed", "failed"];
+// runs per page of the runs list (the hash may ask for another: #/?limit=20)
+const PAGE_SIZE = 100;
 let stream = null;
 let refreshTimer = null;
 let tickTimer = null;
@@ -101,6 +103,8 @@ function soon(render) {
 async function showRuns(params) {
   const state = params.get("state") || "";
   const task = params.get("task") || "";
+  const cursor = params.get("cursor") || "";
+  const limit = params.get("limit") || String(PAGE_SIZE);
   const filters = el("form", { class: "filters", onsubmit: (event) => {
     event.preventDefault();
     const query = new URLSearchParams();
@@ -115,13 +119,24 @@ async function showRuns(params) {
   filters.append(stateSelect, taskInput, el("button", { type: "submit", text: "Filter" }));
   const table = el("table", { id: "runs" });
   const note = el("p", { class: "muted", id: "runs-note" });
-  main.replaceChildren(el("h1", { text: "Runs" }), filters, note, table);
+  const pages = el("p", { class: "pages", id: "runs-pages" });
+  main.replaceChildren(el("h1", { text: "Runs" }), filters, note, table, pages);
+  // a page of this listing: the same filters, from the cursor given ("" = the newest)
+  const pageLink = (text, from, id) => {
+    const query = new URLSearchParams();
+    if (state) query.set("state", state);
+    if (task) query.set("task", task);
+    if (limit !== String(PAGE_SIZE)) query.set("limit", limit);
+    if (from) query.set("cursor", from);
+    return el("a", { href: `#/?${query}`, text, id });
+  };
 
   const mine = pageNumber;
   const render = async () => {
-    const query = new URLSearchParams({ limit: "100" });
+    const query = new URLSearchParams({ limit });
     if (state) query.set("state", state);
     if (task) query.set("task", task);
+    if (cursor) query.set("cursor", cursor);
     let answer;
     try {
       answer = await api("GET", `/api/runs?${query}`);
@@ -139,7 +154,11 @@ async function showRuns(params) {
       el("td", { text: run.state === "completed" ? "none" : run.retry }),
       el("td", { class: "waiting", "data-waiting": run.id })));
     table.replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows));
-    note.textContent = answer.runs.length ? `${answer.runs.length} run(s), newest first${answer.next ? " (more exist: narrow the filter)" : ""}` : "no runs";
+    const where = cursor ? "older runs, newest first" : "newest first";
+    note.textContent = answer.runs.length ? `${answer.runs.length} run(s), ${where}` : "no runs";
+    pages.replaceChildren(
+      ...(cursor ? [pageLink("« newest", "", "page-newest")] : []),
+      ...(answer.next ? [pageLink("older runs »", answer.next, "page-older")] : []));
     for (const run of answer.runs.filter((r) => r.state === "cancelling").slice(0, 20)) {
       api("GET", runPath(run.id)).then((detail) => {
         const cell = table.querySelector(`[data-waiting="${CSS.escape(run.id)}"]`);
