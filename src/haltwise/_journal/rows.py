@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -144,7 +145,14 @@ def _inputs(text: Any) -> dict[str, Any]:
 def _owner(text: Any) -> Owner | None:
     if not text:
         return None
-    owner = Owner.from_json(_text(text))
+    return _owner_of(_text(text))
+
+
+@functools.lru_cache(maxsize=1024)
+def _owner_of(text: str) -> Owner:
+    """The owner a row's text names, parsed once per text: every run a process works carries
+    the same owner (an ``Owner`` is frozen, so the one object may be shared)."""
+    owner = Owner.from_json(text)
     _text(owner.token), _text(owner.host), _number(owner.started)
     return owner
 
