@@ -9,7 +9,9 @@ row in one line and exit 2; a worker must skip the run and go on working the oth
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import signal
 import sqlite3
 import subprocess
@@ -21,6 +23,10 @@ import psycopg
 import pytest
 
 from _pg import create_database
+from haltwise._core.exceptions import CorruptRowError
+from haltwise._core.records import RunRecord
+from haltwise._journal import rows
+from haltwise._journal.owner import new_owner
 from test_cli import PATIENCE, Env, error_line
 
 AGENT = """
@@ -198,3 +204,66 @@ def test_a_listing_reports_bad_rows_and_keeps_the_readable_ones(env: StoreEnv) -
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=PATIENCE
     )
     assert done.stdout.strip() == "['a'] ['b']", done.stderr
+
+
+# -- a run's row, read by the fast path and column by column ------------------------------------
+
+#: a runs row in which every column differs from its record field's default
+SOUND_RUN_ROW = {
+    "id": "r1",
+    "task": "agent.py:quick",
+    "state": "cancelling",
+    "inputs": '{"args":[1],"kwargs":{"k":"v"},"source":"/x/agent.py"}',
+    "reason": "user",
+    "force": 1,
+    "result": '{"a":[1,2]}',
+    "error": '{"type":"ValueError","message":"bad"}',
+    "cancel_error": '{"type":"KeyError","message":"k"}',
+    "owner": new_owner().to_json(),
+    "lease_until": 123.5,
+    "parent": "p0",
+    "created_at": 1.25,
+    "updated_at": 2.5,
+    "pause": 1,
+    "settle_on_cancel": 1,
+}
+
+
+def read_column_by_column(row: dict[str, object]) -> RunRecord:
+    values = [row[name] for name in rows._RUN_NAMES]
+    checked = rows._checked("runs", "r1", "", rows._RUN_CHECKS, values)
+    return RunRecord(**dict(zip(rows._RUN_NAMES, checked, strict=True)))
+
+
+def test_a_run_row_reads_alike_on_the_fast_path_and_column_by_column() -> None:
+    assert set(SOUND_RUN_ROW) == set(rows._RUN_NAMES)  # the row covers every column read
+    fast = rows._run_from_plain_row(SOUND_RUN_ROW)
+    assert fast == read_column_by_column(SOUND_RUN_ROW)
+    for field in dataclasses.fields(RunRecord):  # so a column the fast path forgot shows
+        assert getattr(fast, field.name) != field.default, field.name
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("id", None),
+        ("task", 3),
+        ("state", "bogus"),
+        ("reason", 5),
+        ("force", 2),
+        ("pause", None),
+        ("settle_on_cancel", "yes"),
+        ("created_at", math.nan),
+        ("updated_at", "late"),
+        ("lease_until", math.nan),
+        ("parent", 7),
+        ("inputs", "[]"),
+        ("result", b"1"),
+        ("error", '{"message":"x"}'),
+        ("owner", "garbage"),
+    ],
+)
+def test_a_run_value_the_converters_refuse_is_never_read(column: str, value: object) -> None:
+    row = {**SOUND_RUN_ROW, column: value}
+    with pytest.raises(CorruptRowError, match=f"column {column}"):
+        rows.run_from_row(row)

@@ -159,3 +159,23 @@ async def test_unpause_after_a_saga_pause_clears_what_the_pause_recorded(store_u
     assert outcome.state is State.COMPLETED
     assert not run.settle_on_cancel and not run.pause
     assert toolkit.compensations == []
+
+
+async def test_a_bulk_cancel_of_paused_runs_settles_each_as_its_own_cancel_would(
+    store_url: str,
+) -> None:
+    """One transaction for both: the saga goes cancelling (and undoes), the other ends at once."""
+    async with haltwise.Runtime(store_url) as rt:
+        saga_run = await paused_notes(rt)
+        await rt.submit(toolkit.three_quick, (), {}, task_id="k1")
+        await rt.pause("k1")
+        await rt.resume("k1")
+        await wait_for_state(rt, "k1", State.PAUSED)
+        batch = await rt.cancel_many(state=State.PAUSED)
+        assert sorted(batch.cancelled) == ["k1", "n1"]
+        assert batch.states["k1"] is State.CANCELLED
+        outcome = await saga_run.outcome()
+        report = await verify(rt.store)
+    assert outcome.state is State.CANCELLED
+    assert undone() == [("quick_write", ("second",)), ("quick_write", ("first",))]
+    assert report.ok, report.findings

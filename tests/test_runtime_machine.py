@@ -12,7 +12,8 @@ it must cancel none of the runs taken from it.
 
 After every rule: no step is ``running`` in a final run, the store is sound (a step left running
 by the crashed owner is the one allowed finding until a resume takes it over), and no committed
-step's body ever began again. Every wait on a process is bounded (``DEADLINE``): a hang fails.
+step's body ever began again (but in a crashed process that came back: see ``Process.thaw``).
+Every wait on a process is bounded (``DEADLINE``): a hang fails.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ MAX_CRASHES = 3
 
 #: body starts per idempotency key (one key per step, the same in every attempt)
 STARTS: Counter[str] = Counter()
+#: body starts by a crashed process after it came back (see :meth:`Process.thaw`)
+LATE_STARTS: Counter[str] = Counter()
 _LOCK = threading.Lock()
 
 
@@ -61,6 +64,7 @@ class Process:
         self._stop: asyncio.Event | None = None
         self._failure: BaseException | None = None
         self._thaw = threading.Event()
+        self.came_back = False
         self.thread = threading.Thread(target=self._main, name="machine process", daemon=True)
         self.thread.start()
         if not self._ready.wait(DEADLINE):
@@ -114,7 +118,14 @@ class Process:
             raise AssertionError("a process's loop did not come to its freeze")
 
     def thaw(self) -> None:
-        """The process comes back after its lease ran out (a stall, not a death)."""
+        """The process comes back after its lease ran out (a stall, not a death).
+
+        A step whose start it had journaled but whose body it had not begun when it stalled
+        begins then: its runs were taken over meanwhile (its writes are refused from now on),
+        but no lease can stop a body that was about to begin. Such late starts are counted
+        apart: the new owner may have run that step too (a limit of leases, not checked here).
+        """
+        self.came_back = True
         self._thaw.set()
 
     def stop(self) -> None:
@@ -139,9 +150,10 @@ PROCESSES: dict[asyncio.AbstractEventLoop, Process] = {}
 
 
 async def _at_gate() -> None:
+    process = PROCESSES[asyncio.get_running_loop()]
     with _LOCK:
-        STARTS[haltwise.idempotency_key()] += 1
-    await PROCESSES[asyncio.get_running_loop()].gate.wait()
+        (LATE_STARTS if process.came_back else STARTS)[haltwise.idempotency_key()] += 1
+    await process.gate.wait()
 
 
 @haltwise.tool(cancel="interruptible", effect="read")
@@ -205,6 +217,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         self.directory = tempfile.mkdtemp(prefix="haltwise-machine-")
         self.url = f"sqlite:///{self.directory}/journal.db"
         STARTS.clear()
+        LATE_STARTS.clear()
         self.process = Process(self.url)
         #: the crashed processes, frozen
         self.frozen: list[Process] = []
@@ -308,6 +321,8 @@ class RuntimeMachine(RuleBasedStateMachine):
             self.process.stop()
             journal, report = anyio.run(_look, self.url)
             assert all(f.code == "orphaned-step" for f in report.findings), report
+            late = sum(LATE_STARTS.values())
+            event(f"bodies begun late by a crashed process that came back: {late}")
             for run in journal.runs:  # seen with --hypothesis-show-statistics
                 event(f"a run ends {run.state} with {run.reason or 'no reason'}")
         finally:

@@ -952,7 +952,8 @@ REASONS = st.one_of(st.just(UNSET), st.none(), st.sampled_from(["user", "deadlin
 
 class TransitionMachine(RuleBasedStateMachine):
     """Random transitions, cancel, pause and unpause requests against a model of the contract's
-    table (a run enters ``paused`` only while a pause is requested)."""
+    table (a run enters ``paused`` only while a pause is requested; a cancel of a paused run
+    that its owner said has something to settle goes ``cancelling``, else ``cancelled``)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -964,6 +965,7 @@ class TransitionMachine(RuleBasedStateMachine):
         self.reason: dict[str, str | None] = {}
         self.force: dict[str, bool] = {}
         self.pause: dict[str, bool] = {}
+        self.settles: dict[str, bool] = {}
 
     def run(self, coroutine: Any) -> Any:
         return self.loop.run_until_complete(coroutine)
@@ -981,7 +983,7 @@ class TransitionMachine(RuleBasedStateMachine):
         assert created == (run_id not in self.state)
         if created:
             self.state[run_id], self.reason[run_id], self.force[run_id] = initial, None, False
-            self.pause[run_id] = False
+            self.pause[run_id] = self.settles[run_id] = False
         assert record.state is self.state[run_id]
 
     @precondition(lambda self: bool(self.state))
@@ -998,10 +1000,17 @@ class TransitionMachine(RuleBasedStateMachine):
             st.one_of(st.just(frozenset(State)), st.frozensets(st.sampled_from(list(State))))
         )
         pausable = target is not State.PAUSED or self.pause[run_id]
+        settles = data.draw(st.booleans()) if target is State.PAUSED else UNSET
         if current in expected and is_allowed(current, target) and pausable:
             record = self.run(
-                self.store.transition(run_id, target, expected=expected, reason=reason)
+                self.store.transition(
+                    run_id, target, expected=expected, reason=reason, settle_on_cancel=settles
+                )
             )
+            if target is State.PAUSED:
+                self.settles[run_id] = settles
+            elif current is State.PAUSED:
+                self.settles[run_id] = False
             self.state[run_id] = target
             if reason is not UNSET:
                 self.reason[run_id] = reason
@@ -1012,7 +1021,11 @@ class TransitionMachine(RuleBasedStateMachine):
             assert record.state is target
         else:
             with pytest.raises(InvalidTransitionError):
-                self.run(self.store.transition(run_id, target, expected=expected, reason=reason))
+                self.run(
+                    self.store.transition(
+                        run_id, target, expected=expected, reason=reason, settle_on_cancel=settles
+                    )
+                )
 
     @precondition(lambda self: bool(self.state))
     @rule(data=st.data(), reason=st.sampled_from(["user", "shutdown"]), force=st.booleans())
@@ -1020,9 +1033,10 @@ class TransitionMachine(RuleBasedStateMachine):
         run_id = data.draw(st.sampled_from(sorted(self.state)))
         current = self.state[run_id]
         if current in (State.PENDING, State.RUNNING, State.PAUSED):
-            self.state[run_id] = State.CANCELLING if current is State.RUNNING else State.CANCELLED
+            settling = current is State.RUNNING or self.settles[run_id]
+            self.state[run_id] = State.CANCELLING if settling else State.CANCELLED
             self.reason[run_id], self.force[run_id] = reason, force
-            self.pause[run_id] = False
+            self.pause[run_id] = self.settles[run_id] = False
         elif current is State.CANCELLING:
             self.force[run_id] = self.force[run_id] or force
         record = self.run(self.store.request_cancel(run_id, reason, force=force))
@@ -1043,6 +1057,7 @@ class TransitionMachine(RuleBasedStateMachine):
         run_id = data.draw(st.sampled_from(sorted(self.state)))
         if self.state[run_id] is State.PAUSED:
             self.state[run_id] = State.RUNNING
+            self.settles[run_id] = False
         self.pause[run_id] = False
         record = self.run(self.store.request_unpause(run_id))
         assert (record.state, record.pause) == (self.state[run_id], False)
@@ -1051,11 +1066,12 @@ class TransitionMachine(RuleBasedStateMachine):
     def the_store_agrees_with_the_model(self) -> None:
         for run_id, state in self.state.items():
             run = self.run(self.store.load(run_id)).run
-            assert (run.state, run.reason, run.force, run.pause) == (
+            assert (run.state, run.reason, run.force, run.pause, run.settle_on_cancel) == (
                 state,
                 self.reason[run_id],
                 self.force[run_id],
                 self.pause[run_id],
+                self.settles[run_id],
             )
 
     @invariant()

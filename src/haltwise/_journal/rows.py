@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -42,7 +43,7 @@ def attempt_errors_from_text(text: str | None) -> tuple[AttemptError, ...]:
     """The ``errors`` column of a step (a JSON list of ``{"attempt", "type", "message"}``)."""
     if text is None:
         return ()
-    data = json.loads(text)
+    data = load_json(text)
     if not isinstance(data, list):
         raise ValueError(f"a step's errors are a JSON list, not {type(data).__name__}")
     found = []
@@ -59,7 +60,7 @@ def error_from_text(text: str | None) -> ErrorInfo | None:
     """An error column (``{"type", "message"}``); raises ``ValueError`` if it is not one."""
     if text is None:
         return None
-    data = json.loads(text)
+    data = load_json(text)
     if not isinstance(data, dict):
         raise ValueError(f"an error object is a JSON object, not {type(data).__name__}")
     kind, message = data.get("type"), data.get("message")
@@ -131,7 +132,7 @@ def _optional_number(value: Any) -> float | None:
 
 
 def _inputs(text: Any) -> dict[str, Any]:
-    data = json.loads(_text(text))
+    data = load_json(_text(text))
     if not isinstance(data, dict):
         raise ValueError(f"the inputs are a JSON object, not {type(data).__name__}")
     expected = {"args": list, "kwargs": dict, "source": str}
@@ -144,13 +145,20 @@ def _inputs(text: Any) -> dict[str, Any]:
 def _owner(text: Any) -> Owner | None:
     if not text:
         return None
-    owner = Owner.from_json(_text(text))
+    return _owner_of(_text(text))
+
+
+@functools.lru_cache(maxsize=1024)
+def _owner_of(text: str) -> Owner:
+    """The owner a row's text names, parsed once per text: every run a process works carries
+    the same owner (an ``Owner`` is frozen, so the one object may be shared)."""
+    owner = Owner.from_json(text)
     _text(owner.token), _text(owner.host), _number(owner.started)
     return owner
 
 
 def _json(value: Any) -> Any:
-    return None if value is None else json.loads(_text(value))
+    return None if value is None else load_json(_text(value))
 
 
 def _flag(value: Any) -> bool:
@@ -215,12 +223,64 @@ def run_columns(run_id: Any, names: Sequence[str], values: Sequence[Any]) -> lis
 def run_from_row(row: Mapping[str, Any]) -> RunRecord:
     """A run from a row with the columns of ``RUN_COLUMNS``; :class:`CorruptRowError` if any
     value does not parse (the error names the run and the column)."""
+    try:
+        return _run_from_plain_row(row)
+    except _BAD_VALUE:
+        pass  # something unusual: the converters below say whether it parses, and if not where
     run_id = row["id"]
     values = _checked("runs", str(run_id), "", _RUN_CHECKS, [row[column] for column in _RUN_NAMES])
     return RunRecord(**dict(zip(_RUN_NAMES, values, strict=True)))
 
 
 _RUN_CONVERTERS = dict(_RUN_CHECKS)
+
+
+def _run_from_plain_row(row: Mapping[str, Any]) -> RunRecord:
+    """:func:`run_from_row`'s common case in one pass, without a call per plain column (a run is
+    read three or four times in its life: this is a good part of its fixed cost).
+
+    Every value is checked at least as strictly as its converter in ``_RUN_CHECKS`` checks it
+    (the JSON columns by the same converters); a value out of the common case (an integer
+    time, say) raises, and the caller converts the row column by column instead.
+    tests/test_bad_rows.py checks that both read every column alike.
+    """
+    run_id, task, reason, parent = row["id"], row["task"], row["reason"], row["parent"]
+    force, pause, settle = row["force"], row["pause"], row["settle_on_cancel"]
+    created, updated, lease = row["created_at"], row["updated_at"], row["lease_until"]
+    if not (
+        type(run_id) is str
+        and type(task) is str
+        and (reason is None or type(reason) is str)
+        and (parent is None or type(parent) is str)
+        and force in (0, 1)
+        and pause in (0, 1)
+        and settle in (0, 1)
+        and type(created) is float
+        and created == created  # not NaN
+        and type(updated) is float
+        and updated == updated
+        and (lease is None or (type(lease) is float and lease == lease))
+    ):
+        raise ValueError("a run column holds a value out of the common case")
+    return RunRecord(
+        id=run_id,
+        task=task,
+        state=_STATES[row["state"]],
+        inputs=_inputs(row["inputs"]),
+        reason=reason,
+        force=bool(force),
+        pause=bool(pause),
+        settle_on_cancel=bool(settle),
+        result=_json(row["result"]),
+        error=error_from_text(row["error"]),
+        cancel_error=error_from_text(row["cancel_error"]),
+        owner=_owner(row["owner"]),
+        lease_until=lease,
+        parent=parent,
+        created_at=created,
+        updated_at=updated,
+    )
+
 
 _STEP_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     ("idx", _integer),

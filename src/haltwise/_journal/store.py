@@ -427,9 +427,9 @@ def check_transition(
     return the columns the transition writes besides the caller's (the pause request's rule).
 
     A run enters ``paused`` only while a pause is requested (an unpause or a cancel recorded
-    first wins). The request is cleared when the run leaves ``paused`` for ``running`` (an
-    unpause) and when it ends; a ``pending`` run starting keeps it (it pauses at its first
-    checkpoint).
+    first wins). The request (and ``settle_on_cancel``) is cleared when the run leaves
+    ``paused`` (an unpause, a cancel) and when it ends; a ``pending`` run starting keeps it (it
+    pauses at its first checkpoint).
     """
     state = current.state
     if (
@@ -438,7 +438,7 @@ def check_transition(
         or (target is State.PAUSED and not current.pause)
     ):
         raise InvalidTransitionError(run_id, state.value, target.value)
-    if target.is_final or (state is State.PAUSED and target is State.RUNNING):
+    if target.is_final or state is State.PAUSED:
         return {"pause": False, "settle_on_cancel": False}
     return {}
 
