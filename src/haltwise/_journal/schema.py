@@ -142,9 +142,8 @@ _PARTIAL_ORIGIN = (Column("step", Kind.INTEGER), Column("ordinal", Kind.INTEGER)
 
 #: The change feed: one row per transition, step start or settlement and partial result, written
 #: by the triggers of :data:`TRIGGERS` (on PostgreSQL a step's by the statement writing it) in
-#: the transaction that writes them; ``idx`` is the
-#: event's, step's or partial's number, ``status`` the new state or step status, ``at`` the
-#: database's clock (see :mod:`.operator_sql`).
+#: the transaction that writes them; ``idx`` is the event's, step's or partial's number,
+#: ``status`` the new state or step status, ``at`` the database's clock (see :mod:`.operator_sql`).
 _CHANGES = Table(
     "changes",
     (
