@@ -19,7 +19,10 @@ the next checkpoint, between two steps. Measured:
    (a plain function's thread start would be most of the difference); ``synchronous=NORMAL``
    (no sync per commit: the CPU and statement costs) and ``FULL`` (every commit synced).
 
-usage: python bench/bench_verbs.py [--trials N] [--steps N] [--repeat N]
+With ``--postgres``, the latency table again on a throwaway PostgreSQL cluster (the tests'
+``_pg``: ``HALTWISE_PG_BIN`` or the PATH's binaries).
+
+usage: python bench/bench_verbs.py [--trials N] [--steps N] [--repeat N] [--postgres]
 """
 
 from __future__ import annotations
@@ -186,16 +189,10 @@ def row(name: str, values: list[float]) -> list[object]:
     return [name, len(values), f"{p50 * 1e3:.2f}", f"{p99 * 1e3:.2f}", f"{max(values) * 1e3:.2f}"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--trials", type=int, default=100)
-    parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="haltwise-verbs-"))
-    print(header("Pause and unpause latency (SQLite, WAL + FULL)"))
-    local = anyio.run(in_process, f"sqlite:///{base / 'local.db'}", args.trials)
-    remote = anyio.run(cross_process, f"sqlite:///{base / 'remote.db'}", args.trials)
+def latencies(local_url: str, remote_url: str, trials: int) -> None:
+    """The latency table: in this process on ``local_url``, across processes on ``remote_url``."""
+    local = anyio.run(in_process, local_url, trials)
+    remote = anyio.run(cross_process, remote_url, trials)
     rows = [
         row("same process: pause -> paused", local[0]),
         row("same process: unpause -> running", local[1]),
@@ -206,6 +203,40 @@ def main() -> None:
     ]
     print(table(["what", "trials", "p50 ms", "p99 ms", "max ms"], rows))
     print()
+
+
+def on_postgres(trials: int) -> None:
+    """:func:`latencies` on a throwaway PostgreSQL cluster (requests reach the other process
+    through LISTEN/NOTIFY, not a poll)."""
+    sys.path.insert(0, str(HERE.parent / "tests"))  # for _pg: the tests' throwaway PostgreSQL
+    from _pg import PostgresServer, create_database
+
+    print("The same on PostgreSQL (a throwaway local cluster, default settings):")
+    print()
+    server = PostgresServer()
+    server.start()
+    try:
+        latencies(create_database(server.dsn), create_database(server.dsn), trials)
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--postgres",
+        action="store_true",
+        help="also the latency table on a throwaway PostgreSQL cluster (the tests' _pg)",
+    )
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="haltwise-verbs-"))
+    print(header("Pause and unpause latency (SQLite, WAL + FULL)"))
+    latencies(f"sqlite:///{base / 'local.db'}", f"sqlite:///{base / 'remote.db'}", args.trials)
+    if args.postgres:
+        on_postgres(args.trials)
     print("A step's cost (one run, median of fresh stores), beside a plain step of the same kind:")
     print()
     costs = [

@@ -43,7 +43,7 @@ class Owner:
 
     @classmethod
     def from_json(cls, text: str) -> Owner:
-        data = json.loads(text)
+        data = load_json(text)
         return cls(
             token=data["token"], host=data["host"], pid=int(data["pid"]), started=data["started"]
         )

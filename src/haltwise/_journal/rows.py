@@ -43,7 +43,7 @@ def attempt_errors_from_text(text: str | None) -> tuple[AttemptError, ...]:
     """The ``errors`` column of a step (a JSON list of ``{"attempt", "type", "message"}``)."""
     if text is None:
         return ()
-    data = json.loads(text)
+    data = load_json(text)
     if not isinstance(data, list):
         raise ValueError(f"a step's errors are a JSON list, not {type(data).__name__}")
     found = []
@@ -60,7 +60,7 @@ def error_from_text(text: str | None) -> ErrorInfo | None:
     """An error column (``{"type", "message"}``); raises ``ValueError`` if it is not one."""
     if text is None:
         return None
-    data = json.loads(text)
+    data = load_json(text)
     if not isinstance(data, dict):
         raise ValueError(f"an error object is a JSON object, not {type(data).__name__}")
     kind, message = data.get("type"), data.get("message")
@@ -132,7 +132,7 @@ def _optional_number(value: Any) -> float | None:
 
 
 def _inputs(text: Any) -> dict[str, Any]:
-    data = json.loads(_text(text))
+    data = load_json(_text(text))
     if not isinstance(data, dict):
         raise ValueError(f"the inputs are a JSON object, not {type(data).__name__}")
     expected = {"args": list, "kwargs": dict, "source": str}
@@ -158,7 +158,7 @@ def _owner_of(text: str) -> Owner:
 
 
 def _json(value: Any) -> Any:
-    return None if value is None else json.loads(_text(value))
+    return None if value is None else load_json(_text(value))
 
 
 def _flag(value: Any) -> bool:
