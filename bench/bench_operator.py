@@ -264,9 +264,6 @@ def exec_seconds(argv: list[str]) -> tuple[float, float]:
 def run_command(trials: int) -> None:
     print(header("haltwise cancel ID typed in a shell: exec to the tool interrupted"))
     python = sys.executable
-    # As installed (pip byte-compiles a wheel): with PYTHONDONTWRITEBYTECODE set, an editable
-    # checkout would otherwise compile every module changed since its last .pyc at every start.
-    compileall.compile_dir(str(Path(haltwise.__file__).parent), quiet=1)
     floors = {
         "bare interpreter: python -c pass (exec -> exit)": [python, "-c", "pass"],
         "import haltwise._cli (exec -> exit)": [python, "-c", "import haltwise._cli"],
@@ -519,6 +516,10 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=60)
     args = parser.parse_args()
     resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
+    # As installed (pip byte-compiles a wheel): with PYTHONDONTWRITEBYTECODE set, an editable
+    # checkout would otherwise compile every module changed since its last .pyc in every
+    # process a case starts (each `haltwise cancel`, each server).
+    compileall.compile_dir(str(Path(haltwise.__file__).parent), quiet=1)
     os.environ.pop("HALTWISE_TOKEN", None)
     if args.what == "_bulk_case":
         bulk_case_here(args.runs, args.bulk)

@@ -141,9 +141,9 @@ _STEP_IDENTITY = (_text("call_id"), _text("fingerprint"))
 _PARTIAL_ORIGIN = (Column("step", Kind.INTEGER), Column("ordinal", Kind.INTEGER))
 
 #: The change feed: one row per transition, step start or settlement and partial result, written
-#: by the triggers of :data:`TRIGGERS` in the transaction that writes them; ``idx`` is the
-#: event's, step's or partial's number, ``status`` the new state or step status, ``at`` the
-#: database's clock (see :mod:`.operator_sql`).
+#: by the triggers of :data:`TRIGGERS` (on PostgreSQL a step's by the statement writing it) in
+#: the transaction that writes them; ``idx`` is the event's, step's or partial's number,
+#: ``status`` the new state or step status, ``at`` the database's clock (see :mod:`.operator_sql`).
 _CHANGES = Table(
     "changes",
     (
@@ -284,8 +284,8 @@ _RECORD_CHANGE = (
 #: The triggers that fill ``changes`` (one function for the tables on PostgreSQL). A step's
 #: start and settlement have no trigger on PostgreSQL: each statement that writes a step row
 #: writes its change in the same statement (``postgres_steps.feed_cte``), which costs the server
-#: less than a row trigger calling PL/pgSQL on the busiest path (docs/design.md, "The change
-#: feed on PostgreSQL").
+#: less than a row trigger calling PL/pgSQL on the busiest path (docs/design.md, "What one
+#: step costs on PostgreSQL").
 TRIGGERS: tuple[Trigger, ...] = (
     Trigger(
         "record_change",
