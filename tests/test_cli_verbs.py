@@ -251,8 +251,10 @@ SAGA_DONE = ["note:one", "note:two", "think"]
 
 def test_a_cancel_from_another_process_wakes_the_paused_owner_to_run_its_saga(env: Env) -> None:
     run = paused_saga(env, "g1")
-    cancelled = env.hw("cancel", "g1", "--reason", "budget", "--json")
+    cancelled = env.hw("cancel", "g1", "--reason", "budget")
     assert cancelled.returncode == 0, cancelled.stderr
+    assert "settled here" not in cancelled.stdout, "the owner, alive, runs the saga"
+    assert "cancelled at once" not in cancelled.stdout
     code, outcome, err = finish(run)
     assert code == 3, err
     assert isinstance(outcome, dict)
