@@ -13,7 +13,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from test_cli import AGENT, PATIENCE, Env, error_line, finish, statuses, step_is
 from test_cli_postgres import PgEnv
 
