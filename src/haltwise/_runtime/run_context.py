@@ -56,7 +56,7 @@ class RunHost(Protocol):
     """What a run needs of the runtime that works it, and nothing more.
 
     :class:`~haltwise.Runtime` provides it (``runtime.RuntimeHost``); the step executor can be
-    driven with any other (tests/test_step_executor.py drives it with a store alone).
+    driven with any other (tests/runtime/test_step_executor.py drives it with a store alone).
     """
 
     @property

@@ -520,7 +520,8 @@ class Runtime:
         ctx = self._active.get(record.id)
         if ctx is None:
             return False
-        if record.state in (State.CANCELLING, State.CANCELLED):
+        wanted = record.state in (State.CANCELLING, State.CANCELLED)
+        if wanted and ctx.cancel.would_change(record.force):  # (the watcher may have been first)
             # cancelling: settle what is in flight; cancelled (it was paused): stop its task
             ctx.request_cancel(record.reason or "user", force=record.force)
         return True

@@ -13,7 +13,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from test_cli import AGENT, PATIENCE, Env, error_line, finish, statuses, step_is
 from test_cli_postgres import PgEnv
 
@@ -305,6 +304,7 @@ def paused_family(env: Env, run_id: str) -> subprocess.Popen[str]:
     paused(env, f"{run_id}/1")
     parent = paused(env, run_id)
     assert statuses(parent) == ["committed", "running"], "the child step waits, paused"
+    assert f"child run {run_id}/1 paused with it" in env.hw("status", run_id).stdout
     assert env.hw("check").returncode == 0
     return run
 
