@@ -19,9 +19,10 @@ from pathlib import Path
 import anyio
 
 import haltwise
+from _paths import TESTS
 from haltwise import State, StepStatus
 
-AGENT = Path(__file__).with_name("stall_agent.py")
+AGENT = TESTS / "stall_agent.py"
 DEADLINE = 60.0
 LEASE = 1.0
 
