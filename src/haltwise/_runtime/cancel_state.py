@@ -67,7 +67,9 @@ class CancelState:
         if self.reason is None:
             self.reason = reason
         if force and not self.forced:
-            self.force()
+            self.forced = True
+            for scope in self._shields:
+                scope.cancel()
         if changed and self.task_scope is not None:
             if self._holds and not self.forced:
                 self._scope_cancel_held = True
@@ -76,12 +78,10 @@ class CancelState:
         return changed
 
     def force(self) -> None:
-        """Stop at once: every shield is cancelled, and later ones are cut (see
-        :meth:`shielding`). Also for a takeover of a run whose cancel was forced, and for a
-        runtime that is itself being cancelled."""
+        """Settle as forced from now on, with no request to record: a takeover of a run whose
+        cancel was forced, a runtime that is itself being cancelled. Shields begun from now on
+        are cut at once (:meth:`shielding`); the ones in effect are left to end."""
         self.forced = True
-        for scope in self._shields:
-            scope.cancel()
 
     def deliver(self, fallback: str, run_id: str) -> Cancelled:
         """The :class:`Cancelled` to raise into the task now (the run then ends cancelled)."""
