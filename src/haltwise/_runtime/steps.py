@@ -368,6 +368,12 @@ class _Flight:
         run = self.run
         if run.probe is not None:
             await _probe(run, "during", self.index)
+        if time.monotonic() >= run.held_until:
+            # This process may have stalled past its lease (a stop, a long pause) since the
+            # start was journaled: another may have the run and rerun the step. The body
+            # begins only once the run is known to be still ours; else the run stops here
+            # (LostOwnershipError), its step left for its new owner, the body never run.
+            await run.host.confirm_held(run)
         self.phase = _Phase.BODY
         try:
             timeout = self.spec.policy.timeout
