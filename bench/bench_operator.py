@@ -85,7 +85,17 @@ async def start_waiting(runtime: haltwise.Runtime, runs: int, prefix: str) -> li
     return ids
 
 
-async def bulk_case(url: str, runs: int, bulk: bool) -> dict[str, float]:
+#: The cases of the bulk table: how the runs are cancelled, and whether the process froze its
+#: heap first (``gc.freeze()`` once the runs wait: an application's choice, shown to measure the
+#: collector's share; haltwise itself never touches the collector).
+BULK_CASES = {
+    "Runtime.cancel per run (baseline)": (False, False),
+    "Runtime.cancel_many (one transaction)": (True, False),
+    "Runtime.cancel_many, waiting heap frozen by the application": (True, True),
+}
+
+
+async def bulk_case(url: str, runs: int, bulk: bool, freeze: bool) -> dict[str, float]:
     async with haltwise.Runtime(url) as runtime:
         gc.collect()
         before = rss_kib()
@@ -95,6 +105,8 @@ async def bulk_case(url: str, runs: int, bulk: bool) -> dict[str, float]:
         cpu0, wall0 = time.process_time(), time.monotonic()
         await anyio.sleep(3.0)
         idle = (time.process_time() - cpu0) / (time.monotonic() - wall0) * 100
+        if freeze:
+            gc.freeze()
         with collecting() as collector:
             start = time.perf_counter()
             if bulk:
@@ -147,13 +159,11 @@ def collecting() -> Iterator[_Collector]:
 def run_bulk(runs: int) -> None:
     print(header(f"{runs:,} runs waiting in a tool, in one process: cancel them all (SQLite)"))
     rows = []
-    for bulk in (False, True):
-        result = fresh_process_bulk_case(runs, bulk)
+    for how, (bulk, freeze) in BULK_CASES.items():
+        result = fresh_process_bulk_case(runs, bulk, freeze)
         rows.append(
             [
-                "Runtime.cancel_many (one transaction)"
-                if bulk
-                else "Runtime.cancel per run (baseline)",
+                how,
                 f"{result['requested'] * 1000:,.0f} ms",
                 f"{result['done'] * 1000:,.0f} ms",
                 f"{result['gc'] * 1000:,.0f} ms ({result['full']:.0f} full)",
@@ -176,17 +186,20 @@ def run_bulk(runs: int) -> None:
     )
 
 
-def fresh_process_bulk_case(runs: int, bulk: bool) -> dict[str, float]:
+def fresh_process_bulk_case(runs: int, bulk: bool, freeze: bool) -> dict[str, float]:
     """:func:`bulk_case` in a process of its own (memory per run is measured from its start)."""
     argv = [sys.executable, __file__, "_bulk_case", "--runs", str(runs)]
-    done = subprocess.run([*argv, *(["--bulk"] if bulk else [])], check=True, capture_output=True)
+    argv += ["--bulk"] if bulk else []
+    argv += ["--freeze"] if freeze else []
+    done = subprocess.run(argv, check=True, capture_output=True)
     result: dict[str, float] = json.loads(done.stdout.decode().splitlines()[-1])
     return result
 
 
-def bulk_case_here(runs: int, bulk: bool) -> None:
+def bulk_case_here(runs: int, bulk: bool, freeze: bool) -> None:
     with tempfile.TemporaryDirectory() as scratch:
-        print(json.dumps(anyio.run(bulk_case, f"sqlite:///{scratch}/bulk.db", runs, bulk)))
+        url = f"sqlite:///{scratch}/bulk.db"
+        print(json.dumps(anyio.run(bulk_case, url, runs, bulk, freeze)))
 
 
 # -- 2. a cancel through the API, beside the command -------------------------------------------
@@ -264,9 +277,6 @@ def exec_seconds(argv: list[str]) -> tuple[float, float]:
 def run_command(trials: int) -> None:
     print(header("haltwise cancel ID typed in a shell: exec to the tool interrupted"))
     python = sys.executable
-    # As installed (pip byte-compiles a wheel): with PYTHONDONTWRITEBYTECODE set, an editable
-    # checkout would otherwise compile every module changed since its last .pyc at every start.
-    compileall.compile_dir(str(Path(haltwise.__file__).parent), quiet=1)
     floors = {
         "bare interpreter: python -c pass (exec -> exit)": [python, "-c", "pass"],
         "import haltwise._cli (exec -> exit)": [python, "-c", "import haltwise._cli"],
@@ -514,14 +524,19 @@ def main() -> None:
         choices=["bulk", "api", "pages", "sse", "command", "all", "_bulk_case"],
     )
     parser.add_argument("--bulk", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--freeze", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, default=10_000, help="runs for bulk")
     parser.add_argument("--page-runs", type=int, default=100_000, help="runs for pages")
     parser.add_argument("--trials", type=int, default=60)
     args = parser.parse_args()
     resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
+    # As installed (pip byte-compiles a wheel): with PYTHONDONTWRITEBYTECODE set, an editable
+    # checkout would otherwise compile every module changed since its last .pyc in every
+    # process a case starts (each `haltwise cancel`, each server).
+    compileall.compile_dir(str(Path(haltwise.__file__).parent), quiet=1)
     os.environ.pop("HALTWISE_TOKEN", None)
     if args.what == "_bulk_case":
-        bulk_case_here(args.runs, args.bulk)
+        bulk_case_here(args.runs, args.bulk, args.freeze)
         return
     if args.what in ("bulk", "all"):
         run_bulk(args.runs)

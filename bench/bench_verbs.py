@@ -22,12 +22,17 @@ the next checkpoint, between two steps. Measured:
 With ``--postgres``, the latency table again on a throwaway PostgreSQL cluster (the tests'
 ``_pg``: ``HALTWISE_PG_BIN`` or the PATH's binaries).
 
+With ``--idle SECONDS``, the CPU of a process whose one run waits paused, at SQLite's watcher
+poll interval and at two shorter ones (what a quicker cross-process unpause would cost).
+
 usage: python bench/bench_verbs.py [--trials N] [--steps N] [--repeat N] [--postgres]
+       [--idle SECONDS]
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import subprocess
 import sys
 import tempfile
@@ -39,6 +44,7 @@ from _report import header, percentile, table
 from bench_cross_process import read_event
 
 import haltwise
+import haltwise._journal.sqlite as sqlite_store
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -189,6 +195,46 @@ def row(name: str, values: list[float]) -> list[object]:
     return [name, len(values), f"{p50 * 1e3:.2f}", f"{p99 * 1e3:.2f}", f"{max(values) * 1e3:.2f}"]
 
 
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def paused_cpu(url: str, interval: float, seconds: float) -> float:
+    """This process's CPU (fraction of a core) while its one run waits paused for ``seconds``,
+    with SQLite's watcher polling every ``interval`` (the default, or what a shorter one would
+    cost: the only way a paused run learns of an unpause from another process)."""
+    sqlite_store._POLL_INTERVAL = interval
+    async with haltwise.Runtime(url) as rt:
+        handle = await rt.start(ticker, task_id="idle")
+        await anyio.sleep(_WARMUP)
+        await handle.pause()
+        await until_paused(rt, handle.id, True)
+        before, start = cpu_seconds(), time.monotonic()
+        await anyio.sleep(seconds)
+        used = (cpu_seconds() - before) / (time.monotonic() - start)
+        await handle.cancel()
+        await handle.outcome()
+    return used
+
+
+def idle_table(base: Path, seconds: float) -> None:
+    default = sqlite_store._POLL_INTERVAL
+    rows = []
+    try:
+        for interval in (default, 0.005, 0.002):
+            url = f"sqlite:///{base / f'idle-{interval}.db'}"
+            used = anyio.run(paused_cpu, url, interval, seconds)
+            name = f"{interval * 1e3:.0f} ms" + (" (the default)" if interval == default else "")
+            rows.append([name, f"{seconds:.0f} s", f"{used * 100:.2f} %"])
+    finally:
+        sqlite_store._POLL_INTERVAL = default
+    print("The CPU of a process while its one run waits paused (SQLite), by the watcher's poll:")
+    print()
+    print(table(["poll interval", "measured over", "CPU of a core"], rows))
+    print()
+
+
 def latencies(local_url: str, remote_url: str, trials: int) -> None:
     """The latency table: in this process on ``local_url``, across processes on ``remote_url``."""
     local = anyio.run(in_process, local_url, trials)
@@ -231,12 +277,21 @@ def main() -> None:
         action="store_true",
         help="also the latency table on a throwaway PostgreSQL cluster (the tests' _pg)",
     )
+    parser.add_argument(
+        "--idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="also the CPU of a process whose run waits paused, by the watcher's poll interval",
+    )
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="haltwise-verbs-"))
     print(header("Pause and unpause latency (SQLite, WAL + FULL)"))
     latencies(f"sqlite:///{base / 'local.db'}", f"sqlite:///{base / 'remote.db'}", args.trials)
     if args.postgres:
         on_postgres(args.trials)
+    if args.idle:
+        idle_table(base, args.idle)
     print("A step's cost (one run, median of fresh stores), beside a plain step of the same kind:")
     print()
     costs = [

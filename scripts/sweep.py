@@ -3,7 +3,7 @@
 ``python scripts/sweep.py [PYTHON]`` runs each case as a real ``haltwise`` process (with
 ``PYTHON -m haltwise``, default this interpreter) in a scratch directory and prints the
 Markdown table of docs/reliability.md: the input, the exit code, and the first line the command
-printed (paths shown as ``DIR``). ``tests/test_sweep.py`` runs it and checks that every exit
+printed (paths shown as ``DIR``). ``tests/cli/test_sweep.py`` runs it and checks that every exit
 code is still the documented one, and that no case prints a traceback or a password.
 """
 

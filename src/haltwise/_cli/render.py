@@ -98,9 +98,11 @@ def pause_line(snapshot: RunSnapshot) -> str | None:
     """
     run = snapshot.run
     if run.state is State.PAUSED:
+        waiting = [step.index for step in snapshot.steps if step.status is StepStatus.RUNNING]
+        children = "".join(f"; child run {run.id}/{index} paused with it" for index in waiting)
         return (
             f"paused: waiting at a checkpoint; 'haltwise unpause {run.id}' continues it "
-            "(resume does the same)"
+            f"(resume does the same){children}"
         )
     if not run.pause or run.state.is_final:
         return None

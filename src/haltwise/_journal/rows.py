@@ -242,7 +242,7 @@ def _run_from_plain_row(row: Mapping[str, Any]) -> RunRecord:
     Every value is checked at least as strictly as its converter in ``_RUN_CHECKS`` checks it
     (the JSON columns by the same converters); a value out of the common case (an integer
     time, say) raises, and the caller converts the row column by column instead.
-    tests/test_bad_rows.py checks that both read every column alike.
+    tests/journal/test_bad_rows.py checks that both read every column alike.
     """
     run_id, task, reason, parent = row["id"], row["task"], row["reason"], row["parent"]
     force, pause, settle = row["force"], row["pause"], row["settle_on_cancel"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -55,7 +56,7 @@ class RunHost(Protocol):
     """What a run needs of the runtime that works it, and nothing more.
 
     :class:`~haltwise.Runtime` provides it (``runtime.RuntimeHost``); the step executor can be
-    driven with any other (tests/test_step_executor.py drives it with a store alone).
+    driven with any other (tests/runtime/test_step_executor.py drives it with a store alone).
     """
 
     @property
@@ -69,6 +70,10 @@ class RunHost(Protocol):
 
     async def cancel(self, task_id: str, *, reason: str, force: bool = False) -> object:
         """Record a cancel request for run ``task_id`` and deliver it (``Runtime.cancel``)."""
+
+    async def confirm_held(self, run: RunContext) -> None:
+        """Renew ``run``'s lease if this runtime still holds it (one fenced write) and move
+        ``run.held_until`` on; raise :class:`~haltwise.LostOwnershipError` if it does not."""
 
     async def start_child(
         self,
@@ -180,6 +185,11 @@ class RunContext:
 
     #: monotonic time of the next schedule point between steps (see steps.execute_step)
     next_yield: float = 0.0
+    #: monotonic time until which the run's lease surely holds (measured from before the
+    #: write that set it); no step body begins after it before ``host.confirm_held`` says the
+    #: run is still this runtime's (see steps._Flight._execute). A run worked without a
+    #: runtime has no lease to lose.
+    held_until: float = math.inf
     #: seq of the first partial result this attempt adds, and how many the task's own code
     #: emitted so far
     next_partial: int = 0

@@ -111,6 +111,9 @@ class Runtime:
         self.lease = lease
         self.owner = new_owner()
         self._active: dict[str, RunContext] = {}
+        #: run -> monotonic time taken before the write that last gave it a lease here, until
+        #: the run is launched (its ``held_until`` starts from it; see :meth:`_lease_for`)
+        self._leased_at: dict[str, float] = {}
         #: runs whose journal could not be written: their outcome() raises this error once
         self._broken: dict[str, StoreError] = {}
         self._task_group: TaskGroup | None = None
@@ -212,11 +215,12 @@ class Runtime:
             inputs=inputs,
             state=State.RUNNING,
             owner=self.owner,
-            lease_until=self._lease_until(),
+            lease_until=self._lease_for(run_id),
             parent=parent,
         )
         _, created = await self.store.create_run(new)
         if not created:
+            self._leased_at.pop(run_id, None)
             return TaskHandle(self, run_id)
         ctx = self._context(run_id, task, None, {}, frozenset())
         ctx.probe = probe
@@ -317,7 +321,7 @@ class Runtime:
             inputs=source.inputs,
             state=State.RUNNING,
             owner=self.owner,
-            lease_until=self._lease_until(),
+            lease_until=self._lease_for(run_id),
             fork=ForkOf(task_id, from_step),
         )
         _, created = await self.store.create_run(new)
@@ -516,7 +520,8 @@ class Runtime:
         ctx = self._active.get(record.id)
         if ctx is None:
             return False
-        if record.state in (State.CANCELLING, State.CANCELLED):
+        wanted = record.state in (State.CANCELLING, State.CANCELLED)
+        if wanted and ctx.cancel.would_change(record.force):  # (the watcher may have been first)
             # cancelling: settle what is in flight; cancelled (it was paused): stop its task
             ctx.request_cancel(record.reason or "user", force=record.force)
         return True
@@ -731,6 +736,12 @@ class Runtime:
     def _lease_until(self) -> float:
         return time.time() + self.lease
 
+    def _lease_for(self, run_id: str) -> float:
+        """The ``lease_until`` of a write that gives this runtime run ``run_id``; the moment
+        it is taken (before the write) is when the run's lease surely holds from."""
+        self._leased_at[run_id] = time.monotonic()
+        return self._lease_until()
+
     async def _take(self, snapshot: RunSnapshot) -> None:
         run = snapshot.run
         owner = run.owner
@@ -741,7 +752,7 @@ class Runtime:
         claimed = await self.store.claim(
             run.id,
             self.owner,
-            lease_until=self._lease_until(),
+            lease_until=self._lease_for(run.id),
             expected_owner=owner.token if owner else None,
         )
         if not claimed:
@@ -779,6 +790,8 @@ class Runtime:
         self._require_entered()
         assert self._task_group is not None
         self._broken.pop(ctx.run_id, None)  # worked again here: a new chance for its journal
+        # A run leased here by a path that did not note when: its first body confirms it.
+        ctx.held_until = self._leased_at.pop(ctx.run_id, -math.inf) + self.lease
         self._active[ctx.run_id] = ctx
         self.store.set_concurrency(len(self._active) + self._side_steps)
         self._wake.set()
@@ -852,7 +865,22 @@ class Runtime:
                 await deliver_pause_signals(self.store, self._active)
             if time.time() >= next_beat:
                 next_beat = time.time() + self.lease / 3
-                await self.store.heartbeat(self.owner.token, self._lease_until())
+                await self._heartbeat()
+
+    async def _heartbeat(self) -> None:
+        """Renew the lease of every run this runtime holds.
+
+        A run's ``held_until`` moves on only if its lease still held when the renewal was
+        confirmed: after a stall past it (this process stopped, or its heartbeats failed), the
+        run may be another's, and its next step body waits for ``confirm_held``.
+        """
+        since = time.monotonic()
+        await self.store.heartbeat(self.owner.token, self._lease_until())
+        confirmed = time.monotonic()
+        held_until = since + self.lease
+        for ctx in self._active.values():
+            if confirmed < ctx.held_until < held_until:
+                ctx.held_until = held_until
 
 
 @final
@@ -872,6 +900,19 @@ class RuntimeHost:
 
     def count_side_steps(self, delta: int) -> None:
         self._runtime._count_concurrent_steps(delta)
+
+    async def confirm_held(self, run: RunContext) -> None:
+        runtime = self._runtime
+        owner = runtime.owner
+        since = time.monotonic()
+        held = await runtime.store.claim(
+            run.run_id, owner, lease_until=runtime._lease_until(), expected_owner=owner.token
+        )
+        if not held:
+            raise LostOwnershipError(
+                f"run {run.run_id!r} is no longer held by this process", task_id=run.run_id
+            )
+        run.held_until = max(run.held_until, since + runtime.lease)
 
     async def cancel(self, task_id: str, *, reason: str, force: bool = False) -> RunRecord | None:
         """A run worked here is cancelled as this runtime's own act (see ``_cancel_own``);

@@ -112,6 +112,7 @@ class Worker:
         free = self.concurrency - self._busy()
         if free <= 0:
             return
+        leased_at = time.monotonic()
         claimed = await self._readable(
             self.runtime.store.claim_pending(
                 self.runtime.owner,
@@ -121,6 +122,7 @@ class Worker:
             )
         )
         for record in claimed:
+            self.runtime._leased_at[record.id] = leased_at
             await self._adopt(record.id)
 
     async def _orphans(self) -> list[str]:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from test_cli import AGENT, PATIENCE, Env, finish, statuses, step_is
 
 

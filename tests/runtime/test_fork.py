@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_cli import Env, error_line
+from test_cli_verbs import env_on
 
 import haltwise
 from haltwise import State, StepStatus
-from test_cli import Env, error_line
-from test_cli_verbs import env_on
 
 pytestmark = pytest.mark.anyio
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import anyio
 import pytest
+from test_crash import AGENT, check_world, wait_started
 
 import haltwise
 import toolkit
 from haltwise import State
-from test_crash import AGENT, check_world, wait_started
 
 pytestmark = pytest.mark.anyio
 

@@ -13,7 +13,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from test_cli import AGENT, PATIENCE, Env, error_line, finish, statuses, step_is
 from test_cli_postgres import PgEnv
 
@@ -251,8 +250,10 @@ SAGA_DONE = ["note:one", "note:two", "think"]
 
 def test_a_cancel_from_another_process_wakes_the_paused_owner_to_run_its_saga(env: Env) -> None:
     run = paused_saga(env, "g1")
-    cancelled = env.hw("cancel", "g1", "--reason", "budget", "--json")
+    cancelled = env.hw("cancel", "g1", "--reason", "budget")
     assert cancelled.returncode == 0, cancelled.stderr
+    assert "settled here" not in cancelled.stdout, "the owner, alive, runs the saga"
+    assert "cancelled at once" not in cancelled.stdout
     code, outcome, err = finish(run)
     assert code == 3, err
     assert isinstance(outcome, dict)
@@ -303,6 +304,7 @@ def paused_family(env: Env, run_id: str) -> subprocess.Popen[str]:
     paused(env, f"{run_id}/1")
     parent = paused(env, run_id)
     assert statuses(parent) == ["committed", "running"], "the child step waits, paused"
+    assert f"child run {run_id}/1 paused with it" in env.hw("status", run_id).stdout
     assert env.hw("check").returncode == 0
     return run
 

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from test_cli import PATIENCE, Env, error_line
 
 from _pg import create_database
 from haltwise._core.exceptions import CorruptRowError
 from haltwise._core.records import RunRecord
 from haltwise._journal import rows
 from haltwise._journal.owner import new_owner
-from test_cli import PATIENCE, Env, error_line
 
 AGENT = """
 import haltwise

@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from test_pause import _fresh_toolkit, wait_for_state  # noqa: F401 (an autouse fixture)
 
 import haltwise
 import toolkit
 from haltwise import State, StepStatus
 from haltwise._journal.check import verify
-from test_pause import _fresh_toolkit, wait_for_state  # noqa: F401 (an autouse fixture)
 
 pytestmark = pytest.mark.anyio
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from _serve import Served, start_server
+from haltwise.server._app import _ACTIONS
 
 
 @pytest.fixture
@@ -47,14 +48,12 @@ def served_on(tmp_path: Path, store_url: str) -> Iterator[Served]:
         server.stop()
 
 
-#: Every endpoint that takes a run id in its path (CONTRACT.md, "HTTP API and dashboard").
+#: Every endpoint that takes a run id in its path (CONTRACT.md, "HTTP API and dashboard"): the
+#: two reads, and every action the server routes (so that a new one is checked too).
 PATH_ENDPOINTS = [
     ("GET", ""),
     ("GET", "/events"),
-    ("POST", "/cancel"),
-    ("POST", "/pause"),
-    ("POST", "/unpause"),
-    ("POST", "/resume"),
+    *(("POST", f"/{action}") for action in sorted(_ACTIONS)),
 ]
 
 

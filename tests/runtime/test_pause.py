@@ -11,12 +11,13 @@ import pytest
 
 import haltwise
 import toolkit
+from _paths import TESTS
 from haltwise import Retry, State, StepStatus
 from haltwise._journal.check import verify
 
 pytestmark = pytest.mark.anyio
 
-HERE = Path(__file__).resolve().parent
+HERE = TESTS
 
 
 @pytest.fixture(autouse=True)

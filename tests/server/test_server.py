@@ -16,10 +16,10 @@ from pathlib import Path
 
 import anyio
 import pytest
+from test_cli_verbs import PATIENT
 
 import haltwise
 from _serve import AGENT, PATIENCE, Served, events, start_server
-from test_cli_verbs import PATIENT
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_cli import PATIENCE, Env
 
 AGENT = """

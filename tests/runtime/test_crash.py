@@ -15,10 +15,11 @@ import anyio
 import pytest
 
 import haltwise
+from _paths import TESTS
 from haltwise import State, StepStatus
 from haltwise._runtime.loader import load_target
 
-AGENT = Path(__file__).with_name("crash_agent.py")
+AGENT = TESTS / "crash_agent.py"
 STEPS = 30
 
 
@@ -126,7 +127,7 @@ def test_kill_9_soak(sqlite_url: str, tmp_path: Path) -> None:
 
 def test_check_reports_an_orphaned_step_until_takeover(sqlite_url: str, tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("hold_agent.py")), sqlite_url, str(tmp_path)],
+        [sys.executable, str(TESTS / "hold_agent.py"), sqlite_url, str(tmp_path)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -140,7 +141,7 @@ def test_check_reports_an_orphaned_step_until_takeover(sqlite_url: str, tmp_path
     assert [f.code for f in dead.findings] == ["orphaned-step"]
     assert dead.to_json()["findings"][0]["run"] == "held"
 
-    load_target(f"{Path(__file__).with_name('hold_agent.py')}:holder")
+    load_target(f"{(TESTS / 'hold_agent.py')}:holder")
 
     async def take_over() -> haltwise.Outcome:
         async with haltwise.Runtime(sqlite_url) as rt:

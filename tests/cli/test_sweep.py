@@ -6,9 +6,10 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _paths import ROOT
+
+ROOT = ROOT
 
 
 def load_sweep() -> object:

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import anyio
 import pytest
-
-import haltwise
-from haltwise import State, StepStatus
 from test_crash import kill_and_resume, spawn, wait_started
 
-AGENT = Path(__file__).with_name("concurrent_crash_agent.py")
+import haltwise
+from _paths import TESTS
+from haltwise import State, StepStatus
+
+AGENT = TESTS / "concurrent_crash_agent.py"
 ROUNDS = 6
 
 

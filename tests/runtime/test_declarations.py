@@ -8,6 +8,7 @@ import pytest
 
 import haltwise
 import toolkit
+from _paths import ROOT
 from haltwise import State, StepStatus
 
 
@@ -113,10 +114,9 @@ def test_no_deprecated_coroutine_check_in_the_runtime() -> None:
 
 def test_the_license_is_an_spdx_string() -> None:
     """Issue 15, item 24: ``license = { text = ... }`` is deprecated by setuptools."""
-    import pathlib
     import tomllib
 
-    pyproject = pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml"
+    pyproject = ROOT / "pyproject.toml"
     data = tomllib.loads(pyproject.read_text())
     assert data["project"]["license"] == "MIT"
     requires = data["build-system"]["requires"]

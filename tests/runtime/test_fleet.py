@@ -36,11 +36,12 @@ import pytest
 
 import fleet_agent
 import haltwise
+from _paths import TESTS
 from haltwise import Outcome, Retry, Runtime, State, StepStatus
 from haltwise._core.records import Owner, RunSnapshot
 from haltwise._journal.store import NewRun, Store
 
-WORKER = Path(__file__).with_name("fleet_worker.py")
+WORKER = TESTS / "fleet_worker.py"
 ACTIVE = (State.PENDING, State.RUNNING, State.CANCELLING)
 CANCEL_REASON = "fleet-test"
 #: the lease of the fleet's workers (seconds): short, so that nothing waits the default 15 s

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_cli import AGENT, PATIENCE, Env, error_line
 
 from _pg import PostgresServer, create_database
-from test_cli import AGENT, PATIENCE, Env, error_line
 
 
 @pytest.fixture

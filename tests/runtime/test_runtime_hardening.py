@@ -14,13 +14,13 @@ from typing import Any
 
 import anyio
 import pytest
+from test_cli import AGENT, PATIENCE, Env, error_line
 
 import haltwise
 import toolkit
 from haltwise import State, StepStatus
 from haltwise._core.records import Owner
 from haltwise._journal.store import NewRun, StepStart, open_store
-from test_cli import AGENT, PATIENCE, Env, error_line
 
 pytestmark = pytest.mark.anyio
 

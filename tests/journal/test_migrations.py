@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from _paths import TESTS
 from haltwise._core.exceptions import StoreError
 from haltwise._core.states import State, StepStatus
 from haltwise._journal import schema
@@ -28,7 +29,7 @@ from haltwise._journal.store import open_store
 
 pytestmark = pytest.mark.anyio
 
-FIXTURE = Path(__file__).parent / "fixtures" / "store-v1.db"
+FIXTURE = TESTS / "fixtures" / "store-v1.db"
 
 #: What the fixture holds (written by tests/fixtures/agent_v1.py).
 V1_RUNS = {

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_cli import PATIENCE, Env, error_line
 
 AGENT = """

@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_cli import AGENT, PATIENCE, Env, error_line, step_is
 
-ROOT = Path(__file__).resolve().parent.parent
+from _paths import ROOT
+
+ROOT = ROOT
 DEMO = ROOT / "examples" / "research_agent.py"
 
 BROKEN = """
