@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from ._journal.check import Finding as Finding
     from ._journal.check import verify_store as verify_store
     from ._runtime.fork import ForkPlan as ForkPlan
+    from ._runtime.run_api import run as run
     from ._runtime.run_context import call_id as call_id
     from ._runtime.run_context import current_task_id as current_task_id
     from ._runtime.runtime import Runtime as Runtime
@@ -113,6 +114,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "._journal.check": ("CheckReport", "Finding", "verify_store"),
     "._runtime.fork": ("ForkPlan",),
     "._runtime.run_context": ("call_id", "current_task_id"),
+    "._runtime.run_api": ("run",),
     "._runtime.runtime": ("Runtime", "TaskHandle"),
     "._runtime.task_api": (
         "aemit",
@@ -127,34 +129,6 @@ _LAZY: dict[str, tuple[str, ...]] = {
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}
 
 __version__ = "0.1.0"
-
-
-def run(
-    task: Task[..., Any],
-    /,
-    *args: Any,
-    task_id: str | None = None,
-    deadline: float | None = None,
-    store: str | None = None,
-    **kwargs: Any,
-) -> Outcome:
-    """Run ``task(*args, **kwargs)`` to a final state and return its outcome (blocking).
-
-    A convenience over :class:`Runtime` for scripts: it opens the store (``store`` URL, else
-    ``$HALTWISE_STORE``, else the default SQLite file), starts the run, waits for its outcome and
-    closes the store. A failed run is returned as an outcome, not raised.
-    """
-
-    import anyio
-
-    from ._runtime.runtime import Runtime
-
-    async def main() -> Outcome:
-        async with Runtime(store) as runtime:
-            handle = await runtime.start(task, *args, task_id=task_id, deadline=deadline, **kwargs)
-            return await handle.outcome()
-
-    return anyio.run(main)
 
 
 __all__ = [

@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -42,7 +42,26 @@ def browser(served: Served) -> Iterator[WebDriver]:
 
 
 def wait(driver: WebDriver, what: str, condition: object) -> object:
-    return WebDriverWait(driver, PATIENCE).until(condition, message=what)  # type: ignore[arg-type]
+    """Poll ``condition`` until it holds. The pages re-render live (on every change of the
+    journal), so an element found a moment ago may be gone: every read of the page is made
+    inside a condition, which a stale element makes look again."""
+    waiting = WebDriverWait(driver, PATIENCE, ignored_exceptions=[StaleElementReferenceException])
+    return waiting.until(condition, message=what)  # type: ignore[arg-type]
+
+
+def click(driver: WebDriver, what: str, by: str, value: str) -> None:
+    """Click the element found by ``by``/``value`` (found afresh if a re-render replaced it)."""
+
+    def clicked(d: WebDriver) -> bool:
+        d.find_element(by, value).click()
+        return True
+
+    wait(driver, what, clicked)
+
+
+def text_of(driver: WebDriver, what: str, by: str, value: str, expected: str) -> None:
+    """Wait until the element found by ``by``/``value`` shows ``expected``."""
+    wait(driver, what, lambda d: d.find_element(by, value).text == expected)
 
 
 def row_state(driver: WebDriver, run_id: str) -> str | None:
@@ -69,8 +88,8 @@ def test_the_runs_list_follows_a_cancel_from_the_command_line(
     cancelled = served.hw("cancel", "live1", "--reason", "from a shell")
     assert cancelled.returncode == 0, cancelled.stderr
     wait(browser, "the list showing it cancelled", lambda d: row_state(d, "live1") == "cancelled")
-    reason = browser.find_element(By.CSS_SELECTOR, '#runs tr[data-id="live1"] .reason')
-    assert reason.text == "from a shell"
+    row = '#runs tr[data-id="live1"] .reason'
+    text_of(browser, "its reason", By.CSS_SELECTOR, row, "from a shell")
 
 
 def test_the_cancel_button_cancels_with_the_typed_reason(
@@ -79,21 +98,18 @@ def test_the_cancel_button_cancels_with_the_typed_reason(
     in_flight(served, "button1")
     browser.get(f"{served.base}/#/run/button1")
     wait(browser, "the run page", lambda d: d.find_elements(By.ID, "cancel-reason"))
-    browser.find_element(By.ID, "cancel-reason").send_keys("typed in the browser")
-    browser.find_element(By.ID, "cancel").click()
+
+    def typed(d: WebDriver) -> bool:
+        d.find_element(By.ID, "cancel-reason").send_keys("typed in the browser")
+        return True
+
+    wait(browser, "the reason typed", typed)
+    click(browser, "the Cancel button", By.ID, "cancel")
     run = served.wait_for("button1", "cancelled", lambda r: r["state"] == "cancelled")
     assert run["reason"] == "typed in the browser"
-    wait(
-        browser,
-        "the page showing it",
-        lambda d: d.find_element(By.CSS_SELECTOR, "h1 .badge").text == "cancelled",
-    )
-    assert browser.find_element(By.ID, "run-reason").text == "typed in the browser"
-    steps = browser.find_elements(By.CSS_SELECTOR, "#steps tbody tr")
-    assert [row.find_elements(By.TAG_NAME, "td")[4].text for row in steps] == [
-        "committed",
-        "interrupted",
-    ]
+    text_of(browser, "the page showing it", By.CSS_SELECTOR, "h1 .badge", "cancelled")
+    text_of(browser, "its reason", By.ID, "run-reason", "typed in the browser")
+    wait(browser, "its steps", lambda d: step_statuses(d) == ["committed", "interrupted"])
 
 
 def test_html_in_ids_reasons_and_partials_is_shown_as_text(
@@ -112,28 +128,36 @@ def test_html_in_ids_reasons_and_partials_is_shown_as_text(
     )
     served.wait_for(hostile, "cancelled", lambda r: r["state"] == "cancelled")
     browser.get(f"{served.base}/")
-    wait(browser, "the hostile row", lambda d: d.find_elements(By.CSS_SELECTOR, "#runs a.run-link"))
-    link = browser.find_element(By.CSS_SELECTOR, "#runs a.run-link")
-    assert link.text == hostile
-    link.click()
-    wait(browser, "the run page", lambda d: d.find_elements(By.ID, "run-id"))
-    assert browser.find_element(By.ID, "run-id").text == hostile
-    assert browser.find_element(By.ID, "run-reason").text == "<b>bold</b>"
-    partials = [item.text for item in browser.find_elements(By.CSS_SELECTOR, "#partials pre")]
-    assert partials == [f'{{\n "hit": "{topic}-a"\n}}', f'{{\n "hit": "{topic}-b"\n}}']
-    main = browser.find_element(By.ID, "main")
-    assert not main.find_elements(By.TAG_NAME, "img") and not main.find_elements(By.TAG_NAME, "b")
-    assert not main.find_elements(By.TAG_NAME, "script")
+    text_of(browser, "the hostile row, as text", By.CSS_SELECTOR, "#runs a.run-link", hostile)
+    click(browser, "its link", By.CSS_SELECTOR, "#runs a.run-link")
+    text_of(browser, "the run page's id, as text", By.ID, "run-id", hostile)
+    text_of(browser, "its reason, as text", By.ID, "run-reason", "<b>bold</b>")
+    shown = [f'{{\n "hit": "{topic}-a"\n}}', f'{{\n "hit": "{topic}-b"\n}}']
+    wait(browser, "the partials, as text", lambda d: texts(d, "#partials pre") == shown)
+    for tag in ("img", "b", "script"):
+        assert not browser.find_elements(By.CSS_SELECTOR, f"#main {tag}"), tag
     assert browser.title == "haltwise"
     with pytest.raises(NoAlertPresentException):
         browser.switch_to.alert.text  # noqa: B018
 
 
 def listed(driver: WebDriver) -> list[str]:
+    """The ids in the runs list (call inside :func:`wait`: a re-render makes rows stale)."""
     return [
         row.get_attribute("data-id") or ""
         for row in driver.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
     ]
+
+
+def texts(driver: WebDriver, css: str) -> list[str]:
+    """The texts of the elements ``css`` finds (call inside :func:`wait`)."""
+    return [item.text for item in driver.find_elements(By.CSS_SELECTOR, css)]
+
+
+def step_statuses(driver: WebDriver) -> list[str]:
+    """The status column of the run page's steps (call inside :func:`wait`)."""
+    rows = driver.find_elements(By.CSS_SELECTOR, "#steps tbody tr")
+    return [row.find_elements(By.TAG_NAME, "td")[4].text for row in rows]
 
 
 def test_the_runs_list_pages_through_every_run(served: Served, browser: WebDriver) -> None:
@@ -142,13 +166,11 @@ def test_the_runs_list_pages_through_every_run(served: Served, browser: WebDrive
     for i in range(5):
         served.wait_for(f"q{i}", "completed", lambda run: run["state"] == "completed")
     browser.get(f"{served.base}/#/?limit=2")
-    seen = []
-    for page in (["q4", "q3"], ["q2", "q1"], ["q0"]):
+    pages = (["q4", "q3"], ["q2", "q1"], ["q0"])  # every run once, newest first, then no more
+    for number, page in enumerate(pages):
         wait(browser, f"the page {page}", lambda d, page=page: listed(d) == page)
-        seen += listed(browser)
-        older = browser.find_elements(By.ID, "page-older")
-        if page != ["q0"]:
-            older[0].click()
-    assert seen == ["q4", "q3", "q2", "q1", "q0"] and not older  # every run once, then no more
-    browser.find_element(By.ID, "page-newest").click()
+        if number < len(pages) - 1:
+            click(browser, "older runs", By.ID, "page-older")
+    assert not browser.find_elements(By.ID, "page-older")
+    click(browser, "the newest runs", By.ID, "page-newest")
     wait(browser, "back at the newest", lambda d: listed(d) == ["q4", "q3"])

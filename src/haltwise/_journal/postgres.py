@@ -198,6 +198,12 @@ class PostgresStore:
             raise self._error(error, connecting=True) from None
         self._pool = pool
         self._steps.open()
+        if not self.read_only:  # a store that only looks never writes a step
+            try:
+                await self._steps.connect()
+            except BaseException:
+                await self.close()
+                raise
 
     async def close(self) -> None:
         await self._steps.close()

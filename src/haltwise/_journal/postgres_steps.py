@@ -259,10 +259,21 @@ class StepWriter:
         self._timer: asyncio.TimerHandle | None = None
 
     def open(self) -> None:
-        """Start the committer (on the running loop); it connects at its first write."""
+        """Start the committer (on the running loop); it connects at its first write, unless
+        :meth:`connect` did already."""
         self._task = asyncio.get_running_loop().create_task(
             self._commit_loop(), name="haltwise-postgres-steps"
         )
+
+    async def connect(self) -> None:
+        """Open the writer's connection and prepare its statements now (the store's open), so
+        that a run's first step does not pay for them."""
+        wire = await self._connection()
+        try:
+            for statement in (_ONE_RUN, _BATCH):
+                await statement.ensure(wire)
+        except psycopg.Error as error:
+            raise self._error(error) from None
 
     async def close(self) -> None:
         """Commit what is queued and deferred, then stop."""

@@ -203,12 +203,21 @@ async def deliver_pause_signals(store: Store, active: Mapping[str, RunContext]) 
     was undone (an unpause) goes on; one that a cancel ended while it was paused (``paused ->
     cancelled``, recorded by the canceller) is delivered that cancel, so that its task stops.
     """
-    watched = [run_id for run_id, run in active.items() if run.pause.requested]
-    before = {run_id: run.pause.generation for run_id, run in active.items()}
-    signals = await store.pause_signals(list(active), watched=watched)
-    for run_id, run in list(active.items()):
-        _deliver(run, signals.get(run_id), before.get(run_id))
-    for run in [run for run in active.values() if run.children]:
+    watched = []
+    parents = []
+    before = {}
+    for run_id, run in active.items():  # one pass: this runs at every tick of the watcher
+        before[run_id] = run.pause.generation
+        if run.pause.requested:
+            watched.append(run_id)
+        if run.children:
+            parents.append(run)
+    signals = await store.pause_signals(list(before), watched=watched)
+    for run_id, signal in signals.items():  # a run without a signal has nothing to act on
+        held = active.get(run_id)
+        if held is not None:
+            _deliver(held, signal, before.get(run_id))
+    for run in parents:
         await relay_to_children(run)
 
 

@@ -28,7 +28,7 @@ import inspect
 import json
 import time
 import zlib
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from enum import Enum, auto
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -281,8 +281,7 @@ class _Flight:
             return
         if self.in_body_task or caller is None or caller.cancelling():
             return  # the task scope reaches it, or a cancel is on its way already (a gather's)
-        self.native_cancels += 1
-        caller.cancel()
+        self._cancel_caller(self.on_cancel)
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -465,8 +464,27 @@ class _Flight:
     def _cut(self) -> None:
         """Stop a finish body running in the caller's task: cancel that task (taken back later)."""
         if self.caller is not None and self.finishing_here:
-            self.native_cancels += 1
-            self.caller.cancel()
+            self._cancel_caller(self._cut)
+
+    def _cancel_caller(self, again: Callable[[], None]) -> None:
+        """Cancel the caller's task with ``Task.cancel()`` (:meth:`_take_back_cancels` takes it
+        back once the step has settled); from the running task itself, ``again`` from the loop.
+
+        A task's cancel of itself lands only at its next await, and until it has landed
+        ``uncancel()`` does not withdraw it (Python 3.11, 3.12): a body that returns without
+        awaiting (a forced cancel came first, or the body asked for one) would leave it
+        pending, to cancel whatever the task awaits next, or to end the task cancelled (a run's
+        task so ended cancels the Runtime's task group, and the caller of ``async with``).
+        Sent from the loop, a cancel lands at the await the task waits at: in the body if it is
+        still there (``again`` checks that it is), nowhere else.
+        """
+        caller = self.caller
+        assert caller is not None
+        if caller is asyncio.current_task():
+            asyncio.get_running_loop().call_soon(again)
+            return
+        self.native_cancels += 1
+        caller.cancel()
 
     # -- how the step ends ---------------------------------------------------------------------
 
