@@ -513,6 +513,17 @@ async def wait_outcome(url: str, run_id: str, timeout: float) -> Outcome:
             return await runtime.outcome(run_id)
 
 
+def take_over(url: str, world: Path, run_id: str) -> tuple[Outcome, WorkerProcess]:
+    """A second worker process takes ``run_id`` over: its outcome, and the (stopped) worker."""
+    worker = WorkerProcess(url, world)
+    try:
+        outcome = anyio.run(wait_outcome, url, run_id, 10)
+        worker.stop()
+    finally:
+        worker.kill()
+    return outcome, worker
+
+
 async def status(url: str, run_id: str) -> Outcome:
     async with Runtime(url) as runtime:
         return await runtime.status(run_id)
@@ -550,12 +561,7 @@ def test_sigterm_lets_the_finish_step_finish_and_hands_the_run_over(
     owner = anyio.run(load_all, store_url, ["slow"])["slow"].run.owner
     assert owner is None, owner
 
-    second = WorkerProcess(store_url, world)
-    try:
-        outcome = anyio.run(wait_outcome, store_url, "slow", 10)
-        second.stop()
-    finally:
-        second.kill()
+    outcome, second = take_over(store_url, world, "slow")
     assert outcome.state is State.COMPLETED, outcome
     assert outcome.result == [0, "delivered", 2]
     executions = read_executions(world)
@@ -586,12 +592,7 @@ def test_a_second_signal_makes_a_worker_exit_at_once(store_url: str, tmp_path: P
     # As after a crash: the step is left running by an owner that is gone ...
     assert [f.code for f in haltwise.verify_store(store_url).findings] == ["orphaned-step"]
     # ... and the worker that takes the run over may not run it again: reconcile.
-    second = WorkerProcess(store_url, world)
-    try:
-        outcome = anyio.run(wait_outcome, store_url, "slow", 10)
-        second.stop()
-    finally:
-        second.kill()
+    outcome, _ = take_over(store_url, world, "slow")
     assert outcome.state is State.FAILED, outcome
     assert outcome.error is not None and outcome.error.type == "UnknownStepError"
     assert [s.status for s in outcome.steps] == [StepStatus.COMMITTED, StepStatus.UNKNOWN]
