@@ -210,12 +210,12 @@ class Statements:
         self._events = f"SELECT seq, run_id, source, target, reason, at FROM {q('events')}"
         self._runs = f"SELECT {RUN_COLUMNS} FROM {q('runs')}"
 
-    def update_run(self, fields: dict[str, Any]) -> str:
-        """``UPDATE`` of ``fields`` (parameters: their values, then the run id), returning it."""
+    def update_run(self, fields: dict[str, Any], *, returning: bool = True) -> str:
+        """``UPDATE`` of ``fields`` (parameters: their values, then the run id), returning it
+        (unless not ``returning``)."""
         assignments = ", ".join(f"{name} = {self.param}" for name in fields)
-        return (
-            f"UPDATE {self.runs} SET {assignments} WHERE id = {self.param} RETURNING {RUN_COLUMNS}"
-        )
+        update = f"UPDATE {self.runs} SET {assignments} WHERE id = {self.param}"
+        return f"{update} RETURNING {RUN_COLUMNS}" if returning else update
 
     def list_runs(self, state: State | None) -> tuple[str, tuple[Any, ...]]:
         """All runs, or those in ``state``, oldest first."""

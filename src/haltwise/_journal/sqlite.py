@@ -45,6 +45,7 @@ from .rows import (
     partials_from_rows,
     read_all,
     run_from_row,
+    run_written,
     steps_from_rows,
     transition_fields,
 )
@@ -388,7 +389,7 @@ class SQLiteStore:
         def op(conn: sqlite3.Connection) -> RunRecord:
             current = _load_run(conn, run_id)
             write = plan_transition(current, target, expected, fields, fence=fence, now=time.time())
-            return _apply(conn, run_id, write)
+            return _apply(conn, current, write)
 
         record: RunRecord = await self._writer.call(op)
         return record
@@ -404,7 +405,7 @@ class SQLiteStore:
         def op(conn: sqlite3.Connection) -> RunRecord:
             current = _load_run(conn, run_id)
             write = plan(current, time.time())
-            return current if write is None else _apply(conn, run_id, write)
+            return current if write is None else _apply(conn, current, write)
 
         record: RunRecord = await self._writer.call(op)
         return record
@@ -783,11 +784,13 @@ def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.R
     return row
 
 
-def _apply(conn: sqlite3.Connection, run_id: str, write: RunWrite) -> RunRecord:
-    """Write ``write``'s fields to the run's row (it exists), record its events, return the run."""
-    row = conn.execute(_SQL.update_run(write.fields), (*write.fields.values(), run_id)).fetchone()
-    _record_events(conn, run_id, write)
-    return run_from_row(row)
+def _apply(conn: sqlite3.Connection, current: RunRecord, write: RunWrite) -> RunRecord:
+    """Write ``write``'s fields to the row of run ``current`` (as just read in this
+    transaction), record its events, return the run as it is now (not read back)."""
+    sql = _SQL.update_run(write.fields, returning=False)
+    conn.execute(sql, (*write.fields.values(), current.id))
+    _record_events(conn, current.id, write)
+    return run_written(current, write.fields)
 
 
 def _record_events(conn: sqlite3.Connection, run_id: str, write: RunWrite) -> None:
