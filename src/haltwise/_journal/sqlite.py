@@ -386,11 +386,7 @@ class SQLiteStore:
             settle_on_cancel=settle_on_cancel,
         )
 
-        def op(conn: sqlite3.Connection) -> RunRecord:
-            current = _load_run(conn, run_id)
-            write = plan_transition(current, target, expected, fields, fence=fence, now=time.time())
-            return _apply(conn, current, write)
-
+        op = partial(_transition, run_id, target, expected, fields, fence)
         record: RunRecord = await self._writer.call(op)
         return record
 
@@ -774,6 +770,21 @@ def _load_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
     if row is None:
         raise UnknownRunError(run_id)
     return run_from_row(row)
+
+
+def _transition(
+    run_id: str,
+    target: State,
+    expected: Collection[State],
+    fields: dict[str, Any],
+    fence: str | None,
+    conn: sqlite3.Connection,
+) -> RunRecord:
+    """:meth:`SQLiteStore.transition`'s transaction (a function of its own, not a closure: a
+    partial holds fewer objects while 10,000 transitions wait for their group commit)."""
+    current = _load_run(conn, run_id)
+    write = plan_transition(current, target, expected, fields, fence=fence, now=time.time())
+    return _apply(conn, current, write)
 
 
 def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.Row:
