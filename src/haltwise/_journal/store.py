@@ -99,10 +99,9 @@ class StepStarted:
     attempts: int
     #: the run's ``(reason, force)`` if it is ``cancelling``, else None
     cancel: tuple[str, bool] | None = None
-    #: a pause of the run is requested. Read with the start where the store's watcher polls
-    #: (SQLite: a pause requested by another process then reaches a stepping run at its next
-    #: step, not its next poll); PostgreSQL's watcher is woken at once by the request's NOTIFY,
-    #: so its store leaves this False.
+    #: a pause of the run is requested (and it is not ``cancelling``: a cancel wins), read in
+    #: the statement that journals the start: a pause requested by another process reaches a
+    #: stepping run at its next step, before the store's watcher has looked.
     pause: bool = False
 
 
