@@ -491,7 +491,7 @@ class PostgresStore:
         if started is None:
             raise StoreError(f"run {run_id!r}: step {step.index} could not be journaled")
         if started.state != State.CANCELLING.value:
-            return StepStarted(started.attempts)
+            return StepStarted(started.attempts, pause=started.pause)
         return StepStarted(started.attempts, cancel=(started.reason or "user", started.force))
 
     async def settle_step(

@@ -25,7 +25,7 @@ from .._core.exceptions import BadRow, InvalidTransitionError, StoreError
 from .._core.outcome import ErrorInfo, StepRecord
 from .._core.policy import Effect
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot
-from .._core.states import State, StepStatus, is_allowed
+from .._core.states import PAUSABLE_STATES, State, StepStatus, is_allowed
 from .._core.views import Change, RunSummary, StepTimes
 from .secrets import remember, safe_url
 
@@ -99,10 +99,9 @@ class StepStarted:
     attempts: int
     #: the run's ``(reason, force)`` if it is ``cancelling``, else None
     cancel: tuple[str, bool] | None = None
-    #: a pause of the run is requested. Read with the start where the store's watcher polls
-    #: (SQLite: a pause requested by another process then reaches a stepping run at its next
-    #: step, not its next poll); PostgreSQL's watcher is woken at once by the request's NOTIFY,
-    #: so its store leaves this False.
+    #: a pause of the run is requested (and it is not ``cancelling``: a cancel wins), read in
+    #: the statement that journals the start: a pause requested by another process reaches a
+    #: stepping run at its next step, before the store's watcher has looked.
     pause: bool = False
 
 
@@ -489,7 +488,7 @@ def plan_cancel(current: State, current_force: bool, force: bool, *, settles: bo
 
 def plan_pause(current: RunRecord) -> dict[str, Any]:
     """The run columns a pause request writes (see :meth:`Store.request_pause`)."""
-    if current.state in (State.PENDING, State.RUNNING) and not current.pause:
+    if current.state in PAUSABLE_STATES and not current.pause:
         return {"pause": True}
     return {}
 
