@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -295,6 +295,16 @@ class Stores:
 
     def end(self) -> None:
         """The example is over (every process but the journal has ended): empty the store."""
+        with self._transaction() as conn:
+            for (name,) in conn.execute(self.TABLES).fetchall():  # no table has a foreign key
+                conn.execute(f"DELETE FROM {self.SCHEMA}{name}")
+
+    #: a query of the store's tables (but its meta row's), and the schema they are in
+    TABLES = ""
+    SCHEMA = ""
+
+    def _transaction(self) -> contextlib.AbstractContextManager[Any]:
+        """A connection to the store, in a transaction committed at the end."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -312,14 +322,15 @@ class SqliteStores(Stores):
         """Nothing to undo: the frozen process's writer thread, not its loop, ends the writes
         in flight, and then holds no lock of the file."""
 
-    def end(self) -> None:
+    TABLES = (
+        "SELECT name FROM sqlite_master WHERE type = 'table' "
+        "AND name NOT IN ('haltwise_meta', 'sqlite_sequence')"
+    )
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
         with contextlib.closing(sqlite3.connect(self.path, timeout=DEADLINE)) as conn, conn:
-            tables = conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' "
-                "AND name NOT IN ('haltwise_meta', 'sqlite_sequence')"
-            ).fetchall()
-            for (name,) in tables:  # the tables have no foreign keys
-                conn.execute(f"DELETE FROM {name}")
+            yield conn
 
 
 class PostgresStores(Stores):
@@ -346,15 +357,17 @@ class PostgresStores(Stores):
             while admin.execute(f"SELECT 1 FROM pg_stat_activity {busy}", (name,)).fetchall():
                 assert time.monotonic() < end, f"the transactions of {name} did not end"
 
-    def end(self) -> None:
-        with psycopg.connect(self.url, autocommit=True) as admin, admin.transaction():
-            admin.execute(f"SET LOCAL lock_timeout = '{DEADLINE:.0f}s'")  # a hang fails
-            tables = admin.execute(
-                "SELECT tablename FROM pg_tables "
-                "WHERE schemaname = 'haltwise' AND tablename <> 'haltwise_meta'"
-            ).fetchall()
-            for (name,) in tables:  # the tables have no foreign keys
-                admin.execute(f"DELETE FROM haltwise.{name}")
+    TABLES = (
+        "SELECT tablename FROM pg_tables "
+        "WHERE schemaname = 'haltwise' AND tablename <> 'haltwise_meta'"
+    )
+    SCHEMA = "haltwise."
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[psycopg.Connection[Any]]:
+        with psycopg.connect(self.url, autocommit=True) as conn, conn.transaction():
+            conn.execute(f"SET LOCAL lock_timeout = '{DEADLINE:.0f}s'")  # a hang fails
+            yield conn
 
 
 _PROCESS_NAMES = itertools.count(1)
