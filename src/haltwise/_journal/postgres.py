@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -63,7 +64,9 @@ from .operator_sql import (
 )
 from .postgres_steps import StepWriter, feed_insert, write_deferred
 from .rows import (
+    PARTIAL_COLUMNS,
     RUN_COLUMNS,
+    STEP_COLUMNS,
     error_to_text,
     event_from_row,
     journal_from_rows,
@@ -108,10 +111,49 @@ _POOL_MAX = 10
 _CONNECT_TIMEOUT = 10
 _RETRIES = 5
 
+_SQL = Statements(POSTGRES)
+_OPS = OperatorSQL(POSTGRES)
+
 #: a fork's copied steps in the change feed (the statements writing steps write their changes)
 _COPIED_STEPS_FEED = feed_insert(
     "(SELECT run_id, idx, status FROM haltwise.steps WHERE run_id = %s ORDER BY idx) AS w"
 )
+
+#: a run, its steps and its partial results in one statement (see _load_snapshot)
+_LOAD_SNAPSHOT = (
+    f"SELECT {RUN_COLUMNS}, "
+    f"(SELECT json_agg(json_build_array({STEP_COLUMNS}) ORDER BY idx) FROM haltwise.steps "
+    "WHERE run_id = r.id) AS steps_, "
+    f"(SELECT json_agg(json_build_array({PARTIAL_COLUMNS}) ORDER BY seq) FROM haltwise.partials "
+    "WHERE run_id = r.id) AS partials_ "
+    "FROM haltwise.runs r WHERE r.id = %s"
+)
+
+
+def _recording(write: str) -> str:
+    """One statement: ``write`` (an INSERT or UPDATE of one run row ``RETURNING`` its
+    ``RUN_COLUMNS``), the events of the write and the notification, both only if a row was
+    written (see :func:`_recorded` for the parameters)."""
+    return f"""WITH written AS ({write}),
+recorded AS (
+    INSERT INTO haltwise.events (run_id, source, target, reason, at)
+    SELECT written.id, e.v->>0, e.v->>1, e.v->>2, %s::double precision
+    FROM written, json_array_elements(%s::json) WITH ORDINALITY AS e(v, n) ORDER BY e.n
+)
+SELECT written.*, pg_notify('{_CHANNEL}', left(written.id, 1000)) AS notified FROM written"""
+
+
+def _recorded(parameters: Sequence[Any], write: RunWrite) -> tuple[Any, ...]:
+    """The parameters of a :func:`_recording` statement: the write's own, then its events'."""
+    events = [
+        [None if source is None else source.value, target.value, reason]
+        for source, target, reason in write.events
+    ]
+    return (*parameters, write.at, json.dumps(events))
+
+
+#: a run created, its events recorded and notified: one statement (no fork)
+_CREATE = _recording(_SQL.insert_run)
 
 _T = TypeVar("_T")
 _Conn = psycopg.AsyncConnection[DictRow]
@@ -279,8 +321,13 @@ class PostgresStore:
         *,
         read_only: bool = False,
         after_steps: bool = True,
+        single: bool = False,
     ) -> _T:
         """Run ``op`` in a transaction of its own (see the module docstring).
+
+        ``single``: ``op`` runs one statement, in autocommit mode: the statement is its own
+        transaction (and, for a read, its own snapshot), one round trip instead of the
+        ``BEGIN`` and ``COMMIT`` around it.
 
         A deferred settlement commits before any other operation of this store object, except
         the few with ``after_steps=False``: they neither read nor write step rows nor record
@@ -297,7 +344,7 @@ class PostgresStore:
             self._steps.raise_deferred_error()
         # The operation runs in its own task: a caller cancelled while waiting stops waiting,
         # and the transaction still commits or rolls back whole (as in the SQLite store).
-        task = asyncio.ensure_future(self._transact(pool, op, read_only))
+        task = asyncio.ensure_future(self._transact(pool, op, read_only, single))
         self._inflight.add(task)
         task.add_done_callback(self._forget)
         return await asyncio.shield(task)
@@ -312,11 +359,15 @@ class PostgresStore:
         pool: AsyncConnectionPool[_Conn],
         op: Callable[[_Conn], Awaitable[_T]],
         read_only: bool,
+        single: bool,
     ) -> _T:
         attempt = 0
         while True:
             attempt += 1
             try:
+                if single:
+                    async with pool.connection() as conn:
+                        return await op(conn)
                 async with pool.connection() as conn, conn.transaction():
                     if read_only:
                         # one snapshot for every statement of the read (e.g. a run and its steps)
@@ -338,18 +389,23 @@ class PostgresStore:
         async def op(conn: _Conn) -> tuple[RunRecord, bool]:
             now = time.time()
             parameters = insert_run_parameters(run, inputs, now)
+            if run.fork is None:  # one statement: the row, its events, the notification
+                write = _recorded(parameters, plan_create(run, now))
+                inserted = await (await conn.execute(_CREATE, write, prepare=True)).fetchone()
+                if inserted is None:
+                    return await _load_run(conn, run.id), False
+                return run_from_row(inserted), True
             inserted = await (await conn.execute(_SQL.insert_run, parameters)).fetchone()
             if inserted is None:
                 return await _load_run(conn, run.id), False
             await _record_events(conn, run.id, plan_create(run, now))
-            if run.fork is not None:
-                fork = (run.id, run.fork.source, run.fork.from_step)
-                await conn.execute(_SQL.copy_steps, fork)
-                await conn.execute(_COPIED_STEPS_FEED, (run.id,))
-                await conn.execute(_SQL.copy_partials, fork)
+            fork = (run.id, run.fork.source, run.fork.from_step)
+            await conn.execute(_SQL.copy_steps, fork)
+            await conn.execute(_COPIED_STEPS_FEED, (run.id,))
+            await conn.execute(_SQL.copy_partials, fork)
             return run_from_row(inserted), True
 
-        return await self._run(op)
+        return await self._run(op, single=run.fork is None)
 
     async def transition(
         self,
@@ -421,7 +477,7 @@ class PostgresStore:
                 )
                 return pause_signals_of(await rows.fetchall(), set(ids))
 
-        return await self._run(op, read_only=True, after_steps=False)
+        return await self._run(op, read_only=True, single=True, after_steps=False)
 
     async def claim(
         self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None
@@ -561,14 +617,14 @@ class PostgresStore:
         async def op(conn: _Conn) -> RunSnapshot:
             return await _load_snapshot(conn, run_id)
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, single=True)
 
     async def list_runs(self, state: State | None = None) -> list[RunRecord]:
         async def op(conn: _Conn) -> list[RunRecord]:
             cursor = await conn.execute(*_SQL.list_runs(state))
             return read_all(run_from_row, await cursor.fetchall())
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, single=True)
 
     async def read_journal(self) -> JournalRows:
         async def op(conn: _Conn) -> JournalRows:
@@ -589,7 +645,7 @@ class PostgresStore:
             cursor = await conn.execute(*_SQL.events(run_id))
             return read_all(event_from_row, await cursor.fetchall())
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, single=True)
 
     async def cancel_requests(self, run_ids: Collection[str]) -> dict[str, tuple[str, bool]]:
         ids = list(run_ids)
@@ -607,7 +663,7 @@ class PostgresStore:
                 for row in await cursor.fetchall()
             }
 
-        return await self._run(op, read_only=True, after_steps=False)
+        return await self._run(op, read_only=True, single=True, after_steps=False)
 
     # -- the operator's operations (their SQL: operator_sql) ------------------------------------
 
@@ -626,14 +682,14 @@ class PostgresStore:
                 await rows.execute(sql, params)
                 return [summary_from_row(row) for row in await rows.fetchall()]
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, single=True)
 
     async def task_names(self) -> list[str]:
         async def op(conn: _Conn) -> list[str]:
             cursor = await conn.execute(_OPS.task_names())
             return [row["task"] for row in await cursor.fetchall()]
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, single=True)
 
     async def inspect(self, run_id: str) -> RunJournal:
         async def op(conn: _Conn) -> RunJournal:
@@ -711,7 +767,7 @@ class PostgresStore:
                 row = await rows.fetchone()
             return int(row[0]) if row else 0
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, single=True)
 
     def set_concurrency(self, active_runs: int) -> None:
         """Ignored: every operation already runs on a pooled connection of its own."""
@@ -777,9 +833,6 @@ class PostgresStore:
 
 # -- SQL helpers ------------------------------------------------------------------------------
 
-_SQL = Statements(POSTGRES)
-_OPS = OperatorSQL(POSTGRES)
-
 
 def _partial_row(
     run_id: str, seq: int, value: Any, origin: PartialKey | None
@@ -795,17 +848,18 @@ def _fetched(row: DictRow | None) -> DictRow:
 
 
 async def _load_snapshot(conn: _Conn, run_id: str) -> RunSnapshot:
-    run = await _load_run(conn, run_id)
-    async with conn.cursor(row_factory=tuple_row) as rows:  # step_from_row: by position
-        await rows.execute(_SQL.load_steps, (run_id,))
-        steps = steps_from_rows(run_id, await rows.fetchall())
-    cursor = await conn.execute(_SQL.load_partials, (run_id,))
-    found = await cursor.fetchall()
+    """The run with its steps and partial results: one statement (one round trip, and one
+    snapshot even outside a transaction), the steps and partials as JSON arrays of their
+    columns in order (``STEP_COLUMNS``, ``PARTIAL_COLUMNS``)."""
+    row = await (await conn.execute(_LOAD_SNAPSHOT, (run_id,), prepare=True)).fetchone()
+    if row is None:
+        raise UnknownRunError(run_id)
+    partials = row["partials_"] or []
     return RunSnapshot(
-        run=run,
-        steps=steps,
-        partials=partials_from_rows(run_id, [row["value"] for row in found]),
-        partial_keys=tuple(partial_key(row["step"], row["ordinal"], row["seq"]) for row in found),
+        run=run_from_row(row),
+        steps=steps_from_rows(run_id, row["steps_"] or []),
+        partials=partials_from_rows(run_id, [value for value, _, _, _ in partials]),
+        partial_keys=tuple(partial_key(step, ordinal, seq) for _, step, ordinal, seq in partials),
     )
 
 
