@@ -41,10 +41,11 @@ from haltwise._core.outcome import ErrorInfo
 from haltwise._core.policy import Effect
 from haltwise._core.records import Event, Owner
 from haltwise._core.states import TRANSITIONS, State, StepStatus, is_allowed
-from haltwise._core.views import ChangeKind
+from haltwise._core.views import Change, ChangeKind
 from haltwise._journal.check import verify
 from haltwise._journal.schema import SCHEMA_VERSION
 from haltwise._journal.store import UNSET, ForkOf, NewRun, StepStart, StepStarted, Store, open_store
+from haltwise._runtime.operator import feed
 
 pytestmark = pytest.mark.anyio
 
@@ -525,6 +526,40 @@ async def test_every_step_start_and_settlement_is_one_change_in_order(store_url:
         i for i, c in enumerate(changes) if (c.run_id, c.index, c.status) == ("r", 1, "committed")
     )
     assert settled < partial_at  # the deferred settlement committed before the partial
+
+
+async def test_prune_never_gives_a_change_number_out_twice(store_url: str) -> None:
+    # The newest changes are a pruned run's. SQLite numbers a new change one above the largest
+    # left, so prune leaves a high-water mark in the newest one's place (PostgreSQL's identity
+    # never goes back); the feed passes the mark by, and pruning again keeps only one mark.
+    async with opened(store_url) as store:
+        await reach(store, "kept", State.COMPLETED)
+        for run_id in ("gone-1", "gone-2"):
+            await reach(store, run_id, State.FAILED)
+        before, _ = await store.changes_after(0, limit=100)
+        assert before[-1].run_id == "gone-2"
+        pruned = await store.prune(ended_before=time.time() + 60, states={State.FAILED})
+        assert sorted(pruned) == ["gone-1", "gone-2"]
+        await reach(store, "new", State.RUNNING)
+        after, _ = await store.changes_after(before[-1].seq, limit=100)
+        assert after and {change.run_id for change in after} == {"new"}
+        await reach(store, "gone-3", State.FAILED)
+        highest = (await store.changes_after(0, limit=100))[0][-1].seq
+        assert await store.prune(ended_before=time.time() + 60, states={State.FAILED}) == ["gone-3"]
+        left, _ = await store.changes_after(0, limit=100)
+        marks = [change for change in left if change.run_id == ""]
+        assert len(marks) <= 1 and all(mark.seq == highest for mark in marks)
+        assert {change.run_id for change in left} - {""} == {"kept", "new"}
+        await store.transition("new", State.COMPLETED, expected={State.RUNNING})
+        (completed,), _ = await store.changes_after(highest, limit=100)
+        assert (completed.run_id, completed.status) == ("new", "completed")
+        fed: list[Change] = []
+        with anyio.fail_after(30):
+            async for change in feed(store, 0, None):
+                fed.append(change)
+                if change.seq == completed.seq:
+                    break
+        assert fed == [change for change in left if change.run_id] + [completed]
 
 
 async def test_start_step_returns_the_cancel_hint(store_url: str) -> None:
