@@ -25,7 +25,7 @@ from .._core.exceptions import BadRow, InvalidTransitionError, StoreError
 from .._core.outcome import ErrorInfo, StepRecord
 from .._core.policy import Effect
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot
-from .._core.states import State, StepStatus, is_allowed
+from .._core.states import PAUSABLE_STATES, State, StepStatus, is_allowed
 from .._core.views import Change, RunSummary, StepTimes
 from .secrets import remember, safe_url
 
@@ -488,7 +488,7 @@ def plan_cancel(current: State, current_force: bool, force: bool, *, settles: bo
 
 def plan_pause(current: RunRecord) -> dict[str, Any]:
     """The run columns a pause request writes (see :meth:`Store.request_pause`)."""
-    if current.state in (State.PENDING, State.RUNNING) and not current.pause:
+    if current.state in PAUSABLE_STATES and not current.pause:
         return {"pause": True}
     return {}
 

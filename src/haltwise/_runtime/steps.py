@@ -368,11 +368,7 @@ class _Flight:
         if run.probe is not None:
             await _probe(run, "during", self.index)
         if time.monotonic() >= run.held_until:
-            # This process may have stalled past its lease (a stop, a long pause) since the
-            # start was journaled: another may have the run and rerun the step. The body
-            # begins only once the run is known to be still ours; else the run stops here
-            # (LostOwnershipError), its step left for its new owner, the body never run.
-            await run.host.confirm_held(run)
+            await self._hold_lease()
         self.phase = _Phase.BODY
         try:
             timeout = self.spec.policy.timeout
@@ -398,6 +394,28 @@ class _Flight:
         self._take_back_cancels()
         return await self._commit(value)
 
+    async def _hold_lease(self) -> None:
+        """Return once the run is surely still this process's; else raise
+        :class:`~haltwise.LostOwnershipError` (the run stops here, its step left to its new
+        owner): no body begins after the run's lease may have run out here.
+
+        This process may have stalled past its lease (a stop, a long pause) since the start
+        was journaled: another may have taken the run over and rerun the step. Each
+        ``confirm_held`` is a fenced write that renews the lease; one whose answer came back
+        after the lease it renewed had run out (a stall while it was in flight) is no proof,
+        and is made again.
+        """
+        run = self.run
+        while time.monotonic() >= run.held_until:
+            await run.host.confirm_held(run)
+
+    async def _apart(self) -> Any:
+        """The body, in a task of its own. That task begins a turn of the loop after
+        :meth:`_execute` looked at the lease, and this process may stall in between (another
+        callback, a long pause): the lease is looked at again as the body begins."""
+        await self._hold_lease()
+        return await self.spec.fn(*self.args, **self.kwargs)
+
     async def _invoke_within(self, timeout: float) -> Any:
         """:meth:`_invoke`, stopped after the tool's ``timeout`` as a cancel of this step alone
         would stop it; then :class:`StepTimeoutError` (the step is settled as a failure)."""
@@ -415,7 +433,7 @@ class _Flight:
         if spec.is_async and self.in_body_task and _no_scope_between(self.run):
             return await self._finish_here()
         if spec.is_async:
-            self.inner = asyncio.ensure_future(spec.fn(*self.args, **self.kwargs))
+            self.inner = asyncio.ensure_future(self._apart())
             if self.run.cancel.forced and not self.shielded:
                 # A forced cancel came first: the body is stopped at its first await, as a
                 # body running in the caller's task would be.
