@@ -1,13 +1,15 @@
 """Where a sequential step's cost goes on SQLite: CPU per step and WAL frames per commit.
 
 1. CPU per step of one run of ``--steps`` trivial interruptible steps (``synchronous=off``, so
-   that the disk does not count; ``time.process_time`` of every thread), as shipped and, as an
-   experiment only, on the same kind of store with the change feed's two step triggers dropped
-   (the store needs them: ``GET /api/events`` reports every step start and settlement).
+   that the disk does not count; ``time.process_time`` of every thread), as shipped; with the
+   change feed as schema version 8 had it (``seq`` ``AUTOINCREMENT``, the index
+   ``changes_by_run``: the baseline of version 9's change); and, as an experiment only, with the
+   change feed's two step triggers dropped (the store needs them: ``GET /api/events`` reports
+   every step start and settlement).
 2. SQLite alone: haltwise's own per-step transaction (``BEGIN IMMEDIATE``, the previous step's
    settlement, this step's start, ``COMMIT``) with the store's statements, on a store file made
-   by haltwise: CPU per step and WAL frames per commit, as shipped and without parts of the
-   change feed, beside the raw loop of ``bench/peers.py`` (one ``INSERT`` + ``COMMIT``).
+   by haltwise: CPU per step and WAL frames per commit, for the same three stores, beside the
+   raw loop of ``bench/peers.py`` (one ``INSERT`` + ``COMMIT``).
 
 Variants are interleaved, ``--repeat`` times, fresh databases each time; medians are shown.
 
@@ -28,16 +30,27 @@ from _measure_once import cpu_per_step
 from _report import header, median, table
 
 import haltwise
+from haltwise._journal import schema
 from haltwise._journal import sqlite as store_sql
 
-#: what each variant of part 2 removes from a store file made by haltwise
+#: the change feed of schema version 8, made from a new store's (triggers dropped meanwhile)
+V8_FEED = (
+    *(f"DROP TRIGGER {trigger[0]}" for trigger in schema._SQLITE_FEED),
+    "DROP TABLE changes",
+    "CREATE TABLE changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, "
+    "kind TEXT NOT NULL, idx INTEGER, status TEXT, at REAL NOT NULL)",
+    "CREATE INDEX changes_by_run ON changes (run_id, seq)",
+    *schema.TRIGGERS[0].sqlite,
+)
+
+#: what each variant changes in a store file made by haltwise
 SQL_VARIANTS: dict[str, tuple[str, ...]] = {
-    "haltwise's statements, as shipped": (),
-    "without the change feed's step triggers": (
+    "as shipped": (),
+    "version 8's change feed (AUTOINCREMENT, changes_by_run)": V8_FEED,
+    "step triggers dropped (experiment)": (
         "DROP TRIGGER changes_on_step",
         "DROP TRIGGER changes_on_step_status",
     ),
-    "without the index changes_by_run": ("DROP INDEX changes_by_run",),
 }
 
 
@@ -122,10 +135,8 @@ def main() -> None:
     runs: dict[str, list[float]] = {}
     sql: dict[str, list[tuple[float, float]]] = {}
     for _ in range(args.repeat):
-        runs.setdefault("as shipped", []).append(step_cpu(base, args.steps, ()))
-        runs.setdefault("step triggers dropped (experiment)", []).append(
-            step_cpu(base, args.steps, SQL_VARIANTS["without the change feed's step triggers"])
-        )
+        for name, statements in SQL_VARIANTS.items():
+            runs.setdefault(name, []).append(step_cpu(base, args.steps, statements))
         for name, statements in SQL_VARIANTS.items():
             sql.setdefault(name, []).append(sql_cost(base, args.steps, statements))
         sql.setdefault("raw sqlite3 INSERT+COMMIT (4 KiB pages)", []).append(

@@ -1,4 +1,4 @@
-"""Shared fixtures: the anyio backend, and the stores every contract test runs on.
+"""Shared fixtures: the anyio backend, a reset toolkit, and the stores every contract test runs on.
 
 ``store_url`` is parametrized with ``sqlite`` and ``postgres``, so a test that takes it runs once
 per store (as AnyIO runs its tests once per backend). The PostgreSQL server is started once per
@@ -22,6 +22,15 @@ from _pg import PostgresServer, PostgresUnavailable, create_database
 def anyio_backend() -> str:
     """The runtime is asyncio-only."""
     return "asyncio"
+
+
+@pytest.fixture
+def fresh_toolkit() -> None:
+    """tests/toolkit.py with no counts and fresh gates (a module asks for it with
+    ``pytest.mark.usefixtures("fresh_toolkit")``)."""
+    import toolkit  # here, not at the top: only the tests that use the toolkit load its tools
+
+    toolkit.reset()
 
 
 @pytest.fixture(scope="session")

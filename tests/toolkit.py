@@ -1,7 +1,8 @@
 """Tools and tasks the runtime tests drive, with side effects counted per tool.
 
 Gates let a test put a run exactly where it wants it (inside a step, between steps) without
-sleeping: a tool announces it is in flight with ``entered``, and waits on ``release``.
+sleeping: a tool announces it is in flight with ``entered``, and waits on ``release``. A test
+that uses the module takes the ``fresh_toolkit`` fixture (tests/conftest.py), which resets it.
 """
 
 from __future__ import annotations
@@ -58,11 +59,24 @@ go_on = Gate()
 
 
 def reset() -> None:
+    """Forget every count and make fresh gates (the ``fresh_toolkit`` fixture, before a test)."""
     global entered, release, between, go_on
     calls.clear()
     compensations.clear()
     keys.clear()
     entered, release, between, go_on = Gate(), Gate(), Gate(), Gate()
+
+
+async def wait_for_state(
+    rt: haltwise.Runtime, run_id: str, state: haltwise.State, timeout: float = 20.0
+) -> haltwise.Outcome:
+    """Poll the journal (with a deadline) until the run is in ``state``; return its outcome."""
+    with anyio.fail_after(timeout):
+        while True:
+            outcome = await rt.status(run_id)
+            if outcome.state is state:
+                return outcome
+            await anyio.sleep(0.002)
 
 
 def undo(name: str) -> Any:

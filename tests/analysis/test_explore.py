@@ -1,8 +1,8 @@
 """The cancel explorer: it passes a well-behaved agent and catches each kind of broken toolkit.
 
-The agent's world is real files and dicts under ``tmp_path`` (notes on disk, a payment ledger, an
-outbox); ``World.reset`` puts it back before every run the explorer makes. Tools report their
-effects with ``record_effect``, as a user's toolkit would.
+The well-behaved agent is tests/_explore_kit.py's; the broken toolkits below change the same
+world (real files and dicts under ``tmp_path``), which ``World.reset`` puts back before every run
+the explorer makes. Tools report their effects with ``record_effect``, as a user's toolkit would.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import json
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,125 +19,28 @@ from rich.console import Console
 
 import haltwise
 import haltwise.testing
+from _explore_kit import (
+    WORLD,
+    charge_card,
+    research,
+    run_explore,
+    save_note,
+    search_index,
+    send_receipt,
+)
 from haltwise import Effect, Outcome, Retry, State, StepRecord, StepStatus
 from haltwise._analysis.explore_checks import Baseline, Point, Trial, after_resume
 from haltwise._analysis.explore_render import render_rich
 from haltwise._runtime.tool import as_spec
 from haltwise.testing import (
     Execution,
-    ExploreReport,
     Recorder,
     explore,
     explore_async,
     record_effect,
 )
 
-INDEX = {"cats": ["cats purr", "cats nap", "cats hunt"]}
-
-
-class World:
-    """The outside world the tools change: notes on disk, a payment ledger, an outbox file."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.ledger: dict[str, int] = {}
-        self.starts = 0
-        self.reset()
-
-    @property
-    def notes(self) -> Path:
-        return self.root / "notes"
-
-    @property
-    def outbox(self) -> Path:
-        return self.root / "outbox.txt"
-
-    def reset(self) -> None:
-        self.notes.mkdir(parents=True, exist_ok=True)
-        for note in self.notes.iterdir():
-            note.unlink()
-        self.outbox.write_text("")
-        self.ledger.clear()
-        self.starts = 0
-
-    def note(self, text: str) -> Path:
-        return self.notes / (text.replace(" ", "_") + ".txt")
-
-
-WORLD: World
-
-
-@pytest.fixture(autouse=True)
-def world(tmp_path: Path) -> Iterator[World]:
-    global WORLD
-    WORLD = World(tmp_path / "world")
-    yield WORLD
-
-
-# -- a well-behaved toolkit ------------------------------------------------------------------------
-
-
-@haltwise.tool(cancel="interruptible", effect="read")
-async def search_index(query: str) -> list[str]:
-    await anyio.sleep(0)
-    return INDEX.get(query, [])
-
-
-@haltwise.tool(cancel="interruptible", effect="external")
-def summarize_hit(hit: str) -> str:
-    """A model call in a plain function that polls for a cancel."""
-    if haltwise.cancel_requested():
-        raise haltwise.Cancelled()
-    return hit.upper()
-
-
-def delete_note(text: str) -> None:
-    note = WORLD.note(text)
-    if note.exists():
-        note.unlink()
-        record_effect("note", key=text, undo=True)
-
-
-@haltwise.tool(cancel="rollback", effect="write", compensate=delete_note, grace=5.0)
-def save_note(text: str) -> str:
-    note = WORLD.note(text)
-    note.write_text(text)
-    record_effect("note", key=text)
-    return note.name
-
-
-@haltwise.tool(cancel="finish", effect="external", idempotent=True, grace=5.0)
-async def charge_card(cents: int) -> dict[str, Any]:
-    """Charges at once; the payment API recognises a key it has already served."""
-    key = haltwise.idempotency_key()
-    if key not in WORLD.ledger:
-        WORLD.ledger[key] = cents
-        record_effect("charge")
-    await anyio.sleep(0)  # the receipt comes back over the network
-    return {"receipt": f"r{len(WORLD.ledger)}", "cents": cents}
-
-
-@haltwise.tool(cancel="finish", effect="external", grace=5.0)
-async def send_receipt(to: str, text: str) -> int:
-    await anyio.sleep(0)  # connect first; the mail goes out below
-    with WORLD.outbox.open("a") as outbox:
-        outbox.write(f"{to}: {text}\n")
-    record_effect("mail")
-    return len(WORLD.outbox.read_text().splitlines())
-
-
-@haltwise.task
-async def research(topic: str, notes: int = 2) -> dict[str, Any]:
-    hits = await search_index(topic)
-    saved = []
-    for hit in hits[:notes]:
-        summary = await summarize_hit(hit)
-        haltwise.emit({"summary": summary})
-        saved.append(await save_note(summary))
-    bill = await charge_card(5 * len(saved))
-    haltwise.emit({"charged": bill["cents"]})
-    sent = await send_receipt("me@example.com", f"{len(saved)} notes, receipt {bill['receipt']}")
-    return {"notes": saved, "receipt": bill["receipt"], "mails": sent}
+pytestmark = pytest.mark.usefixtures("world")
 
 
 @haltwise.task(on_cancel="compensate")
@@ -193,10 +95,6 @@ async def forgetful(topic: str) -> Any:
     if WORLD.starts == 1:
         return await save_note(hits[0])
     return await send_receipt("me@example.com", hits[0])
-
-
-def run_explore(task: haltwise.Task[..., Any], **kwargs: Any) -> ExploreReport:
-    return explore(task, "cats", reset=WORLD.reset, **kwargs)
 
 
 # -- the explorer passes a well-behaved agent ------------------------------------------------------

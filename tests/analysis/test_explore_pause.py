@@ -6,14 +6,16 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from test_cli import AGENT, Env
-from test_explore import research, run_explore
-from test_explore import world as world
+import pytest
 
+from _cli_kit import AGENT, Env
+from _explore_kit import research, run_explore
 from haltwise import Effect, Outcome, State, StepRecord, StepStatus
 from haltwise._analysis.explore_checks import Baseline, PauseTrial, Point, after_pause
 from haltwise._core.records import RunRecord, RunSnapshot
 from haltwise.testing import Recorder
+
+pytestmark = pytest.mark.usefixtures("world")
 
 
 def test_a_pause_at_every_point_then_unpause_repeats_nothing() -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import AGENT, PATIENCE, Env, error_line
 
+from _cli_kit import AGENT, PATIENCE, Env, error_line
 from _pg import PostgresServer, create_database
 
 

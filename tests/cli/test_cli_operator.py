@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_cli import AGENT, PATIENCE, Env, error_line, finish, statuses, step_is
+
+from _cli_kit import AGENT, PATIENCE, Env, error_line, finish, statuses, step_is
 
 
 @dataclass

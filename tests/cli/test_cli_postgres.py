@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import json
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_cli import AGENT, PATIENCE, Env, finish, statuses, step_is
 
-
-@dataclass
-class PgEnv(Env):
-    url: str = ""
-
-    @property
-    def store(self) -> str:
-        return self.url
+from _cli_kit import AGENT, PATIENCE, PgEnv, finish, statuses, step_is
 
 
 @pytest.fixture

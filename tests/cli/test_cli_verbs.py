@@ -13,88 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_cli import AGENT, PATIENCE, Env, error_line, finish, statuses, step_is
-from test_cli_postgres import PgEnv
 
-#: A saga: two notes (rollback steps, each undone by its compensation), then the gated step.
-SAGA = """
-
-def unnote(text):
-    effect("undo:" + text)
-
-
-@haltwise.tool(cancel="rollback", effect="write", compensate=unnote)
-async def note(text: str) -> str:
-    effect("note:" + text)
-    return text
-
-
-@haltwise.task(on_cancel="compensate")
-async def notes():
-    await note("one")
-    await note("two")
-    await think("x")
-    await note("three")
-    return "done"
-"""
-
-
-#: A parent whose step 1 is a child run with the gated step (the child's step 1).
-FAMILY = """
-
-@haltwise.task
-async def kid():
-    await record("kid")
-    return await think("kid")
-
-
-@haltwise.task
-async def family():
-    await record("mom")
-    inner = await kid()
-    await record("after")
-    return inner
-"""
-
-
-#: A step retried once (its first attempt fails), then one that times out, caught by the task
-#: (needs only ``anyio`` and ``haltwise`` imported before it: the HTTP tests serve it too).
-PATIENT = """
-
-FLAKY = []
-
-
-@haltwise.tool(cancel="interruptible", effect="read", retries=2, backoff=(0, 1, 0))
-async def flaky(topic: str) -> str:
-    FLAKY.append(topic)
-    if len(FLAKY) == 1:
-        raise ConnectionError("the first attempt fails")
-    return topic
-
-
-@haltwise.tool(cancel="interruptible", effect="read", timeout=0.05)
-async def slow(topic: str) -> str:
-    await anyio.sleep(60)
-    return topic
-
-
-@haltwise.task
-async def patient(topic: str = "x"):
-    got = await flaky(topic)
-    try:
-        await slow(topic)
-    except haltwise.StepTimeoutError:
-        return got + " (slow timed out)"
-    return got
-"""
-
-
-def env_on(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
-    """A test directory with the agent file, on the store ``request.param`` names."""
-    (tmp_path / "agent.py").write_text(AGENT + SAGA + FAMILY + PATIENT)
-    if request.param == "sqlite":
-        return Env(tmp_path)
-    return PgEnv(tmp_path, request.getfixturevalue("pg_url"))
+from _cli_kit import PATIENCE, Env, env_on, error_line, finish, statuses, step_is
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cli import AGENT, PATIENCE, Env, error_line, step_is
 
+from _cli_kit import AGENT, PATIENCE, Env, error_line, step_is
 from _paths import ROOT
 
 ROOT = ROOT

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cli import PATIENCE, Env
+
+from _cli_kit import PATIENCE, Env
 
 AGENT = """
 import time

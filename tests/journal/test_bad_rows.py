@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from test_cli import PATIENCE, Env, error_line
 
+from _cli_kit import PATIENCE, Env, error_line
 from _pg import create_database
 from haltwise._core.exceptions import CorruptRowError
 from haltwise._core.records import RunRecord

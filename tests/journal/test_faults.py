@@ -13,18 +13,13 @@ from pathlib import Path
 
 import anyio
 import pytest
-from test_crash import AGENT, check_world, wait_started
 
 import haltwise
 import toolkit
+from _crash_kit import AGENT, check_world, wait_started
 from haltwise import State
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(autouse=True)
-def _fresh_toolkit() -> None:
-    toolkit.reset()
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fresh_toolkit")]
 
 
 def hold_the_write_lock(path: str, locked: threading.Event, unlock: threading.Event) -> None:

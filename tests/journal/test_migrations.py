@@ -2,8 +2,10 @@
 
 ``tests/fixtures/store-v1.db`` was written by haltwise at schema version 1 (the agent that made
 it is beside it). Opening it with this code upgrades it in one transaction, after which its
-tables have exactly the columns and indexes of a new store, and every run in it reads as before.
-The same holds for a PostgreSQL schema created with version 1's statements.
+tables have exactly the columns, indexes and triggers of a new store, and every run in it reads
+as before. The same holds for a PostgreSQL schema created with version 1's statements.
+``tests/fixtures/store-v8.db`` (version 8, its change feed numbered by ``AUTOINCREMENT``) keeps
+every change and its number through the table's rebuild, and numbers new ones above all of them.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import psycopg
 import pytest
 
+import haltwise
 from _paths import TESTS
 from haltwise._core.exceptions import StoreError
 from haltwise._core.states import State, StepStatus
@@ -30,6 +34,7 @@ from haltwise._journal.store import open_store
 pytestmark = pytest.mark.anyio
 
 FIXTURE = TESTS / "fixtures" / "store-v1.db"
+V8_FIXTURE = TESTS / "fixtures" / "store-v8.db"
 
 #: What the fixture holds (written by tests/fixtures/agent_v1.py).
 V1_RUNS = {
@@ -82,14 +87,17 @@ INSERT INTO haltwise.events (run_id, source, target, reason, at)
 
 
 def sqlite_shape(path: Path) -> dict[str, Any]:
-    """Every table's columns (name, type, not null, default, key) and every index's columns."""
+    """Every table's columns (name, type, not null, default, key) and whether its key is
+    ``AUTOINCREMENT``, every index's columns, and the triggers' names and tables."""
     with contextlib.closing(sqlite3.connect(path)) as conn:
-        tables = [
-            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-        ]
+        tables = conn.execute("SELECT name, sql FROM sqlite_master WHERE type='table'").fetchall()
         shape: dict[str, Any] = {}
-        for table in sorted(tables):
-            shape[table] = conn.execute(f"PRAGMA table_info({table})").fetchall()
+        for table, sql in sorted(tables):
+            columns = conn.execute(f"PRAGMA table_info({table})").fetchall()
+            shape[table] = (columns, "AUTOINCREMENT" in (sql or "").upper())
+        shape["triggers"] = conn.execute(
+            "SELECT name, tbl_name FROM sqlite_master WHERE type='trigger' ORDER BY name"
+        ).fetchall()
         for (index,) in conn.execute(
             "SELECT name FROM sqlite_master WHERE type='index' AND name NOT LIKE 'sqlite_%'"
         ):
@@ -150,6 +158,94 @@ def test_the_command_line_reads_every_run_of_an_upgraded_store(v1_copy: Path) ->
     check = haltwise("check", "--json")
     assert check.returncode == 0, check.stdout
     assert json.loads(check.stdout)["ok"] is True
+
+
+def sqlite_rows(path: Path, query: str) -> list[tuple[Any, ...]]:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return conn.execute(query).fetchall()
+
+
+async def test_a_v8_store_keeps_every_change_and_numbers_new_ones_above_all_it_gave_out(
+    tmp_path: Path,
+) -> None:
+    from haltwise import Runtime
+    from haltwise._runtime.operator import feed
+
+    path = tmp_path / "v8.db"
+    shutil.copy(V8_FIXTURE, path)
+    old = sqlite_rows(path, "SELECT seq, run_id, kind, idx, status, at FROM changes ORDER BY seq")
+    (counter,) = sqlite_rows(path, "SELECT seq FROM sqlite_sequence WHERE name = 'changes'")[0]
+    assert counter > old[-1][0]  # the fixture's newest run was pruned after its changes
+    upgraded = open_store(f"sqlite:///{path}")
+    await upgraded.open()
+    try:
+        changes, _ = await upgraded.changes_after(0, limit=100)
+        assert [change.seq for change in changes[:-1]] == [row[0] for row in old]
+        assert [(c.run_id, c.kind, c.index, c.status, c.at) for c in changes[:-1]] == [
+            row[1:] for row in old
+        ]
+        assert (changes[-1].seq, changes[-1].run_id) == (counter, "")  # the high-water mark
+        fed = []
+        with anyio.fail_after(30):
+            async for change in feed(upgraded, 0, None):
+                fed.append(change)
+                if change.seq == old[-1][0]:
+                    break
+        assert fed == changes[:-1]
+    finally:
+        await upgraded.close()
+    fresh = open_store(f"sqlite:///{tmp_path / 'new.db'}")
+    await fresh.open()
+    await fresh.close()
+    assert sqlite_shape(path) == sqlite_shape(tmp_path / "new.db")
+    assert sqlite_rows(path, "SELECT name FROM sqlite_sequence WHERE name = 'changes'") == []
+    async with Runtime(f"sqlite:///{path}") as runtime:
+        handle = await runtime.start(_one_step, task_id="after-upgrade")
+        assert (await handle.outcome()).result == "done"
+    new = sqlite_rows(path, "SELECT seq FROM changes WHERE run_id = 'after-upgrade' ORDER BY seq")
+    assert [row[0] for row in new] == list(range(counter + 1, counter + 1 + len(new)))
+    assert len(new) >= 5  # created, running, the step started and settled, completed
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def _lookup() -> str:
+    return "done"
+
+
+@haltwise.task
+async def _one_step() -> str:
+    return await _lookup()
+
+
+def test_check_list_and_prune_work_on_a_v8_store(tmp_path: Path) -> None:
+    path = tmp_path / "v8.db"
+    shutil.copy(V8_FIXTURE, path)
+
+    def haltwise_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "haltwise", *args, "--store", f"sqlite:///{path}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done
+
+    # check and list only read (the store stays at version 8); prune upgrades it, then deletes
+    # every run, the newest change becoming the high-water mark the migration left.
+    assert json.loads(haltwise_cli("check", "--json").stdout)["ok"] is True
+    listed = json.loads(haltwise_cli("list", "--json").stdout)["runs"]
+    assert {row["id"] for row in listed} == {"kept-1", "kept-2"}
+    assert sqlite_rows(path, "SELECT value FROM haltwise_meta") == [("8",)]
+    pruned = json.loads(haltwise_cli("prune", "--older-than", "0s", "--json").stdout)
+    assert sorted(pruned["pruned"]) == ["kept-1", "kept-2"]
+    assert sqlite_rows(path, "SELECT value FROM haltwise_meta") == [(str(SCHEMA_VERSION),)]
+    assert sqlite_rows(path, "SELECT seq, run_id FROM changes") == [(21, "")]
+    assert json.loads(haltwise_cli("check", "--json").stdout) == {
+        "ok": True,
+        "runs": 0,
+        "findings": [],
+    }
 
 
 async def test_a_failed_migration_leaves_the_store_at_its_old_version(

@@ -41,10 +41,11 @@ from haltwise._core.outcome import ErrorInfo
 from haltwise._core.policy import Effect
 from haltwise._core.records import Event, Owner
 from haltwise._core.states import TRANSITIONS, State, StepStatus, is_allowed
-from haltwise._core.views import ChangeKind
+from haltwise._core.views import Change, ChangeKind
 from haltwise._journal.check import verify
 from haltwise._journal.schema import SCHEMA_VERSION
 from haltwise._journal.store import UNSET, ForkOf, NewRun, StepStart, StepStarted, Store, open_store
+from haltwise._runtime.operator import feed
 
 pytestmark = pytest.mark.anyio
 
@@ -382,6 +383,52 @@ async def test_writes_with_a_stale_token_are_fenced_off(store_url: str) -> None:
             await store.start_step("missing", step(0), fence=OWNER.token)
 
 
+async def test_a_write_reads_the_run_as_it_is_not_as_this_store_wrote_it(store_url: str) -> None:
+    # PostgreSQL writes a run it wrote last in one statement, if the row is still the version
+    # it wrote: a write by anyone else between (a cancel, a takeover, a pause request, a
+    # heartbeat) must be decided on the row as it is now.
+    async with opened(store_url) as mine, opened(store_url) as other:
+        for run_id in ("cancelled", "taken", "paused", "renewed"):
+            new = NewRun(id=run_id, task="t", inputs={}, state=State.RUNNING, owner=OWNER)
+            await mine.create_run(new)
+        fence = OWNER.token
+        await other.request_cancel("cancelled", "user", force=False)
+        with pytest.raises(InvalidTransitionError):
+            await mine.transition("cancelled", State.FAILED, expected={State.RUNNING}, fence=fence)
+        either = {State.RUNNING, State.CANCELLING}
+        done = await mine.transition(
+            "cancelled", State.COMPLETED, expected=either, owner=None, fence=fence
+        )
+        assert (done.state, done.reason, done.owner) == (State.COMPLETED, "user", None)
+        assert await other.claim("taken", OTHER, lease_until=50.0, expected_owner=fence)
+        with pytest.raises(LostOwnershipError):
+            await mine.transition("taken", State.COMPLETED, expected={State.RUNNING}, fence=fence)
+        assert (await mine.load("taken")).run.owner == OTHER
+        await other.request_pause("paused")
+        assert await other.heartbeat(fence, 77.0) == 2
+        paused = await mine.transition(
+            "paused", State.PAUSED, expected={State.RUNNING}, fence=fence
+        )
+        assert (paused.state, paused.pause, paused.lease_until) == (State.PAUSED, True, 77.0)
+        # its own heartbeat: the lease is what changed
+        assert await mine.heartbeat(fence, 88.0) == 2
+        renewed = await mine.transition("renewed", State.COMPLETED, expected={State.RUNNING})
+        assert (renewed.state, renewed.lease_until) == (State.COMPLETED, 88.0)
+        assert (await other.load("renewed")).run == renewed
+        # every transition recorded once, each from the state the run was really in
+        states = replay(await other.events())
+        assert states == {
+            "cancelled": State.COMPLETED,
+            "taken": State.RUNNING,
+            "paused": State.PAUSED,
+            "renewed": State.COMPLETED,
+        }
+        assert [(e.source, e.target, e.reason) for e in await mine.events("cancelled")][-2:] == [
+            (State.RUNNING, State.CANCELLING, "user"),
+            (State.CANCELLING, State.COMPLETED, "user"),
+        ]
+
+
 async def test_release_and_heartbeat(store_url: str) -> None:
     async with opened(store_url) as store:
         await reach(store, "a", State.RUNNING, owner=OWNER)
@@ -481,6 +528,40 @@ async def test_every_step_start_and_settlement_is_one_change_in_order(store_url:
     assert settled < partial_at  # the deferred settlement committed before the partial
 
 
+async def test_prune_never_gives_a_change_number_out_twice(store_url: str) -> None:
+    # The newest changes are a pruned run's. SQLite numbers a new change one above the largest
+    # left, so prune leaves a high-water mark in the newest one's place (PostgreSQL's identity
+    # never goes back); the feed passes the mark by, and pruning again keeps only one mark.
+    async with opened(store_url) as store:
+        await reach(store, "kept", State.COMPLETED)
+        for run_id in ("gone-1", "gone-2"):
+            await reach(store, run_id, State.FAILED)
+        before, _ = await store.changes_after(0, limit=100)
+        assert before[-1].run_id == "gone-2"
+        pruned = await store.prune(ended_before=time.time() + 60, states={State.FAILED})
+        assert sorted(pruned) == ["gone-1", "gone-2"]
+        await reach(store, "new", State.RUNNING)
+        after, _ = await store.changes_after(before[-1].seq, limit=100)
+        assert after and {change.run_id for change in after} == {"new"}
+        await reach(store, "gone-3", State.FAILED)
+        highest = (await store.changes_after(0, limit=100))[0][-1].seq
+        assert await store.prune(ended_before=time.time() + 60, states={State.FAILED}) == ["gone-3"]
+        left, _ = await store.changes_after(0, limit=100)
+        marks = [change for change in left if change.run_id == ""]
+        assert len(marks) <= 1 and all(mark.seq == highest for mark in marks)
+        assert {change.run_id for change in left} - {""} == {"kept", "new"}
+        await store.transition("new", State.COMPLETED, expected={State.RUNNING})
+        (completed,), _ = await store.changes_after(highest, limit=100)
+        assert (completed.run_id, completed.status) == ("new", "completed")
+        fed: list[Change] = []
+        with anyio.fail_after(30):
+            async for change in feed(store, 0, None):
+                fed.append(change)
+                if change.seq == completed.seq:
+                    break
+        assert fed == [change for change in left if change.run_id] + [completed]
+
+
 async def test_start_step_returns_the_cancel_hint(store_url: str) -> None:
     async with opened(store_url) as store:
         await reach(store, "r", State.RUNNING)
@@ -495,9 +576,8 @@ async def test_start_step_returns_the_cancel_hint(store_url: str) -> None:
         )
         await store.request_pause("r")
         started = await store.start_step("r", step(1), fence=OWNER.token)
-        # SQLite reads the pause with the step (its watcher polls); PostgreSQL's NOTIFY wakes
-        # the watcher instead
-        assert (started.cancel, started.pause) == (None, store_url.startswith("sqlite"))
+        # read with the step on both stores, before the watcher looks
+        assert (started.cancel, started.pause) == (None, True)
         await store.request_cancel("r", "deadline", force=False)
         started = await store.start_step("r", step(2), fence=OWNER.token)
         assert (started.cancel, started.pause) == (("deadline", False), False)

@@ -8,12 +8,7 @@ import haltwise
 import toolkit
 from haltwise import State, StepStatus
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(autouse=True)
-def _fresh_toolkit() -> None:
-    toolkit.reset()
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fresh_toolkit")]
 
 
 async def test_a_child_task_is_one_committed_step_of_its_parent(store_url: str) -> None:

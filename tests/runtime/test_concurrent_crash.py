@@ -13,9 +13,9 @@ from pathlib import Path
 
 import anyio
 import pytest
-from test_crash import kill_and_resume, spawn, wait_started
 
 import haltwise
+from _crash_kit import kill_and_resume, spawn, wait_started
 from _paths import TESTS
 from haltwise import State, StepStatus
 

@@ -8,88 +8,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import anyio
 import pytest
 
 import haltwise
+from _crash_kit import check_world, kill_and_resume
 from _paths import TESTS
 from haltwise import State, StepStatus
 from haltwise._runtime.loader import load_target
-
-AGENT = TESTS / "crash_agent.py"
-STEPS = 30
-
-
-def expected_results() -> list[object]:
-    return [[i * 2, f"charged-{i}", f"note-{i}"][i % 3] for i in range(STEPS)]
-
-
-def spawn(store: str, run_id: str, world: Path, agent: Path = AGENT) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(agent), store, run_id, str(world)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_started(proc: subprocess.Popen[str]) -> None:
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.strip() == "started", (line, proc.stderr.read() if proc.stderr else "")
-
-
-def kill_and_resume(
-    store: str, run_id: str, world: Path, rng: random.Random, agent: Path = AGENT
-) -> int:
-    """Kill ``agent`` at random moments until its run completes; return how many kills."""
-    kills = 0
-    while True:
-        proc = spawn(store, run_id, world, agent)
-        wait_started(proc)
-        try:
-            proc.wait(timeout=rng.uniform(0.0, 0.15))
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-            kills += 1
-            continue
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, (out, err)
-        return kills
-
-
-def check_world(world: Path, snapshot: haltwise.Outcome, kills: int) -> None:
-    assert snapshot.state is State.COMPLETED
-    assert snapshot.result == expected_results()
-    assert list(snapshot.partials) == [
-        {"index": i, "value": v} for i, v in enumerate(expected_results())
-    ]
-    executions = Counter(
-        tuple(line.split()) for line in (world / "executions").read_text().splitlines()
-    )
-    reruns = 0
-    for step in snapshot.steps:
-        assert step.status is StepStatus.COMMITTED
-        kind = ["look", "charge", "note"][step.index % 3]
-        ran = executions[(kind, str(step.index))]
-        assert 1 <= ran <= step.attempts, (step, ran)
-        reruns += ran - 1
-    assert reruns <= kills, "at most one re-execution per kill"
-    # The world holds every note exactly once, whatever was compensated on the way.
-    notes = sorted(p.name for p in world.glob("w-*"))
-    assert notes == sorted(f"w-{i}" for i in range(STEPS) if i % 3 == 2)
-    for path in world.glob("w-*"):
-        assert path.read_text().splitlines() == [path.name[2:]], "a note was written twice"
-    charges: dict[str, set[str]] = {}
-    for line in (world / "charges").read_text().splitlines():
-        index, key = line.split()
-        charges.setdefault(index, set()).add(key)
-    assert all(len(keys) == 1 for keys in charges.values()), "an idempotent step changed its key"
-    assert len(charges) == STEPS // 3
 
 
 def run_crash_test(store: str, tmp_path: Path, kills: int, seed: int) -> None:

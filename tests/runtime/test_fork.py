@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import Env, error_line
-from test_cli_verbs import env_on
 
 import haltwise
+from _cli_kit import Env, env_on, error_line
 from haltwise import State, StepStatus
 
 pytestmark = pytest.mark.anyio

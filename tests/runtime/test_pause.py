@@ -14,27 +14,11 @@ import toolkit
 from _paths import TESTS
 from haltwise import Retry, State, StepStatus
 from haltwise._journal.check import verify
+from toolkit import wait_for_state
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fresh_toolkit")]
 
 HERE = TESTS
-
-
-@pytest.fixture(autouse=True)
-def _fresh_toolkit() -> None:
-    toolkit.reset()
-
-
-async def wait_for_state(
-    rt: haltwise.Runtime, run_id: str, state: State, timeout: float = 20.0
-) -> haltwise.Outcome:
-    """Poll the journal (with a deadline) until the run is in ``state``."""
-    with anyio.fail_after(timeout):
-        while True:
-            outcome = await rt.status(run_id)
-            if outcome.state is state:
-                return outcome
-            await anyio.sleep(0.002)
 
 
 async def in_flight(rt: haltwise.Runtime, tool: str, run_id: str = "p1") -> haltwise.TaskHandle:

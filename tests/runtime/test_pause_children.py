@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from test_pause import _fresh_toolkit, wait_for_state  # noqa: F401 (an autouse fixture)
 
 import haltwise
 import toolkit
 from haltwise import State, StepStatus
 from haltwise._journal.check import verify
+from toolkit import wait_for_state
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fresh_toolkit")]
 
 
 @haltwise.task(name="test_pause_children:grandparent")

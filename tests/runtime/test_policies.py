@@ -13,7 +13,7 @@ import toolkit
 from haltwise import Retry, State, StepStatus
 from toolkit import Gate
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fresh_toolkit")]
 
 IN_FLIGHT = {
     # tool -> (status after a plain cancel while it runs, whether the test must release it)
@@ -26,11 +26,6 @@ IN_FLIGHT = {
     "write_async": (StepStatus.COMPENSATED, False),
     "write_plain": (StepStatus.COMPENSATED, True),
 }
-
-
-@pytest.fixture(autouse=True)
-def _fresh_toolkit() -> None:
-    toolkit.reset()
 
 
 def status_of(outcome: haltwise.Outcome, index: int) -> StepStatus:

@@ -8,12 +8,7 @@ import haltwise
 import toolkit
 from haltwise import Retry, State, StepStatus
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(autouse=True)
-def _fresh_toolkit() -> None:
-    toolkit.reset()
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fresh_toolkit")]
 
 
 async def cancel_in_flight(rt: haltwise.Runtime, tool: str, run_id: str) -> haltwise.Outcome:

@@ -14,20 +14,15 @@ from typing import Any
 
 import anyio
 import pytest
-from test_cli import AGENT, PATIENCE, Env, error_line
 
 import haltwise
 import toolkit
+from _cli_kit import AGENT, PATIENCE, Env, error_line
 from haltwise import State, StepStatus
 from haltwise._core.records import Owner
 from haltwise._journal.store import NewRun, StepStart, open_store
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(autouse=True)
-def _fresh_toolkit() -> None:
-    toolkit.reset()
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fresh_toolkit")]
 
 
 @haltwise.task

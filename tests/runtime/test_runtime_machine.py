@@ -1,44 +1,57 @@
 """The runtime under random interleavings of start, concurrent steps, cancel, force, crash, resume,
-pause and unpause, with a step that times out and is retried while the gate is closed.
+pause and unpause, with a step that times out and is retried while the gate is closed, on each
+store (SQLite and PostgreSQL).
 
 A hypothesis state machine drives runs whose task makes three tool calls at once (interruptible,
 finish, rollback), twice. The tools' bodies wait at their process's gate, which the machine opens
-and closes. Each "process" is a runtime in an event loop of its own thread. A "crash" is kill -9
-as far as the journal can tell: the process's event loop is frozen for good (nothing it holds runs
-again, nothing of it is exited or cleaned up) and its runs are handed to an owner on a host that
-is gone, lease expired, as the dead process's would be once its lease ran out. A new process then
-resumes what it likes. A crashed process may also come back (it had only stalled) and shut down:
-it must cancel none of the runs taken from it.
+and closes. Each "process" is a runtime in an event loop of its own thread, with a short lease
+(``LEASE``). A "crash" is kill -9 as far as the journal can tell: the process's event loop is
+frozen for good (nothing it holds runs again, nothing of it is exited or cleaned up), on
+PostgreSQL the transactions it left open are ended by the server (as they end when the kernel
+closes a killed process's sockets), and its runs are handed to an owner on a host that is gone,
+lease expired, as the dead process's would be once its lease ran out. A new process then resumes
+what it likes. A crashed process may also come back (it had only stalled, past its lease) and
+shut down: it must cancel none of the runs taken from it, and begin no step body.
 
 After every rule: no step is ``running`` in a final run, the store is sound (a step left running
-by the crashed owner is the one allowed finding until a resume takes it over), and no committed
-step's body ever began again (but in a crashed process that came back: see ``Process.thaw``).
-Every wait on a process is bounded (``DEADLINE``): a hang fails.
+by the crashed owner is the one allowed finding until a resume takes it over), no committed
+step's body ever began again, and no process that came back began a body. Every wait on a
+process is bounded (``DEADLINE``): a hang fails.
 """
 
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
+import contextlib
+import itertools
+import sqlite3
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
-import anyio
+import psycopg
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 import haltwise
+from _pg import create_database
 from haltwise import State, StepStatus
 from haltwise._core.records import Owner
-from haltwise._journal.check import CheckReport, verify
-from haltwise._journal.store import JournalRows
+from haltwise._journal.check import CheckReport, verify_journal
+from haltwise._journal.store import JournalRows, Store
 
 _T = TypeVar("_T")
 
@@ -46,29 +59,28 @@ _T = TypeVar("_T")
 DEADLINE = 60.0
 #: crashes per example
 MAX_CRASHES = 3
+#: each process's lease (seconds): a crashed process comes back only once it surely ran out
+LEASE = 0.1
 
 #: body starts per idempotency key (one key per step, the same in every attempt)
 STARTS: Counter[str] = Counter()
-#: body starts by a crashed process after it came back (see :meth:`Process.thaw`)
-LATE_STARTS: Counter[str] = Counter()
+#: the keys of bodies begun by a crashed process after it came back (there must be none)
+LATE_STARTS: list[str] = []
 _LOCK = threading.Lock()
 
 
-class Process:
-    """One runtime in an event loop of its own thread, as one process would hold it."""
+class Loop:
+    """An event loop in a thread of its own, as one process's main thread would hold it:
+    :meth:`_setup` runs on it, then it waits until :meth:`stop`."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.gate = asyncio.Event()  # bound to the process's loop at its first wait
+    def __init__(self) -> None:
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._failure: BaseException | None = None
-        self._thaw = threading.Event()
-        self.came_back = False
-        self.thread = threading.Thread(target=self._main, name="machine process", daemon=True)
+        self.thread = threading.Thread(target=self._main, name=type(self).__name__, daemon=True)
         self.thread.start()
         if not self._ready.wait(DEADLINE):
-            raise AssertionError("a runtime did not start")
+            raise AssertionError(f"a {type(self).__name__} did not start")
         if self._failure is not None:
             raise self._failure
 
@@ -82,21 +94,54 @@ class Process:
     async def _serve(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        PROCESSES[self.loop] = self
-        async with haltwise.Runtime(self.url) as runtime:
-            self.runtime = runtime
-            self._ready.set()
-            await self._stop.wait()
-            self.gate.set()  # shutting down: the bodies end, the runs settle by policy
+        await self._setup()
+
+    async def _setup(self) -> None:
+        """Set up, call :meth:`_serving` once ready, and tear down when it returns."""
+        await self._serving()
+
+    async def _serving(self) -> None:
+        self._ready.set()
+        assert self._stop is not None
+        await self._stop.wait()
 
     def call(self, fn: Callable[[], Awaitable[_T]]) -> _T:
-        """Await ``fn()`` on the process's loop and return what it returned (or raise)."""
+        """Await ``fn()`` on the loop and return what it returned (or raise)."""
 
         async def run() -> _T:
             return await fn()
 
         future: Future[_T] = asyncio.run_coroutine_threadsafe(run(), self.loop)
         return future.result(timeout=DEADLINE)
+
+    def stop(self) -> None:
+        """Leave :meth:`_setup` (a clean shutdown) and end the thread."""
+        assert self._stop is not None
+        self.loop.call_soon_threadsafe(self._stop.set)
+        self.thread.join(DEADLINE)
+        assert not self.thread.is_alive(), f"a {type(self).__name__} did not shut down"
+        if self._failure is not None:
+            raise self._failure
+
+
+class Process(Loop):
+    """One runtime, as one process would hold it; ``url`` names it to the store (``name``)."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self.url = url
+        self.name = name
+        self.gate = asyncio.Event()  # bound to the process's loop at its first wait
+        self._thaw = threading.Event()
+        self.frozen_at = 0.0
+        self.came_back = False
+        super().__init__()
+
+    async def _setup(self) -> None:
+        PROCESSES[self.loop] = self
+        async with haltwise.Runtime(self.url, lease=LEASE) as runtime:
+            self.runtime = runtime
+            await self._serving()
+            self.gate.set()  # shutting down: the bodies end, the runs settle by policy
 
     def open_gate(self) -> None:
         self.loop.call_soon_threadsafe(self.gate.set)
@@ -113,29 +158,26 @@ class Process:
         blocked, and nothing of it runs or is exited until :meth:`thaw` (if ever)."""
         frozen = threading.Event()
         self._thaw = threading.Event()
-        self.loop.call_soon_threadsafe(lambda: (frozen.set(), self._thaw.wait()))
+
+        def stall() -> None:
+            self.frozen_at = time.monotonic()
+            frozen.set()
+            self._thaw.wait()
+
+        self.loop.call_soon_threadsafe(stall)
         if not frozen.wait(DEADLINE):
             raise AssertionError("a process's loop did not come to its freeze")
 
     def thaw(self) -> None:
-        """The process comes back after its lease ran out (a stall, not a death).
+        """The process comes back once its lease has surely run out (a stall, not a death).
 
-        A step whose start it had journaled but whose body it had not begun when it stalled
-        begins then: its runs were taken over meanwhile (its writes are refused from now on),
-        but no lease can stop a body that was about to begin. Such late starts are counted
-        apart: the new owner may have run that step too (a limit of leases, not checked here).
+        Its runs were taken over meanwhile: its writes are refused from now on, and a step
+        whose start it had journaled when it stalled must not begin its body (the new owner
+        may have run that step): the body checks the lease first.
         """
+        time.sleep(max(0.0, self.frozen_at + LEASE - time.monotonic()))  # the stall's length
         self.came_back = True
         self._thaw.set()
-
-    def stop(self) -> None:
-        """Leave the runtime's ``async with`` block (a clean shutdown) and end the thread."""
-        assert self._stop is not None
-        self.loop.call_soon_threadsafe(self._stop.set)
-        self.thread.join(DEADLINE)
-        assert not self.thread.is_alive(), "a runtime did not shut down"
-        if self._failure is not None:
-            raise self._failure
 
 
 def _sync(fn: Callable[[], None]) -> Callable[[], Awaitable[None]]:
@@ -151,8 +193,11 @@ PROCESSES: dict[asyncio.AbstractEventLoop, Process] = {}
 
 async def _at_gate() -> None:
     process = PROCESSES[asyncio.get_running_loop()]
+    key = haltwise.idempotency_key()
     with _LOCK:
-        (LATE_STARTS if process.came_back else STARTS)[haltwise.idempotency_key()] += 1
+        STARTS[key] += 1
+        if process.came_back:
+            LATE_STARTS.append(key)
     await process.gate.wait()
 
 
@@ -188,42 +233,163 @@ async def three_at_once() -> list[int]:
     return [*first, *second]
 
 
-async def _look(url: str) -> tuple[JournalRows, CheckReport]:
-    """The whole journal (one snapshot) and what ``check`` says of it."""
-    store = haltwise.Runtime(url).store
-    await store.open()
-    try:
-        return await store.read_journal(), await verify(store)
-    finally:
-        await store.close()
+class Journal(Loop):
+    """The store as the machine looks at it (one open store on a loop of its own)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        super().__init__()
+
+    async def _setup(self) -> None:
+        self.store: Store = haltwise.Runtime(self.url).store
+        await self.store.open()
+        try:
+            await self._serving()
+        finally:
+            await self.store.close()
+
+    def look(self) -> tuple[JournalRows, CheckReport]:
+        """The whole journal (one snapshot) and what ``check`` says of it."""
+
+        async def look() -> tuple[JournalRows, CheckReport]:
+            journal = await self.store.read_journal()
+            return journal, verify_journal(journal)
+
+        return self.call(look)
+
+    def hand_to_the_dead(self, token: str) -> None:
+        """Give every run ``token`` holds to an owner on a host that is gone, lease expired."""
+
+        async def hand() -> None:
+            ghost = Owner(token=uuid.uuid4().hex, host="gone.invalid", pid=1, started=0.0)
+            for run in await self.store.list_runs():
+                if run.owner is not None and run.owner.token == token:
+                    await self.store.claim(
+                        run.id, ghost, lease_until=time.time() - 1, expected_owner=token
+                    )
+
+        self.call(hand)
 
 
-async def _hand_to_the_dead(url: str, token: str) -> None:
-    """Give every run ``token`` holds to an owner on a host that is gone, lease expired."""
-    store = haltwise.Runtime(url).store
-    await store.open()
-    try:
-        ghost = Owner(token=uuid.uuid4().hex, host="gone.invalid", pid=1, started=0.0)
-        for run in await store.list_runs():
-            if run.owner is not None and run.owner.token == token:
-                await store.claim(run.id, ghost, lease_until=time.time() - 1, expected_owner=token)
-    finally:
-        await store.close()
+class Stores:
+    """One store and one :class:`Journal` on it for the whole test, emptied after each example
+    (a fresh store each would cost more than the example: ~0.1 s for a PostgreSQL database)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.journal: Journal | None = None
+
+    def begin(self) -> tuple[str, Journal]:
+        """The (empty) store for one example, and the machine's view of it."""
+        if self.journal is None:
+            self.journal = Journal(self.url)
+        return self.url, self.journal
+
+    def as_process(self, url: str, name: str) -> str:
+        """The URL by which process ``name`` opens the store at ``url``."""
+        return url
+
+    def kill(self, url: str, name: str) -> None:
+        """What the store sees of process ``name`` frozen for good."""
+        raise NotImplementedError
+
+    def end(self) -> None:
+        """The example is over (every process but the journal has ended): empty the store."""
+        with self._transaction() as conn:
+            for (name,) in conn.execute(self.TABLES).fetchall():  # no table has a foreign key
+                conn.execute(f"DELETE FROM {self.SCHEMA}{name}")
+
+    #: a query of the store's tables (but its meta row's), and the schema they are in
+    TABLES = ""
+    SCHEMA = ""
+
+    def _transaction(self) -> contextlib.AbstractContextManager[Any]:
+        """A connection to the store, in a transaction committed at the end."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """The test is over."""
+        if self.journal is not None:
+            self.journal.stop()
+
+
+class SqliteStores(Stores):
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "journal.db"
+        super().__init__(f"sqlite:///{self.path}")
+
+    def kill(self, url: str, name: str) -> None:
+        """Nothing to undo: the frozen process's writer thread, not its loop, ends the writes
+        in flight, and then holds no lock of the file."""
+
+    TABLES = (
+        "SELECT name FROM sqlite_master WHERE type = 'table' "
+        "AND name NOT IN ('haltwise_meta', 'sqlite_sequence')"
+    )
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with contextlib.closing(sqlite3.connect(self.path, timeout=DEADLINE)) as conn, conn:
+            yield conn
+
+
+class PostgresStores(Stores):
+    def __init__(self, server_dsn: str) -> None:
+        super().__init__(create_database(server_dsn))
+
+    def as_process(self, url: str, name: str) -> str:
+        return f"{url}?application_name={name}"
+
+    def kill(self, url: str, name: str) -> None:
+        """End the transactions process ``name`` left open, releasing their locks (for a
+        killed process the kernel closing its sockets does; for one that only stalled, the
+        server's ``idle_in_transaction_session_timeout``). Its idle connections stay open, as
+        a stalled process's would."""
+        end = time.monotonic() + DEADLINE
+        where = "WHERE application_name = %s AND datname = current_database()"
+        with psycopg.connect(url, autocommit=True) as admin:
+            # a statement sent before the freeze ends first (its process can send no other)
+            while admin.execute(f"SELECT 1 FROM pg_stat_activity {where} AND state = 'active'",
+                                (name,)).fetchall():  # fmt: skip
+                assert time.monotonic() < end, f"a statement of {name} did not end"
+            busy = f"{where} AND state <> 'idle'"
+            admin.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity {busy}", (name,))
+            while admin.execute(f"SELECT 1 FROM pg_stat_activity {busy}", (name,)).fetchall():
+                assert time.monotonic() < end, f"the transactions of {name} did not end"
+
+    TABLES = (
+        "SELECT tablename FROM pg_tables "
+        "WHERE schemaname = 'haltwise' AND tablename <> 'haltwise_meta'"
+    )
+    SCHEMA = "haltwise."
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[psycopg.Connection[Any]]:
+        with psycopg.connect(self.url, autocommit=True) as conn, conn.transaction():
+            conn.execute(f"SET LOCAL lock_timeout = '{DEADLINE:.0f}s'")  # a hang fails
+            yield conn
+
+
+_PROCESS_NAMES = itertools.count(1)
 
 
 class RuntimeMachine(RuleBasedStateMachine):
-    def __init__(self) -> None:
+    def __init__(self, stores: Stores) -> None:
         super().__init__()
-        self.directory = tempfile.mkdtemp(prefix="haltwise-machine-")
-        self.url = f"sqlite:///{self.directory}/journal.db"
+        self.stores = stores
         STARTS.clear()
         LATE_STARTS.clear()
-        self.process = Process(self.url)
+        self.url, self.journal = stores.begin()
+        self.process = self._new_process()
         #: the crashed processes, frozen
         self.frozen: list[Process] = []
         self.runs: list[str] = []
         #: body starts of each committed step's key, when it was first seen committed
         self.committed: dict[str, int] = {}
+
+    def _new_process(self) -> Process:
+        name = f"machine-{next(_PROCESS_NAMES)}"
+        return Process(self.stores.as_process(self.url, name), name)
 
     def _call(self, fn: Callable[[haltwise.Runtime], Awaitable[_T]]) -> _T:
         runtime = self.process.runtime
@@ -276,8 +442,9 @@ class RuntimeMachine(RuleBasedStateMachine):
         old = self.process
         old.freeze()
         self.frozen.append(old)
-        anyio.run(_hand_to_the_dead, self.url, old.runtime.owner.token)
-        self.process = Process(self.url)
+        self.stores.kill(self.url, old.name)
+        self.journal.hand_to_the_dead(old.runtime.owner.token)
+        self.process = self._new_process()
 
     @precondition(lambda self: bool(self.frozen))
     @rule(which=st.integers(0, MAX_CRASHES - 1))
@@ -297,7 +464,7 @@ class RuntimeMachine(RuleBasedStateMachine):
 
     @invariant()
     def the_journal_keeps_its_promises(self) -> None:
-        journal, report = anyio.run(_look, self.url)
+        journal, report = self.journal.look()
         problems = [f for f in report.findings if f.code != "orphaned-step"]
         assert not problems, problems  # a step the crashed left running awaits a takeover
         for run in journal.runs:
@@ -313,20 +480,22 @@ class RuntimeMachine(RuleBasedStateMachine):
                         seen = STARTS[step.idempotency_key]
                     first = self.committed.setdefault(step.idempotency_key, seen)
                     assert seen == first, f"step {step.index} of {run.id} ran again"
+        with _LOCK:
+            late = list(LATE_STARTS)
+        assert not late, f"a process that came back past its lease began the bodies {late}"
 
     def teardown(self) -> None:
         try:
             while self.frozen:
                 self.come_back(0)
             self.process.stop()
-            journal, report = anyio.run(_look, self.url)
+            journal, report = self.journal.look()
             assert all(f.code == "orphaned-step" for f in report.findings), report
-            late = sum(LATE_STARTS.values())
-            event(f"bodies begun late by a crashed process that came back: {late}")
+            assert not LATE_STARTS, LATE_STARTS
             for run in journal.runs:  # seen with --hypothesis-show-statistics
                 event(f"a run ends {run.state} with {run.reason or 'no reason'}")
         finally:
-            shutil.rmtree(self.directory, ignore_errors=True)
+            self.stores.end()
 
 
 async def _resume(runtime: haltwise.Runtime, run_id: str) -> None:
@@ -341,10 +510,32 @@ async def _resume(runtime: haltwise.Runtime, run_id: str) -> None:
         pass  # taken by the run's own settling meanwhile, or a step became unknown since
 
 
-RuntimeMachine.TestCase.settings = settings(
-    max_examples=100,
-    stateful_step_count=20,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-test_runtime_machine = RuntimeMachine.TestCase
+#: examples per store, sized so that both stores together cost about what SQLite alone did
+EXAMPLES = {"sqlite": 80, "postgres": 30}
+
+
+@pytest.fixture(params=sorted(EXAMPLES))
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Stores]]:
+    """Each store kind, for the whole test."""
+    where: Stores
+    if request.param == "sqlite":
+        where = SqliteStores(tmp_path)
+    else:
+        where = PostgresStores(request.getfixturevalue("pg_dsn"))
+    try:
+        yield request.param, where
+    finally:
+        where.close()
+
+
+def test_runtime_machine(stores: tuple[str, Stores]) -> None:
+    kind, where = stores
+    run_state_machine_as_test(
+        lambda: RuntimeMachine(where),
+        settings=settings(
+            max_examples=EXAMPLES[kind],
+            stateful_step_count=20,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )

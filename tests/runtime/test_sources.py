@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cli import PATIENCE, Env, error_line
+
+from _cli_kit import PATIENCE, Env, error_line
 
 AGENT = """
 from pathlib import Path

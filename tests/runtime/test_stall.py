@@ -8,19 +8,27 @@ agent waits for, the lease's end is polled in the store.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
+import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
+import pytest
 
 import haltwise
 from _paths import TESTS
 from haltwise import State, StepStatus
+from haltwise._core.records import Owner
+from haltwise._journal.check import check_store
 
 AGENT = TESTS / "stall_agent.py"
 DEADLINE = 60.0
@@ -124,3 +132,142 @@ def test_a_process_stopped_before_a_step_body_past_its_lease_does_not_begin_it(
         timeout=DEADLINE,
     )
     assert checked.returncode == 0, (checked.stdout, checked.stderr)
+
+
+# -- the event loop of this very process stalls (SQLite, in process) ------------------------------
+#
+# A stall can also be this process's own loop blocked by a synchronous call (a long GC pause, a
+# CPU-bound callback of another task) at a moment a probe of the runtime chooses: right after
+# the lease was looked at, or while the write confirming it is in flight. Another owner takes
+# the run during the stall (as it may once the lease has run out). SQLite only: the stalled
+# process's writer thread, not its loop, commits its writes, so a stall never holds a lock the
+# hand-over would wait for (on PostgreSQL a heartbeat's transaction may be open across the
+# stall); the checks are store-independent, and the fencing they use is in the contract tests.
+
+IN_PROCESS_LEASE = 1.0
+EFFECTS: list[str] = []
+
+
+@haltwise.tool(cancel="finish", effect="external", idempotent=True)
+async def charge_here(amount: int) -> str:
+    EFFECTS.append(haltwise.idempotency_key())
+    return f"charged-{amount}"
+
+
+@haltwise.task(name="stall:apart")
+async def pay_apart() -> list[str]:
+    """The finish body runs in a task of its own (a gather's child calls it)."""
+    return await asyncio.gather(charge_here(5))
+
+
+@haltwise.task(name="stall:here")
+async def pay_here() -> str:
+    return await charge_here(5)
+
+
+def hand_over(url: str, run_id: str, token: str) -> None:
+    """From another thread (this loop is blocked), give the run ``token`` holds to an owner on a
+    host that is gone."""
+
+    async def take() -> None:
+        store = haltwise.Runtime(url).store
+        await store.open()
+        try:
+            ghost = Owner(token=uuid.uuid4().hex, host="gone.invalid", pid=1, started=0.0)
+            taken = await store.claim(run_id, ghost, lease_until=time.time() - 1,
+                                      expected_owner=token)  # fmt: skip
+            assert taken
+        finally:
+            await store.close()
+
+    failure: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            anyio.run(take)
+        except BaseException as error:
+            failure.append(error)
+
+    thread = threading.Thread(target=main)
+    thread.start()
+    thread.join(DEADLINE)
+    assert not thread.is_alive() and not failure, failure
+
+
+def stall_past_the_lease() -> None:
+    """Block this loop for the lease: every lease held here has surely run out after it."""
+    time.sleep(IN_PROCESS_LEASE)
+
+
+Probe = Callable[[str, int], Awaitable[None]]
+
+
+async def lose_and_take_over(
+    url: str, task: Any, probe_for: Callable[[str], Probe], *, stall_after_claims: bool = False
+) -> None:
+    """Run ``task`` as ``r`` under the probe ``probe_for(owner token)``, until this runtime has
+    lost it; then a second runtime takes the run over and completes it, the charge once.
+
+    With ``stall_after_claims``, each claim this runtime makes of ``r`` (the one write that
+    confirms a lease) is followed, once committed, by a stall past the lease during which the
+    run is taken."""
+    EFFECTS.clear()
+    async with haltwise.Runtime(url, lease=IN_PROCESS_LEASE) as first:
+        token = first.owner.token
+        if stall_after_claims:
+            store = first.store
+            claim = store.claim
+
+            async def claim_then_stall(run_id: str, owner: Owner, **how: Any) -> bool:
+                held = await claim(run_id, owner, **how)
+                if held and run_id == "r":
+                    hand_over(url, run_id, token)
+                    stall_past_the_lease()
+                return held
+
+            store.claim = claim_then_stall  # type: ignore[method-assign]
+        probe = probe_for(token)
+        await first._start_named(task, (), {}, task_id="r", probe=probe)
+        with anyio.fail_after(DEADLINE):
+            while first.is_active("r"):
+                await anyio.sleep(0.01)
+        assert EFFECTS == [], "the body began after the run was taken over"
+    async with haltwise.Runtime(url) as second:
+        outcome = await (await second.resume("r")).outcome()
+    assert outcome.state is State.COMPLETED, outcome
+    assert len(EFFECTS) == 1, EFFECTS
+    assert (await check_store(url)).ok
+
+
+@pytest.mark.anyio
+async def test_a_stall_between_the_lease_check_and_the_body_task_begins_no_body(
+    sqlite_url: str,
+) -> None:
+    def probe_for(token: str) -> Probe:
+        def stall() -> None:
+            hand_over(sqlite_url, "r", token)
+            stall_past_the_lease()
+
+        async def probe(kind: str, index: int) -> None:
+            if kind == "during":  # the lease is looked at next, the body's task begins after
+                asyncio.get_running_loop().call_soon(stall)
+
+        return probe
+
+    await lose_and_take_over(sqlite_url, pay_apart, probe_for)
+
+
+@pytest.mark.anyio
+async def test_a_lease_confirmation_answered_after_a_stall_is_no_proof(sqlite_url: str) -> None:
+    """The body must confirm the lease (the loop stalled past it before the check); the
+    confirming write commits, and then the loop stalls again, past the lease it renewed, while
+    another takes the run: that answer proves nothing, and the body does not begin."""
+
+    def probe_for(token: str) -> Probe:
+        async def probe(kind: str, index: int) -> None:
+            if kind == "during":
+                stall_past_the_lease()
+
+        return probe
+
+    await lose_and_take_over(sqlite_url, pay_here, probe_for, stall_after_claims=True)

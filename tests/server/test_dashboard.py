@@ -1,12 +1,14 @@
 """The dashboard in a real browser (headless Chromium, Selenium) against a real server.
 
 The runs list follows a cancel made from the command line in another process, live; the
-Cancel button cancels with the reason typed; ids, reasons and partial results holding HTML are
-shown as text, never run as markup.
+Cancel button cancels with the reason typed (a paused run's too); ids, reasons and partial results
+holding HTML are shown as text, never run as markup; the run states the page knows, and which of
+them each button applies to, come from haltwise (``haltwise._core.states``), not from its script.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -17,8 +19,10 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+import haltwise.server
 from _browser import chromium
 from _serve import PATIENCE, Served, start_server
+from haltwise import State
 
 
 @pytest.fixture
@@ -174,3 +178,53 @@ def test_the_runs_list_pages_through_every_run(served: Served, browser: WebDrive
     assert not browser.find_elements(By.ID, "page-older")
     click(browser, "the newest runs", By.ID, "page-newest")
     wait(browser, "back at the newest", lambda d: listed(d) == ["q4", "q3"])
+
+
+# -- the states come from haltwise, not from the page's script ------------------------------------
+
+
+def test_the_page_takes_the_states_from_haltwise(served: Served, browser: WebDriver) -> None:
+    wait(browser, "the runs page", lambda d: d.find_elements(By.ID, "filter-state"))
+    table = browser.execute_script(
+        'return JSON.parse(document.getElementById("states").textContent)'
+    )
+    assert table == {
+        "all": [state.value for state in State],
+        "final": ["cancelled", "completed", "failed"],
+        "active": ["pending", "running", "cancelling", "paused"],
+        "pausable": ["pending", "running"],
+        "resumable": ["cancelled", "failed"],
+    }
+    options = wait(browser, "the state filter", lambda d: texts(d, "#filter-state option"))
+    assert options == ["any state", *(state.value for state in State)]
+
+
+def test_the_script_keeps_no_list_of_states() -> None:
+    """A list of two or more state words in app.js would be a second home for the states."""
+    script = (Path(haltwise.server.__file__).parent / "static" / "app.js").read_text()
+    word = "|".join(state.value for state in State)
+    a_list = re.compile(rf'\[\s*"(?:{word})"\s*,\s*"(?:{word})"')
+    assert a_list.findall('["paused", "failed"].includes(s)'), "the check sees a list"
+    assert a_list.findall(script) == []
+
+
+def buttons(driver: WebDriver) -> dict[str, bool]:
+    """Whether each button of the run page is enabled (call inside :func:`wait`)."""
+    names = ("cancel", "force", "pause", "unpause", "resume")
+    return {name: driver.find_element(By.ID, name).is_enabled() for name in names}
+
+
+def test_a_paused_run_is_cancelled_from_its_page(served: Served, browser: WebDriver) -> None:
+    in_flight(served, "held1")
+    assert served.post("/api/runs/held1/pause", {}).status == 202
+    served.release("think")  # the step in flight ends, then the run is held at a checkpoint
+    served.wait_for("held1", "paused", lambda run: run["state"] == "paused")
+    browser.get(f"{served.base}/#/run/held1")
+    offered = {"cancel": True, "force": True, "pause": False, "unpause": True, "resume": False}
+    wait(browser, "cancel and unpause offered", lambda d: buttons(d) == offered)
+    click(browser, "the Cancel button", By.ID, "cancel")
+    run = served.wait_for("held1", "cancelled", lambda r: r["state"] == "cancelled")
+    assert run["reason"] == "user"
+    text_of(browser, "the page showing it", By.CSS_SELECTOR, "h1 .badge", "cancelled")
+    offered = {"cancel": False, "force": False, "pause": False, "unpause": False, "resume": True}
+    wait(browser, "only resume offered", lambda d: buttons(d) == offered)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import anyio
 import pytest
-from test_cli_verbs import PATIENT
 
 import haltwise
+from _cli_kit import PATIENT
 from _serve import AGENT, PATIENCE, Served, events, start_server
 
 

@@ -73,6 +73,14 @@ def sources_of(target: State) -> frozenset[State]:
     return frozenset(src for src, dst in TRANSITIONS if dst is target)
 
 
+#: The states a pause request applies to: such a run gains ``pause`` and moves to ``paused`` at
+#: its next checkpoint with nothing in flight (CONTRACT.md, "Stopping verbs beyond cancel").
+PAUSABLE_STATES = frozenset({State.PENDING, State.RUNNING})
+
+#: The final states that ``resume`` leaves (back to ``running``, same id, same journal).
+RESUMABLE_STATES = frozenset(state for state in sources_of(State.RUNNING) if state.is_final)
+
+
 class StepStatus(StrEnum):
     """The status of one step (one tool call) in the journal."""
 

@@ -14,7 +14,7 @@ from .._core.outcome import StepRecord
 from .._core.records import Event, RunRecord
 from .._core.states import State, StepStatus, is_allowed
 from .owner import held_by_live_owner
-from .store import Store, open_store
+from .store import JournalRows, Store, open_store
 
 
 @final
@@ -63,7 +63,11 @@ async def verify(store: Store) -> CheckReport:
     Everything is read in one snapshot of the store (:meth:`Store.read_journal`), so a write
     that commits while ``check`` reads (a live runtime's) is seen whole or not at all.
     """
-    journal = await store.read_journal()
+    return verify_journal(await store.read_journal())
+
+
+def verify_journal(journal: JournalRows) -> CheckReport:
+    """:func:`verify` of a journal already read (one snapshot of a store)."""
     findings = [Finding(row.run_id, "unreadable-row", row.describe()) for row in journal.bad]
     #: runs whose own row or an event does not parse: their history cannot be checked
     unreadable = {row.run_id for row in journal.bad if row.table in ("runs", "events")}

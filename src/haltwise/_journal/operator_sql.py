@@ -8,7 +8,10 @@ retention (prune) and the change feed. :class:`OperatorSQL` renders them for one
 
 The change feed is the table ``changes`` (see :data:`~haltwise._journal.schema.TRIGGERS`): one
 row per transition, step start, step settlement and partial result, numbered by ``seq``, its
-``at`` the database's clock (a reader compares it with :meth:`OperatorSQL.now`).
+``at`` the database's clock (a reader compares it with :meth:`OperatorSQL.now`). No number is
+ever given out twice: on SQLite the next change is numbered one above the largest in the table,
+so prune never deletes the newest row (it turns it into a high-water mark, see
+:func:`is_high_water`); PostgreSQL's identity never goes back.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from .._core.records import RunRecord
 from .._core.states import State
 from .._core.views import Change, ChangeKind, RunSummary, StepTimes
 from .rows import RUN_COLUMNS, run_columns, run_written
-from .schema import Dialect
+from .schema import HIGH_WATER_RUN, Dialect
 from .sql import event_parameters, plan_cancel_write
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "change_from_row",
     "decode_cursor",
     "encode_cursor",
+    "is_high_water",
     "sort_named",
     "summary_from_row",
 ]
@@ -165,16 +169,42 @@ class OperatorSQL:
         return self.sql(text), chosen
 
     def prune_deletes(self) -> list[str]:
-        """One ``DELETE`` per table, each taking the id list (one parameter)."""
+        """The statements deleting the runs, each taking the id list (one parameter): their
+        changes (:meth:`prune_changes`), then one ``DELETE`` per table."""
         return [
-            self.sql(f"DELETE FROM {{{table}}} WHERE {key} {self.in_ids}")
-            for table, key in (
-                ("changes", "run_id"),
-                ("partials", "run_id"),
-                ("steps", "run_id"),
-                ("events", "run_id"),
-                ("runs", "id"),
-            )
+            *self.prune_changes(),
+            *(
+                self.sql(f"DELETE FROM {{{table}}} WHERE {key} {self.in_ids}")
+                for table, key in (
+                    ("partials", "run_id"),
+                    ("steps", "run_id"),
+                    ("events", "run_id"),
+                    ("runs", "id"),
+                )
+            ),
+        ]
+
+    def prune_changes(self) -> list[str]:
+        """The pruned runs' changes deleted (each statement takes the id list).
+
+        SQLite (no index by run: one scan of ``changes`` for the whole batch) numbers a new
+        change one above the largest left, so the newest row is never deleted: if it is a
+        pruned run's, it becomes the store's high-water mark (older marks are deleted).
+        PostgreSQL deletes by its index ``changes_by_run``; its identity never goes back.
+        """
+        pruned = f"run_id {self.in_ids}"
+        if self.dialect.name != "sqlite":
+            return [self.sql(f"DELETE FROM {{changes}} WHERE {pruned}")]
+        newest = "(SELECT MAX(seq) FROM {changes})"
+        mark = f"'{HIGH_WATER_RUN}'"
+        return [
+            self.sql(
+                f"DELETE FROM {{changes}} WHERE ({pruned} OR run_id = {mark}) AND seq < {newest}"
+            ),
+            self.sql(
+                f"UPDATE {{changes}} SET run_id = {mark}, idx = NULL, status = NULL "
+                f"WHERE seq = {newest} AND {pruned}"
+            ),
         ]
 
     # -- the change feed -----------------------------------------------------------------------
@@ -221,6 +251,12 @@ def change_from_row(row: Sequence[Any]) -> Change:
         status=status,
         at=float(at),
     )
+
+
+def is_high_water(change: Change) -> bool:
+    """Whether ``change`` is a high-water mark (:data:`.schema.HIGH_WATER_RUN`): a row that
+    records no change; a reader of the feed passes it by."""
+    return change.run_id == HIGH_WATER_RUN
 
 
 def times_from_rows(rows: Iterable[Sequence[Any]]) -> dict[int, StepTimes]:

@@ -148,7 +148,7 @@ def _batch_sql() -> str:
 WITH {_rows("settle_in", SETTLE_COLUMNS)},
 {_rows("start_in", START_COLUMNS)},
 run AS (
-    SELECT r.id, r.owner_token, r.state, r.reason, r.force FROM haltwise.runs r
+    SELECT r.id, r.owner_token, r.state, r.reason, r.force, r.pause FROM haltwise.runs r
     WHERE r.id = ANY(ARRAY(SELECT run_id FROM settle_in UNION SELECT run_id FROM start_in))
     FOR SHARE
 ),
@@ -161,9 +161,9 @@ settled AS (
 {_upsert(f"SELECT {selected} FROM {fenced}")},
 {feed_cte(_WRITTEN)}
 SELECT false AS start, run_id, idx, 0 AS attempts, NULL::text AS state, NULL::text AS reason,
-       NULL::boolean AS force FROM settled
+       NULL::boolean AS force, NULL::boolean AS pause FROM settled
 UNION ALL
-SELECT true, st.run_id, st.idx, st.attempts, run.state, run.reason, run.force
+SELECT true, st.run_id, st.idx, st.attempts, run.state, run.reason, run.force, run.pause
 FROM started st JOIN run ON run.id = st.run_id
 """
 
@@ -179,7 +179,7 @@ def _one_run_sql() -> str:
     selected = _inserted_values(lambda name, kind: "run.id" if name == "run_id" else f"%s::{kind}")
     return f"""
 WITH run AS (
-    SELECT r.id, r.state, r.reason, r.force FROM haltwise.runs r
+    SELECT r.id, r.state, r.reason, r.force, r.pause FROM haltwise.runs r
     WHERE r.id = %s::text AND r.owner_token = %s::text
     FOR SHARE
 ),
@@ -191,7 +191,7 @@ settled AS (
 {_upsert(f"SELECT {selected} FROM run WHERE %s::boolean")},
 {feed_cte(_WRITTEN)}
 SELECT (SELECT count(*) FROM settled) AS settled, (SELECT attempts FROM started) AS attempts,
-       run.state, run.reason, run.force
+       run.state, run.reason, run.force, run.pause
 FROM run
 """
 
@@ -204,12 +204,14 @@ _NO_START = (None,) * (len(START_COLUMNS) - 1)
 
 @dataclass(frozen=True, slots=True)
 class Started:
-    """What a written start returns: the step's attempts and its run's cancel state."""
+    """What a written start returns: the step's attempts, its run's cancel state and whether a
+    pause of the run is requested (read in the statement that wrote the start)."""
 
     attempts: int
     state: str
     reason: str | None
     force: bool
+    pause: bool
 
 
 @dataclass(slots=True)
@@ -518,22 +520,22 @@ async def _write_part(wire: Wire, part: list[_Write]) -> dict[tuple[bool, str, i
     if one is not None:
         start, settle = one
         rows = await _ONE_RUN.rows(wire, one_run_parameters(start, settle))
-        for settled, attempts, state, reason, force in rows:  # one row, or none (not fenced)
+        for settled, attempts, state, reason, force, pause in rows:  # one row, or none
             if settle is not None and number(settled):
                 found[(False, settle[0], settle[1])] = True
             if start is not None and attempts is not None:
                 found[(True, start[0], start[1])] = Started(
-                    int(attempts), text(state) or "", text(reason), flag(force)
+                    int(attempts), text(state) or "", text(reason), flag(force), flag(pause)
                 )
         return found
     starts = [write.row for write in part if write.start]
     settles = [write.row for write in part if not write.start]
     for row in await _BATCH.rows(wire, batch_parameters(starts, settles)):
-        is_start, run_id, index, attempts, state, reason, force = row
+        is_start, run_id, index, attempts, state, reason, force, pause = row
         key = (flag(is_start), text(run_id) or "", number(index) or 0)
         if flag(is_start):
             found[key] = Started(
-                number(attempts) or 0, text(state) or "", text(reason), flag(force)
+                number(attempts) or 0, text(state) or "", text(reason), flag(force), flag(pause)
             )
         else:
             found[key] = True

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .._core.exceptions import BadRow, CorruptRowError, SchemaVersionError
 
 __all__ = [
+    "HIGH_WATER_RUN",
     "INDEXES",
     "MIGRATIONS",
     "POSTGRES",
@@ -38,6 +39,7 @@ __all__ = [
     "Index",
     "Kind",
     "Migration",
+    "Rebuild",
     "Table",
     "Trigger",
     "create_statements",
@@ -55,8 +57,15 @@ class Kind(enum.Enum):
     #: seconds since the epoch, and other floating-point numbers
     REAL = enum.auto()
     BOOLEAN = enum.auto()
-    #: an integer primary key the database assigns in increasing order
+    #: an integer primary key the database assigns in increasing order, never reusing one, even
+    #: of a deleted row (SQLite: ``AUTOINCREMENT``, which rewrites its counter row in
+    #: ``sqlite_sequence`` at every insert)
     SERIAL = enum.auto()
+    #: an integer primary key the database assigns as one more than the largest in the table
+    #: (SQLite: a plain rowid, no counter to rewrite; PostgreSQL: the same identity column as
+    #: :attr:`SERIAL`). On SQLite a key comes back if the newest row is deleted: a table whose
+    #: keys must never come back keeps its newest row (the change feed: see ``prune``).
+    ROWID = enum.auto()
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +80,8 @@ class Column:
 
 @dataclass(frozen=True, slots=True)
 class Table:
-    """One table; ``primary_key`` is empty when a :attr:`Kind.SERIAL` column is the key."""
+    """One table; ``primary_key`` is empty when a :attr:`Kind.SERIAL` or :attr:`Kind.ROWID`
+    column is the key."""
 
     name: str
     columns: tuple[Column, ...]
@@ -83,12 +93,13 @@ class Table:
 @dataclass(frozen=True, slots=True)
 class Index:
     """An index; with ``where``, a partial index of the rows for which that condition (written
-    the same in every dialect) holds."""
+    the same in every dialect) holds; with ``only``, an index of that one dialect (its name)."""
 
     name: str
     table: str
     columns: tuple[str, ...]
     where: str = ""
+    only: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +120,22 @@ class Trigger:
     postgresql: tuple[str, ...]
 
 
-Change = AddColumn | Index | Table | Trigger
+@dataclass(frozen=True, slots=True)
+class Rebuild:
+    """A migration's change, SQLite only: ``table`` made anew as :data:`TABLES` defines it now
+    (SQLite cannot change a column's definition in place), every row copied with its key.
+
+    The old table's indexes go with it (the migration recreates those still wanted) and no
+    trigger may name the table meanwhile: the migration drops those before and recreates them
+    after. ``after_copy`` runs once the rows are copied, before the old table is dropped
+    (``{old}`` and ``{new}`` name the two tables). PostgreSQL renders such a table as it did.
+    """
+
+    table: Table
+    after_copy: tuple[str, ...] = ()
+
+
+Change = AddColumn | Index | Table | Trigger | Rebuild
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,10 +170,12 @@ _PARTIAL_ORIGIN = (Column("step", Kind.INTEGER), Column("ordinal", Kind.INTEGER)
 #: by the triggers of :data:`TRIGGERS` (on PostgreSQL a step's by the statement writing it) in
 #: the transaction that writes them; ``idx`` is the event's, step's or partial's number,
 #: ``status`` the new state or step status, ``at`` the database's clock (see :mod:`.operator_sql`).
+#: ``seq`` is a plain rowid on SQLite (version 9): no counter row rewritten per change; ``prune``
+#: keeps the newest row so that no number is ever given out twice (see ``OperatorSQL``).
 _CHANGES = Table(
     "changes",
     (
-        Column("seq", Kind.SERIAL),
+        Column("seq", Kind.ROWID),
         _text("run_id", not_null=True),
         _text("kind", not_null=True),
         Column("idx", Kind.INTEGER),
@@ -155,6 +183,10 @@ _CHANGES = Table(
         Column("at", Kind.REAL, not_null=True),
     ),
 )
+
+#: PostgreSQL's index of a run's changes, for prune. SQLite has none since version 9: it cost a
+#: step ~1.5 WAL pages and ~4 us (docs/benchmarks.md), and SQLite's prune scans the table once.
+_CHANGES_BY_RUN = Index("changes_by_run", "changes", ("run_id", "seq"), only="postgresql")
 
 #: Version 6: the errors of a step's earlier failed attempts (a JSON list of ``{"attempt",
 #: "type", "message"}``), kept when the step runs again (a retry, a resume)
@@ -248,7 +280,7 @@ INDEXES: tuple[Index, ...] = (
     Index("runs_by_task", "runs", ("task", "created_at")),
     _PAUSING,
     Index("runs_by_state_created", "runs", ("state", "created_at")),
-    Index("changes_by_run", "changes", ("run_id", "seq")),
+    _CHANGES_BY_RUN,
 )
 
 _SQLITE_CLOCK = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -271,6 +303,19 @@ def _postgres_insert(kind: str, index: str, status: str) -> str:
     )
 
 
+#: SQLite's triggers filling ``changes``: name, event, and the new row's kind, index and status
+_SQLITE_FEED = (
+    ("changes_on_event", "AFTER INSERT ON events", "transition", "NEW.seq", "NEW.target"),
+    ("changes_on_step", "AFTER INSERT ON steps", "step", "NEW.idx", "NEW.status"),
+    ("changes_on_step_status", "AFTER UPDATE OF status ON steps", "step", "NEW.idx", "NEW.status"),
+    ("changes_on_partial", "AFTER INSERT ON partials", "partial", "NEW.seq", "NULL"),
+)
+
+#: The run id of a high-water mark: a row of ``changes`` that records no change and only holds
+#: the largest number given out so far, so that SQLite numbers the next change above it (see
+#: :attr:`Kind.ROWID`). ``prune`` leaves one where it deleted the newest change; the feed skips it.
+HIGH_WATER_RUN = ""
+
 #: PostgreSQL's function behind the triggers of :data:`TRIGGERS` (transitions and partials)
 _RECORD_CHANGE = (
     "CREATE OR REPLACE FUNCTION haltwise.record_change() RETURNS trigger "
@@ -289,24 +334,7 @@ _RECORD_CHANGE = (
 TRIGGERS: tuple[Trigger, ...] = (
     Trigger(
         "record_change",
-        sqlite=(
-            _sqlite_trigger(
-                "changes_on_event", "AFTER INSERT ON events", "transition", "NEW.seq", "NEW.target"
-            ),
-            _sqlite_trigger(
-                "changes_on_step", "AFTER INSERT ON steps", "step", "NEW.idx", "NEW.status"
-            ),
-            _sqlite_trigger(
-                "changes_on_step_status",
-                "AFTER UPDATE OF status ON steps",
-                "step",
-                "NEW.idx",
-                "NEW.status",
-            ),
-            _sqlite_trigger(
-                "changes_on_partial", "AFTER INSERT ON partials", "partial", "NEW.seq", "NULL"
-            ),
-        ),
+        sqlite=tuple(_sqlite_trigger(*trigger) for trigger in _SQLITE_FEED),
         postgresql=(
             _RECORD_CHANGE,
             "CREATE OR REPLACE TRIGGER changes_on_event AFTER INSERT ON haltwise.events "
@@ -332,7 +360,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         "the change feed (table changes, filled by triggers) and runs by state, newest first",
         (
             _CHANGES,
-            Index("changes_by_run", "changes", ("run_id", "seq")),
+            _CHANGES_BY_RUN,
             Index("runs_by_state_created", "runs", ("state", "created_at")),
             *TRIGGERS,
         ),
@@ -369,6 +397,29 @@ MIGRATIONS: tuple[Migration, ...] = (
             ),
         ),
     ),
+    Migration(
+        9,
+        "SQLite: the change feed's seq a plain rowid (no AUTOINCREMENT), no index changes_by_run",
+        (
+            Trigger(
+                "record_change",
+                sqlite=tuple(f"DROP TRIGGER IF EXISTS {trigger[0]}" for trigger in _SQLITE_FEED),
+                postgresql=(),
+            ),
+            Rebuild(
+                _CHANGES,
+                # AUTOINCREMENT's counter may be above the largest seq left (prune deleted the
+                # newest changes): a high-water mark keeps the numbers given out from coming back.
+                after_copy=(
+                    "INSERT INTO {new} (seq, run_id, kind, at) "
+                    f"SELECT seq, '{HIGH_WATER_RUN}', 'transition', {_SQLITE_CLOCK} "
+                    "FROM sqlite_sequence WHERE name = '{old}' "
+                    "AND seq > (SELECT COALESCE(MAX(seq), 0) FROM {old})",
+                ),
+            ),
+            Trigger("record_change", sqlite=TRIGGERS[0].sqlite, postgresql=()),
+        ),
+    ),
 )
 
 #: The version of :data:`TABLES`: 1 for the first schema, then the newest migration's.
@@ -391,8 +442,8 @@ class Dialect:
         return f"{self.prefix}{table}"
 
     def column(self, column: Column) -> str:
-        if column.kind is Kind.SERIAL:
-            return f"{column.name} {self.types[Kind.SERIAL]}"
+        if column.kind in (Kind.SERIAL, Kind.ROWID):
+            return f"{column.name} {self.types[column.kind]}"
         words = [column.name, self.types[column.kind]]
         if column.not_null:
             words.append("NOT NULL")
@@ -412,21 +463,41 @@ class Dialect:
         tail = " WITHOUT ROWID" if table.without_rowid and self.supports_without_rowid else ""
         return f"CREATE TABLE IF NOT EXISTS {self.qualify(table.name)} ({', '.join(parts)}){tail}"
 
-    def create_index(self, index: Index) -> str:
+    def create_indexes(self, index: Index) -> list[str]:
+        """The statement creating ``index``; none if it is another dialect's only."""
+        if index.only and index.only != self.name:
+            return []
         where = f" WHERE {index.where}" if index.where else ""
-        return (
+        return [
             f"CREATE INDEX IF NOT EXISTS {index.name} ON {self.qualify(index.table)} "
             f"({', '.join(index.columns)}){where}"
-        )
+        ]
+
+    def rebuild(self, change: Rebuild) -> list[str]:
+        """The statements of a :class:`Rebuild` (none but on SQLite)."""
+        if self.name != "sqlite":
+            return []
+        old = change.table.name
+        new = f"{old}_rebuilt"
+        columns = ", ".join(column.name for column in change.table.columns)
+        return [
+            self.create_table(replace(change.table, name=new)),
+            f"INSERT INTO {new} ({columns}) SELECT {columns} FROM {old} ORDER BY rowid",
+            *(statement.format(old=old, new=new) for statement in change.after_copy),
+            f"DROP TABLE {old}",
+            f"ALTER TABLE {new} RENAME TO {old}",
+        ]
 
     def change(self, change: Change) -> list[str]:
         """The statements of one migration change."""
         if isinstance(change, Index):
-            return [self.create_index(change)]
+            return self.create_indexes(change)
         if isinstance(change, Table):
             return [self.create_table(change)]
         if isinstance(change, Trigger):
             return list(change.sqlite if self.name == "sqlite" else change.postgresql)
+        if isinstance(change, Rebuild):
+            return self.rebuild(change)
         return [f"ALTER TABLE {self.qualify(change.table)} ADD COLUMN {self.column(change.column)}"]
 
     def set_version(self) -> str:
@@ -448,6 +519,7 @@ SQLITE = Dialect(
         Kind.REAL: "REAL",
         Kind.BOOLEAN: "INTEGER",
         Kind.SERIAL: "INTEGER PRIMARY KEY AUTOINCREMENT",
+        Kind.ROWID: "INTEGER PRIMARY KEY",
     },
     supports_without_rowid=True,
 )
@@ -462,6 +534,7 @@ POSTGRES = Dialect(
         Kind.REAL: "DOUBLE PRECISION",
         Kind.BOOLEAN: "BOOLEAN",
         Kind.SERIAL: "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+        Kind.ROWID: "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
     },
     supports_without_rowid=False,
 )
@@ -471,7 +544,7 @@ def create_statements(dialect: Dialect) -> list[str]:
     """The statements that create the newest schema in an empty store (version not included)."""
     return [
         *(dialect.create_table(table) for table in TABLES),
-        *(dialect.create_index(index) for index in INDEXES),
+        *(statement for index in INDEXES for statement in dialect.create_indexes(index)),
         *(statement for trigger in TRIGGERS for statement in dialect.change(trigger)),
     ]
 

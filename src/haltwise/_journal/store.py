@@ -25,7 +25,7 @@ from .._core.exceptions import BadRow, InvalidTransitionError, StoreError
 from .._core.outcome import ErrorInfo, StepRecord
 from .._core.policy import Effect
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot
-from .._core.states import State, StepStatus, is_allowed
+from .._core.states import PAUSABLE_STATES, State, StepStatus, is_allowed
 from .._core.views import Change, RunSummary, StepTimes
 from .secrets import remember, safe_url
 
@@ -99,10 +99,9 @@ class StepStarted:
     attempts: int
     #: the run's ``(reason, force)`` if it is ``cancelling``, else None
     cancel: tuple[str, bool] | None = None
-    #: a pause of the run is requested. Read with the start where the store's watcher polls
-    #: (SQLite: a pause requested by another process then reaches a stepping run at its next
-    #: step, not its next poll); PostgreSQL's watcher is woken at once by the request's NOTIFY,
-    #: so its store leaves this False.
+    #: a pause of the run is requested (and it is not ``cancelling``: a cancel wins), read in
+    #: the statement that journals the start: a pause requested by another process reaches a
+    #: stepping run at its next step, before the store's watcher has looked.
     pause: bool = False
 
 
@@ -492,7 +491,7 @@ def plan_cancel(current: State, current_force: bool, force: bool, *, settles: bo
 
 def plan_pause(current: RunRecord) -> dict[str, Any]:
     """The run columns a pause request writes (see :meth:`Store.request_pause`)."""
-    if current.state in (State.PENDING, State.RUNNING) and not current.pause:
+    if current.state in PAUSABLE_STATES and not current.pause:
         return {"pause": True}
     return {}
 
@@ -500,7 +499,12 @@ def plan_pause(current: RunRecord) -> dict[str, Any]:
 def plan_unpause(current: RunRecord) -> tuple[State | None, dict[str, Any]]:
     """The state an unpause moves the run to (None: stays) and the columns it writes."""
     if current.state is State.PAUSED:
-        return State.RUNNING, {"state": State.RUNNING.value, "pause": False}
+        # leaving paused clears the request and settle_on_cancel (see check_transition)
+        return State.RUNNING, {
+            "state": State.RUNNING.value,
+            "pause": False,
+            "settle_on_cancel": False,
+        }
     if current.pause:
         return None, {"pause": False}
     return None, {}

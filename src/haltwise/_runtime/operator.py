@@ -16,7 +16,7 @@ from .._core.policy import OnCancel
 from .._core.records import RunRecord
 from .._core.states import State
 from .._core.views import Change, RunDetail, RunPage, StepWait
-from .._journal.operator_sql import decode_cursor, encode_cursor
+from .._journal.operator_sql import decode_cursor, encode_cursor, is_high_water
 from .._journal.owner import owner_alive
 from .._journal.store import Store
 from .explain import cancel_requested_at, retry_words, waiting_for
@@ -141,7 +141,8 @@ async def feed(
 ) -> AsyncIterator[Change]:
     """Every change committed after change ``since`` (after now when ``None``), in order.
 
-    Changes of runs other than ``run_ids`` (when given) are skipped. Never ends by itself.
+    Changes of runs other than ``run_ids`` (when given) are skipped, and so are high-water
+    marks (rows that record no change). Never ends by itself.
     """
     cursor = await store.last_change() if since is None else since
     seen: int | None = None
@@ -153,7 +154,7 @@ async def feed(
                 held = True
                 break
             cursor = change.seq
-            if run_ids is None or change.run_id in run_ids:
+            if not is_high_water(change) and (run_ids is None or change.run_id in run_ids):
                 yield change
         if held or len(batch) < _FEED_BATCH:
             seen = await store.wait_for_change(_FEED_POLL, since=seen)

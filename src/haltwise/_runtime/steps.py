@@ -37,7 +37,6 @@ from anyio._backends._asyncio import _task_states as _anyio_task_states
 
 from .._core.exceptions import (
     Cancelled,
-    NonDeterminismError,
     StepTimeoutError,
     StoreError,
     UnknownStepError,
@@ -56,7 +55,6 @@ if TYPE_CHECKING:
     from .tool import ToolSpec
 
 _RUN_AGAIN = object()
-_YIELD_INTERVAL = 0.001
 #: results of these types read back from JSON as the very same value: no need to re-parse
 _SAME_AFTER_JSON = frozenset({int, str, bool, float, type(None)})
 _CANCELLED = asyncio.CancelledError  # the runtime is asyncio-only (see the module docstring)
@@ -85,30 +83,13 @@ async def execute_step(
         if flight.counted:
             run.host.count_side_steps(-1)
     if time.monotonic() >= run.next_yield:
-        await _between_steps(run, flight.replayed)
+        await run.between_steps(flight.replayed)
     if run.probe is not None:
         await _probe(run, "after", flight.index)
     if run.pause.requested:
         await pause_point(run)
     run.raise_if_cancelled()
     return result
-
-
-async def _between_steps(run: RunContext, replayed: bool) -> None:
-    """A schedule point between steps, for other runs, the watcher and in-process cancels.
-
-    Needed only where a step may not yield by itself: a replayed step, or the SQLite store's
-    fast path (one run active). At most one per _YIELD_INTERVAL: a run that yields at every
-    step spends ~5% of a trivial step on it. A cancel landing here is the checkpoint's.
-    """
-    if run.host.active_runs > 1 and not replayed:
-        return
-    run.next_yield = time.monotonic() + _YIELD_INTERVAL
-    try:
-        await anyio.lowlevel.checkpoint()
-    except _CANCELLED:
-        run.raise_if_cancelled()
-        raise
 
 
 async def _probe(run: RunContext, kind: str, index: int) -> None:
@@ -149,15 +130,11 @@ _FINGERPRINT_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, defa
 
 def _replay(run: RunContext, journaled: StepRecord, spec: ToolSpec, print_: str) -> Any:
     if journaled.tool != spec.name:
-        run.poison = NonDeterminismError(run.run_id, journaled.index, journaled.tool, spec.name)
-        raise run.poison
+        raise run.diverge(journaled, spec.name)
     status = journaled.status
     if status is StepStatus.COMMITTED:
         if journaled.fingerprint is not None and journaled.fingerprint != print_:
-            run.poison = NonDeterminismError(
-                run.run_id, journaled.index, journaled.tool, spec.name, what="arguments"
-            )
-            raise run.poison
+            raise run.diverge(journaled, spec.name, what="arguments")
         return journaled.result
     if blocks_resume(journaled, run.rerun):
         raise UnknownStepError(run.run_id, journaled.index, journaled.tool)
@@ -368,11 +345,7 @@ class _Flight:
         if run.probe is not None:
             await _probe(run, "during", self.index)
         if time.monotonic() >= run.held_until:
-            # This process may have stalled past its lease (a stop, a long pause) since the
-            # start was journaled: another may have the run and rerun the step. The body
-            # begins only once the run is known to be still ours; else the run stops here
-            # (LostOwnershipError), its step left for its new owner, the body never run.
-            await run.host.confirm_held(run)
+            await self._hold_lease()
         self.phase = _Phase.BODY
         try:
             timeout = self.spec.policy.timeout
@@ -404,6 +377,28 @@ class _Flight:
         await self._settle_cancelled()
         self._propagate(interrupted)
 
+    async def _hold_lease(self) -> None:
+        """Return once the run is surely still this process's; else raise
+        :class:`~haltwise.LostOwnershipError` (the run stops here, its step left to its new
+        owner): no body begins after the run's lease may have run out here.
+
+        This process may have stalled past its lease (a stop, a long pause) since the start
+        was journaled: another may have taken the run over and rerun the step. Each
+        ``confirm_held`` is a fenced write that renews the lease; one whose answer came back
+        after the lease it renewed had run out (a stall while it was in flight) is no proof,
+        and is made again.
+        """
+        run = self.run
+        while time.monotonic() >= run.held_until:
+            await run.host.confirm_held(run)
+
+    async def _apart(self) -> Any:
+        """The body, in a task of its own. That task begins a turn of the loop after
+        :meth:`_execute` looked at the lease, and this process may stall in between (another
+        callback, a long pause): the lease is looked at again as the body begins."""
+        await self._hold_lease()
+        return await self.spec.fn(*self.args, **self.kwargs)
+
     async def _invoke_within(self, timeout: float) -> Any:
         """:meth:`_invoke`, stopped after the tool's ``timeout`` as a cancel of this step alone
         would stop it; then :class:`StepTimeoutError` (the step is settled as a failure)."""
@@ -421,7 +416,7 @@ class _Flight:
         if spec.is_async and self.in_body_task and _no_scope_between(self.run):
             return await self._finish_here()
         if spec.is_async:
-            self.inner = asyncio.ensure_future(spec.fn(*self.args, **self.kwargs))
+            self.inner = asyncio.ensure_future(self._apart())
             if self.run.cancel.forced and not self.shielded:
                 # A forced cancel came first: the body is stopped at its first await, as a
                 # body running in the caller's task would be.

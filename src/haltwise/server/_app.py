@@ -7,6 +7,7 @@ percent-encoded (``p%2F0``); the path is split on its raw form, so an id may hol
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from .._core.exceptions import HaltwiseError, InputError
-from .._core.states import State
+from .._core.states import FINAL_STATES, PAUSABLE_STATES, RESUMABLE_STATES, State
 from .._runtime.runtime import Runtime
 from .._runtime.tool import Task
 from ._auth import SESSION_COOKIE, Tokens, authorise
@@ -120,11 +121,36 @@ def _index(served: Served) -> Callable[[Request], Awaitable[Response]]:
             authorise(request, served.tokens, change=False)
         except ApiError:
             return _page(401, "Open the address that 'haltwise serve' printed (with ?token=).")
-        response = HTMLResponse(_asset("index.html"))
+        response = HTMLResponse(_asset("index.html").replace(_STATES_MARK, _states_json()))
         response.headers.update(_HEADERS)
         return response
 
     return index
+
+
+#: Where index.html takes the run states, inside ``<script id="states" type="application/json">``
+#: (a data block: the page's script reads it, and the content security policy allows it).
+_STATES_MARK = "{{states}}"
+
+
+def _states_json() -> str:
+    """The run states as the dashboard's script reads them, from ``haltwise._core.states``.
+
+    ``all``: every state, in the order of :class:`State`; ``final``: the final ones; ``active``:
+    the others (a cancel applies to them); ``pausable`` and ``resumable``: the states a pause
+    applies to and the ones ``resume`` leaves. Each list is in the order of ``all``. No ``<``
+    in the text, so it cannot end the script element it stands in.
+    """
+    sets = {
+        "final": FINAL_STATES,
+        "active": frozenset(State) - FINAL_STATES,
+        "pausable": PAUSABLE_STATES,
+        "resumable": RESUMABLE_STATES,
+    }
+    table = {"all": [state.value for state in State]} | {
+        name: [state.value for state in State if state in members] for name, members in sets.items()
+    }
+    return json.dumps(table).replace("<", "\\u003c")
 
 
 def _log_in(tokens: Tokens, token: str) -> Response:

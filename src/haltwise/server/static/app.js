@@ -4,7 +4,9 @@
 "use strict";
 
 const main = document.getElementById("main");
-const STATES = ["pending", "running", "paused", "cancelling", "cancelled", "completed", "failed"];
+// the run states and which are final, active (a cancel applies), pausable and resumable: the
+// server puts them in the page from haltwise's one home of the states (haltwise/_core/states.py)
+const STATES = JSON.parse(document.getElementById("states").textContent);
 // runs per page of the runs list (the hash may ask for another: #/?limit=20)
 const PAGE_SIZE = 100;
 let stream = null;
@@ -33,7 +35,7 @@ function el(tag, attrs, ...children) {
 }
 
 function badge(state) {
-  return el("span", { class: `badge state-${STATES.includes(state) ? state : "other"}`, text: state });
+  return el("span", { class: `badge state-${STATES.all.includes(state) ? state : "other"}`, text: state });
 }
 
 function json(value) {
@@ -114,7 +116,7 @@ async function showRuns(params) {
   } });
   const stateSelect = el("select", { name: "state", id: "filter-state" },
     el("option", { value: "", text: "any state" }),
-    ...STATES.map((s) => el("option", { value: s, text: s, selected: s === state })));
+    ...STATES.all.map((s) => el("option", { value: s, text: s, selected: s === state })));
   const taskInput = el("input", { name: "task", id: "filter-task", placeholder: "task (agent.py:research)", value: task });
   filters.append(stateSelect, taskInput, el("button", { type: "submit", text: "Filter" }));
   const table = el("table", { id: "runs" });
@@ -151,7 +153,7 @@ async function showRuns(params) {
       el("td", { text: run.task }),
       el("td", {}, badge(run.state)),
       el("td", { text: run.reason || "", class: "reason" }),
-      el("td", { text: run.state === "completed" ? "none" : run.retry }),
+      el("td", { text: run.retry }),
       el("td", { class: "waiting", "data-waiting": run.id })));
     table.replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows));
     const where = cursor ? "older runs, newest first" : "newest first";
@@ -287,7 +289,7 @@ function stepsTable(run) {
 
 function actions(run) {
   const box = el("section", { class: "actions" });
-  const active = ["pending", "running", "cancelling"].includes(run.state);
+  const active = STATES.active.includes(run.state);
   const reason = el("input", { id: "cancel-reason", placeholder: "reason (default: user)", maxlength: "500", value: draft.reason });
   reason.addEventListener("input", () => { draft.reason = reason.value; });
   const act = async (path, body, done) => {
@@ -306,9 +308,9 @@ function actions(run) {
         act("cancel", { reason: reason.value.trim() || "user", force: true }, (a) => `forced: ${a.state}`);
       }
     }, text: "Force" }),
-    el("button", { id: "pause", disabled: run.state !== "running", onclick: () => act("pause", {}, (a) => `pause: ${a.state}`), text: "Pause" }),
+    el("button", { id: "pause", disabled: !STATES.pausable.includes(run.state), onclick: () => act("pause", {}, (a) => `pause: ${a.state}`), text: "Pause" }),
     el("button", { id: "unpause", disabled: run.state !== "paused", onclick: () => act("unpause", {}, (a) => `unpause: ${a.state}`), text: "Unpause" }),
-    el("button", { id: "resume", disabled: !["cancelled", "failed"].includes(run.state), onclick: () => resumeDialog(run, box), text: "Resume" }));
+    el("button", { id: "resume", disabled: !STATES.resumable.includes(run.state), onclick: () => resumeDialog(run, box), text: "Resume" }));
   return box;
 }
 
