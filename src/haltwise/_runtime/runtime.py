@@ -632,9 +632,15 @@ class Runtime:
         self, since: int | None = None, *, run_id: str | None = None
     ) -> AsyncIterator[Change]:
         """The journal's changes (transitions, step starts and settlements, partial results)
-        committed after change number ``since`` (from now on when ``None``), in order, as they
-        happen, by any process sharing the store; only run ``run_id``'s when given. Each
-        :class:`Change` has a ``seq``: pass the last one seen as ``since`` to miss nothing."""
+        committed after change number ``since``, in order, as they happen, by any process
+        sharing the store; only run ``run_id``'s when given. Each :class:`Change` has a
+        ``seq``: pass the last one seen as ``since`` to miss nothing (``0``: every change the
+        store still holds).
+
+        ``since=None`` starts at the feed's first iteration, not at this call: the first step
+        of ``async for`` reads the newest change number, and only later changes are yielded
+        (an async iterator reads nothing before it is iterated). To start at a known point,
+        pass the ``seq`` of a change already seen."""
         return self._seat.changes(since, run_id=run_id)
 
     async def pause(self, task_id: str) -> RunRecord:
