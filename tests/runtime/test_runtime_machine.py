@@ -47,7 +47,7 @@ from hypothesis.stateful import (
 )
 
 import haltwise
-from _pg import create_database
+from _pg import backends_in_transaction, create_database
 from haltwise import State, StepStatus
 from haltwise._core.records import Owner
 from haltwise._journal.check import CheckReport, verify_journal
@@ -345,16 +345,13 @@ class PostgresStores(Stores):
         killed process the kernel closing its sockets does; for one that only stalled, the
         server's ``idle_in_transaction_session_timeout``). Its idle connections stay open, as
         a stalled process's would."""
+        pids = backends_in_transaction(url, name, DEADLINE)
         end = time.monotonic() + DEADLINE
-        where = "WHERE application_name = %s AND datname = current_database()"
         with psycopg.connect(url, autocommit=True) as admin:
-            # a statement sent before the freeze ends first (its process can send no other)
-            while admin.execute(f"SELECT 1 FROM pg_stat_activity {where} AND state = 'active'",
-                                (name,)).fetchall():  # fmt: skip
-                assert time.monotonic() < end, f"a statement of {name} did not end"
-            busy = f"{where} AND state <> 'idle'"
-            admin.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity {busy}", (name,))
-            while admin.execute(f"SELECT 1 FROM pg_stat_activity {busy}", (name,)).fetchall():
+            admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+            while admin.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)
+            ).fetchall():
                 assert time.monotonic() < end, f"the transactions of {name} did not end"
 
     TABLES = (
