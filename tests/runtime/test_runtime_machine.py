@@ -11,12 +11,13 @@ PostgreSQL the transactions it left open are ended by the server (as they end wh
 closes a killed process's sockets), and its runs are handed to an owner on a host that is gone,
 lease expired, as the dead process's would be once its lease ran out. A new process then resumes
 what it likes. A crashed process may also come back (it had only stalled, past its lease) and
-shut down: it must cancel none of the runs taken from it, and begin no step body.
+shut down: it must cancel none of the runs taken from it, and begin no step body and no
+compensation.
 
 After every rule: no step is ``running`` in a final run, the store is sound (a step left running
 by the crashed owner is the one allowed finding until a resume takes it over), no committed
-step's body ever began again, and no process that came back began a body. Every wait on a
-process is bounded (``DEADLINE``): a hang fails.
+step's body ever began again, and no process that came back began a body or an undo. Every wait
+on a process is bounded (``DEADLINE``): a hang fails.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ LEASE = 0.1
 
 #: body starts per idempotency key (one key per step, the same in every attempt)
 STARTS: Counter[str] = Counter()
-#: the keys of bodies begun by a crashed process after it came back (there must be none)
+#: the bodies (their keys) and compensations a crashed process began after it came back (there
+#: must be none)
 LATE_STARTS: list[str] = []
 _LOCK = threading.Lock()
 
@@ -201,6 +203,13 @@ async def _at_gate() -> None:
     await process.gate.wait()
 
 
+async def _undo(i: int) -> None:
+    """The rollback tool's compensation: never run by a process that came back either."""
+    if PROCESSES[asyncio.get_running_loop()].came_back:
+        with _LOCK:
+            LATE_STARTS.append(f"the undo of store_row({i})")
+
+
 @haltwise.tool(cancel="interruptible", effect="read")
 async def peek(i: int) -> int:
     await _at_gate()
@@ -213,7 +222,7 @@ async def pay(i: int) -> int:
     return i
 
 
-@haltwise.tool(cancel="rollback", effect="write", compensate=lambda i: None, grace=0.5)
+@haltwise.tool(cancel="rollback", effect="write", compensate=_undo, grace=0.5)
 async def store_row(i: int) -> int:
     await _at_gate()
     return i
@@ -479,7 +488,7 @@ class RuntimeMachine(RuleBasedStateMachine):
                     assert seen == first, f"step {step.index} of {run.id} ran again"
         with _LOCK:
             late = list(LATE_STARTS)
-        assert not late, f"a process that came back past its lease began the bodies {late}"
+        assert not late, f"a process that came back past its lease began {late}"
 
     def teardown(self) -> None:
         try:

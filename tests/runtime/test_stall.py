@@ -33,6 +33,7 @@ from _pg import backends_in_transaction
 from haltwise import State, StepStatus
 from haltwise._core.records import Owner
 from haltwise._journal.check import check_store
+from toolkit import Gate
 
 AGENT = TESTS / "stall_agent.py"
 DEADLINE = 60.0
@@ -286,3 +287,46 @@ async def test_a_lease_confirmation_answered_after_a_stall_is_no_proof(sqlite_ur
         return probe
 
     await lose_and_take_over(sqlite_url, pay_here, probe_for, stall_after_claims=True)
+
+
+UNDONE: list[str] = []
+writing = Gate()
+
+
+async def unwrite(amount: int) -> None:
+    UNDONE.append(f"undo {amount}")
+
+
+@haltwise.tool(cancel="rollback", effect="write", compensate=unwrite, grace=5.0)
+async def write_row(amount: int) -> str:
+    writing.set()
+    await anyio.sleep(3600)  # interrupted by the cancel
+    return "written"
+
+
+@haltwise.task(name="stall:writes")
+async def writes() -> str:
+    return await write_row(7)
+
+
+@pytest.mark.anyio
+async def test_a_process_that_lost_its_run_in_a_stall_undoes_nothing(sqlite_url: str) -> None:
+    """A rollback body is in flight when the loop stalls past the lease and the run is taken;
+    then the process shuts down (its own cancel, refused by the fence, stops the attempt here):
+    the undo is the new owner's, done once, there."""
+    global writing
+    writing = Gate()
+    UNDONE.clear()
+    async with haltwise.Runtime(sqlite_url, lease=IN_PROCESS_LEASE) as first:
+        await first.start(writes, task_id="w")
+        await writing.wait()
+        hand_over(sqlite_url, "w", first.owner.token)
+        stall_past_the_lease()
+    assert UNDONE == [], "the process that lost the run undid its step"
+    async with haltwise.Runtime(sqlite_url) as second:
+        await second.cancel("w")
+        outcome = await second.outcome("w")
+    assert outcome.state is State.CANCELLED, outcome
+    assert [step.status for step in outcome.steps] == [StepStatus.COMPENSATED]
+    assert UNDONE == ["undo 7"]
+    assert (await check_store(sqlite_url)).ok
