@@ -383,6 +383,52 @@ async def test_writes_with_a_stale_token_are_fenced_off(store_url: str) -> None:
             await store.start_step("missing", step(0), fence=OWNER.token)
 
 
+async def test_a_write_reads_the_run_as_it_is_not_as_this_store_wrote_it(store_url: str) -> None:
+    # PostgreSQL writes a run it wrote last in one statement, if the row is still the version
+    # it wrote: a write by anyone else between (a cancel, a takeover, a pause request, a
+    # heartbeat) must be decided on the row as it is now.
+    async with opened(store_url) as mine, opened(store_url) as other:
+        for run_id in ("cancelled", "taken", "paused", "renewed"):
+            new = NewRun(id=run_id, task="t", inputs={}, state=State.RUNNING, owner=OWNER)
+            await mine.create_run(new)
+        fence = OWNER.token
+        await other.request_cancel("cancelled", "user", force=False)
+        with pytest.raises(InvalidTransitionError):
+            await mine.transition("cancelled", State.FAILED, expected={State.RUNNING}, fence=fence)
+        either = {State.RUNNING, State.CANCELLING}
+        done = await mine.transition(
+            "cancelled", State.COMPLETED, expected=either, owner=None, fence=fence
+        )
+        assert (done.state, done.reason, done.owner) == (State.COMPLETED, "user", None)
+        assert await other.claim("taken", OTHER, lease_until=50.0, expected_owner=fence)
+        with pytest.raises(LostOwnershipError):
+            await mine.transition("taken", State.COMPLETED, expected={State.RUNNING}, fence=fence)
+        assert (await mine.load("taken")).run.owner == OTHER
+        await other.request_pause("paused")
+        assert await other.heartbeat(fence, 77.0) == 2
+        paused = await mine.transition(
+            "paused", State.PAUSED, expected={State.RUNNING}, fence=fence
+        )
+        assert (paused.state, paused.pause, paused.lease_until) == (State.PAUSED, True, 77.0)
+        # its own heartbeat: the lease is what changed
+        assert await mine.heartbeat(fence, 88.0) == 2
+        renewed = await mine.transition("renewed", State.COMPLETED, expected={State.RUNNING})
+        assert (renewed.state, renewed.lease_until) == (State.COMPLETED, 88.0)
+        assert (await other.load("renewed")).run == renewed
+        # every transition recorded once, each from the state the run was really in
+        states = replay(await other.events())
+        assert states == {
+            "cancelled": State.COMPLETED,
+            "taken": State.RUNNING,
+            "paused": State.PAUSED,
+            "renewed": State.COMPLETED,
+        }
+        assert [(e.source, e.target, e.reason) for e in await mine.events("cancelled")][-2:] == [
+            (State.RUNNING, State.CANCELLING, "user"),
+            (State.CANCELLING, State.COMPLETED, "user"),
+        ]
+
+
 async def test_release_and_heartbeat(store_url: str) -> None:
     async with opened(store_url) as store:
         await reach(store, "a", State.RUNNING, owner=OWNER)

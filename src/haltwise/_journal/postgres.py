@@ -35,9 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
 
@@ -48,7 +51,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from .._core.exceptions import NoStoreError, StoreError, UnknownRunError
+from .._core.exceptions import HaltwiseError, NoStoreError, StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
@@ -63,7 +66,9 @@ from .operator_sql import (
 )
 from .postgres_steps import StepWriter, feed_insert, write_deferred
 from .rows import (
+    PARTIAL_COLUMNS,
     RUN_COLUMNS,
+    STEP_COLUMNS,
     error_to_text,
     event_from_row,
     journal_from_rows,
@@ -108,10 +113,70 @@ _POOL_MAX = 10
 _CONNECT_TIMEOUT = 10
 _RETRIES = 5
 
+_SQL = Statements(POSTGRES)
+_OPS = OperatorSQL(POSTGRES)
+
 #: a fork's copied steps in the change feed (the statements writing steps write their changes)
 _COPIED_STEPS_FEED = feed_insert(
     "(SELECT run_id, idx, status FROM haltwise.steps WHERE run_id = %s ORDER BY idx) AS w"
 )
+
+#: a run, its steps and its partial results in one statement (see _load_snapshot)
+_LOAD_SNAPSHOT = (
+    f"SELECT {RUN_COLUMNS}, "
+    f"(SELECT json_agg(json_build_array({STEP_COLUMNS}) ORDER BY idx) FROM haltwise.steps "
+    "WHERE run_id = r.id) AS steps_, "
+    f"(SELECT json_agg(json_build_array({PARTIAL_COLUMNS}) ORDER BY seq) FROM haltwise.partials "
+    "WHERE run_id = r.id) AS partials_ "
+    "FROM haltwise.runs r WHERE r.id = %s"
+)
+
+
+def _recording(write: str) -> str:
+    """One statement: ``write`` (an INSERT or UPDATE of one run row ``RETURNING`` its
+    ``RUN_COLUMNS``), the events of the write and the notification, both only if a row was
+    written (see :func:`_recorded` for the parameters)."""
+    return f"""WITH written AS ({write}),
+recorded AS (
+    INSERT INTO haltwise.events (run_id, source, target, reason, at)
+    SELECT written.id, e.v->>0, e.v->>1, e.v->>2, %s::double precision
+    FROM written, json_array_elements(%s::json) WITH ORDINALITY AS e(v, n) ORDER BY e.n
+)
+SELECT written.*, pg_notify('{_CHANNEL}', left(written.id, 1000)) AS notified FROM written"""
+
+
+def _recorded(parameters: Sequence[Any], write: RunWrite) -> tuple[Any, ...]:
+    """The parameters of a :func:`_recording` statement: the write's own, then its events'."""
+    events = [
+        [None if source is None else source.value, target.value, reason]
+        for source, target, reason in write.events
+    ]
+    return (*parameters, write.at, json.dumps(events))
+
+
+#: what a write of a run row returns besides RUN_COLUMNS: the row's version (``xmin``, the
+#: transaction that wrote it: any later write of the row changes it)
+_VERSION = ", xmin::text AS version_"
+#: a run created, its events recorded and notified: one statement (no fork)
+_CREATE = _recording(_SQL.insert_run + _VERSION)
+_LOCK_RUN = f"SELECT {RUN_COLUMNS}{_VERSION} FROM haltwise.runs WHERE id = %s FOR UPDATE"
+#: a lease renewed: each run's row version before and after (see PostgresStore.heartbeat)
+_HEARTBEAT = (
+    "WITH held AS (SELECT id, xmin::text AS before FROM haltwise.runs WHERE owner_token = %s "
+    "FOR UPDATE) UPDATE haltwise.runs r SET lease_until = %s FROM held WHERE r.id = held.id "
+    "RETURNING r.id, held.before, r.xmin::text AS after"
+)
+#: how many runs' last written rows a store keeps (see PostgresStore._request)
+_KNOWN_MAX = 10_000
+
+
+@functools.lru_cache(maxsize=64)
+def _update_sql(fields: tuple[str, ...], unchanged: bool) -> str:
+    """A planned write of ``fields`` with its events (:func:`_recording`); ``unchanged``: only
+    if the row is still the version given after the run id."""
+    condition = "xmin = %s::text::xid" if unchanged else ""
+    return _recording(_SQL.update_run(fields, condition=condition, extra=_VERSION))
+
 
 _T = TypeVar("_T")
 _Conn = psycopg.AsyncConnection[DictRow]
@@ -155,6 +220,8 @@ class PostgresStore:
         self._inflight: set[asyncio.Task[Any]] = set()
         self._sync_lock = threading.Lock()
         self._sync_conn: psycopg.Connection[DictRow] | None = None
+        #: run id -> its row as this store last wrote or locked it, and the row's version
+        self._known: dict[str, tuple[RunRecord, str]] = {}
         #: the step path: every run's starts and settlements, group-committed
         self._steps = StepWriter(self._connect, self._error)
 
@@ -279,8 +346,13 @@ class PostgresStore:
         *,
         read_only: bool = False,
         after_steps: bool = True,
+        single: bool = False,
     ) -> _T:
         """Run ``op`` in a transaction of its own (see the module docstring).
+
+        ``single``: ``op`` runs one statement, in autocommit mode: the statement is its own
+        transaction (and, for a read, its own snapshot), one round trip instead of the
+        ``BEGIN`` and ``COMMIT`` around it.
 
         A deferred settlement commits before any other operation of this store object, except
         the few with ``after_steps=False``: they neither read nor write step rows nor record
@@ -297,7 +369,7 @@ class PostgresStore:
             self._steps.raise_deferred_error()
         # The operation runs in its own task: a caller cancelled while waiting stops waiting,
         # and the transaction still commits or rolls back whole (as in the SQLite store).
-        task = asyncio.ensure_future(self._transact(pool, op, read_only))
+        task = asyncio.ensure_future(self._transact(pool, op, read_only, single))
         self._inflight.add(task)
         task.add_done_callback(self._forget)
         return await asyncio.shield(task)
@@ -312,11 +384,15 @@ class PostgresStore:
         pool: AsyncConnectionPool[_Conn],
         op: Callable[[_Conn], Awaitable[_T]],
         read_only: bool,
+        single: bool,
     ) -> _T:
         attempt = 0
         while True:
             attempt += 1
             try:
+                if single:
+                    async with pool.connection() as conn:
+                        return await op(conn)
                 async with pool.connection() as conn, conn.transaction():
                     if read_only:
                         # one snapshot for every statement of the read (e.g. a run and its steps)
@@ -338,18 +414,23 @@ class PostgresStore:
         async def op(conn: _Conn) -> tuple[RunRecord, bool]:
             now = time.time()
             parameters = insert_run_parameters(run, inputs, now)
-            inserted = await (await conn.execute(_SQL.insert_run, parameters)).fetchone()
+            if run.fork is None:  # one statement: the row, its events, the notification
+                write = _recorded(parameters, plan_create(run, now))
+                inserted = await (await conn.execute(_CREATE, write, prepare=True)).fetchone()
+            else:
+                inserted = await (await conn.execute(_SQL.insert_run, parameters)).fetchone()
             if inserted is None:
                 return await _load_run(conn, run.id), False
-            await _record_events(conn, run.id, plan_create(run, now))
             if run.fork is not None:
+                await _record_events(conn, run.id, plan_create(run, now))
                 fork = (run.id, run.fork.source, run.fork.from_step)
                 await conn.execute(_SQL.copy_steps, fork)
                 await conn.execute(_COPIED_STEPS_FEED, (run.id,))
                 await conn.execute(_SQL.copy_partials, fork)
-            return run_from_row(inserted), True
+                return run_from_row(inserted), True
+            return self._remember(run_from_row(inserted), inserted["version_"]), True
 
-        return await self._run(op)
+        return await self._run(op, single=run.fork is None)
 
     async def transition(
         self,
@@ -377,12 +458,10 @@ class PostgresStore:
             settle_on_cancel=settle_on_cancel,
         )
 
-        async def op(conn: _Conn) -> RunRecord:
-            current = await _lock_run(conn, run_id)
-            write = plan_transition(current, target, expected, fields, fence=fence, now=time.time())
-            return await _apply(conn, run_id, write)
+        def plan(current: RunRecord, now: float) -> RunWrite:
+            return plan_transition(current, target, expected, fields, fence=fence, now=now)
 
-        return await self._run(op)
+        return await self._request(run_id, plan)
 
     async def request_cancel(
         self, run_id: str, reason: str, *, force: bool, fence: str | None = None
@@ -390,14 +469,57 @@ class PostgresStore:
         return await self._request(run_id, cancel_plan(reason, force, fence))
 
     async def _request(self, run_id: str, plan: Plan) -> RunRecord:
-        """Lock the run, ``plan`` the write, apply it (if any): one transaction."""
+        """Lock the run, ``plan`` the write, apply it (if any): one transaction.
 
-        async def op(conn: _Conn) -> RunRecord:
-            current = await _lock_run(conn, run_id)
+        If this store wrote or locked the run's row last (``_known``: the record and the row's
+        version, ``xmin``), the write planned from that record is tried first as one
+        statement, applied only if the row is still that version: the same write the locked
+        path would make, since the plan is a function of the row alone. Otherwise (another
+        write came between, or the plan refuses or changes nothing, which only the locked row
+        may decide) the locked path runs.
+        """
+        known = self._known.get(run_id)
+        if known is not None:
+            written = await self._if_unchanged(run_id, plan, *known)
+            if written is not None:
+                return self._remember(*written)
+
+        async def op(conn: _Conn) -> tuple[RunRecord, str]:
+            current, version = await _lock_run(conn, run_id)
             write = plan(current, time.time())
-            return current if write is None else await _apply(conn, run_id, write)
+            if write is None:
+                return current, version
+            return _fetched(await _apply(conn, run_id, write, None))
 
-        return await self._run(op)
+        return self._remember(*await self._run(op))
+
+    async def _if_unchanged(
+        self, run_id: str, plan: Plan, known: RunRecord, version: str
+    ) -> tuple[RunRecord, str] | None:
+        """``plan`` applied to ``known`` and written if the run's row is still ``version``
+        (one statement); None if it was not written."""
+        try:
+            write = plan(known, time.time())
+        except HaltwiseError:
+            return None
+        if write is None:
+            return None
+
+        async def op(conn: _Conn) -> tuple[RunRecord, str] | None:
+            return await _apply(conn, run_id, write, version)
+
+        return await self._run(op, single=True)
+
+    def _remember(self, record: RunRecord, version: str) -> RunRecord:
+        """Keep ``record`` (the run's row as this store just wrote or locked it, at
+        ``version``) for :meth:`_request`'s one-statement write; a final run is forgotten."""
+        known = self._known
+        known.pop(record.id, None)
+        if not record.state.is_final:
+            known[record.id] = (record, version)
+            if len(known) > _KNOWN_MAX:
+                del known[next(iter(known))]  # the oldest
+        return record
 
     async def request_pause(self, run_id: str) -> RunRecord:
         return await self._request(run_id, plan_pause_write)
@@ -421,13 +543,13 @@ class PostgresStore:
                 )
                 return pause_signals_of(await rows.fetchall(), set(ids))
 
-        return await self._run(op, read_only=True, after_steps=False)
+        return await self._run(op, read_only=True, single=True, after_steps=False)
 
     async def claim(
         self, run_id: str, owner: Owner, *, lease_until: float, expected_owner: str | None
     ) -> bool:
         async def op(conn: _Conn) -> bool:
-            current = await _lock_run(conn, run_id)
+            current, _ = await _lock_run(conn, run_id)
             if (current.owner.token if current.owner else None) != expected_owner:
                 return False
             await conn.execute(
@@ -447,10 +569,17 @@ class PostgresStore:
         await self._run(op)
 
     async def heartbeat(self, owner_token: str, lease_until: float) -> int:
-        async def op(conn: _Conn) -> int:
-            return (await conn.execute(_SQL.heartbeat, (lease_until, owner_token))).rowcount
+        async def op(conn: _Conn) -> list[DictRow]:
+            cursor = await conn.execute(_HEARTBEAT, (owner_token, lease_until), prepare=True)
+            return await cursor.fetchall()
 
-        return await self._run(op, after_steps=False)
+        renewed = await self._run(op, after_steps=False, single=True)
+        known = self._known
+        for row in renewed:  # the lease is all that changed: known rows stay known
+            found = known.get(row["id"])
+            if found is not None and found[1] == row["before"]:
+                known[row["id"]] = (replace(found[0], lease_until=lease_until), row["after"])
+        return len(renewed)
 
     async def claim_pending(
         self, owner: Owner, tasks: Collection[str], *, lease_until: float, limit: int
@@ -561,14 +690,14 @@ class PostgresStore:
         async def op(conn: _Conn) -> RunSnapshot:
             return await _load_snapshot(conn, run_id)
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, single=True)
 
     async def list_runs(self, state: State | None = None) -> list[RunRecord]:
         async def op(conn: _Conn) -> list[RunRecord]:
             cursor = await conn.execute(*_SQL.list_runs(state))
             return read_all(run_from_row, await cursor.fetchall())
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, single=True)
 
     async def read_journal(self) -> JournalRows:
         async def op(conn: _Conn) -> JournalRows:
@@ -589,7 +718,7 @@ class PostgresStore:
             cursor = await conn.execute(*_SQL.events(run_id))
             return read_all(event_from_row, await cursor.fetchall())
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, single=True)
 
     async def cancel_requests(self, run_ids: Collection[str]) -> dict[str, tuple[str, bool]]:
         ids = list(run_ids)
@@ -607,7 +736,7 @@ class PostgresStore:
                 for row in await cursor.fetchall()
             }
 
-        return await self._run(op, read_only=True, after_steps=False)
+        return await self._run(op, read_only=True, single=True, after_steps=False)
 
     # -- the operator's operations (their SQL: operator_sql) ------------------------------------
 
@@ -626,14 +755,14 @@ class PostgresStore:
                 await rows.execute(sql, params)
                 return [summary_from_row(row) for row in await rows.fetchall()]
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, single=True)
 
     async def task_names(self) -> list[str]:
         async def op(conn: _Conn) -> list[str]:
             cursor = await conn.execute(_OPS.task_names())
             return [row["task"] for row in await cursor.fetchall()]
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, single=True)
 
     async def inspect(self, run_id: str) -> RunJournal:
         async def op(conn: _Conn) -> RunJournal:
@@ -711,7 +840,7 @@ class PostgresStore:
                 row = await rows.fetchone()
             return int(row[0]) if row else 0
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, single=True)
 
     def set_concurrency(self, active_runs: int) -> None:
         """Ignored: every operation already runs on a pooled connection of its own."""
@@ -777,9 +906,6 @@ class PostgresStore:
 
 # -- SQL helpers ------------------------------------------------------------------------------
 
-_SQL = Statements(POSTGRES)
-_OPS = OperatorSQL(POSTGRES)
-
 
 def _partial_row(
     run_id: str, seq: int, value: Any, origin: PartialKey | None
@@ -788,24 +914,19 @@ def _partial_row(
     return (run_id, seq, dump_json(value, "a partial result"), step, ordinal)
 
 
-def _fetched(row: DictRow | None) -> DictRow:
-    if row is None:  # pragma: no cover - RETURNING of an INSERT always yields a row
-        raise StoreError("the store returned no row")
-    return row
-
-
 async def _load_snapshot(conn: _Conn, run_id: str) -> RunSnapshot:
-    run = await _load_run(conn, run_id)
-    async with conn.cursor(row_factory=tuple_row) as rows:  # step_from_row: by position
-        await rows.execute(_SQL.load_steps, (run_id,))
-        steps = steps_from_rows(run_id, await rows.fetchall())
-    cursor = await conn.execute(_SQL.load_partials, (run_id,))
-    found = await cursor.fetchall()
+    """The run with its steps and partial results: one statement (one round trip, and one
+    snapshot even outside a transaction), the steps and partials as JSON arrays of their
+    columns in order (``STEP_COLUMNS``, ``PARTIAL_COLUMNS``)."""
+    row = await (await conn.execute(_LOAD_SNAPSHOT, (run_id,), prepare=True)).fetchone()
+    if row is None:
+        raise UnknownRunError(run_id)
+    partials = row["partials_"] or []
     return RunSnapshot(
-        run=run,
-        steps=steps,
-        partials=partials_from_rows(run_id, [row["value"] for row in found]),
-        partial_keys=tuple(partial_key(row["step"], row["ordinal"], row["seq"]) for row in found),
+        run=run_from_row(row),
+        steps=steps_from_rows(run_id, row["steps_"] or []),
+        partials=partials_from_rows(run_id, [value for value, _, _, _ in partials]),
+        partial_keys=tuple(partial_key(step, ordinal, seq) for _, step, ordinal, seq in partials),
     )
 
 
@@ -816,12 +937,12 @@ async def _load_run(conn: _Conn, run_id: str) -> RunRecord:
     return run_from_row(row)
 
 
-async def _lock_run(conn: _Conn, run_id: str) -> RunRecord:
-    """The run, its row locked until the transaction ends."""
-    row = await (await conn.execute(_SQL.load_run + " FOR UPDATE", (run_id,))).fetchone()
+async def _lock_run(conn: _Conn, run_id: str) -> tuple[RunRecord, str]:
+    """The run and its row's version, the row locked until the transaction ends."""
+    row = await (await conn.execute(_LOCK_RUN, (run_id,), prepare=True)).fetchone()
     if row is None:
         raise UnknownRunError(run_id)
-    return run_from_row(row)
+    return run_from_row(row), row["version_"]
 
 
 def _start_row(run_id: str, step: StepStart, fence: str, now: float) -> tuple[Any, ...]:
@@ -852,12 +973,23 @@ async def _check_fence(conn: _Conn, run_id: str, fence: str) -> DictRow:
     return row
 
 
-async def _apply(conn: _Conn, run_id: str, write: RunWrite) -> RunRecord:
-    """Write ``write``'s fields to the locked run's row, record its events, notify."""
-    cursor = await conn.execute(_SQL.update_run(write.fields), (*write.fields.values(), run_id))
-    record = run_from_row(_fetched(await cursor.fetchone()))
-    await _record_events(conn, run_id, write)
-    return record
+async def _apply(
+    conn: _Conn, run_id: str, write: RunWrite, version: str | None
+) -> tuple[RunRecord, str] | None:
+    """Write ``write``'s fields to the run's row, record its events, notify: one statement.
+    The row is locked already, or (``version`` given) written only if it is still that
+    version; the record written and its version, None if not written."""
+    condition = () if version is None else (version,)
+    parameters = _recorded((*write.fields.values(), run_id, *condition), write)
+    sql = _update_sql(tuple(write.fields), version is not None)
+    row = await (await conn.execute(sql, parameters, prepare=True)).fetchone()
+    return None if row is None else (run_from_row(row), row["version_"])
+
+
+def _fetched(written: tuple[RunRecord, str] | None) -> tuple[RunRecord, str]:
+    if written is None:  # pragma: no cover - the locked row is there to update
+        raise StoreError("the store returned no row")
+    return written
 
 
 async def _record_events(conn: _Conn, run_id: str, write: RunWrite) -> None:

@@ -210,12 +210,12 @@ class Statements:
         self._events = f"SELECT seq, run_id, source, target, reason, at FROM {q('events')}"
         self._runs = f"SELECT {RUN_COLUMNS} FROM {q('runs')}"
 
-    def update_run(self, fields: dict[str, Any]) -> str:
-        """``UPDATE`` of ``fields`` (parameters: their values, then the run id), returning it."""
+    def update_run(self, fields: Iterable[str], *, condition: str = "", extra: str = "") -> str:
+        """``UPDATE`` of ``fields`` (parameters: their values, then the run id, then those of
+        ``condition``, SQL ANDed to the run's key), returning the row (and ``extra``)."""
         assignments = ", ".join(f"{name} = {self.param}" for name in fields)
-        return (
-            f"UPDATE {self.runs} SET {assignments} WHERE id = {self.param} RETURNING {RUN_COLUMNS}"
-        )
+        where = f"id = {self.param}" + (f" AND {condition}" if condition else "")
+        return f"UPDATE {self.runs} SET {assignments} WHERE {where} RETURNING {RUN_COLUMNS}{extra}"
 
     def list_runs(self, state: State | None) -> tuple[str, tuple[Any, ...]]:
         """All runs, or those in ``state``, oldest first."""

@@ -496,7 +496,12 @@ def plan_pause(current: RunRecord) -> dict[str, Any]:
 def plan_unpause(current: RunRecord) -> tuple[State | None, dict[str, Any]]:
     """The state an unpause moves the run to (None: stays) and the columns it writes."""
     if current.state is State.PAUSED:
-        return State.RUNNING, {"state": State.RUNNING.value, "pause": False}
+        # leaving paused clears the request and settle_on_cancel (see check_transition)
+        return State.RUNNING, {
+            "state": State.RUNNING.value,
+            "pause": False,
+            "settle_on_cancel": False,
+        }
     if current.pause:
         return None, {"pause": False}
     return None, {}

@@ -37,7 +37,6 @@ from anyio._backends._asyncio import _task_states as _anyio_task_states
 
 from .._core.exceptions import (
     Cancelled,
-    NonDeterminismError,
     StepTimeoutError,
     StoreError,
     UnknownStepError,
@@ -56,7 +55,6 @@ if TYPE_CHECKING:
     from .tool import ToolSpec
 
 _RUN_AGAIN = object()
-_YIELD_INTERVAL = 0.001
 #: results of these types read back from JSON as the very same value: no need to re-parse
 _SAME_AFTER_JSON = frozenset({int, str, bool, float, type(None)})
 _CANCELLED = asyncio.CancelledError  # the runtime is asyncio-only (see the module docstring)
@@ -85,30 +83,13 @@ async def execute_step(
         if flight.counted:
             run.host.count_side_steps(-1)
     if time.monotonic() >= run.next_yield:
-        await _between_steps(run, flight.replayed)
+        await run.between_steps(flight.replayed)
     if run.probe is not None:
         await _probe(run, "after", flight.index)
     if run.pause.requested:
         await pause_point(run)
     run.raise_if_cancelled()
     return result
-
-
-async def _between_steps(run: RunContext, replayed: bool) -> None:
-    """A schedule point between steps, for other runs, the watcher and in-process cancels.
-
-    Needed only where a step may not yield by itself: a replayed step, or the SQLite store's
-    fast path (one run active). At most one per _YIELD_INTERVAL: a run that yields at every
-    step spends ~5% of a trivial step on it. A cancel landing here is the checkpoint's.
-    """
-    if run.host.active_runs > 1 and not replayed:
-        return
-    run.next_yield = time.monotonic() + _YIELD_INTERVAL
-    try:
-        await anyio.lowlevel.checkpoint()
-    except _CANCELLED:
-        run.raise_if_cancelled()
-        raise
 
 
 async def _probe(run: RunContext, kind: str, index: int) -> None:
@@ -149,15 +130,11 @@ _FINGERPRINT_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, defa
 
 def _replay(run: RunContext, journaled: StepRecord, spec: ToolSpec, print_: str) -> Any:
     if journaled.tool != spec.name:
-        run.poison = NonDeterminismError(run.run_id, journaled.index, journaled.tool, spec.name)
-        raise run.poison
+        raise run.diverge(journaled, spec.name)
     status = journaled.status
     if status is StepStatus.COMMITTED:
         if journaled.fingerprint is not None and journaled.fingerprint != print_:
-            run.poison = NonDeterminismError(
-                run.run_id, journaled.index, journaled.tool, spec.name, what="arguments"
-            )
-            raise run.poison
+            raise run.diverge(journaled, spec.name, what="arguments")
         return journaled.result
     if blocks_resume(journaled, run.rerun):
         raise UnknownStepError(run.run_id, journaled.index, journaled.tool)
