@@ -345,7 +345,7 @@ class _Flight:
         if run.probe is not None:
             await _probe(run, "during", self.index)
         if time.monotonic() >= run.held_until:
-            await self._hold_lease()
+            await hold_lease(run)
         self.phase = _Phase.BODY
         try:
             timeout = self.spec.policy.timeout
@@ -377,26 +377,11 @@ class _Flight:
         await self._settle_cancelled()
         self._propagate(interrupted)
 
-    async def _hold_lease(self) -> None:
-        """Return once the run is surely still this process's; else raise
-        :class:`~haltwise.LostOwnershipError` (the run stops here, its step left to its new
-        owner): no body begins after the run's lease may have run out here.
-
-        This process may have stalled past its lease (a stop, a long pause) since the start
-        was journaled: another may have taken the run over and rerun the step. Each
-        ``confirm_held`` is a fenced write that renews the lease; one whose answer came back
-        after the lease it renewed had run out (a stall while it was in flight) is no proof,
-        and is made again.
-        """
-        run = self.run
-        while time.monotonic() >= run.held_until:
-            await run.host.confirm_held(run)
-
     async def _apart(self) -> Any:
         """The body, in a task of its own. That task begins a turn of the loop after
         :meth:`_execute` looked at the lease, and this process may stall in between (another
         callback, a long pause): the lease is looked at again as the body begins."""
-        await self._hold_lease()
+        await hold_lease(self.run)
         return await self.spec.fn(*self.args, **self.kwargs)
 
     async def _invoke_within(self, timeout: float) -> Any:
@@ -692,18 +677,36 @@ async def _wait_done(future: asyncio.Future[Any]) -> None:
         future.remove_done_callback(wake)
 
 
+async def hold_lease(run: RunContext) -> None:
+    """Return once the run is surely still this process's; else raise
+    :class:`~haltwise.LostOwnershipError` (the run stops here, its step left to its new owner):
+    no step body or compensation begins after the run's lease may have run out here.
+
+    This process may have stalled past its lease (a stop, a long pause) since it last renewed
+    it: another may have taken the run over and rerun the step, or undone it. Each
+    ``confirm_held`` is a fenced write that renews the lease; one whose answer came back after
+    the lease it renewed had run out (a stall while it was in flight) is no proof, and is made
+    again. The caller's own comparison (``time.monotonic() >= run.held_until``) may spare the
+    call on the way of every step.
+    """
+    while time.monotonic() >= run.held_until:
+        await run.host.confirm_held(run)
+
+
 async def compensate(
     run: RunContext, tool: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> bool:
     """Run the tool's compensation, shielded, within its grace; True if it completed.
 
     A forced cancel still cuts it short (it is registered like a shield), and then it counts as
-    not completed: the step becomes ``unknown``.
+    not completed: the step becomes ``unknown``. It begins only while the run's lease surely
+    holds (:func:`hold_lease`: else :class:`~haltwise.LostOwnershipError`, nothing undone here).
     """
     undo = tool.policy.compensate
     if undo is None or run.cancel.forced:
         return False
     with anyio.move_on_after(tool.policy.grace, shield=True) as scope, run.cancel.shielding(scope):
+        await hold_lease(run)  # an undo is a side effect too: never done by a lost owner
         try:
             if inspect.iscoroutinefunction(undo):
                 await undo(*args, **kwargs)
