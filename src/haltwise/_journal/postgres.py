@@ -347,6 +347,7 @@ class PostgresStore:
         read_only: bool = False,
         after_steps: bool = True,
         single: bool = False,
+        reads_run: str | None = None,
     ) -> _T:
         """Run ``op`` in a transaction of its own (see the module docstring).
 
@@ -359,12 +360,18 @@ class PostgresStore:
         anything a task did (the runtime watcher's cancel and pause reads, the lease
         heartbeat), so nothing they make durable can precede a settlement it depends on, and
         what they read does not show it. They keep the watcher's ticks from forcing a commit of
-        their own on a sequential run's deferred settlement."""
+        their own on a sequential run's deferred settlement.
+
+        ``reads_run``: ``op`` only reads, and only that run's rows, so only that run's deferred
+        settlements must commit first (what it reads shows this store object's own writes);
+        another run's are not in what it reads, and a read makes nothing durable that could
+        precede them. (An outcome's load at many concurrent runs does not wait for a commit
+        of the others' settlements.)"""
         pool = self._pool
         if pool is None:
             raise StoreError(f"store {self._where} is not open")
         if after_steps:
-            if self._steps.has_deferred():
+            if self._steps.has_deferred(reads_run):
                 await self._steps.flush()
             self._steps.raise_deferred_error()
         # The operation runs in its own task: a caller cancelled while waiting stops waiting,
@@ -690,7 +697,7 @@ class PostgresStore:
         async def op(conn: _Conn) -> RunSnapshot:
             return await _load_snapshot(conn, run_id)
 
-        return await self._run(op, read_only=True, single=True)
+        return await self._run(op, read_only=True, single=True, reads_run=run_id)
 
     async def list_runs(self, state: State | None = None) -> list[RunRecord]:
         async def op(conn: _Conn) -> list[RunRecord]:
@@ -774,7 +781,7 @@ class PostgresStore:
                 times = times_from_rows(await rows.fetchall())
             return RunJournal(snapshot=snapshot, events=tuple(events), step_times=times)
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, reads_run=run_id)
 
     async def request_cancels(
         self,
