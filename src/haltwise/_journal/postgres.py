@@ -12,10 +12,12 @@ off, so it is flushed by the next durable commit or the WAL writer). A caller th
 cancelled while waiting stops waiting, but its operation still completes or rolls back whole, as
 with the SQLite store. Transitions and cancel requests lock the run row (``SELECT ... FOR
 UPDATE``), check the table and write the new state and its event in the same transaction, so a
-cancel racing a completion ends in exactly one final state. Fenced writes hold a share lock on
-the run row until they commit, so a takeover (which locks the row for update) cannot slip in
-between the fence check and the write. Workers claim pending runs with ``FOR UPDATE SKIP
-LOCKED``. Deadlocks and serialisation failures are retried a few times.
+cancel racing a completion ends in exactly one final state; a run this store object wrote last
+is written in one statement instead, only if its row is still the version written (see
+:meth:`PostgresStore._request` and docs/design.md, "A run's fixed costs on PostgreSQL").
+Fenced writes hold a share lock on the run row until they commit, so a takeover (which locks
+the row for update) cannot slip in between the fence check and the write. Workers claim pending
+runs with ``FOR UPDATE SKIP LOCKED``. Deadlocks and serialisation failures are retried a few times.
 
 Every transaction that changes a run row also sends ``NOTIFY haltwise_changes`` (payload: the
 run id); a dedicated connection ``LISTEN``\\ s, so :meth:`PostgresStore.wait_for_change`
