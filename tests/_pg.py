@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 BINARIES = ("initdb", "pg_ctl", "postgres")
@@ -164,3 +165,26 @@ def create_database(server_dsn: str, prefix: str = "hw") -> str:
 
 
 _database_numbers = itertools.count(1)
+
+
+def backends_in_transaction(url: str, application: str, deadline: float = 60.0) -> list[int]:
+    """The server pids of the connections of ``application`` (their ``application_name``) to
+    ``url``'s database that are inside a transaction, once none of them runs a statement.
+
+    For a client that is stopped (SIGSTOP) or frozen: a statement it sent before it stopped ends
+    first, and it can send no other; a transaction found open then holds its locks until the
+    client comes back. (A ``BEGIN`` still unread by the server when this looks opens one later,
+    which takes no lock.)"""
+    import psycopg
+
+    where = "WHERE application_name = %s AND datname = current_database()"
+    end = time.monotonic() + deadline
+    with psycopg.connect(url, autocommit=True) as admin:
+        while admin.execute(
+            f"SELECT 1 FROM pg_stat_activity {where} AND state = 'active'", (application,)
+        ).fetchall():
+            assert time.monotonic() < end, f"a statement of {application} did not end"
+        rows = admin.execute(
+            f"SELECT pid FROM pg_stat_activity {where} AND state <> 'idle'", (application,)
+        ).fetchall()
+    return [pid for (pid,) in rows]

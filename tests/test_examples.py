@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +53,20 @@ def test_the_example_cancels_resumes_and_keeps_its_promise(name: str, tmp_path: 
     assert done.returncode == 0, done.stdout + done.stderr
     for line in PROMISES[name]:
         assert line in done.stdout, done.stdout
+
+
+def test_the_project_s_own_example_passes_a_strict_audit(tmp_path: Path) -> None:
+    """``haltwise audit examples/research_agent.py --strict`` passes (issue 14: its model call is
+    declared ``effect="read"``, as the contract recommends)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "haltwise", "audit", str(EXAMPLES / "research_agent.py"),
+         "--strict", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["findings"] == [], report["findings"]
+    assert {tool["name"] for tool in report["tools"]} >= {"plan_next", "charge_summary_api"}

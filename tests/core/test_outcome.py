@@ -18,6 +18,14 @@ def step(status: StepStatus, effect: Effect = Effect.READ, idempotent: bool = Fa
         (State.COMPLETED, [step(StepStatus.UNKNOWN)], Retry.NONE),
         (State.CANCELLED, [step(StepStatus.UNKNOWN)], Retry.RECONCILE),
         (State.FAILED, [step(StepStatus.UNKNOWN, idempotent=True)], Retry.RESTART),
+        # an unknown step of an idempotent write: a resume reruns it with its key, a new run
+        # would do it again with a new one (issue 14, item 10)
+        (State.FAILED, [step(StepStatus.UNKNOWN, Effect.WRITE, idempotent=True)], Retry.RESUME),
+        (
+            State.CANCELLED,
+            [step(StepStatus.UNKNOWN, Effect.EXTERNAL, idempotent=True)],
+            Retry.RESUME,
+        ),
         (
             State.CANCELLED,
             [step(StepStatus.COMMITTED, Effect.WRITE), step(StepStatus.UNKNOWN)],

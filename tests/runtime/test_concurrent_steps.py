@@ -147,11 +147,11 @@ async def spawn_and_cancel(name: str) -> str:
 
 @pytest.mark.parametrize("name", kit.NAMES)
 async def test_task_cancel_of_a_tool_call_is_settled_by_its_policy(
-    sqlite_url: str, name: str
+    store_url: str, name: str
 ) -> None:
     global cancel_sent
     cancel_sent = Gate()
-    async with haltwise.Runtime(sqlite_url) as rt:
+    async with haltwise.Runtime(store_url) as rt:
         handle = await rt.start(spawn_and_cancel, name, task_id="spawned")
         await cancel_sent.wait()
         if name not in kit.FINISHING:
@@ -163,7 +163,7 @@ async def test_task_cancel_of_a_tool_call_is_settled_by_its_policy(
     assert outcome.result == "cancelled"
     assert by_tool(outcome) == {name: kit.SETTLED[name]}
     assert kit.calls[name] == 1
-    await check_store(sqlite_url)
+    await check_store(store_url)
 
 
 @haltwise.task(name="concurrent:bounded")

@@ -20,7 +20,7 @@ import pytest
 import haltwise
 from haltwise import State, StepStatus
 from haltwise._journal.check import check_store
-from haltwise._runtime import steps
+from haltwise._runtime import run_context
 
 pytestmark = pytest.mark.anyio
 
@@ -73,7 +73,7 @@ async def test_a_forced_cancel_before_a_finish_body_that_never_awaits_leaves_not
     # the pending cancel (as the run's own). On a machine that ran the step, the cancel request
     # and the settlement within that millisecond (CI), nothing took it before the run's task
     # returned. Here, as there: no yield between steps while this run runs.
-    monkeypatch.setattr(steps, "_YIELD_INTERVAL", 3600.0)
+    monkeypatch.setattr(run_context, "_YIELD_INTERVAL", 3600.0)
     with anyio.fail_after(60):
         async with haltwise.Runtime(store_url) as runtime:
             probe = ForceBeforeBody(runtime, "forced", 1)

@@ -2,8 +2,11 @@
 its lease, while another process takes its run over and completes it: when it comes back it
 does not begin that body (the tool's side effect happens once), and the journal is sound.
 
-Real processes, a real SQLite file, a real SIGSTOP/SIGCONT; the stall point is a file the
-agent waits for, the lease's end is polled in the store.
+Real processes, a real SQLite file or PostgreSQL database, a real SIGSTOP/SIGCONT; the stall
+point is a file the agent waits for, the lease's end is polled in the store. The agent is stopped
+only at a moment it holds no lock (SQLite's write lock; on PostgreSQL no transaction open, seen
+in ``pg_stat_activity``): a stopped holder would keep the other agent waiting until it comes
+back.
 """
 
 from __future__ import annotations
@@ -26,13 +29,17 @@ import pytest
 
 import haltwise
 from _paths import TESTS
+from _pg import backends_in_transaction
 from haltwise import State, StepStatus
 from haltwise._core.records import Owner
 from haltwise._journal.check import check_store
+from toolkit import Gate
 
 AGENT = TESTS / "stall_agent.py"
 DEADLINE = 60.0
 LEASE = 1.0
+#: the stopped agent's name to PostgreSQL (its connections' ``application_name``)
+STALE_APP = "stall-stale"
 
 
 def spawn(store: str, world: Path, **env: str) -> subprocess.Popen[str]:
@@ -67,12 +74,20 @@ def writable(db: Path) -> bool:
         conn.close()
 
 
-def stop_outside_a_write(proc: subprocess.Popen[str], db: Path) -> None:
+def holds_no_lock(store: str) -> bool:
+    """Whether the stopped agent holds no lock the other agent would wait for: on SQLite the
+    file's write lock, on PostgreSQL an open transaction's row locks."""
+    if store.startswith("sqlite:"):
+        return writable(Path(store.removeprefix("sqlite:///")))
+    return not backends_in_transaction(store, STALE_APP, DEADLINE)
+
+
+def stop_outside_a_write(proc: subprocess.Popen[str], store: str) -> None:
     """SIGSTOP ``proc`` at a moment it holds no write lock (a heartbeat may be in flight)."""
     end = time.monotonic() + DEADLINE
     while True:
         os.kill(proc.pid, signal.SIGSTOP)
-        if writable(db):
+        if holds_no_lock(store):
             return
         os.kill(proc.pid, signal.SIGCONT)
         assert time.monotonic() < end, "the agent never left the write lock"
@@ -93,17 +108,16 @@ def lease_expired(store: str) -> bool:
 
 
 def test_a_process_stopped_before_a_step_body_past_its_lease_does_not_begin_it(
-    sqlite_url: str, tmp_path: Path
+    store_url: str, tmp_path: Path
 ) -> None:
-    db = Path(sqlite_url.removeprefix("sqlite:///"))
     world = tmp_path / "world"
     world.mkdir()
-    stale = spawn(sqlite_url, world, STALL="1", STALL_HOST="stalled.invalid")
+    stale = spawn(store_url, world, STALL="1", STALL_HOST="stalled.invalid", PGAPPNAME=STALE_APP)
     try:
         poll("the step's start", (world / "ready").exists)
-        stop_outside_a_write(stale, db)
-        poll("the stopped agent's lease to run out", lambda: lease_expired(sqlite_url))
-        fresh = spawn(sqlite_url, world)
+        stop_outside_a_write(stale, store_url)
+        poll("the stopped agent's lease to run out", lambda: lease_expired(store_url))
+        fresh = spawn(store_url, world)
         out, err = fresh.communicate(timeout=DEADLINE)
         assert fresh.returncode == 0 and out.split() == ["started", "completed"], (out, err)
         (world / "go").touch()
@@ -117,7 +131,7 @@ def test_a_process_stopped_before_a_step_body_past_its_lease_does_not_begin_it(
     assert len(effects) == 1, f"the charge ran {len(effects)} times: {effects}"
 
     async def load() -> haltwise.Outcome:
-        async with haltwise.Runtime(sqlite_url) as rt:
+        async with haltwise.Runtime(store_url) as rt:
             return await rt.status("pay")
 
     outcome = anyio.run(load)
@@ -126,7 +140,7 @@ def test_a_process_stopped_before_a_step_body_past_its_lease_does_not_begin_it(
     assert [step.status for step in outcome.steps] == [StepStatus.COMMITTED]
     checked = subprocess.run(
         [sys.executable, "-m", "haltwise", "check"],
-        env={**os.environ, "HALTWISE_STORE": sqlite_url},
+        env={**os.environ, "HALTWISE_STORE": store_url},
         capture_output=True,
         text=True,
         timeout=DEADLINE,
@@ -145,6 +159,8 @@ def test_a_process_stopped_before_a_step_body_past_its_lease_does_not_begin_it(
 # stall); the checks are store-independent, and the fencing they use is in the contract tests.
 
 IN_PROCESS_LEASE = 1.0
+#: the stopped agent's name to PostgreSQL (its connections' ``application_name``)
+STALE_APP = "stall-stale"
 EFFECTS: list[str] = []
 
 
@@ -271,3 +287,46 @@ async def test_a_lease_confirmation_answered_after_a_stall_is_no_proof(sqlite_ur
         return probe
 
     await lose_and_take_over(sqlite_url, pay_here, probe_for, stall_after_claims=True)
+
+
+UNDONE: list[str] = []
+writing = Gate()
+
+
+async def unwrite(amount: int) -> None:
+    UNDONE.append(f"undo {amount}")
+
+
+@haltwise.tool(cancel="rollback", effect="write", compensate=unwrite, grace=5.0)
+async def write_row(amount: int) -> str:
+    writing.set()
+    await anyio.sleep(3600)  # interrupted by the cancel
+    return "written"
+
+
+@haltwise.task(name="stall:writes")
+async def writes() -> str:
+    return await write_row(7)
+
+
+@pytest.mark.anyio
+async def test_a_process_that_lost_its_run_in_a_stall_undoes_nothing(sqlite_url: str) -> None:
+    """A rollback body is in flight when the loop stalls past the lease and the run is taken;
+    then the process shuts down (its own cancel, refused by the fence, stops the attempt here):
+    the undo is the new owner's, done once, there."""
+    global writing
+    writing = Gate()
+    UNDONE.clear()
+    async with haltwise.Runtime(sqlite_url, lease=IN_PROCESS_LEASE) as first:
+        await first.start(writes, task_id="w")
+        await writing.wait()
+        hand_over(sqlite_url, "w", first.owner.token)
+        stall_past_the_lease()
+    assert UNDONE == [], "the process that lost the run undid its step"
+    async with haltwise.Runtime(sqlite_url) as second:
+        await second.cancel("w")
+        outcome = await second.outcome("w")
+    assert outcome.state is State.CANCELLED, outcome
+    assert [step.status for step in outcome.steps] == [StepStatus.COMPENSATED]
+    assert UNDONE == ["undo 7"]
+    assert (await check_store(sqlite_url)).ok

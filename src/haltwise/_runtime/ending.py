@@ -65,12 +65,11 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
     # nor its call id or shield.
     tokens = (CURRENT_STEP.set(None), CALL_ID.set(None), SHIELDED.set(False))
     body = asyncio.current_task()
-    ctx.body_task = body
     cancelling = body.cancelling() if body is not None else 0
     landed: BaseException | None = None
     try:
         with anyio.CancelScope() as scope:
-            ctx.cancel.enter_task_scope(scope)
+            ctx.enter_body(body, scope)
             try:
                 value = await ctx.task.fn(*inputs.get("args", ()), **inputs.get("kwargs", {}))
                 if scope.cancel_called and body is not None and body.cancelling() > cancelling:
@@ -95,8 +94,7 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
         _take_back(body, cancelling)  # a host's cancel that landed with ours is settled by it
         return Ending(error=Cancelled(ctx.cancel.reason or "user", task_id=ctx.run_id))
     finally:
-        ctx.cancel.leave_task_scope()
-        ctx.body_task = None
+        ctx.leave_body()
         CURRENT_STEP.reset(tokens[0])
         CALL_ID.reset(tokens[1])
         SHIELDED.reset(tokens[2])

@@ -3,6 +3,10 @@
 A run reaches the runtime that works it only through :class:`RunHost` (start a child, cancel a
 run, how many runs and side steps are active), and its steps through the executor it was given
 (:attr:`RunContext.execute`): this module imports neither the runtime nor the step executor.
+The other modules read a run's fields and change them only through its methods (or those of
+the small state objects it holds: :class:`CancelState`, :class:`PauseGate`), except
+``held_until``, which the runtime moves with the run's lease (tests/runtime/test_run_context.py
+checks the source for other writes).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import itertools
 import math
 import os
 import random
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -37,6 +42,10 @@ Probe = Callable[[str, int], Awaitable[None]]
 StepExecutor = Callable[
     ["RunContext", "ToolSpec", tuple[Any, ...], dict[str, Any]], Coroutine[Any, Any, Any]
 ]
+
+#: the least time between two schedule points between steps (see RunContext.between_steps)
+_YIELD_INTERVAL = 0.001
+_CANCELLED = asyncio.CancelledError  # the runtime is asyncio-only
 
 #: Idempotency keys need to be unique, not secret: one generator seeded from the OS is enough
 #: (os.urandom per key costs a system call each time).
@@ -166,6 +175,8 @@ class RunContext:
 
     ``host`` is the runtime as the run sees it (:class:`RunHost`); ``execute`` runs a tool call
     as a step of this run; ``cancel`` is the run's cancel state (:class:`CancelState`).
+    ``probe``, ``assume_done`` and ``rerun`` are given when the context is made and never
+    change; the fields below them change only through the methods named at each.
     """
 
     run_id: str
@@ -183,7 +194,8 @@ class RunContext:
     #: for haltwise.testing: awaited at each cancel point, ("before" | "during" | "after", step)
     probe: Probe | None = None
 
-    #: monotonic time of the next schedule point between steps (see steps.execute_step)
+    #: monotonic time of the next schedule point between steps (read by steps.execute_step;
+    #: moved on by :meth:`between_steps`)
     next_yield: float = 0.0
     #: monotonic time until which the run's lease surely holds (measured from before the
     #: write that set it); no step body begins after it before ``host.confirm_held`` says the
@@ -191,16 +203,18 @@ class RunContext:
     #: runtime has no lease to lose.
     held_until: float = math.inf
     #: seq of the first partial result this attempt adds, and how many the task's own code
-    #: emitted so far
+    #: emitted so far (counted by :meth:`next_task_origin`)
     next_partial: int = 0
     task_emits: int = 0
     _seqs: itertools.count[int] | None = None
     cancel: CancelState = field(default_factory=CancelState)
+    #: the task's code diverged from its journal (:meth:`diverge`): every later checkpoint
+    #: raises this, and the run ends ``failed`` with it whatever a cancel asked
     poison: NonDeterminismError | None = None
     #: every step begun and not yet settled, by index
     flights: dict[int, Flight] = field(default_factory=dict)
     _all_settled: anyio.Event | None = None
-    #: the asyncio task that runs the task function
+    #: the asyncio task that runs the task function, while it runs (:meth:`enter_body`)
     body_task: asyncio.Task[Any] | None = None
     done: anyio.Event = field(default_factory=anyio.Event)
     pause: PauseGate = field(default_factory=PauseGate)
@@ -248,6 +262,49 @@ class RunContext:
         if self.cancel_pending:
             raise self.cancel.deliver("user", self.run_id)
 
+    def diverge(
+        self, journaled: StepRecord, requested: str, *, what: str = "tool"
+    ) -> NonDeterminismError:
+        """Poison the run: its code calls ``requested`` (or, with ``what="arguments"``, the same
+        tool with other arguments) where its journal holds ``journaled``. Returns the
+        :class:`NonDeterminismError` for the caller to raise; from now on every checkpoint
+        raises it too (:attr:`poison`)."""
+        self.poison = NonDeterminismError(
+            self.run_id, journaled.index, journaled.tool, requested, what=what
+        )
+        return self.poison
+
+    async def between_steps(self, replayed: bool) -> None:
+        """A schedule point between steps, for other runs, the watcher and in-process cancels.
+
+        The step executor calls it once :attr:`next_yield` has passed. Needed only where a step
+        may not yield by itself: a replayed step, or the SQLite store's fast path (one run
+        active); otherwise it returns at once. At most one per ``_YIELD_INTERVAL``: a run that
+        yields at every step spends ~5% of a trivial step on it. A cancel landing here is the
+        checkpoint's (:meth:`raise_if_cancelled`).
+        """
+        if self.host.active_runs > 1 and not replayed:
+            return
+        self.next_yield = time.monotonic() + _YIELD_INTERVAL
+        try:
+            await anyio.lowlevel.checkpoint()
+        except _CANCELLED:
+            self.raise_if_cancelled()
+            raise
+
+    # -- the task function ---------------------------------------------------------------------
+
+    def enter_body(self, body: asyncio.Task[Any] | None, scope: anyio.CancelScope) -> None:
+        """The task function begins, in the asyncio task ``body``, inside ``scope``: the scope
+        a cancel request cancels (:meth:`CancelState.enter_task_scope`)."""
+        self.body_task = body
+        self.cancel.enter_task_scope(scope)
+
+    def leave_body(self) -> None:
+        """The task function has ended (returned, raised or been cancelled)."""
+        self.cancel.leave_task_scope()
+        self.body_task = None
+
     # -- steps in flight -----------------------------------------------------------------------
 
     def fly(self, flight: Flight) -> None:
@@ -271,6 +328,13 @@ class RunContext:
             await self._all_settled.wait()
 
     # -- partial results ---------------------------------------------------------------------
+
+    def next_task_origin(self) -> PartialKey:
+        """Who a partial result emitted now by the task's own code (outside any step) is: no
+        step, the task's next ordinal (a replay emits the same origins in the same order)."""
+        ordinal = self.task_emits
+        self.task_emits = ordinal + 1
+        return (None, ordinal)
 
     def next_partial_seq(self, origin: PartialKey) -> int | None:
         """The seq for a partial result emitted now by ``origin``, or None if the journal already

@@ -222,8 +222,7 @@ class Runtime:
         if not created:
             self._leased_at.pop(run_id, None)
             return TaskHandle(self, run_id)
-        ctx = self._context(run_id, task, None, {}, frozenset())
-        ctx.probe = probe
+        ctx = self._context(run_id, task, None, {}, frozenset(), probe)
         self._launch(ctx, inputs, deadline)
         return TaskHandle(self, run_id)
 
@@ -406,10 +405,9 @@ class Runtime:
                 fence=fence,
             )
         snapshot = await self.store.load(task_id)
-        ctx = self._context(task_id, task, snapshot, done, again)
+        ctx = self._context(task_id, task, snapshot, done, again, probe)
         ctx.pause.requested = snapshot.run.pause
         ctx.pause.paused = snapshot.run.state is State.PAUSED
-        ctx.probe = probe
         self._launch(ctx, snapshot.run.inputs, deadline)
         return TaskHandle(self, task_id)
 
@@ -767,6 +765,7 @@ class Runtime:
         snapshot: RunSnapshot | None,
         assume_done: dict[int, Any],
         rerun: frozenset[int],
+        probe: Probe | None = None,
     ) -> RunContext:
         return RunContext.for_snapshot(
             snapshot,
@@ -778,6 +777,7 @@ class Runtime:
             fence=self.owner.token,
             assume_done=assume_done,
             rerun=rerun,
+            probe=probe,
         )
 
     def _require_entered(self) -> None:

@@ -37,7 +37,6 @@ from anyio._backends._asyncio import _task_states as _anyio_task_states
 
 from .._core.exceptions import (
     Cancelled,
-    NonDeterminismError,
     StepTimeoutError,
     StoreError,
     UnknownStepError,
@@ -56,7 +55,6 @@ if TYPE_CHECKING:
     from .tool import ToolSpec
 
 _RUN_AGAIN = object()
-_YIELD_INTERVAL = 0.001
 #: results of these types read back from JSON as the very same value: no need to re-parse
 _SAME_AFTER_JSON = frozenset({int, str, bool, float, type(None)})
 _CANCELLED = asyncio.CancelledError  # the runtime is asyncio-only (see the module docstring)
@@ -85,30 +83,13 @@ async def execute_step(
         if flight.counted:
             run.host.count_side_steps(-1)
     if time.monotonic() >= run.next_yield:
-        await _between_steps(run, flight.replayed)
+        await run.between_steps(flight.replayed)
     if run.probe is not None:
         await _probe(run, "after", flight.index)
     if run.pause.requested:
         await pause_point(run)
     run.raise_if_cancelled()
     return result
-
-
-async def _between_steps(run: RunContext, replayed: bool) -> None:
-    """A schedule point between steps, for other runs, the watcher and in-process cancels.
-
-    Needed only where a step may not yield by itself: a replayed step, or the SQLite store's
-    fast path (one run active). At most one per _YIELD_INTERVAL: a run that yields at every
-    step spends ~5% of a trivial step on it. A cancel landing here is the checkpoint's.
-    """
-    if run.host.active_runs > 1 and not replayed:
-        return
-    run.next_yield = time.monotonic() + _YIELD_INTERVAL
-    try:
-        await anyio.lowlevel.checkpoint()
-    except _CANCELLED:
-        run.raise_if_cancelled()
-        raise
 
 
 async def _probe(run: RunContext, kind: str, index: int) -> None:
@@ -149,15 +130,11 @@ _FINGERPRINT_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, defa
 
 def _replay(run: RunContext, journaled: StepRecord, spec: ToolSpec, print_: str) -> Any:
     if journaled.tool != spec.name:
-        run.poison = NonDeterminismError(run.run_id, journaled.index, journaled.tool, spec.name)
-        raise run.poison
+        raise run.diverge(journaled, spec.name)
     status = journaled.status
     if status is StepStatus.COMMITTED:
         if journaled.fingerprint is not None and journaled.fingerprint != print_:
-            run.poison = NonDeterminismError(
-                run.run_id, journaled.index, journaled.tool, spec.name, what="arguments"
-            )
-            raise run.poison
+            raise run.diverge(journaled, spec.name, what="arguments")
         return journaled.result
     if blocks_resume(journaled, run.rerun):
         raise UnknownStepError(run.run_id, journaled.index, journaled.tool)
@@ -368,7 +345,7 @@ class _Flight:
         if run.probe is not None:
             await _probe(run, "during", self.index)
         if time.monotonic() >= run.held_until:
-            await self._hold_lease()
+            await hold_lease(run)
         self.phase = _Phase.BODY
         try:
             timeout = self.spec.policy.timeout
@@ -394,26 +371,11 @@ class _Flight:
         self._take_back_cancels()
         return await self._commit(value)
 
-    async def _hold_lease(self) -> None:
-        """Return once the run is surely still this process's; else raise
-        :class:`~haltwise.LostOwnershipError` (the run stops here, its step left to its new
-        owner): no body begins after the run's lease may have run out here.
-
-        This process may have stalled past its lease (a stop, a long pause) since the start
-        was journaled: another may have taken the run over and rerun the step. Each
-        ``confirm_held`` is a fenced write that renews the lease; one whose answer came back
-        after the lease it renewed had run out (a stall while it was in flight) is no proof,
-        and is made again.
-        """
-        run = self.run
-        while time.monotonic() >= run.held_until:
-            await run.host.confirm_held(run)
-
     async def _apart(self) -> Any:
         """The body, in a task of its own. That task begins a turn of the loop after
         :meth:`_execute` looked at the lease, and this process may stall in between (another
         callback, a long pause): the lease is looked at again as the body begins."""
-        await self._hold_lease()
+        await hold_lease(self.run)
         return await self.spec.fn(*self.args, **self.kwargs)
 
     async def _invoke_within(self, timeout: float) -> Any:
@@ -680,18 +642,36 @@ async def _wait_done(future: asyncio.Future[Any]) -> None:
         future.remove_done_callback(wake)
 
 
+async def hold_lease(run: RunContext) -> None:
+    """Return once the run is surely still this process's; else raise
+    :class:`~haltwise.LostOwnershipError` (the run stops here, its step left to its new owner):
+    no step body or compensation begins after the run's lease may have run out here.
+
+    This process may have stalled past its lease (a stop, a long pause) since it last renewed
+    it: another may have taken the run over and rerun the step, or undone it. Each
+    ``confirm_held`` is a fenced write that renews the lease; one whose answer came back after
+    the lease it renewed had run out (a stall while it was in flight) is no proof, and is made
+    again. The caller's own comparison (``time.monotonic() >= run.held_until``) may spare the
+    call on the way of every step.
+    """
+    while time.monotonic() >= run.held_until:
+        await run.host.confirm_held(run)
+
+
 async def compensate(
     run: RunContext, tool: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> bool:
     """Run the tool's compensation, shielded, within its grace; True if it completed.
 
     A forced cancel still cuts it short (it is registered like a shield), and then it counts as
-    not completed: the step becomes ``unknown``.
+    not completed: the step becomes ``unknown``. It begins only while the run's lease surely
+    holds (:func:`hold_lease`: else :class:`~haltwise.LostOwnershipError`, nothing undone here).
     """
     undo = tool.policy.compensate
     if undo is None or run.cancel.forced:
         return False
     with anyio.move_on_after(tool.policy.grace, shield=True) as scope, run.cancel.shielding(scope):
+        await hold_lease(run)  # an undo is a side effect too: never done by a lost owner
         try:
             if inspect.iscoroutinefunction(undo):
                 await undo(*args, **kwargs)

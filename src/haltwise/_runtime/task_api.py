@@ -64,11 +64,7 @@ def _next_partial(value: Any, name: str) -> tuple[RunContext, int, JSONText, Par
         raise NotInTaskError(f"haltwise.{name}() was called outside a task")
     text = JSONText(dump_json(value, "a partial result"))
     step = CURRENT_STEP.get()
-    if step is not None and step.run is run:
-        origin = step.next_origin()
-    else:
-        origin = (None, run.task_emits)
-        run.task_emits += 1
+    origin = step.next_origin() if step is not None and step.run is run else run.next_task_origin()
     seq = run.next_partial_seq(origin)
     return None if seq is None else (run, seq, text, origin)
 
