@@ -861,6 +861,7 @@ class PostgresStore:
                 await self._restart_listener()
         if self._listener is None:
             await anyio.sleep(max(0.0, deadline - time.monotonic()))
+            self._changes += 1  # no notifications: anything may have changed meanwhile
             return self._changes
         if self._changes == (self._changes if since is None else since):
             # Nothing new for this caller since it last looked: wait for a notification.
