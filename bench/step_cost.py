@@ -8,8 +8,10 @@
    every step start and settlement).
 2. SQLite alone: haltwise's own per-step transaction (``BEGIN IMMEDIATE``, the previous step's
    settlement, this step's start, ``COMMIT``) with the store's statements, on a store file made
-   by haltwise: CPU per step and WAL frames per commit, for the same three stores, beside the
-   raw loop of ``bench/peers.py`` (one ``INSERT`` + ``COMMIT``).
+   by haltwise: CPU per step and WAL frames per commit, for the same three stores and for the
+   step's change rows written by the step's own statements from Python instead of the triggers
+   (one ``INSERT`` per change: the alternative to the triggers, measured), beside the raw loop
+   of ``bench/peers.py`` (one ``INSERT`` + ``COMMIT``).
 
 Variants are interleaved, ``--repeat`` times, fresh databases each time; medians are shown.
 
@@ -90,20 +92,45 @@ def _haltwise_step(conn: sqlite3.Connection, i: int) -> None:
     conn.execute("COMMIT")
 
 
+#: a step's change row written from Python (with the step triggers dropped)
+_CHANGE_ROW = (
+    "INSERT INTO changes (run_id, kind, idx, status, at) "
+    f"VALUES (?, 'step', ?, ?, {schema._SQLITE_CLOCK})"
+)
+
+
+def _python_feed_step(conn: sqlite3.Connection, i: int) -> None:
+    """:func:`_haltwise_step` with its two change rows written by their own statements."""
+    conn.execute("BEGIN IMMEDIATE")
+    if i:
+        settled = ("committed", str(i - 1), None, time.time(), "r", i - 1, "r", "tok")
+        conn.execute(store_sql._SETTLE_STEP, settled)
+        conn.execute(_CHANGE_ROW, ("r", i - 1, "committed"))
+    started = ("r", i, "trivial", "interruptible", "none", 0, f"r:{i}:0123456789abcdef", None, 0)
+    conn.execute(store_sql._START_STEP, (*started, time.time(), None, "0000abcd", "r", "tok"))
+    conn.execute(_CHANGE_ROW, ("r", i, "running"))
+    conn.execute("COMMIT")
+
+
 def _raw_step(conn: sqlite3.Connection, i: int) -> None:
     conn.execute("BEGIN")
     conn.execute("INSERT INTO raw (i, v) VALUES (?, ?)", (i, "x" * 40))
     conn.execute("COMMIT")
 
 
-def sql_cost(base: Path, steps: int, statements: tuple[str, ...] | None) -> tuple[float, float]:
+def sql_cost(
+    base: Path,
+    steps: int,
+    statements: tuple[str, ...] | None,
+    step: Callable[[sqlite3.Connection, int], None] = _haltwise_step,
+) -> tuple[float, float]:
     """CPU us per step and WAL frames per commit; ``statements`` None: the raw loop."""
     if statements is None:
         path = Path(tempfile.mkdtemp(dir=base)) / "raw.db"
         conn = sqlite3.connect(path, isolation_level=None)
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("CREATE TABLE raw (i INTEGER PRIMARY KEY, v TEXT)")
-        step: Callable[[sqlite3.Connection, int], None] = _raw_step
+        step = _raw_step
     else:
         path = new_store(base)
         drop(path, statements)
@@ -112,7 +139,6 @@ def sql_cost(base: Path, steps: int, statements: tuple[str, ...] | None) -> tupl
             "INSERT INTO runs (id, task, state, inputs, owner_token, created_at, updated_at) "
             "VALUES ('r', 't', 'running', '{}', 'tok', 0, 0)"
         )
-        step = _haltwise_step
     conn.execute("PRAGMA synchronous = OFF")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.execute("PRAGMA wal_autocheckpoint = 0")  # every frame stays countable
@@ -139,6 +165,14 @@ def main() -> None:
             runs.setdefault(name, []).append(step_cpu(base, args.steps, statements))
         for name, statements in SQL_VARIANTS.items():
             sql.setdefault(name, []).append(sql_cost(base, args.steps, statements))
+        sql.setdefault("change rows from Python, not triggers", []).append(
+            sql_cost(
+                base,
+                args.steps,
+                SQL_VARIANTS["step triggers dropped (experiment)"],
+                _python_feed_step,
+            )
+        )
         sql.setdefault("raw sqlite3 INSERT+COMMIT (4 KiB pages)", []).append(
             sql_cost(base, args.steps, None)
         )

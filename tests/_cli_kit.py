@@ -4,8 +4,9 @@
 Every tool of ``AGENT`` appends a line to ``effects.log`` when its effect happens, so a test can
 count side effects across processes. Gated tools wait for a ``release-NAME`` file, so a test can
 hold a step in flight exactly as long as it needs (``Env.wait_for`` polls ``status --json`` with a
-deadline instead of sleeping). ``Env`` works on a SQLite file in the test's directory, ``PgEnv`` on
-a PostgreSQL database; ``env_on`` picks one for a fixture parametrized by store.
+deadline instead of sleeping). An ``Env`` works on a SQLite file in the test's directory, or on
+the store at its ``url`` (a PostgreSQL database); ``env_on`` makes one for a fixture parametrized
+by store.
 """
 
 from __future__ import annotations
@@ -128,13 +129,17 @@ PATIENCE = 20.0
 
 @dataclass
 class Env:
-    """One test's directory: the agent file, its store and its side-effect log."""
+    """One test's directory: the agent file, its store and its side-effect log.
+
+    The store is the one at ``url`` if given, else the SQLite file ``store.db`` in ``root``.
+    """
 
     root: Path
+    url: str = ""
 
     @property
     def store(self) -> str:
-        return f"sqlite:///{self.root / 'store.db'}"
+        return self.url or f"sqlite:///{self.root / 'store.db'}"
 
     @property
     def agent(self) -> str:
@@ -243,20 +248,6 @@ def error_line(done: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-# -- PostgreSQL --------------------------------------------------------------------------------
-
-
-@dataclass
-class PgEnv(Env):
-    """A test directory like ``Env``'s whose store is the PostgreSQL database at ``url``."""
-
-    url: str = ""
-
-    @property
-    def store(self) -> str:
-        return self.url
-
-
 # -- the verbs' agent: a saga, a family of runs, a retried and a timed-out step ---------------
 
 #: A saga: two notes (rollback steps, each undone by its compensation), then the gated step.
@@ -337,6 +328,5 @@ def env_on(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
     ``FAMILY``, ``PATIENT``), on the store ``request.param`` names: ``"sqlite"`` (a file in the
     directory) or ``"postgres"`` (a fresh database from the ``pg_url`` fixture)."""
     (tmp_path / "agent.py").write_text(AGENT + SAGA + FAMILY + PATIENT)
-    if request.param == "sqlite":
-        return Env(tmp_path)
-    return PgEnv(tmp_path, request.getfixturevalue("pg_url"))
+    url = request.getfixturevalue("pg_url") if request.param == "postgres" else ""
+    return Env(tmp_path, url)

@@ -18,8 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -33,12 +31,6 @@ import haltwise
 async def search(query: str) -> list:
     return []
 """
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    (tmp_path / "agent.py").write_text(AGENT)
-    yield Env(tmp_path)
 
 
 # -- run -------------------------------------------------------------------------------------

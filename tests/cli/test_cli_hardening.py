@@ -22,12 +22,6 @@ from _cli_kit import AGENT, PATIENCE, Env, error_line
 from _pg import PostgresServer, create_database
 
 
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    (tmp_path / "agent.py").write_text(AGENT)
-    return Env(tmp_path)
-
-
 def hw_with(env: Env, extra: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     environ = {**env.environ(), **extra}
     return subprocess.run(

@@ -8,7 +8,6 @@ import json
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,20 +15,11 @@ import pytest
 from _cli_kit import AGENT, PATIENCE, Env, error_line, finish, statuses, step_is
 
 
-@dataclass
-class StoreEnv(Env):
-    url: str = ""
-
-    @property
-    def store(self) -> str:
-        return self.url or super().store
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
-def env(request: pytest.FixtureRequest, tmp_path: Path) -> StoreEnv:
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
     (tmp_path / "agent.py").write_text(AGENT)
     url = request.getfixturevalue("pg_url") if request.param == "postgres" else ""
-    return StoreEnv(tmp_path, url)
+    return Env(tmp_path, url)
 
 
 def as_json(done: object) -> dict[str, object]:
@@ -39,7 +29,7 @@ def as_json(done: object) -> dict[str, object]:
     return value
 
 
-def test_cancel_several_ids_in_one_command(env: StoreEnv) -> None:
+def test_cancel_several_ids_in_one_command(env: Env) -> None:
     first = env.start_flow("r1", "interruptible", "--json")
     second = env.start_flow("r2", "interruptible", "--json")
     env.release("send_email")
@@ -63,7 +53,7 @@ def test_cancel_several_ids_in_one_command(env: StoreEnv) -> None:
     assert env.hw("check").returncode == 0
 
 
-def test_cancel_all_by_task_and_state_with_a_dry_run(env: StoreEnv) -> None:
+def test_cancel_all_by_task_and_state_with_a_dry_run(env: Env) -> None:
     running = env.start_flow("r1", "interruptible", "--json")
     assert (
         env.hw(
@@ -88,7 +78,7 @@ def test_cancel_all_by_task_and_state_with_a_dry_run(env: StoreEnv) -> None:
     assert as_json(nothing) == {"cancelled": [], "already_final": [], "unknown": []}
 
 
-def test_cancel_of_a_killed_runs_rollback_step_compensates_it_there(env: StoreEnv) -> None:
+def test_cancel_of_a_killed_runs_rollback_step_compensates_it_there(env: Env) -> None:
     process = env.start_flow("r1", "rollback", "--json")
     process.kill()
     process.communicate()
@@ -103,7 +93,7 @@ def test_cancel_of_a_killed_runs_rollback_step_compensates_it_there(env: StoreEn
     assert env.hw("check").returncode == 0
 
 
-def test_cancel_wait_of_a_killed_finish_step_does_not_hang(env: StoreEnv) -> None:
+def test_cancel_wait_of_a_killed_finish_step_does_not_hang(env: Env) -> None:
     process = env.start_flow("r1", "finish", "--json")
     process.send_signal(signal.SIGKILL)
     process.communicate()
@@ -117,7 +107,7 @@ def test_cancel_wait_of_a_killed_finish_step_does_not_hang(env: StoreEnv) -> Non
     assert "send_email" not in env.effects()
 
 
-def test_cancel_of_a_run_a_worker_released(env: StoreEnv) -> None:
+def test_cancel_of_a_run_a_worker_released(env: Env) -> None:
     assert (
         env.hw(
             "submit", "agent.py:flow", "--input", '{"policy": "interruptible"}', "--id", "w1"
@@ -139,7 +129,7 @@ def test_cancel_of_a_run_a_worker_released(env: StoreEnv) -> None:
 
 
 def test_cancel_all_loads_an_orphans_task_so_its_rollback_step_is_compensated(
-    env: StoreEnv,
+    env: Env,
 ) -> None:
     process = env.start_flow("r1", "rollback", "--json")
     process.kill()
@@ -154,7 +144,7 @@ def test_cancel_all_loads_an_orphans_task_so_its_rollback_step_is_compensated(
 
 
 def test_an_orphan_whose_file_is_not_trusted_is_left_for_a_worker_of_its_file(
-    env: StoreEnv, tmp_path_factory: pytest.TempPathFactory
+    env: Env, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Run from another project, the cancel command may not load the run's file: settling the
     rollback step there would leave it unknown (no compensation), so it does not settle it; it
@@ -184,7 +174,7 @@ def test_an_orphan_whose_file_is_not_trusted_is_left_for_a_worker_of_its_file(
     assert env.effects().count("undo_note") == 1
 
 
-def run_in(env: StoreEnv, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def run_in(env: Env, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``haltwise ARGS`` run from another directory (another project) on the env's store."""
     return subprocess.run(
         [sys.executable, "-m", "haltwise", *args, "--store", env.store],
@@ -232,7 +222,7 @@ def heavy_imports(
     )
 
 
-def importtime(env: StoreEnv, *args: str) -> subprocess.CompletedProcess[str]:
+def importtime(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "haltwise", *args],
         cwd=env.root,
@@ -243,7 +233,7 @@ def importtime(env: StoreEnv, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cancel_of_a_worked_run_imports_no_runtime_machinery(env: StoreEnv) -> None:
+def test_cancel_of_a_worked_run_imports_no_runtime_machinery(env: Env) -> None:
     process = env.start_flow("r1", "interruptible", "--json")
     done = importtime(env, "cancel", "r1")
     assert done.returncode == 0, done.stderr
@@ -265,7 +255,7 @@ def test_cancel_of_a_worked_run_imports_no_runtime_machinery(env: StoreEnv) -> N
     ],
 )
 def test_the_commands_that_read_or_request_import_no_runtime_machinery(
-    env: StoreEnv, args: tuple[str, ...], allowed: tuple[str, ...]
+    env: Env, args: tuple[str, ...], allowed: tuple[str, ...]
 ) -> None:
     env.release("send_email")
     ran = env.hw("run", "agent.py:flow", "--id", "r1", "--input", '{"policy": "finish"}')
@@ -275,7 +265,7 @@ def test_the_commands_that_read_or_request_import_no_runtime_machinery(
     assert heavy_imports(done, allowed) == []
 
 
-def test_prune_deletes_only_final_runs_older_than_asked(env: StoreEnv) -> None:
+def test_prune_deletes_only_final_runs_older_than_asked(env: Env) -> None:
     running = env.start_flow("r1", "interruptible", "--json")
     assert env.hw("run", "agent.py:boom", "--id", "b1").returncode == 1
     assert env.hw("run", "agent.py:boom", "--id", "b2").returncode == 1
@@ -296,7 +286,7 @@ def test_prune_deletes_only_final_runs_older_than_asked(env: StoreEnv) -> None:
     assert finish(running)[0] == 3
 
 
-def test_list_newest_first_by_task_with_a_limit(env: StoreEnv) -> None:
+def test_list_newest_first_by_task_with_a_limit(env: Env) -> None:
     (env.root / "other.py").write_text(AGENT)
     for run_id in ("a", "b", "c"):
         assert env.hw("run", "agent.py:boom", "--id", run_id).returncode == 1
@@ -321,5 +311,5 @@ def test_list_newest_first_by_task_with_a_limit(env: StoreEnv) -> None:
         (("cancel", "--all", "--state", "completed"), "--state"),
     ],
 )
-def test_cancel_usage_errors(env: StoreEnv, args: tuple[str, ...], says: str) -> None:
+def test_cancel_usage_errors(env: Env, args: tuple[str, ...], says: str) -> None:
     assert says in error_line(env.hw(*args))

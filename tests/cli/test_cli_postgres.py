@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from _cli_kit import AGENT, PATIENCE, PgEnv, finish, statuses, step_is
+from _cli_kit import AGENT, PATIENCE, Env, finish, statuses, step_is
 
 
 @pytest.fixture
-def env(tmp_path: Path, pg_url: str) -> PgEnv:
+def env(tmp_path: Path, pg_url: str) -> Env:
     (tmp_path / "agent.py").write_text(AGENT)
-    return PgEnv(tmp_path, pg_url)
+    return Env(tmp_path, pg_url)
 
 
-def test_run_cancel_status_resume_list_on_postgres(env: PgEnv) -> None:
+def test_run_cancel_status_resume_list_on_postgres(env: Env) -> None:
     run = env.start_flow("p1", "interruptible", "--json")
     cancelled = env.hw("cancel", "p1")
     assert cancelled.returncode == 0, cancelled.stderr
@@ -37,7 +37,7 @@ def test_run_cancel_status_resume_list_on_postgres(env: PgEnv) -> None:
     assert env.hw("check").returncode == 0
 
 
-def test_a_finish_step_finishes_and_a_worker_takes_over_on_postgres(env: PgEnv) -> None:
+def test_a_finish_step_finishes_and_a_worker_takes_over_on_postgres(env: Env) -> None:
     env.hw("submit", "agent.py:flow", "--input", '{"policy": "finish"}', "--id", "p2")
     worker = env.popen("worker", "agent.py")
     env.wait_for("p2", "its finish step in flight", lambda s: step_is(s, 2, "running"))

@@ -7,11 +7,8 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 
-import pytest
-
-from _cli_kit import AGENT, PATIENCE, Env, error_line, step_is
+from _cli_kit import PATIENCE, Env, error_line, step_is
 from _paths import ROOT
 
 ROOT = ROOT
@@ -39,12 +36,6 @@ async def pay() -> str:
     await look()
     return await charge(5)
 """
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    (tmp_path / "agent.py").write_text(AGENT)
-    return Env(tmp_path)
 
 
 def worker(env: Env, *extra: str) -> subprocess.Popen[str]:

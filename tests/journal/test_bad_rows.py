@@ -16,7 +16,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -64,13 +63,8 @@ CORRUPTIONS = {
 READ_BY_COMMANDS = [run_id for run_id in CORRUPTIONS if run_id != "event"]
 
 
-@dataclass
 class StoreEnv(Env):
-    url: str = ""
-
-    @property
-    def store(self) -> str:
-        return self.url
+    """A test directory whose store (at ``url``, either kind) a test can also write directly."""
 
     def sql(self, *statements: str) -> None:
         """Run ``statements`` on the store's database directly ({t}: the tables' prefix)."""

@@ -9,7 +9,8 @@ this haltwise cannot know what the newer columns promise.
 Adding a column or an index means two edits here: the column in :data:`TABLES` (what a new store
 gets) and a :class:`Migration` that adds it (what an existing store gets). A test opens a store
 file written by the first version and checks that, once upgraded, its tables have exactly the
-columns and indexes of a new one.
+columns, indexes and triggers of a new one. Changing a column's definition (which SQLite cannot
+do in place) is a :class:`Rebuild`: the table made anew and every row copied with its key.
 
 The schema is rendered by a :class:`Dialect`: SQLite (``?`` parameters, no schema prefix,
 ``WITHOUT ROWID`` tables, integers for booleans) and PostgreSQL (``%s`` parameters, the tables in
