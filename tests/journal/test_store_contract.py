@@ -663,6 +663,27 @@ async def test_a_settlement_that_need_not_be_durable_is_written_by_the_next_oper
         assert (settled.status, settled.result) == (StepStatus.COMMITTED, "x")
 
 
+async def test_a_load_shows_the_runs_own_settlement_that_need_not_be_durable(
+    store_url: str,
+) -> None:
+    # A load of another run need not wait for it (PostgreSQL); a load of its own run shows it,
+    # and so does every other process once that load has returned.
+    async with opened(store_url) as store, opened(store_url) as other:
+        await settle_without_durability(store)
+        await reach(store, "b", State.RUNNING)  # creates "b", then loads it
+        assert (await store.load("b")).steps == ()
+        mine = (await store.load("r")).steps[0]
+        theirs = (await other.load("r")).steps[0]
+        assert (
+            (mine.status, mine.result)
+            == (theirs.status, theirs.result)
+            == (
+                StepStatus.COMMITTED,
+                "x",
+            )
+        )
+
+
 async def test_a_settlement_that_need_not_be_durable_is_committed_while_the_store_waits(
     store_url: str,
 ) -> None:

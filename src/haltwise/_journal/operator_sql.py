@@ -20,7 +20,7 @@ import base64
 import binascii
 import json
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, final
 
 from .._core.exceptions import InputError
@@ -28,7 +28,7 @@ from .._core.outcome import advice
 from .._core.records import RunRecord
 from .._core.states import State
 from .._core.views import Change, ChangeKind, RunSummary, StepTimes
-from .rows import RUN_COLUMNS, run_columns
+from .rows import RUN_COLUMNS, run_columns, run_written
 from .schema import HIGH_WATER_RUN, Dialect
 from .sql import event_parameters, plan_cancel_write
 
@@ -294,22 +294,13 @@ def cancel_writes(
         if write is None:
             reached.append(run)
             continue
-        reached.append(written(run, write.fields))
+        reached.append(run_written(run, write.fields))
         groups.setdefault(tuple(write.fields), []).append((*write.fields.values(), run.id))
         events += event_parameters(run.id, write)
     writes = [CancelWrite(ops.update_by_id(names), rows) for names, rows in groups.items()]
     if events:
         writes.append(CancelWrite(ops.record_event(), events))
     return writes, tuple(reached)
-
-
-def written(run: RunRecord, fields: dict[str, Any]) -> RunRecord:
-    """``run`` as an update of its row with the column values ``fields`` leaves it (the run
-    columns a request writes: ``state`` as its value, ``owner_token`` beside ``owner``)."""
-    changes = {name: value for name, value in fields.items() if name != "owner_token"}
-    if "state" in changes:
-        changes["state"] = State(changes["state"])
-    return replace(run, **changes)
 
 
 def sort_named(

@@ -12,10 +12,12 @@ off, so it is flushed by the next durable commit or the WAL writer). A caller th
 cancelled while waiting stops waiting, but its operation still completes or rolls back whole, as
 with the SQLite store. Transitions and cancel requests lock the run row (``SELECT ... FOR
 UPDATE``), check the table and write the new state and its event in the same transaction, so a
-cancel racing a completion ends in exactly one final state. Fenced writes hold a share lock on
-the run row until they commit, so a takeover (which locks the row for update) cannot slip in
-between the fence check and the write. Workers claim pending runs with ``FOR UPDATE SKIP
-LOCKED``. Deadlocks and serialisation failures are retried a few times.
+cancel racing a completion ends in exactly one final state; a run this store object wrote last
+is written in one statement instead, only if its row is still the version written (see
+:meth:`PostgresStore._request` and docs/design.md, "A run's fixed costs on PostgreSQL").
+Fenced writes hold a share lock on the run row until they commit, so a takeover (which locks
+the row for update) cannot slip in between the fence check and the write. Workers claim pending
+runs with ``FOR UPDATE SKIP LOCKED``. Deadlocks and serialisation failures are retried a few times.
 
 Every transaction that changes a run row also sends ``NOTIFY haltwise_changes`` (payload: the
 run id); a dedicated connection ``LISTEN``\\ s, so :meth:`PostgresStore.wait_for_change`
@@ -347,6 +349,7 @@ class PostgresStore:
         read_only: bool = False,
         after_steps: bool = True,
         single: bool = False,
+        reads_run: str | None = None,
     ) -> _T:
         """Run ``op`` in a transaction of its own (see the module docstring).
 
@@ -359,12 +362,18 @@ class PostgresStore:
         anything a task did (the runtime watcher's cancel and pause reads, the lease
         heartbeat), so nothing they make durable can precede a settlement it depends on, and
         what they read does not show it. They keep the watcher's ticks from forcing a commit of
-        their own on a sequential run's deferred settlement."""
+        their own on a sequential run's deferred settlement.
+
+        ``reads_run``: ``op`` only reads, and only that run's rows, so only that run's deferred
+        settlements must commit first (what it reads shows this store object's own writes);
+        another run's are not in what it reads, and a read makes nothing durable that could
+        precede them. (An outcome's load at many concurrent runs does not wait for a commit
+        of the others' settlements.)"""
         pool = self._pool
         if pool is None:
             raise StoreError(f"store {self._where} is not open")
         if after_steps:
-            if self._steps.has_deferred():
+            if self._steps.has_deferred(reads_run):
                 await self._steps.flush()
             self._steps.raise_deferred_error()
         # The operation runs in its own task: a caller cancelled while waiting stops waiting,
@@ -690,7 +699,7 @@ class PostgresStore:
         async def op(conn: _Conn) -> RunSnapshot:
             return await _load_snapshot(conn, run_id)
 
-        return await self._run(op, read_only=True, single=True)
+        return await self._run(op, read_only=True, single=True, reads_run=run_id)
 
     async def list_runs(self, state: State | None = None) -> list[RunRecord]:
         async def op(conn: _Conn) -> list[RunRecord]:
@@ -774,7 +783,7 @@ class PostgresStore:
                 times = times_from_rows(await rows.fetchall())
             return RunJournal(snapshot=snapshot, events=tuple(events), step_times=times)
 
-        return await self._run(op, read_only=True)
+        return await self._run(op, read_only=True, reads_run=run_id)
 
     async def request_cancels(
         self,
@@ -852,6 +861,7 @@ class PostgresStore:
                 await self._restart_listener()
         if self._listener is None:
             await anyio.sleep(max(0.0, deadline - time.monotonic()))
+            self._changes += 1  # no notifications: anything may have changed meanwhile
             return self._changes
         if self._changes == (self._changes if since is None else since):
             # Nothing new for this caller since it last looked: wait for a notification.

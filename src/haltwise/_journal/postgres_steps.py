@@ -328,10 +328,15 @@ class StepWriter:
         else:
             self._timer = loop.call_at(due, self._waited)
 
-    def has_deferred(self) -> bool:
-        """Whether a deferred settlement is not committed yet (held, or in the batch being
-        committed)."""
-        return bool(self._deferred or self._inflight)
+    def has_deferred(self, run_id: str | None = None) -> bool:
+        """Whether a deferred settlement (of run ``run_id``, or of any run) is not committed
+        yet (held, or in the batch being committed)."""
+        if run_id is None:
+            return bool(self._deferred or self._inflight)
+        with self._lock:
+            return any(write.row[0] == run_id for write in self._deferred) or any(
+                row[0] == run_id for row in self._inflight
+            )
 
     async def flush(self) -> None:
         """Commit the deferred settlements now (asynchronously, see the module docstring) and

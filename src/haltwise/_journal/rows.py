@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from .._core.exceptions import BadRow, CorruptRowError
@@ -218,6 +219,23 @@ def run_columns(run_id: Any, names: Sequence[str], values: Sequence[Any]) -> lis
     :class:`CorruptRowError` names the run and the column that does not parse."""
     checks = tuple((name, _RUN_CONVERTERS[name]) for name in names)
     return _checked("runs", str(run_id), "", checks, values)
+
+
+def run_written(run: RunRecord, fields: Mapping[str, Any]) -> RunRecord:
+    """``run`` as an update of its row with the column values ``fields`` leaves it, each value
+    read back as :func:`run_from_row` reads its column (``owner_token`` goes with ``owner``):
+    a write that knows the row it updates need not read it back."""
+    try:  # the common case: every value is as a write of this module leaves it
+        changes = {
+            name: _RUN_CONVERTERS[name](value)
+            for name, value in fields.items()
+            if name != "owner_token"
+        }
+    except _BAD_VALUE:  # name the column that does not parse
+        names = [name for name in fields if name != "owner_token"]
+        run_columns(run.id, names, [fields[name] for name in names])
+        raise
+    return replace(run, **changes)
 
 
 def run_from_row(row: Mapping[str, Any]) -> RunRecord:

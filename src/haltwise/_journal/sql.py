@@ -210,12 +210,21 @@ class Statements:
         self._events = f"SELECT seq, run_id, source, target, reason, at FROM {q('events')}"
         self._runs = f"SELECT {RUN_COLUMNS} FROM {q('runs')}"
 
-    def update_run(self, fields: Iterable[str], *, condition: str = "", extra: str = "") -> str:
+    def update_run(
+        self,
+        fields: Iterable[str],
+        *,
+        condition: str = "",
+        extra: str = "",
+        returning: bool = True,
+    ) -> str:
         """``UPDATE`` of ``fields`` (parameters: their values, then the run id, then those of
-        ``condition``, SQL ANDed to the run's key), returning the row (and ``extra``)."""
+        ``condition``, SQL ANDed to the run's key), returning the row (and ``extra``), unless
+        not ``returning``."""
         assignments = ", ".join(f"{name} = {self.param}" for name in fields)
         where = f"id = {self.param}" + (f" AND {condition}" if condition else "")
-        return f"UPDATE {self.runs} SET {assignments} WHERE {where} RETURNING {RUN_COLUMNS}{extra}"
+        update = f"UPDATE {self.runs} SET {assignments} WHERE {where}"
+        return f"{update} RETURNING {RUN_COLUMNS}{extra}" if returning else update
 
     def list_runs(self, state: State | None) -> tuple[str, tuple[Any, ...]]:
         """All runs, or those in ``state``, oldest first."""

@@ -45,6 +45,7 @@ from .rows import (
     partials_from_rows,
     read_all,
     run_from_row,
+    run_written,
     steps_from_rows,
     transition_fields,
 )
@@ -402,11 +403,7 @@ class SQLiteStore:
             settle_on_cancel=settle_on_cancel,
         )
 
-        def op(conn: sqlite3.Connection) -> RunRecord:
-            current = _load_run(conn, run_id)
-            write = plan_transition(current, target, expected, fields, fence=fence, now=time.time())
-            return _apply(conn, run_id, write)
-
+        op = partial(_transition, run_id, target, expected, fields, fence)
         record: RunRecord = await self._writer.call(op)
         return record
 
@@ -421,7 +418,7 @@ class SQLiteStore:
         def op(conn: sqlite3.Connection) -> RunRecord:
             current = _load_run(conn, run_id)
             write = plan(current, time.time())
-            return current if write is None else _apply(conn, run_id, write)
+            return current if write is None else _apply(conn, current, write)
 
         record: RunRecord = await self._writer.call(op)
         return record
@@ -792,6 +789,21 @@ def _load_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
     return run_from_row(row)
 
 
+def _transition(
+    run_id: str,
+    target: State,
+    expected: Collection[State],
+    fields: dict[str, Any],
+    fence: str | None,
+    conn: sqlite3.Connection,
+) -> RunRecord:
+    """:meth:`SQLiteStore.transition`'s transaction (a function of its own, not a closure: a
+    partial holds fewer objects while 10,000 transitions wait for their group commit)."""
+    current = _load_run(conn, run_id)
+    write = plan_transition(current, target, expected, fields, fence=fence, now=time.time())
+    return _apply(conn, current, write)
+
+
 def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.Row:
     row: sqlite3.Row | None = conn.execute(_SQL.fence_row, (run_id,)).fetchone()
     if row is None:
@@ -800,11 +812,13 @@ def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.R
     return row
 
 
-def _apply(conn: sqlite3.Connection, run_id: str, write: RunWrite) -> RunRecord:
-    """Write ``write``'s fields to the run's row (it exists), record its events, return the run."""
-    row = conn.execute(_SQL.update_run(write.fields), (*write.fields.values(), run_id)).fetchone()
-    _record_events(conn, run_id, write)
-    return run_from_row(row)
+def _apply(conn: sqlite3.Connection, current: RunRecord, write: RunWrite) -> RunRecord:
+    """Write ``write``'s fields to the row of run ``current`` (as just read in this
+    transaction), record its events, return the run as it is now (not read back)."""
+    sql = _SQL.update_run(write.fields, returning=False)
+    conn.execute(sql, (*write.fields.values(), current.id))
+    _record_events(conn, current.id, write)
+    return run_written(current, write.fields)
 
 
 def _record_events(conn: sqlite3.Connection, run_id: str, write: RunWrite) -> None:

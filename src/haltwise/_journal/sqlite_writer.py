@@ -151,6 +151,9 @@ class Writer:
         #: monotonic time when _deferred last became non-empty
         self._deferred_since = 0.0
         self._deferred_error: BaseException | None = None
+        #: who learns how a deferred settlement went: one bound method for them all, not one
+        #: object per settlement (10,000 of them may wait for one commit)
+        self._on_deferred: _Deliver = self._deferred_done
         #: set once the store's file is gone: every later operation raises it
         self.lost: StoreError | None = None
         # _lock guards _deferred and _pending (items queued or in the writer's hands);
@@ -426,7 +429,7 @@ class Writer:
         with self._lock:
             if not self._deferred:
                 self._deferred_since = time.monotonic()
-            self._deferred.append(_Item(op, True, self._deferred_done, atomic=True))
+            self._deferred.append(_Item(op, True, self._on_deferred, atomic=True))
 
     def _deferred_done(self, value: Any, error: BaseException | None) -> None:
         if error is not None:

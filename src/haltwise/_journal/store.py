@@ -378,7 +378,10 @@ class Store(Protocol):
         Returns the store's count of changes seen so far. A caller that passes back the count
         it got last time (``since``) returns at once if changes came meanwhile, so several
         waiters on one store (a worker and its runtime's watcher) each see every change.
-        Without ``since`` it waits for the next change.
+        Without ``since`` it waits for the next change. The count moves on every commit of
+        another connection (at least); a store that cannot tell right now (PostgreSQL without
+        its listener) moves it at every return, so an unchanged count means nothing was
+        committed meanwhile (the runtime's watcher reads the requests only when it moved).
         """
 
 

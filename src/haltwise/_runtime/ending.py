@@ -45,7 +45,9 @@ class Ending:
 
     ``host`` is True when ``error`` is a cancellation haltwise did not request that reached
     the task function (a framework's own cancel, ``Task.cancel()``): the run is then cancelled
-    with reason ``"host"``.
+    with reason ``"host"``. A :class:`~haltwise.Cancelled` the task function raised is kept
+    without its traceback: only its type and reason matter to how the run ends, and the
+    frames a traceback holds would otherwise live until the final state is written.
     """
 
     value: Any = None
@@ -86,6 +88,8 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
                 # (a framework may raise one afresh, or its own, once ours reached it). Not
                 # re-raised: the scope would let one through that does not carry its message.
                 landed = cancel
+            except Cancelled as cancelled:
+                return Ending(error=cancelled.with_traceback(None))  # see Ending.error
             except BaseException as error:
                 return Ending(error=error)
         if landed is not None and anyio.current_effective_deadline() == -math.inf:

@@ -16,7 +16,7 @@ too (see ``children.py``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
@@ -54,7 +54,8 @@ class PauseGate:
     #: this run's pause was asked for by its parent's (see :func:`relay_to_children`): the
     #: parent's unpause undoes it
     by_parent: bool = False
-    _changed: anyio.Event = field(default_factory=anyio.Event)
+    #: the event the next wake sets, made only when someone waits for it (most runs never do)
+    _changed: anyio.Event | None = None
 
     def restore(self, run: RunRecord) -> None:
         """Take the pause as the journal holds it for ``run``, which this process begins to
@@ -78,7 +79,10 @@ class PauseGate:
         self.wake()
 
     def lift(self) -> None:
-        """The pause was undone (an unpause, or a cancel that overrides it): go on."""
+        """The pause was undone (an unpause, or a cancel that overrides it): go on. Nothing
+        changes for a run with no pause requested nor in effect."""
+        if not (self.requested or self.paused):
+            return
         self.requested = False
         self.paused = False
         self.generation += 1
@@ -86,17 +90,20 @@ class PauseGate:
 
     def wake(self) -> None:
         """Let every waiting checkpoint look again (a step ended, a request changed)."""
-        changed, self._changed = self._changed, anyio.Event()
-        changed.set()
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
         if self.parent is not None:
             self.parent.wake()
 
     async def changed(self) -> None:
         """Wait until :meth:`wake` is called next."""
-        await self._changed.wait()
+        await self.next_change().wait()
 
     def next_change(self) -> anyio.Event:
         """The event the next :meth:`wake` sets (taken before acting, so as to miss none)."""
+        if self._changed is None:
+            self._changed = anyio.Event()
         return self._changed
 
 
@@ -212,12 +219,14 @@ async def settles_on_cancel(run: RunContext) -> bool:
     return bool(saga_steps((await run.store.load(run.run_id)).steps))
 
 
-async def deliver_pause_signals(store: Store, active: Mapping[str, RunContext]) -> None:
+async def deliver_pause_signals(store: Store, active: Mapping[str, RunContext]) -> bool:
     """Act on pause, unpause and cancel-while-paused requests other processes recorded.
 
     A run held here with a pause requested in the store is told to pause; one whose request
     was undone (an unpause) goes on; one that a cancel ended while it was paused (``paused ->
     cancelled``, recorded by the canceller) is delivered that cancel, so that its task stops.
+    Returns False if a signal was read while this process changed that run's pause (it is
+    dropped, being perhaps older than what the process knows: read it again), else True.
     """
     watched = []
     parents = []
@@ -229,19 +238,24 @@ async def deliver_pause_signals(store: Store, active: Mapping[str, RunContext]) 
         if run.children:
             parents.append(run)
     signals = await store.pause_signals(list(before), watched=watched)
+    current = True
     for run_id, signal in signals.items():  # a run without a signal has nothing to act on
         held = active.get(run_id)
         if held is not None:
-            _deliver(held, signal, before.get(run_id))
+            current = _deliver(held, signal, before.get(run_id)) and current
     for run in parents:
         await relay_to_children(run)
+    return current
 
 
-def _deliver(run: RunContext, signal: PauseSignal | None, generation: int | None) -> None:
-    """Act on one run's signal, unless this process changed its pause since ``generation``."""
+def _deliver(run: RunContext, signal: PauseSignal | None, generation: int | None) -> bool:
+    """Act on one run's signal, unless this process changed its pause since ``generation``
+    (then False: the signal is to be read again)."""
     gate = run.pause
-    if signal is None or gate.generation != generation or gate.entering:
-        return  # nothing to say, or read while this process changed it: look next time
+    if signal is None:
+        return True
+    if gate.generation != generation or gate.entering:
+        return False  # read while this process changed it: look next time
     if signal.state is State.CANCELLED:
         run.request_cancel(signal.reason or "user", force=signal.force)
     elif signal.state is State.RUNNING and gate.paused:
@@ -252,3 +266,4 @@ def _deliver(run: RunContext, signal: PauseSignal | None, generation: int | None
         gate.request()
     elif not signal.pause and gate.requested and signal.state is State.RUNNING:
         gate.lift()  # withdrawn before it took effect
+    return True

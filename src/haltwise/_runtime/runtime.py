@@ -118,6 +118,8 @@ class Runtime:
         self._broken: dict[str, StoreError] = {}
         self._task_group: TaskGroup | None = None
         self._wake = anyio.Event()
+        #: how many runs were launched here (the watcher reads the requests again when it moved)
+        self._launches = 0
         #: steps running beside their run's own code (see count_concurrent_steps)
         self._side_steps = 0
         self._host = RuntimeHost(self)
@@ -629,9 +631,15 @@ class Runtime:
         self, since: int | None = None, *, run_id: str | None = None
     ) -> AsyncIterator[Change]:
         """The journal's changes (transitions, step starts and settlements, partial results)
-        committed after change number ``since`` (from now on when ``None``), in order, as they
-        happen, by any process sharing the store; only run ``run_id``'s when given. Each
-        :class:`Change` has a ``seq``: pass the last one seen as ``since`` to miss nothing."""
+        committed after change number ``since``, in order, as they happen, by any process
+        sharing the store; only run ``run_id``'s when given. Each :class:`Change` has a
+        ``seq``: pass the last one seen as ``since`` to miss nothing (``0``: every change the
+        store still holds).
+
+        ``since=None`` starts at the feed's first iteration, not at this call: the first step
+        of ``async for`` reads the newest change number, and only later changes are yielded
+        (an async iterator reads nothing before it is iterated). To start at a known point,
+        pass the ``seq`` of a change already seen."""
         return self._seat.changes(since, run_id=run_id)
 
     async def pause(self, task_id: str) -> RunRecord:
@@ -793,6 +801,7 @@ class Runtime:
         ctx.held_until = self._leased_at.pop(ctx.run_id, -math.inf) + self.lease
         self._active[ctx.run_id] = ctx
         self.store.set_concurrency(len(self._active) + self._side_steps)
+        self._launches += 1
         self._wake.set()
         self._task_group.start_soon(
             self._drive, ctx, inputs, deadline, name=f"haltwise run {ctx.run_id}"
@@ -849,22 +858,49 @@ class Runtime:
     async def _watch_until_error(self) -> None:
         next_beat = 0.0
         seen: int | None = None
+        #: (the store's change count, runs launched here) when the watcher last read the
+        #: requests; None: read at the next tick
+        looked: tuple[int, int] | None = None
         while True:
             if not self._active:
                 self._wake = anyio.Event()
                 with anyio.move_on_after(self.lease / 3):
                     await self._wake.wait()
             seen = await self.store.wait_for_change(min(0.25, self.lease / 3), since=seen)
-            if self._active:
-                requests = await self.store.cancel_requests(list(self._active))
-                for run_id, (reason, force) in requests.items():
-                    ctx = self._active.get(run_id)
-                    if ctx is not None and ctx.cancel.would_change(force):
-                        ctx.request_cancel(reason, force=force)
-                await deliver_pause_signals(self.store, self._active)
-            if time.time() >= next_beat:
+            beat = time.time() >= next_beat
+            if self._active and (looked != (seen, self._launches) or beat):
+                looked = (seen, self._launches)
+                if not await self._deliver_requests():
+                    looked = None
+            if beat:
                 next_beat = time.time() + self.lease / 3
                 await self._heartbeat()
+
+    async def _deliver_requests(self) -> bool:
+        """Deliver the cancel and pause requests other processes recorded for the runs worked
+        here; False if some could not be acted on now (the watcher reads them again next tick).
+
+        The watcher calls it only when the store may hold something new for them: it saw a
+        commit of another connection (or cannot tell), a run was launched here since it last
+        read, or a heartbeat is due (a safety net: at least every ``lease / 3`` seconds). So an
+        idle process with many runs waiting reads nothing per tick. The cancels are delivered
+        from one callback of the event loop (see :func:`~.cancel_state.outside_any_task`).
+        """
+        requests = await self.store.cancel_requests(self._active.keys())
+        due = [
+            (ctx, reason, force)
+            for run_id, (reason, force) in requests.items()
+            if (ctx := self._active.get(run_id)) is not None and ctx.cancel.would_change(force)
+        ]
+
+        def deliver() -> None:
+            for ctx, reason, force in due:
+                if ctx.cancel.would_change(force):  # (an in-process cancel may have been first)
+                    ctx.request_cancel(reason, force=force)
+
+        if due:
+            await outside_any_task(deliver)
+        return await deliver_pause_signals(self.store, self._active)
 
     async def _heartbeat(self) -> None:
         """Renew the lease of every run this runtime holds.

@@ -357,8 +357,11 @@ class _Flight:
             await self._tool_cancelled(cancel)
         except _CANCELLED as cancel:
             self.phase = _Phase.AFTER
-            await self._settle_cancelled()
-            self._propagate(cancel)
+            # Raised into the task as Cancelled (see _propagate), the CancelledError is not
+            # needed any more: dropped here, it does not keep the frames its traceback holds
+            # alive while the step settles (10,000 runs cancelled at once would hold them all
+            # until their group commit, for the garbage collector to walk again and again).
+            interrupted = None if self._delivers_cancelled() else cancel
         except Exception as error:
             self.phase = _Phase.AFTER
             if run.cancel.reason is not None and self.policy is not CancelPolicy.FINISH:
@@ -367,9 +370,12 @@ class _Flight:
                 self._propagate(error)
             await self._failed(error)
             raise
-        self.phase = _Phase.AFTER
-        self._take_back_cancels()
-        return await self._commit(value)
+        else:
+            self.phase = _Phase.AFTER
+            self._take_back_cancels()
+            return await self._commit(value)
+        await self._settle_cancelled()
+        self._propagate(interrupted)
 
     async def _apart(self) -> Any:
         """The body, in a task of its own. That task begins a turn of the loop after
@@ -511,8 +517,30 @@ class _Flight:
         """Settle the step by its policy after a cancel reached it (haltwise's or a host's).
 
         Run to its end whatever cancels the caller meanwhile: a step is never left running.
+        A step interrupted at once (see :meth:`_interrupted_at_once`) is settled without
+        waiting for anything, so nothing can cut that short: no task of its own is needed.
         """
+        if self._interrupted_at_once():
+            self._abandon()
+            await settle(self.run, self.index, StepStatus.INTERRUPTED, durable=False)
+            return
         await _to_the_end(self._settle_by_policy())
+
+    def _interrupted_at_once(self) -> bool:
+        """Whether a cancel reaching the step now settles it ``interrupted`` without waiting:
+        an ``interruptible`` step, unless it polled ``cancel_requested()`` and the cancel is not
+        forced (then it is given grace to stop by itself).
+
+        Its settlement need not be durable before the run goes on (it rides with the run's
+        next write, as ``durable=False`` allows): lost in a crash, the step is found
+        ``running`` and a takeover settles it ``interrupted`` all the same
+        (:func:`~.takeover.orphan_status`). 10,000 runs cancelled at once then pay one commit
+        for their settlements and final transitions together.
+        """
+        if self.policy is not CancelPolicy.INTERRUPTIBLE:
+            return False
+        polled = self.step is not None and self.step.polled
+        return not polled or self.run.cancel.forced or self.shielded
 
     async def _settle_by_policy(self) -> None:
         status, result = await self._cancelled_status()
@@ -524,7 +552,7 @@ class _Flight:
         if self.policy is CancelPolicy.FINISH:
             return await self._finish_within_grace(forced, StepStatus.UNKNOWN)
         if self.policy is CancelPolicy.INTERRUPTIBLE:
-            if self.step is not None and self.step.polled and not forced:
+            if not self._interrupted_at_once():
                 return await self._finish_within_grace(forced, StepStatus.INTERRUPTED)
             self._abandon()
             return StepStatus.INTERRUPTED, None
@@ -579,21 +607,28 @@ class _Flight:
             self.native_cancels -= 1
             caller.uncancel()
 
-    def _propagate(self, cancel: BaseException) -> NoReturn:
+    def _delivers_cancelled(self) -> bool:
+        """Whether a cancellation reaching the step now is raised into the task as
+        :class:`Cancelled` (see :meth:`_propagate`); once True, it stays True."""
+        return self.run.cancel.reason is not None and not self.shielded and self.in_body_task
+
+    def _propagate(self, cancel: BaseException | None) -> NoReturn:
         """Raise what the caller sees after a cancel settled the step.
 
         In the task function's own task, a cancel haltwise requested is delivered as
-        :class:`Cancelled`. Anything else propagates as a cancellation, as it came: a host's
-        cancel, a shield's time running out, and a haltwise cancel reaching a step in another
-        task (a ``gather`` or task group of the task's, which then stop as cancelled, and the
-        task function sees the cancel at its await on them).
+        :class:`Cancelled` (``cancel`` may then be None: it is not raised). Anything else
+        propagates as a cancellation, as it came: a host's cancel, a shield's time running
+        out, and a haltwise cancel reaching a step in another task (a ``gather`` or task group
+        of the task's, which then stop as cancelled, and the task function sees the cancel at
+        its await on them).
         """
         run = self.run
         self._take_back_cancels()
-        if run.cancel.reason is not None and not self.shielded and self.in_body_task:
+        if self._delivers_cancelled():
             raise run.cancel.deliver("user", run.run_id) from None
         if run.cancel.reason is None:
             run.cancel.mark_host()
+        assert cancel is not None, "dropped only when it is delivered as Cancelled"
         raise cancel
 
 
