@@ -173,17 +173,20 @@ def backends_in_transaction(url: str, application: str, deadline: float = 60.0) 
 
     For a client that is stopped (SIGSTOP) or frozen: a statement it sent before it stopped ends
     first, and it can send no other; a transaction found open then holds its locks until the
-    client comes back. (A ``BEGIN`` still unread by the server when this looks opens one later,
-    which takes no lock.)"""
+    client comes back. So does a connection stopped in the middle of an extended-protocol
+    exchange (its statement executed, its ``Sync`` not sent): it stays ``active``, waiting to
+    read from the client. (A ``BEGIN`` still unread by the server when this looks opens one
+    later, which takes no lock.)"""
     import psycopg
 
     where = "WHERE application_name = %s AND datname = current_database()"
+    running = f"{where} AND state = 'active' AND wait_event IS DISTINCT FROM 'ClientRead'"
     end = time.monotonic() + deadline
     with psycopg.connect(url, autocommit=True) as admin:
-        while admin.execute(
-            f"SELECT 1 FROM pg_stat_activity {where} AND state = 'active'", (application,)
+        while busy := admin.execute(
+            f"SELECT wait_event, query FROM pg_stat_activity {running}", (application,)
         ).fetchall():
-            assert time.monotonic() < end, f"a statement of {application} did not end"
+            assert time.monotonic() < end, f"statements of {application} did not end: {busy}"
         rows = admin.execute(
             f"SELECT pid FROM pg_stat_activity {where} AND state <> 'idle'", (application,)
         ).fetchall()

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import anyio
+import psycopg
 import pytest
 
 import haltwise
@@ -24,7 +25,17 @@ ROUNDS = 6
 
 
 def running_steps(store: str, run_id: str) -> int:
-    """Steps of ``run_id`` journaled running, read straight from the file (fast: a poll)."""
+    """Steps of ``run_id`` journaled running, read straight from the store (fast: a poll)."""
+    if not store.startswith("sqlite:"):
+        with psycopg.connect(store, autocommit=True) as conn:
+            try:
+                found = conn.execute(
+                    "SELECT count(*) FROM haltwise.steps WHERE run_id = %s AND status = 'running'",
+                    (run_id,),
+                ).fetchone()
+            except psycopg.errors.UndefinedTable:  # the schema is not there yet
+                return 0
+        return int(found[0]) if found else 0
     path = store.removeprefix("sqlite:///")
     with contextlib.closing(sqlite3.connect(path, timeout=10)) as conn:
         try:
@@ -82,16 +93,16 @@ def check(store: str, run_id: str, world: Path, kills: int) -> None:
 
 
 def test_kill_9_with_concurrent_steps_in_flight_then_takeover(
-    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CRASH_STEP_DELAY", "0.2")  # long enough to see them all in flight
     world = tmp_path / "world"
     world.mkdir()
-    kill_when_in_flight(sqlite_url, "c0", world, wanted=3)
-    dead = haltwise.verify_store(sqlite_url)
+    kill_when_in_flight(store_url, "c0", world, wanted=3)
+    dead = haltwise.verify_store(store_url)
     assert {f.code for f in dead.findings} == {"orphaned-step"}, dead.findings
-    kills = 1 + kill_and_resume(sqlite_url, "c0", world, random.Random(5), AGENT)
-    check(sqlite_url, "c0", world, kills)
+    kills = 1 + kill_and_resume(store_url, "c0", world, random.Random(5), AGENT)
+    check(store_url, "c0", world, kills)
 
 
 def test_kill_9_at_random_moments_with_concurrent_steps(sqlite_url: str, tmp_path: Path) -> None:

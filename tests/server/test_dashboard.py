@@ -9,6 +9,8 @@ them each button applies to, come from haltwise (``haltwise._core.states``), not
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -21,7 +23,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 import haltwise.server
 from _browser import chromium
-from _serve import PATIENCE, Served, start_server
+from _serve import AGENT, PATIENCE, Served, start_server
 from haltwise import State
 
 
@@ -228,3 +230,65 @@ def test_a_paused_run_is_cancelled_from_its_page(served: Served, browser: WebDri
     text_of(browser, "the page showing it", By.CSS_SELECTOR, "h1 .badge", "cancelled")
     offered = {"cancel": False, "force": False, "pause": False, "unpause": False, "resume": True}
     wait(browser, "only resume offered", lambda d: buttons(d) == offered)
+
+
+#: The served agent plus a task whose step in flight is a rollback step (undone by its
+#: compensation, which only the task's code can run).
+UNDOABLE = (
+    AGENT
+    + """
+
+def unwrite(name: str) -> None:
+    (HERE / f"undone-{name}").touch()
+
+
+@haltwise.tool(cancel="rollback", effect="write", compensate=unwrite)
+async def write(name: str) -> str:
+    await until_released("write")
+    return name
+
+
+@haltwise.task
+async def undoable(name: str = "w"):
+    return await write(name)
+"""
+)
+
+
+def test_an_orphan_the_server_cannot_settle_says_why_it_stays_cancelling(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    """Its owner killed mid rollback step, a run cancelled through a server that has not loaded
+    its file stays ``cancelling``: settling it needs the compensation's code. The API and the
+    run's page say so, and name the command that finishes the cancel."""
+    server = start_server(tmp_path, sqlite_url, file=False, agent=UNDOABLE)
+    command = ["run", "agent.py:undoable", "--id", "o1", "--store", server.store]
+    worked = subprocess.Popen(
+        [sys.executable, "-m", "haltwise", *command],
+        cwd=server.root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        server.wait_for("o1", "its rollback step in flight", lambda r: len(r["steps"]) == 1)
+        worked.kill()  # kill -9: nobody works the run any more
+        worked.wait(timeout=PATIENCE)
+        answer = server.post("/api/runs/o1/cancel", {"reason": "orphan"})
+        assert (answer.status, answer.json()["state"]) == (202, "cancelling")
+        run = server.wait_for("o1", "not owned", lambda r: not (r["owner"] or {}).get("alive"))
+        words = run["stays_cancelling"]
+        assert words.startswith("run o1 stays cancelling: nobody works it"), words
+        assert f"haltwise worker {tmp_path.resolve() / 'agent.py'}" in words
+        assert not (tmp_path / "undone-w").exists()  # no compensation ran, none was skipped
+        driver = chromium()
+        try:
+            driver.get(f"{server.base}/?token={server.token}")
+            driver.get(f"{server.base}/#/run/o1")
+            text_of(driver, "why it stays cancelling", By.ID, "stays-cancelling", words)
+        finally:
+            driver.quit()
+        assert server.get("/api/runs/o1").json()["state"] == "cancelling"
+    finally:
+        worked.kill()
+        server.release("write")
+        server.stop()

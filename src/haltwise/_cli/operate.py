@@ -19,6 +19,7 @@ from .._core.exceptions import HaltwiseError, UnknownRunError
 from .._core.records import RunRecord
 from .._core.states import State
 from .._core.views import CancelBatch, RunDetail, RunPage
+from .._runtime.explain import journaled_file, stays_cancelling
 from .._runtime.operator import MAX_LIMIT
 from .._runtime.seat import CancelResult, cancel_batch, nobody_works, open_seat, reading
 from .base import (
@@ -32,7 +33,6 @@ from .base import (
     store_option,
     warn,
 )
-from .sources import journaled_file
 from .text import note
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ async def _finish_here(
             if after.state.is_final:
                 finished.settled.append(run.id)
             elif after.state is State.CANCELLING and not runtime.is_active(run.id):
-                finished.left[run.id] = _left_words(run, unloaded[run.id])
+                finished.left[run.id] = stays_cancelling(run, unloaded[run.id])
         if wait:
             for run in result.reached:
                 if run.id not in finished.left:
@@ -153,18 +153,6 @@ def _load_task(run: RunRecord) -> str | None:
     except HaltwiseError as error:
         return str(error)
     return None
-
-
-def _left_words(run: RunRecord, unloaded: str | None) -> str:
-    """Why an orphan stays ``cancelling`` and which command finishes its cancel."""
-    named = journaled_file(run)
-    worker = f"haltwise worker {named}" if named is not None else "a worker of its task"
-    why = f" ({unloaded})" if unloaded else ""
-    return (
-        f"run {run.id} stays cancelling: nobody works it, and settling it runs compensations "
-        f"of its task {run.task}, whose code is not loaded here{why}; {worker} finishes the "
-        "cancel (or cancel it with --force: no compensation)"
-    )
 
 
 def _exit_of(batch: CancelBatch, finished: _Finished, wait: bool) -> int:

@@ -12,11 +12,11 @@ project modules can be named that way.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from .._core.exceptions import InputError
 from .._core.records import RunRecord
+from .._runtime.explain import journaled_file
 
 __all__ = ["PROJECT_MARKERS", "journaled_file", "project_root", "trusted_spec"]
 
@@ -32,17 +32,6 @@ def project_root(cwd: Path | None = None) -> Path:
         if any((directory / marker).exists() for marker in PROJECT_MARKERS):
             return directory
     return start
-
-
-def journaled_file(run: RunRecord) -> Path | None:
-    """The file the journal says ``run``'s task lives in (resolved), or None for a module name."""
-    source = run.inputs.get("source")
-    if isinstance(source, str) and source:
-        return Path(source).resolve()
-    file_part = run.task.rpartition(":")[0]
-    if file_part.endswith(".py") or os.sep in file_part:
-        return Path(file_part).resolve()
-    return None
 
 
 def trusted_spec(run: RunRecord, file: str | None, *, moved: bool) -> str:

@@ -128,6 +128,9 @@ class RunDetail:
 
     ``owner_alive`` says whether the owner (if any) still works it; ``waiting`` lists, for a
     ``cancelling`` run, the steps still in flight; ``retry_why`` is the retry advice as a sentence.
+    ``stays_cancelling`` is set for a ``cancelling`` run that nobody works and that the reading
+    process cannot settle (its settling runs compensations of a task whose code it has not
+    loaded): why, and which command finishes the cancel; None otherwise.
     """
 
     run: RunRecord
@@ -141,9 +144,11 @@ class RunDetail:
     retry_why: str
     created_at: float
     updated_at: float
+    stays_cancelling: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The ``status --json`` object plus ``owner``, ``events``, ``waiting`` and timings."""
+        """The ``status --json`` object plus ``owner``, ``events``, ``waiting``,
+        ``stays_cancelling`` and timings."""
         data = self.outcome.to_json()
         data["steps"] = [self._step_json(step) for step in self.outcome.steps]
         data["owner"] = (
@@ -163,6 +168,7 @@ class RunDetail:
         data["forced"] = self.forced
         data["waiting"] = [wait.to_json() for wait in self.waiting]
         data["retry_why"] = self.retry_why
+        data["stays_cancelling"] = self.stays_cancelling
         data["created_at"] = self.created_at
         data["updated_at"] = self.updated_at
         return data

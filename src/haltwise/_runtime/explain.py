@@ -6,15 +6,24 @@ process), shared by the command line and the HTTP server.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from .._core.outcome import Outcome, Retry, StepRecord, blocks_resume, would_repeat
 from .._core.policy import CancelPolicy, effective_cancel
-from .._core.records import Event
+from .._core.records import Event, RunRecord, RunSnapshot
 from .._core.states import State, StepStatus
 from .._core.views import StepTimes, StepWait
 
-__all__ = ["cancel_requested_at", "retry_words", "waiting_for"]
+__all__ = [
+    "cancel_requested_at",
+    "journaled_file",
+    "needs_code",
+    "retry_words",
+    "stays_cancelling",
+    "waiting_for",
+]
 
 
 def retry_words(outcome: Outcome) -> str:
@@ -86,6 +95,51 @@ def waiting_for(
             )
         )
     return tuple(waits)
+
+
+def journaled_file(run: RunRecord) -> Path | None:
+    """The file the journal says ``run``'s task lives in (resolved), or None for a module name."""
+    source = run.inputs.get("source")
+    if isinstance(source, str) and source:
+        return Path(source).resolve()
+    file_part = run.task.rpartition(":")[0]
+    if file_part.endswith(".py") or os.sep in file_part:
+        return Path(file_part).resolve()
+    return None
+
+
+def needs_code(snapshot: RunSnapshot) -> tuple[StepRecord, ...]:
+    """The steps of a ``cancelling`` run whose settling by their policies needs the task's code:
+    a rollback step in flight (its compensation) and a committed one (a saga may undo it). None
+    after a forced cancel, which compensates nothing. Without that code a takeover would leave
+    them ``unknown`` instead: an orphan in that case is left for a process that has the code."""
+    if snapshot.run.force:
+        return ()
+    return tuple(
+        step
+        for step in snapshot.steps
+        if effective_cancel(step.cancel) is CancelPolicy.ROLLBACK
+        and step.status in (StepStatus.RUNNING, StepStatus.COMMITTED)
+    )
+
+
+def stays_cancelling(run: RunRecord, unloaded: str | None = None) -> str:
+    """Why ``run``, ``cancelling`` and worked by nobody, stays so in a process that has not
+    loaded its task's code, and which command finishes its cancel.
+
+    Settling it would run compensations of its task (a rollback step in flight, or a committed
+    one for the saga: see :func:`needs_code`), which only that code can do; a
+    forced cancel compensates nothing, so it needs no code. ``unloaded`` is why loading the code
+    failed, when it was tried.
+    """
+    named = journaled_file(run)
+    worker = f"haltwise worker {named}" if named is not None else "a worker of its task"
+    why = f" ({unloaded})" if unloaded else ""
+    return (
+        f"run {run.id} stays cancelling: nobody works it, and settling it runs compensations "
+        f"of its task {run.task}, whose code is not loaded here{why}; {worker} finishes the "
+        "cancel (a forced cancel needs no code: it compensates nothing)"
+    )
 
 
 def _unique(names: Iterable[str]) -> list[str]:

@@ -17,9 +17,15 @@ from .._core.records import RunRecord
 from .._core.states import State
 from .._core.views import Change, RunDetail, RunPage, StepWait
 from .._journal.operator_sql import decode_cursor, encode_cursor, is_high_water
-from .._journal.owner import owner_alive
+from .._journal.owner import held_by_live_owner, owner_alive
 from .._journal.store import Store
-from .explain import cancel_requested_at, retry_words, waiting_for
+from .explain import (
+    cancel_requested_at,
+    needs_code,
+    retry_words,
+    stays_cancelling,
+    waiting_for,
+)
 
 if TYPE_CHECKING:
     from .tool import Task
@@ -109,6 +115,7 @@ async def inspect_run(store: Store, run_id: str) -> RunDetail:
     outcome = journal.snapshot.outcome()
     now = time.time()
     waiting: tuple[StepWait, ...] = ()
+    stays = None
     if run.state is State.CANCELLING:
         waiting = waiting_for(
             outcome.steps,
@@ -117,6 +124,9 @@ async def inspect_run(store: Store, run_id: str) -> RunDetail:
             forced=run.force,
             now=now,
         )
+        orphan = nobody_works(run) and registered_task(run) is None
+        if orphan and needs_code(journal.snapshot):
+            stays = stays_cancelling(run)
     return RunDetail(
         run=run,
         outcome=outcome,
@@ -129,7 +139,19 @@ async def inspect_run(store: Store, run_id: str) -> RunDetail:
         retry_why=retry_words(outcome) if run.state.is_final else _if_now(outcome),
         created_at=run.created_at,
         updated_at=run.updated_at,
+        stays_cancelling=stays,
     )
+
+
+def nobody_works(run: RunRecord, own_token: str | None = None) -> bool:
+    """A ``cancelling`` run that nobody works (released, or its owner is gone): its cancel
+    completes only when someone settles it (CONTRACT.md, ``cancel``). ``own_token`` is the
+    asking runtime's owner token: a run it holds is worked, whatever its lease says."""
+    if run.state is not State.CANCELLING:
+        return False
+    if run.owner is not None and run.owner.token == own_token:
+        return False
+    return not held_by_live_owner(run)
 
 
 def _if_now(outcome: Outcome) -> str:

@@ -35,13 +35,14 @@ from .._journal.owner import DEFAULT_LEASE, held_by_live_owner, new_owner
 from .._journal.store import ForkOf, NewRun, Store, open_store
 from .cancel_state import outside_any_task
 from .ending import call_task, fail_refused, finish, settle_takeover
+from .explain import needs_code
 from .fork import ForkPlan, plan_fork
 from .operator import registered_task, stand_in_task
 from .pause import PauseGate, deliver_pause_signals, relay_to_children
 from .run_context import Probe, RunContext
 from .seat import Seat, cancel_batch, nobody_works
 from .steps import execute_step
-from .takeover import needs_code, refuse_unknown
+from .takeover import refuse_unknown
 from .tool import TASKS, Task
 
 
@@ -537,7 +538,7 @@ class Runtime:
         nobody works it either).
 
         A run whose task is not loaded here is settled only if that needs none of its code (no
-        compensation to run, see :func:`~.takeover.needs_code`); otherwise it is left
+        compensation to run, see :func:`~.explain.needs_code`); otherwise it is left
         ``cancelling`` for a process that has the code (a worker of its file takes it over)."""
         snapshot = await self.store.load(task_id)
         task = registered_task(snapshot.run)

@@ -29,7 +29,7 @@ from .._core.views import CancelBatch, Change, RunDetail, RunPage
 from .._journal.owner import held_by_live_owner
 from .._journal.secrets import safe_url, scrub
 from .._journal.store import CancelResult, Store, open_store, store_url_from
-from .operator import feed, inspect_run, page_of_runs, parse_state, resolve_task
+from .operator import feed, inspect_run, nobody_works, page_of_runs, parse_state, resolve_task
 
 if TYPE_CHECKING:
     from .._journal.check import CheckReport
@@ -197,17 +197,6 @@ async def check_journal(url: str | None) -> CheckReport:
     from .._journal.check import check_store
 
     return await check_store(url)
-
-
-def nobody_works(run: RunRecord, own_token: str | None = None) -> bool:
-    """A ``cancelling`` run that nobody works (released, or its owner is gone): its cancel
-    completes only when someone settles it (CONTRACT.md, ``cancel``). ``own_token`` is the
-    asking runtime's owner token: a run it holds is worked, whatever its lease says."""
-    if run.state is not State.CANCELLING:
-        return False
-    if run.owner is not None and run.owner.token == own_token:
-        return False
-    return not held_by_live_owner(run)
 
 
 def cancel_batch(

@@ -30,21 +30,6 @@ def orphan_status(step: StepRecord) -> StepStatus | None:
     return StepStatus.UNKNOWN
 
 
-def needs_code(snapshot: RunSnapshot) -> tuple[StepRecord, ...]:
-    """The steps of a ``cancelling`` run whose settling by their policies needs the task's code:
-    a rollback step in flight (its compensation) and a committed one (a saga may undo it). None
-    after a forced cancel, which compensates nothing. Without that code a takeover would leave
-    them ``unknown`` instead: an orphan in that case is left for a process that has the code."""
-    if snapshot.run.force:
-        return ()
-    return tuple(
-        step
-        for step in snapshot.steps
-        if step_policy(step) is CancelPolicy.ROLLBACK
-        and step.status in (StepStatus.RUNNING, StepStatus.COMMITTED)
-    )
-
-
 async def compensate_journaled(run: RunContext, step: StepRecord) -> StepStatus:
     """Run the compensation of a journaled rollback step with its journaled arguments."""
     call: Any = step.args

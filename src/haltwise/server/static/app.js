@@ -244,6 +244,10 @@ function runPage(run) {
 
 function waitingBox(run) {
   const box = el("section", { class: "waiting-box", id: "waiting" });
+  if (run.stays_cancelling) {
+    // nobody works it and this server cannot settle it: say why, and what finishes the cancel
+    box.append(el("p", { class: "stays-cancelling", id: "stays-cancelling", text: run.stays_cancelling }));
+  }
   if (run.forced) {
     box.append(el("p", { text: "Cancelling, forced: stopping now; nothing is waited for." }));
     return box;
