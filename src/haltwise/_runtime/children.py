@@ -53,7 +53,7 @@ async def _run_child(task: Task[..., Any], args: tuple[Any, ...], kwargs: dict[s
     handle = await host.start_child(task, args, kwargs, child_id, parent.run_id)
     gate = host.pause_gate(child_id)
     if gate is not None:
-        gate.parent = parent.pause  # the parent looks again whenever its child's pause changes
+        gate.follow(parent.pause)  # the parent looks again whenever its child's pause changes
         parent.children[step.index] = gate
         await relay_to_children(parent)  # paused meanwhile: so is the child
     try:
@@ -69,7 +69,7 @@ async def _run_child(task: Task[..., Any], args: tuple[Any, ...], kwargs: dict[s
     finally:
         parent.children.pop(step.index, None)
         if gate is not None:
-            gate.parent = None
+            gate.unfollow()
     if outcome.state is State.COMPLETED:
         return outcome.result
     raise ChildRunError(child_id, outcome.state.value, outcome.error or outcome.cancel_error)

@@ -27,6 +27,7 @@ from .._core.policy import OnCancel
 from .._core.states import State
 
 if TYPE_CHECKING:
+    from .._core.records import RunRecord
     from .._journal.store import PauseSignal, Store
     from .run_context import RunContext
 
@@ -55,6 +56,21 @@ class PauseGate:
     by_parent: bool = False
     #: the event the next wake sets, made only when someone waits for it (most runs never do)
     _changed: anyio.Event | None = None
+
+    def restore(self, run: RunRecord) -> None:
+        """Take the pause as the journal holds it for ``run``, which this process begins to
+        work: requested if the run has a pause request, paused if it is recorded ``paused``."""
+        self.requested = run.pause
+        self.paused = run.state is State.PAUSED
+
+    def follow(self, parent: PauseGate) -> None:
+        """This run is a child step of the run whose gate is ``parent``, worked here: each
+        :meth:`wake` of this gate wakes ``parent`` too, until :meth:`unfollow`."""
+        self.parent = parent
+
+    def unfollow(self) -> None:
+        """The child step has ended: stop waking the parent's gate."""
+        self.parent = None
 
     def request(self) -> None:
         """A pause request was recorded: stop at the next checkpoint with nothing in flight."""

@@ -409,8 +409,7 @@ class Runtime:
             )
         snapshot = await self.store.load(task_id)
         ctx = self._context(task_id, task, snapshot, done, again, probe)
-        ctx.pause.requested = snapshot.run.pause
-        ctx.pause.paused = snapshot.run.state is State.PAUSED
+        ctx.pause.restore(snapshot.run)
         self._launch(ctx, snapshot.run.inputs, deadline)
         return TaskHandle(self, task_id)
 
