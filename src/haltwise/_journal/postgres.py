@@ -41,7 +41,7 @@ import functools
 import json
 import threading
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
@@ -243,15 +243,7 @@ class PostgresStore:
             ) from None
         if self._works_runs:
             conn = await self._connect()
-            try:
-                await self._prepare(conn)
-                await conn.execute(f"LISTEN {_CHANNEL}")
-            except psycopg.Error as error:
-                await conn.close()
-                raise self._error(error) from None
-            except BaseException:
-                await conn.close()
-                raise
+            await self._or_undo(self._prepare_listening(conn), conn.close)
             self._start_listener(conn)
         pool: AsyncConnectionPool[_Conn] = AsyncConnectionPool(
             self.url,
@@ -270,15 +262,7 @@ class PostgresStore:
             raise self._error(error, connecting=True) from None
         self._pool = pool
         if not self._works_runs:  # prepared on the pool's connection; listening when waited on
-            try:
-                async with pool.connection() as conn:
-                    await self._prepare(conn)
-            except psycopg.Error as error:
-                await self.close()
-                raise self._error(error) from None
-            except BaseException:
-                await self.close()
-                raise
+            await self._or_undo(self._prepare_pooled(pool), self.close)
         self._steps.open()
         if self._works_runs and not self.read_only:  # else connected by a first step, if any
             try:
@@ -286,6 +270,28 @@ class PostgresStore:
             except BaseException:
                 await self.close()
                 raise
+
+    async def _prepare_listening(self, conn: _Conn) -> None:
+        await self._prepare(conn)
+        await conn.execute(f"LISTEN {_CHANNEL}")
+
+    async def _prepare_pooled(self, pool: AsyncConnectionPool[_Conn]) -> None:
+        async with pool.connection() as conn:
+            await self._prepare(conn)
+
+    async def _or_undo(
+        self, work: Coroutine[Any, Any, None], undo: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Await ``work``; if it fails, await ``undo`` and raise (a database error as
+        :class:`StoreError`)."""
+        try:
+            await work
+        except psycopg.Error as error:
+            await undo()
+            raise self._error(error) from None
+        except BaseException:
+            await undo()
+            raise
 
     async def close(self) -> None:
         await self._steps.close()
