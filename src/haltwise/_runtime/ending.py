@@ -62,10 +62,20 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
     cancellation that neither that scope nor the runtime's shutdown caused is the host's: it is
     caught here (never escaping into the runtime) and becomes a ``"host"`` cancel of the run.
     """
-    token = CURRENT_RUN.set(ctx)
+    # The values to put back afterwards, kept as values rather than as tokens: a waiting run
+    # holds no token objects (10,000 waiting runs are 50,000 objects fewer for the collector).
+    outer_run, outer_step, outer_call, outer_shield = (
+        CURRENT_RUN.get(),
+        CURRENT_STEP.get(),
+        CALL_ID.get(),
+        SHIELDED.get(),
+    )
+    CURRENT_RUN.set(ctx)
     # A child run is launched from inside its parent's step: it must not inherit that step,
     # nor its call id or shield.
-    tokens = (CURRENT_STEP.set(None), CALL_ID.set(None), SHIELDED.set(False))
+    CURRENT_STEP.set(None)
+    CALL_ID.set(None)
+    SHIELDED.set(False)
     body = asyncio.current_task()
     cancelling = body.cancelling() if body is not None else 0
     landed: BaseException | None = None
@@ -99,10 +109,10 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
         return Ending(error=Cancelled(ctx.cancel.reason or "user", task_id=ctx.run_id))
     finally:
         ctx.leave_body()
-        CURRENT_STEP.reset(tokens[0])
-        CALL_ID.reset(tokens[1])
-        SHIELDED.reset(tokens[2])
-        CURRENT_RUN.reset(token)
+        CURRENT_STEP.set(outer_step)
+        CALL_ID.set(outer_call)
+        SHIELDED.set(outer_shield)
+        CURRENT_RUN.set(outer_run)
 
 
 def _take_back(body: asyncio.Task[Any] | None, cancelling: int) -> None:

@@ -277,14 +277,15 @@ class _Flight:
             self.failed_as = None
             await self._start(key, print_)
             self.step = StepContext(run, self.index, key)
-            token = CURRENT_STEP.set(self.step)
+            outer = CURRENT_STEP.get()  # put back as a value: a waiting step holds no token
+            CURRENT_STEP.set(self.step)
             try:
                 return await self._execute()
             except Exception as error:
                 if not may_retry(run, self.spec.policy, error, retry, self.failed_as):
                     raise
             finally:
-                CURRENT_STEP.reset(token)
+                CURRENT_STEP.set(outer)
             retry += 1
             await self._wait_to_retry(retry)
 
@@ -349,7 +350,10 @@ class _Flight:
         self.phase = _Phase.BODY
         try:
             timeout = self.spec.policy.timeout
-            value = await (self._invoke() if timeout is None else self._invoke_within(timeout))
+            if timeout is None and self._body_in_caller():
+                value = await self.spec.fn(*self.args, **self.kwargs)  # no frame in between
+            else:
+                value = await (self._invoke() if timeout is None else self._invoke_within(timeout))
         except StoreError:
             raise  # the journal failed, not the tool: the step stays as last journaled
         except Cancelled as cancel:
@@ -393,10 +397,15 @@ class _Flight:
             self._abandon()  # a plain function's thread: its late result is dropped
         raise StepTimeoutError(self.run.run_id, self.index, self.spec.name, timeout)
 
+    def _body_in_caller(self) -> bool:
+        """Whether the body is awaited right in the caller's task: an async ``interruptible``
+        or ``rollback`` body (see the module docstring)."""
+        return self.spec.is_async and self.policy is not CancelPolicy.FINISH
+
     async def _invoke(self) -> Any:
         """Run the body; for a body that runs apart, wait for it (see the module docstring)."""
         spec = self.spec
-        if spec.is_async and self.policy is not CancelPolicy.FINISH:
+        if self._body_in_caller():
             return await spec.fn(*self.args, **self.kwargs)
         if spec.is_async and self.in_body_task and _no_scope_between(self.run):
             return await self._finish_here()
