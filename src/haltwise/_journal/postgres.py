@@ -41,7 +41,7 @@ import functools
 import json
 import threading
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
@@ -209,10 +209,12 @@ def _one_line(error: BaseException, url: str) -> str:
 class PostgresStore:
     """The PostgreSQL journal (see the module docstring for its locking and notifications)."""
 
-    def __init__(self, url: str, *, read_only: bool = False) -> None:
+    def __init__(self, url: str, *, read_only: bool = False, works_runs: bool = True) -> None:
         self.url = url
         #: opened by a command that only looks (see open_store): never creates or locks
         self.read_only = read_only
+        #: False for a process that works no run (see open_store): one connection at open
+        self._works_runs = works_runs
         self._where = _describe(url)
         self._pool: AsyncConnectionPool[_Conn] | None = None
         self._listen_conn: _Conn | None = None
@@ -239,17 +241,10 @@ class PostgresStore:
             raise StoreError(
                 f"unusable PostgreSQL store URL {safe_url(self.url)!r}: {text}"
             ) from None
-        conn = await self._connect()
-        try:
-            await self._prepare(conn)
-            await conn.execute(f"LISTEN {_CHANNEL}")
-        except psycopg.Error as error:
-            await conn.close()
-            raise self._error(error) from None
-        except BaseException:
-            await conn.close()
-            raise
-        self._start_listener(conn)
+        if self._works_runs:
+            conn = await self._connect()
+            await self._or_undo(self._prepare_listening(conn), conn.close)
+            self._start_listener(conn)
         pool: AsyncConnectionPool[_Conn] = AsyncConnectionPool(
             self.url,
             connection_class=psycopg.AsyncConnection[DictRow],
@@ -266,13 +261,37 @@ class PostgresStore:
             await self._stop_listener()
             raise self._error(error, connecting=True) from None
         self._pool = pool
+        if not self._works_runs:  # prepared on the pool's connection; listening when waited on
+            await self._or_undo(self._prepare_pooled(pool), self.close)
         self._steps.open()
-        if not self.read_only:  # a store that only looks never writes a step
+        if self._works_runs and not self.read_only:  # else connected by a first step, if any
             try:
                 await self._steps.connect()
             except BaseException:
                 await self.close()
                 raise
+
+    async def _prepare_listening(self, conn: _Conn) -> None:
+        await self._prepare(conn)
+        await conn.execute(f"LISTEN {_CHANNEL}")
+
+    async def _prepare_pooled(self, pool: AsyncConnectionPool[_Conn]) -> None:
+        async with pool.connection() as conn:
+            await self._prepare(conn)
+
+    async def _or_undo(
+        self, work: Coroutine[Any, Any, None], undo: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Await ``work``; if it fails, await ``undo`` and raise (a database error as
+        :class:`StoreError`)."""
+        try:
+            await work
+        except psycopg.Error as error:
+            await undo()
+            raise self._error(error) from None
+        except BaseException:
+            await undo()
+            raise
 
     async def close(self) -> None:
         await self._steps.close()

@@ -390,7 +390,9 @@ def store_url_from(url: str | None) -> str:
     return url or os.environ.get(STORE_ENV) or DEFAULT_STORE_URL
 
 
-def open_store(url: str | None = None, *, read_only: bool = False) -> Store:
+def open_store(
+    url: str | None = None, *, read_only: bool = False, works_runs: bool = True
+) -> Store:
     """Build (not yet open) the store for ``url`` (see :func:`store_url_from`).
 
     ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db`` and ``postgresql://...``
@@ -402,6 +404,12 @@ def open_store(url: str | None = None, *, read_only: bool = False) -> Store:
     locks anything, waits for no other process's write lock, and raises
     :class:`~haltwise._core.exceptions.NoStoreError` if there is no store there. Only the
     reading operations may be used.
+
+    ``works_runs=False`` is for a process that works no run (a seat: ``haltwise cancel``,
+    ``status``): the store may put off what only working runs needs. PostgreSQL then opens one
+    connection (its pool's), connects the step writer at a first step write, and listens for
+    other connections' changes from the first :meth:`Store.wait_for_change` on; SQLite opens
+    as always.
     """
     resolved = store_url_from(url)
     remember(resolved)
@@ -416,7 +424,7 @@ def open_store(url: str | None = None, *, read_only: bool = False) -> Store:
             raise StoreError(
                 f"the PostgreSQL store needs psycopg: pip install 'haltwise[postgres]' ({error})"
             ) from None
-        return PostgresStore(resolved, read_only=read_only)
+        return PostgresStore(resolved, read_only=read_only, works_runs=works_runs)
     raise StoreError(
         f"unusable store URL {safe_url(resolved)!r}: expected sqlite:///PATH.db or postgresql://..."
     )

@@ -158,7 +158,7 @@ class Seat:
 @asynccontextmanager
 async def open_seat(url: str | None) -> AsyncIterator[Seat]:
     """A seat over the store at ``url`` (created if there is none), closed on exit."""
-    store = open_store(url)
+    store = open_store(url, works_runs=False)
     await store.open()
     try:
         yield Seat(store)
@@ -173,7 +173,7 @@ async def reading(url: str | None) -> AsyncIterator[Seat | None]:
     Reading never creates a store, nor waits behind another process's write lock; ``None``
     when there is no store there (a mistyped path), which the command then says.
     """
-    store = open_store(url, read_only=True)
+    store = open_store(url, read_only=True, works_runs=False)
     try:
         await store.open()
     except NoStoreError:
