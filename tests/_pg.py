@@ -175,12 +175,13 @@ def backends_in_transaction(url: str, application: str, deadline: float = 60.0) 
     first, and it can send no other; a transaction found open then holds its locks until the
     client comes back. So does a connection stopped in the middle of an extended-protocol
     exchange (its statement executed, its ``Sync`` not sent): it stays ``active``, waiting to
-    read from the client. (A ``BEGIN`` still unread by the server when this looks opens one
-    later, which takes no lock.)"""
+    read from the client; one sending a result the client does not read waits likewise. Both
+    are counted as in a transaction. (A ``BEGIN`` still unread by the server when this looks
+    opens one later, which takes no lock.)"""
     import psycopg
 
     where = "WHERE application_name = %s AND datname = current_database()"
-    running = f"{where} AND state = 'active' AND wait_event IS DISTINCT FROM 'ClientRead'"
+    running = f"{where} AND state = 'active' AND wait_event_type IS DISTINCT FROM 'Client'"
     end = time.monotonic() + deadline
     with psycopg.connect(url, autocommit=True) as admin:
         while busy := admin.execute(
