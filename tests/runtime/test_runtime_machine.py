@@ -517,7 +517,7 @@ async def _resume(runtime: haltwise.Runtime, run_id: str) -> None:
 
 
 #: examples per store, sized so that both stores together cost about what SQLite alone did
-EXAMPLES = {"sqlite": 80, "postgres": 30}
+EXAMPLES = {"sqlite": 70, "postgres": 25}
 
 
 @pytest.fixture(params=sorted(EXAMPLES))
