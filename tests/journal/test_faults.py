@@ -1,4 +1,5 @@
-"""Faults around a run: a locked database, a full disk, two resumers, many runs at once."""
+"""Faults around a run: a locked database, a full disk, two resumers, many runs at once, a server
+that closed the connections."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import anyio
+import psycopg
 import pytest
 
 import haltwise
@@ -224,3 +226,41 @@ async def test_a_thousand_runs_cancelled_at_once_all_end_cancelled(sqlite_url: s
     assert {o.state for o in outcomes} == {State.CANCELLED}
     assert len(runs) == 1000
     assert (await anyio.to_thread.run_sync(haltwise.verify_store, sqlite_url)).ok
+
+
+#: set by :func:`wait_for_ever` once its body runs (made by the test, in its event loop)
+_waiting: list[anyio.Event] = []
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def wait_for_ever() -> str:
+    _waiting[0].set()
+    await anyio.sleep(3600)
+    return "never"
+
+
+@haltwise.task(name="faults:waiting")
+async def waiting() -> str:
+    return await wait_for_ever()
+
+
+async def test_a_runtime_whose_server_closed_its_connections_still_ends_its_runs(
+    pg_url: str,
+) -> None:
+    # A server restart, a failover or a proxy's idle timeout closes the pool's connections while
+    # they sit idle: the shutdown's first write must not take a dead one and lose the run's
+    # ending (it stayed `running` until its lease ran out, and leaving the runtime raised).
+    victim = f"{pg_url}?application_name=faults_victim"
+    _waiting[:] = [anyio.Event()]
+    async with haltwise.Runtime(victim) as rt:
+        await rt.start(waiting, task_id="cut")
+        await _waiting[0].wait()
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            ended = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'faults_victim'"
+            ).fetchall()
+        assert len(ended) >= 1
+    async with haltwise.Runtime(pg_url) as rt:
+        assert (await rt.status("cut")).state is State.CANCELLED
+    assert (await anyio.to_thread.run_sync(haltwise.verify_store, pg_url)).ok

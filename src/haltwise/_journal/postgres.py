@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import select
 import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
@@ -112,6 +113,20 @@ _CHANNEL = "haltwise_changes"
 #: advisory lock key that serialises schema creation between processes opening the store at once
 _SCHEMA_LOCK = 0x68616C74
 _POOL_MAX = 10
+
+
+async def _usable(conn: _Conn) -> None:
+    """Raise if the pooled ``conn`` is known to be dead; the pool then hands out another.
+
+    An idle connection has nothing to read unless its server sent something unasked: a
+    termination notice (a restart, ``pg_terminate_backend``, a proxy's timeout) or the end of the
+    stream. Only then is the connection asked (an empty query, one round trip); otherwise the
+    check is one ``select`` with no wait, so that the first write after the server closed the
+    pool's connections (a shutdown's release, say) is not lost to a connection already dead.
+    """
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        await AsyncConnectionPool.check_connection(conn)
 _CONNECT_TIMEOUT = 10
 _RETRIES = 5
 
@@ -253,6 +268,7 @@ class PostgresStore:
             max_size=_POOL_MAX,
             open=False,
             name="haltwise",
+            check=_usable,
         )
         try:
             await pool.open(wait=True, timeout=_CONNECT_TIMEOUT)
