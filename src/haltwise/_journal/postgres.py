@@ -127,6 +127,8 @@ async def _usable(conn: _Conn) -> None:
     readable, _, _ = select.select([conn.fileno()], [], [], 0)
     if readable:
         await AsyncConnectionPool.check_connection(conn)
+
+
 _CONNECT_TIMEOUT = 10
 _RETRIES = 5
 
