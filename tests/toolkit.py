@@ -70,13 +70,18 @@ def reset() -> None:
 async def wait_for_state(
     rt: haltwise.Runtime, run_id: str, state: haltwise.State, timeout: float = 20.0
 ) -> haltwise.Outcome:
-    """Poll the journal (with a deadline) until the run is in ``state``; return its outcome."""
-    with anyio.fail_after(timeout):
+    """Poll the journal (with a deadline) until the run is in ``state``; return its outcome.
+
+    Past the deadline, fail saying which state the run was in instead."""
+    outcome = None
+    with anyio.move_on_after(timeout):
         while True:
             outcome = await rt.status(run_id)
             if outcome.state is state:
                 return outcome
             await anyio.sleep(0.002)
+    seen = "unread" if outcome is None else f"{outcome.state.value} ({outcome.reason})"
+    raise AssertionError(f"run {run_id} not {state.value} after {timeout} s: {seen}")
 
 
 def undo(name: str) -> Any:

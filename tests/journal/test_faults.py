@@ -249,7 +249,8 @@ async def test_a_runtime_whose_server_closed_its_connections_still_ends_its_runs
 ) -> None:
     # A server restart, a failover or a proxy's idle timeout closes the pool's connections while
     # they sit idle: the shutdown's first write must not take a dead one and lose the run's
-    # ending (it stayed `running` until its lease ran out, and leaving the runtime raised).
+    # ending (it stayed `running` until its lease ran out, and leaving the runtime raised). The
+    # termination is waited for (its timeout), as for connections closed a while ago.
     victim = f"{pg_url}?application_name=faults_victim"
     _waiting[:] = [anyio.Event()]
     async with haltwise.Runtime(victim) as rt:
@@ -257,7 +258,7 @@ async def test_a_runtime_whose_server_closed_its_connections_still_ends_its_runs
         await _waiting[0].wait()
         with psycopg.connect(pg_url, autocommit=True) as admin:
             ended = admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
                 "WHERE application_name = 'faults_victim'"
             ).fetchall()
         assert len(ended) >= 1

@@ -34,14 +34,23 @@ async def family(rt: haltwise.Runtime, run_id: str = "p") -> haltwise.TaskHandle
     return handle
 
 
+async def relayed(rt: haltwise.Runtime, child_id: str) -> None:
+    """Wait (with a deadline) until the pause of a parent has been relayed to ``child_id``.
+
+    The relay is the parent's owner's: it records the child's pause request after the parent's
+    (one store write per generation), so a child step that ends before it may be followed by
+    another step; a test that lets the child go on waits for the relay first."""
+    with anyio.fail_after(20):
+        while not (await rt.store.load(child_id)).run.pause:
+            await anyio.sleep(0.002)
+
+
 async def paused_family(rt: haltwise.Runtime, run_id: str = "p") -> haltwise.TaskHandle:
     """:func:`family`, paused; both are paused once that step has ended (returned only then)."""
     handle = await family(rt, run_id)
     record = await rt.pause(run_id)
     assert (record.state, record.pause) == (State.RUNNING, True)
-    with anyio.fail_after(20):
-        while not (await rt.store.load(f"{run_id}/1")).run.pause:
-            await anyio.sleep(0.002)  # the parent's owner relays the pause to the child
+    await relayed(rt, f"{run_id}/1")
     child = await rt.status(f"{run_id}/1")
     assert child.state is State.RUNNING, "the child's step in flight runs to its end first"
     assert (await rt.status(run_id)).state is State.RUNNING, "and the parent waits for it"
@@ -149,6 +158,7 @@ async def test_a_pause_reaches_a_grandchild(store_url: str) -> None:
         handle = await rt.start(grandparent, task_id="g")
         await toolkit.entered.wait()
         await rt.pause("g")
+        await relayed(rt, "g/1/1")
         toolkit.release.set()
         for run_id in ("g/1/1", "g/1", "g"):
             await wait_for_state(rt, run_id, State.PAUSED)

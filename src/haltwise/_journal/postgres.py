@@ -122,7 +122,8 @@ async def _usable(conn: _Conn) -> None:
     termination notice (a restart, ``pg_terminate_backend``, a proxy's timeout) or the end of the
     stream. Only then is the connection asked (an empty query, one round trip); otherwise the
     check is one ``select`` with no wait, so that the first write after the server closed the
-    pool's connections (a shutdown's release, say) is not lost to a connection already dead.
+    pool's connections (a shutdown's release, say) is not lost to a connection already dead. A
+    connection the server closes while the write is under way still fails that write.
     """
     readable, _, _ = select.select([conn.fileno()], [], [], 0)
     if readable:
@@ -258,10 +259,16 @@ class PostgresStore:
             raise StoreError(
                 f"unusable PostgreSQL store URL {safe_url(self.url)!r}: {text}"
             ) from None
+        # The first connection is made directly, not by the pool: a pool retries an unreachable
+        # server until its timeout (10 s) and then says only that it timed out; this fails at
+        # once, in the server's or the network's own words.
+        conn = await self._connect()
         if self._works_runs:
-            conn = await self._connect()
             await self._or_undo(self._prepare_listening(conn), conn.close)
             self._start_listener(conn)
+        else:  # a seat listens only once it waits for a change (see wait_for_change)
+            await self._or_undo(self._prepare(conn), conn.close)
+            await conn.close()
         pool: AsyncConnectionPool[_Conn] = AsyncConnectionPool(
             self.url,
             connection_class=psycopg.AsyncConnection[DictRow],
@@ -279,8 +286,6 @@ class PostgresStore:
             await self._stop_listener()
             raise self._error(error, connecting=True) from None
         self._pool = pool
-        if not self._works_runs:  # prepared on the pool's connection; listening when waited on
-            await self._or_undo(self._prepare_pooled(pool), self.close)
         self._steps.open()
         if self._works_runs and not self.read_only:  # else connected by a first step, if any
             try:
@@ -292,10 +297,6 @@ class PostgresStore:
     async def _prepare_listening(self, conn: _Conn) -> None:
         await self._prepare(conn)
         await conn.execute(f"LISTEN {_CHANNEL}")
-
-    async def _prepare_pooled(self, pool: AsyncConnectionPool[_Conn]) -> None:
-        async with pool.connection() as conn:
-            await self._prepare(conn)
 
     async def _or_undo(
         self, work: Coroutine[Any, Any, None], undo: Callable[[], Awaitable[None]]
