@@ -121,13 +121,22 @@ async def _usable(conn: _Conn) -> None:
     An idle connection has nothing to read unless its server sent something unasked: a
     termination notice (a restart, ``pg_terminate_backend``, a proxy's timeout) or the end of the
     stream. Only then is the connection asked (an empty query, one round trip); otherwise the
-    check is one ``select`` with no wait, so that the first write after the server closed the
+    check is one ``poll`` with no wait, so that the first write after the server closed the
     pool's connections (a shutdown's release, say) is not lost to a connection already dead. A
     connection the server closes while the write is under way still fails that write.
     """
-    readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    if readable:
+    if _has_input(conn.fileno()):
         await AsyncConnectionPool.check_connection(conn)
+
+
+def _has_input(fd: int) -> bool:
+    """Whether the socket ``fd`` can be read without waiting (``poll``: ``select`` refuses a
+    descriptor over 1,023, which a busy server's process may well hold)."""
+    if not hasattr(select, "poll"):  # Windows
+        return bool(select.select([fd], [], [], 0)[0])
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 _CONNECT_TIMEOUT = 10
