@@ -255,7 +255,12 @@ class Writer:
         conn = self.conn
         assert conn is not None
         try:
-            if not self._begin(conn, any(item.write for item in batch), wait=wait):
+            write = False
+            for item in batch:  # not any(...): a generator per commit costs more than this
+                if item.write:
+                    write = True
+                    break
+            if not self._begin(conn, write, wait=wait):
                 return None
             outcomes = [self._apply(conn, item, savepoint=True) for item in batch]
             conn.execute("COMMIT")
