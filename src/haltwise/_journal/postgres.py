@@ -240,14 +240,14 @@ def _recording_many(columns: Sequence[str], write: str) -> str:
     return f"""WITH given AS (
     SELECT {values}, e->{len(columns)} AS g_events,
         (e->>{len(columns) + 1})::double precision AS g_at, n AS g_n
-    FROM json_array_elements(%s::json) WITH ORDINALITY AS t(e, n)
+    FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS t(e, n)
 ),
 written AS ({write} RETURNING {RUN_COLUMNS}{_VERSION}),
 recorded AS (
     INSERT INTO haltwise.events (run_id, source, target, reason, at)
     SELECT written.id, e.v->>0, e.v->>1, e.v->>2, given.g_at
     FROM written JOIN given ON given.g_id = written.id,
-        json_array_elements(given.g_events) WITH ORDINALITY AS e(v, k) ORDER BY given.g_n, e.k
+        jsonb_array_elements(given.g_events) WITH ORDINALITY AS e(v, k) ORDER BY given.g_n, e.k
 )
 SELECT written.*, pg_notify('{_CHANNEL}', left(written.id, 1000)) AS notified FROM written"""
 

@@ -247,7 +247,13 @@ class SQLiteStore:
         #: opened by a command that only looks (see open_store): never creates or locks
         self.read_only = read_only
         prepare = self._check_readable if read_only else self._prepare
-        self._writer = Writer(self.path, self.busy_timeout, self._connect, prepare)
+        self._writer = Writer(
+            self.path,
+            self.busy_timeout,
+            self._connect,
+            prepare,
+            _checkpoint_pages(self.synchronous),
+        )
         self._watch: sqlite3.Connection | None = None
         self._data_version = 0
         self._changes = 0  # changes of data_version seen by any waiter
