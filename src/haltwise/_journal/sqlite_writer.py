@@ -103,6 +103,38 @@ class _Waiter:
         self.done.set()
 
 
+@dataclass(slots=True)
+class _Signal:
+    """A future of the event loop that made it, completed from another thread (the writer's
+    "ready" and "ended"), with the error the thread hit, or None."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[BaseException | None]
+
+    @classmethod
+    def here(cls) -> _Signal:
+        loop = asyncio.get_running_loop()
+        return cls(loop, loop.create_future())
+
+    def send(self, error: BaseException | None) -> None:
+        """Complete the future (from any thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self._complete, error)
+        except RuntimeError:  # that loop is closed: nobody waits any more
+            pass
+
+    def _complete(self, error: BaseException | None) -> None:
+        if not self.future.done():
+            self.future.set_result(error)
+
+    async def wait(self) -> BaseException | None:
+        """Wait for :meth:`send`; a cancel of the caller does not cut the wait (the thread
+        goes on either way, as a thread the caller waited on would)."""
+        with anyio.CancelScope(shield=True):
+            error = await self.future
+        return error
+
+
 def store_error(path: str, error: sqlite3.Error) -> StoreError:
     text = str(error)
     if "not a database" in text or "malformed" in text:
@@ -188,44 +220,59 @@ class Writer:
         self._loop_batch: list[_Item] = []
         self._batch_loop: asyncio.AbstractEventLoop | None = None
         self._batch_waits = False
+        #: told by the writer thread as it ends, once stop() asked (see stop and _main)
+        self._ended: _Signal | None = None
+        self._finished = False
 
     @property
     def running(self) -> bool:
         return self._thread is not None
 
     async def start(self) -> None:
-        """Open the connection (in the writer thread) and prepare it; raise what that raised."""
-        ready = _Waiter()
+        """Open the connection (in the writer thread) and prepare it; raise what that raised.
+
+        The wait is an event loop future the writer thread completes, not a worker thread of
+        anyio's blocked on it: that thread would stay on, idle, beside the run.
+        """
+        ready = _Signal.here()
+        self._ended = None
+        self._finished = False
         self._thread = threading.Thread(
             target=self._main, args=(ready,), name="haltwise-sqlite-writer", daemon=True
         )
         self._thread.start()
-        await anyio.to_thread.run_sync(ready.done.wait)
-        if ready.error is not None:
+        error = await ready.wait()
+        if error is not None:
             self._thread = None
-            raise ready.error
+            raise error
 
     async def stop(self) -> None:
         """Commit what is deferred, let the queue drain, close the connection."""
         thread, self._thread = self._thread, None
-        if thread is not None:
-            with self._lock:  # what is left of the loop's batch goes to the writer thread
-                self._enqueue([*self._deferred, *self._loop_batch])
-                self._deferred, self._loop_batch = [], []
-            self._queue.put(None)
-            await anyio.to_thread.run_sync(thread.join)
+        if thread is None:
+            return
+        ended = _Signal.here()
+        with self._lock:  # what is left of the loop's batch goes to the writer thread
+            self._enqueue([*self._deferred, *self._loop_batch])
+            self._deferred, self._loop_batch = [], []
+            if not self._finished:  # else the thread has ended already (see _main)
+                self._ended = ended
+        self._queue.put(None)
+        if self._ended is ended:
+            await ended.wait()
+        thread.join()  # it has closed the connection: only its return is left
 
     # -- executing operations --------------------------------------------------------------
 
-    def _main(self, ready: _Waiter) -> None:
+    def _main(self, ready: _Signal) -> None:
         try:
             conn = self._connect_fn()
             self._prepare_fn(conn)
             self.conn = conn
         except BaseException as error:
-            ready.deliver(None, error)
+            ready.send(error)
             return
-        ready.deliver(None, None)
+        ready.send(None)
         try:
             while (item := self._queue.get()) is not None:
                 batch, stop = self._drain(item)
@@ -243,6 +290,11 @@ class Writer:
         finally:
             self.conn = None
             conn.close()
+            with self._lock:
+                self._finished = True
+                ended = self._ended
+            if ended is not None:
+                ended.send(None)
 
     def _drain(self, first: _Item) -> tuple[list[_Item], bool]:
         batch = [first]
