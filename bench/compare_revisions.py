@@ -2,7 +2,9 @@
 
 Each measurement runs in a fresh process (``_measure_once.py``), alternating between the two
 source trees round after round, so that the machine's slow and fast spells fall on both alike;
-the table shows the medians. The earlier revision is checked out in a temporary git worktree
+the table shows the medians, and beside each the spread of its databases (lowest to highest, as
+a change from the median): the machine's noise on that case in that run. A change smaller than
+both spreads is not a change. The earlier revision is checked out in a temporary git worktree
 (removed afterwards); the benchmark code itself is always the working tree's.
 
 usage: python bench/compare_revisions.py REV [--rounds N] [--kind scale|runs|sequential]
@@ -80,14 +82,32 @@ def main() -> None:
     print(f"{args.rounds} rounds, alternating, {2 * args.rounds} fresh databases per cell:\n")
     rows = []
     for what, _kind, _size, _setting, unit in cases:
-        before, after = median(results[(what, short)]), median(results[(what, "working tree")])
-        change = after / before - 1
+        olds, news = results[(what, short)], results[(what, "working tree")]
+        before, after = median(olds), median(news)
         better = "higher" if unit == "steps/s" else "lower"
-        shown = f"{change:+.0%}" if abs(change) >= 0.005 else "0%"
         rows.append(
-            [what, f"{unit} ({better} is better)", f"{before:,.1f}", f"{after:,.1f}", shown]
+            [
+                what,
+                f"{unit} ({better} is better)",
+                f"{before:,.1f}",
+                spread(olds),
+                f"{after:,.1f}",
+                spread(news),
+                percent(after / before - 1),
+            ]
         )
-    print(table(["case", "unit", short, "working tree", "change"], rows))
+    headers = ["case", "unit", short, "spread", "working tree", "spread", "change"]
+    print(table(headers, rows))
+
+
+def percent(change: float) -> str:
+    return f"{change:+.0%}" if abs(change) >= 0.005 else "0%"
+
+
+def spread(values: list[float]) -> str:
+    """The lowest and highest of ``values`` as changes from their median: ``-4%..+6%``."""
+    middle = median(values)
+    return f"{percent(min(values) / middle - 1)}..{percent(max(values) / middle - 1)}"
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ that closed the connections."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import sqlite3
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 
 import haltwise
 import toolkit
-from _crash_kit import AGENT, check_world, wait_started
+from _crash_kit import AGENT, check_world, kill_and_resume, spawn, wait_started
 from haltwise import State
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fresh_toolkit")]
@@ -139,6 +140,31 @@ async def test_many_runs_share_their_commits(sqlite_url: str) -> None:
     assert len(commits) < runs, f"{len(commits)} commits for {runs * steps} steps"
 
 
+async def test_a_big_batch_checkpoints_at_4096_pages_and_one_run_at_the_stores_limit(
+    sqlite_url: str,
+) -> None:
+    # At FULL the store checkpoints its WAL at 1,000 pages; the batch of 400 runs (a start and
+    # the previous step's settlement each: 800 operations) raises that to 4,096 pages for its
+    # commit, so that not every such commit checkpoints; smaller commits (the batch's tail, one
+    # run's) put it back.
+    async with haltwise.Runtime(sqlite_url) as rt:
+        settings: list[str] = []
+        rt.store._writer.conn.set_trace_callback(  # type: ignore[attr-defined]
+            lambda sql: settings.append(sql) if "wal_autocheckpoint" in sql else None
+        )
+
+        async def one(k: int) -> None:
+            handle = await rt.start(bumps, 3, task_id=f"b{k}")
+            assert (await handle.outcome()).state is State.COMPLETED
+
+        async with anyio.create_task_group() as group:
+            for k in range(400):
+                group.start_soon(one, k)
+        assert settings[0] == "PRAGMA wal_autocheckpoint = 4096", settings
+        await one(400)
+    assert settings[-1] == "PRAGMA wal_autocheckpoint = 1000", settings
+
+
 @haltwise.task(name="test_faults:chatty")
 async def chatty(n: int) -> int:
     for i in range(n):
@@ -208,6 +234,48 @@ def test_two_processes_resuming_the_same_run_exactly_one_wins(
             return await rt.status("race")
 
     check_world(world, anyio.run(load), kills=1)
+    assert haltwise.verify_store(sqlite_url).ok
+
+
+def wal_frames(wal: Path) -> tuple[int, int]:
+    """(frames of the WAL's current generation, frames the file has room for): a frame belongs
+    to it when its salts are the header's (SQLite's file format)."""
+    data = wal.read_bytes()
+    page_size, salts = int.from_bytes(data[8:12], "big"), data[16:24]
+    frame = 24 + page_size
+    room = (len(data) - 32) // frame
+    offsets = (32 + k * frame for k in range(room))
+    return sum(1 for at in offsets if data[at + 8 : at + 16] == salts), room
+
+
+def test_a_run_killed_with_room_left_in_its_wal_loses_and_repeats_nothing(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """The WAL is given its room as the store opens: a kill -9 leaves the file longer than its
+    frames, and the next process must read exactly the committed frames back."""
+    path = Path(sqlite_url.removeprefix("sqlite:///"))
+    world = tmp_path / "world"
+    world.mkdir()
+    proc = spawn(sqlite_url, "room", world)
+    wait_started(proc)
+    executions = world / "executions"
+    deadline = time.monotonic() + 60
+    while not executions.exists() or len(executions.read_text().splitlines()) < 6:
+        assert proc.poll() is None and time.monotonic() < deadline, "no steps ran"
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    frames, room = wal_frames(path.with_name(path.name + "-wal"))
+    assert room >= 1000 > frames > 0, (frames, room)
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    kills = 1 + kill_and_resume(sqlite_url, "room", world, random.Random(3))
+
+    async def load() -> haltwise.Outcome:
+        async with haltwise.Runtime(sqlite_url) as rt:
+            return await rt.status("room")
+
+    check_world(world, anyio.run(load), kills=kills)
     assert haltwise.verify_store(sqlite_url).ok
 
 

@@ -309,6 +309,93 @@ async def test_a_cancelled_caller_does_not_undo_its_write(store_url: str) -> Non
                 await store.wait_for_change(0.05)
 
 
+async def test_runs_made_together_each_get_their_own_result(store_url: str) -> None:
+    # PostgreSQL makes the creations, writes and loads of many runs made at one moment as one
+    # statement each: every caller must still get what its own call alone would have given.
+    async with opened(store_url) as store, opened(store_url) as other:
+        await store.create_run(NewRun(id="old", task="t", inputs={"n": -1}))
+        created: dict[str, tuple[Any, bool]] = {}
+
+        async def create(key: str, run_id: str, n: int) -> None:
+            new = NewRun(id=run_id, task="t", inputs={"n": n}, state=State.RUNNING, owner=OWNER)
+            created[key] = await store.create_run(new)
+
+        async with anyio.create_task_group() as group:
+            for n in range(20):
+                group.start_soon(create, f"r{n}", f"r{n}", n)
+            group.start_soon(create, "twice", "r3", 99)
+            group.start_soon(create, "old", "old", 98)
+        assert [created[f"r{n}"][1] for n in range(20)] == [True] * 20
+        assert [created[f"r{n}"][0].inputs for n in range(20)] == [{"n": n} for n in range(20)]
+        assert created["twice"] == (created["r3"][0], False)
+        assert (created["old"][0].state, created["old"][0].inputs) == (State.PENDING, {"n": -1})
+        await other.request_cancel("r5", "user", force=False)  # r5 is not as this store wrote it
+        ended: dict[str, Any] = {}
+
+        async def end(run_id: str, n: int, fence: str | None = OWNER.token) -> None:
+            expected = {State.RUNNING, State.CANCELLING}
+            try:
+                ended[run_id] = await store.transition(
+                    run_id, State.COMPLETED, expected=expected, result={"n": n}, fence=fence
+                )
+            except InvalidTransitionError as error:
+                ended[run_id] = error
+
+        async with anyio.create_task_group() as group:
+            for n in range(20):
+                group.start_soon(end, f"r{n}", n)
+            group.start_soon(end, "old", 0, None)  # pending: no such transition
+        assert isinstance(ended.pop("old"), InvalidTransitionError)
+        assert {run_id: (r.state, r.result) for run_id, r in ended.items()} == {
+            f"r{n}": (State.COMPLETED, {"n": n}) for n in range(20)
+        }
+        assert ended["r5"].reason == "user"
+        loaded: dict[str, Any] = {}
+
+        async def load(run_id: str) -> None:
+            try:
+                loaded[run_id] = (await store.load(run_id)).run
+            except UnknownRunError as error:
+                loaded[run_id] = error
+
+        async with anyio.create_task_group() as group:
+            for run_id in [*ended, "missing"]:
+                group.start_soon(load, run_id)
+        assert isinstance(loaded.pop("missing"), UnknownRunError)
+        assert loaded == ended
+        events = await other.events()
+        assert replay(events) == {"old": State.PENDING, **{r: State.COMPLETED for r in ended}}
+        cancelled = [(e.source, e.target) for e in events if e.run_id == "r5"]
+        assert cancelled == [
+            (None, State.PENDING),
+            (State.PENDING, State.RUNNING),
+            (State.RUNNING, State.CANCELLING),
+            (State.CANCELLING, State.COMPLETED),
+        ]
+
+
+async def test_postgres_a_bad_run_made_with_others_fails_alone(pg_url: str) -> None:
+    # A run the server refuses (text with a NUL character) among runs created in one statement:
+    # only its own caller fails, with the error it has alone; the others are created.
+    async with opened(pg_url) as store:
+        with pytest.raises(StoreError) as alone:
+            await store.create_run(NewRun(id="bad-alone", task="t\x00", inputs={}))
+        failed: list[BaseException] = []
+
+        async def create(run_id: str, task: str) -> None:
+            try:
+                await store.create_run(NewRun(id=run_id, task=task, inputs={}))
+            except StoreError as error:
+                failed.append(error)
+
+        async with anyio.create_task_group() as group:
+            for n in range(5):
+                group.start_soon(create, f"good-{n}", "t")
+            group.start_soon(create, "bad", "t\x00")
+        assert [str(error) for error in failed] == [str(alone.value)]
+        assert sorted(run.id for run in await store.list_runs()) == [f"good-{n}" for n in range(5)]
+
+
 # -- ownership ---------------------------------------------------------------------------------
 
 

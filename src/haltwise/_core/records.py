@@ -137,6 +137,13 @@ def dump_json(value: Any, what: str) -> str:
     """
     if isinstance(value, JSONText):
         return str(value)  # a plain str for the database drivers
+    kind = type(value)
+    if kind is int:  # what the encoder writes for these, without building its C encoder
+        return int.__repr__(value)
+    if value is None:
+        return "null"
+    if kind is bool:
+        return "true" if value else "false"
     try:
         return _ENCODER.encode(value)
     except (TypeError, ValueError) as error:

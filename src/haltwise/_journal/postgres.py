@@ -59,6 +59,7 @@ from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .._core.views import Change, RunSummary
+from .coalesce import Coalescer
 from .operator_sql import (
     OperatorSQL,
     cancel_writes,
@@ -82,7 +83,7 @@ from .rows import (
     steps_from_rows,
     transition_fields,
 )
-from .schema import POSTGRES, SCHEMA_VERSION, parse_version, upgrade_statements
+from .schema import POSTGRES, SCHEMA_VERSION, TABLES, parse_version, upgrade_statements
 from .secrets import MASK, redact, safe_url
 from .sql import (
     Plan,
@@ -150,15 +151,19 @@ _COPIED_STEPS_FEED = feed_insert(
     "(SELECT run_id, idx, status FROM haltwise.steps WHERE run_id = %s ORDER BY idx) AS w"
 )
 
-#: a run, its steps and its partial results in one statement (see _load_snapshot)
-_LOAD_SNAPSHOT = (
+#: runs with their steps and partial results in one statement (see _load_snapshot)
+_LOAD_SNAPSHOTS = (
     f"SELECT {RUN_COLUMNS}, "
     f"(SELECT json_agg(json_build_array({STEP_COLUMNS}) ORDER BY idx) FROM haltwise.steps "
     "WHERE run_id = r.id) AS steps_, "
     f"(SELECT json_agg(json_build_array({PARTIAL_COLUMNS}) ORDER BY seq) FROM haltwise.partials "
     "WHERE run_id = r.id) AS partials_ "
-    "FROM haltwise.runs r WHERE r.id = %s"
+    "FROM haltwise.runs r WHERE r.id "
 )
+#: one run (the parameter: its id)
+_LOAD_SNAPSHOT = _LOAD_SNAPSHOTS + "= %s"
+#: several runs (the parameter: an array of ids)
+_LOAD_SNAPSHOT_MANY = _LOAD_SNAPSHOTS + "= ANY(%s)"
 
 
 def _recording(write: str) -> str:
@@ -176,11 +181,15 @@ SELECT written.*, pg_notify('{_CHANNEL}', left(written.id, 1000)) AS notified FR
 
 def _recorded(parameters: Sequence[Any], write: RunWrite) -> tuple[Any, ...]:
     """The parameters of a :func:`_recording` statement: the write's own, then its events'."""
-    events = [
+    return (*parameters, write.at, json.dumps(_event_rows(write)))
+
+
+def _event_rows(write: RunWrite) -> list[list[str | None]]:
+    """The events of ``write`` as the statements take them: ``[source, target, reason]``."""
+    return [
         [None if source is None else source.value, target.value, reason]
         for source, target, reason in write.events
     ]
-    return (*parameters, write.at, json.dumps(events))
 
 
 #: what a write of a run row returns besides RUN_COLUMNS: the row's version (``xmin``, the
@@ -199,6 +208,73 @@ _HEARTBEAT = (
 _KNOWN_MAX = 10_000
 
 
+#: the PostgreSQL type of each column of a run
+_RUN_TYPES = {
+    column.name: POSTGRES.types[column.kind]
+    for table in TABLES
+    if table.name == "runs"
+    for column in table.columns
+} | {"version": "TEXT"}  # and a row version (xmin), as text
+#: the columns of a new run, in the order of ``insert_run_parameters``
+_NEW_RUN = [
+    "id",
+    "task",
+    "state",
+    "inputs",
+    "owner",
+    "owner_token",
+    "lease_until",
+    "parent",
+    "created_at",
+    "updated_at",
+]
+
+
+def _recording_many(columns: Sequence[str], write: str) -> str:
+    """Writes of many runs as :func:`_recording` makes one, in one statement: ``write`` (an
+    INSERT or UPDATE of run rows ``RETURNING`` their ``RUN_COLUMNS``) reads the CTE ``given``,
+    the rows of one JSON array parameter, each the values of ``columns`` (as ``g_<column>``,
+    cast to the column's type), then the events (``g_events``) and their time (``g_at``); the
+    events and the notification of each row written, in the rows' order."""
+    values = ", ".join(f"(e->>{i})::{_RUN_TYPES[c]} AS g_{c}" for i, c in enumerate(columns))
+    return f"""WITH given AS (
+    SELECT {values}, e->{len(columns)} AS g_events,
+        (e->>{len(columns) + 1})::double precision AS g_at, n AS g_n
+    FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS t(e, n)
+),
+written AS ({write} RETURNING {RUN_COLUMNS}{_VERSION}),
+recorded AS (
+    INSERT INTO haltwise.events (run_id, source, target, reason, at)
+    SELECT written.id, e.v->>0, e.v->>1, e.v->>2, given.g_at
+    FROM written JOIN given ON given.g_id = written.id,
+        jsonb_array_elements(given.g_events) WITH ORDINALITY AS e(v, k) ORDER BY given.g_n, e.k
+)
+SELECT written.*, pg_notify('{_CHANNEL}', left(written.id, 1000)) AS notified FROM written"""
+
+
+#: many runs created as :data:`_CREATE` creates one (see :func:`_recording_many`: the rows are
+#: ``insert_run_parameters``' values); a run whose id is taken is not written, not returned
+_CREATE_MANY = _recording_many(
+    _NEW_RUN,
+    f"INSERT INTO haltwise.runs ({', '.join(_NEW_RUN)}) "
+    f"SELECT {', '.join(f'g_{c}' for c in _NEW_RUN)} FROM given ORDER BY g_n "
+    "ON CONFLICT (id) DO NOTHING",
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _update_many_sql(fields: tuple[str, ...]) -> str:
+    """Writes of ``fields`` to many runs as :func:`_update_sql` makes one, each only if its
+    row is still the version given (see :func:`_recording_many`: the rows are the run id, the
+    version, then the fields' values). A run may come once."""
+    assignments = ", ".join(f"{name} = given.g_{name}" for name in fields)
+    return _recording_many(
+        ("id", "version", *fields),
+        f"UPDATE haltwise.runs SET {assignments} FROM given "
+        "WHERE id = given.g_id AND xmin = given.g_version::xid",
+    )
+
+
 @functools.lru_cache(maxsize=64)
 def _update_sql(fields: tuple[str, ...], unchanged: bool) -> str:
     """A planned write of ``fields`` with its events (:func:`_recording`); ``unchanged``: only
@@ -209,6 +285,8 @@ def _update_sql(fields: tuple[str, ...], unchanged: bool) -> str:
 
 _T = TypeVar("_T")
 _Conn = psycopg.AsyncConnection[DictRow]
+#: a write of a run only if its row is still a version: (run id, version, the write)
+_Update = tuple[str, str, RunWrite]
 
 
 def _describe(url: str) -> str:
@@ -255,6 +333,16 @@ class PostgresStore:
         self._known: dict[str, tuple[RunRecord, str]] = {}
         #: the step path: every run's starts and settlements, group-committed
         self._steps = StepWriter(self._connect, self._error)
+        #: runs created meanwhile (no fork), one statement a round
+        self._creations: Coalescer[tuple[NewRun, str], tuple[RunRecord, bool]] = Coalescer(
+            self._create_many, self._create_one
+        )
+        #: writes of runs this store wrote last (see _if_unchanged), one statement a round
+        self._updates: Coalescer[_Update, tuple[RunRecord, str] | None] = Coalescer(
+            self._update_many, self._update_one
+        )
+        #: runs loaded meanwhile, one statement a round
+        self._loads: Coalescer[str, RunSnapshot | None] = Coalescer(self._load_many, self._load_one)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -322,6 +410,9 @@ class PostgresStore:
             raise
 
     async def close(self) -> None:
+        await self._creations.wait()
+        await self._loads.wait()
+        await self._updates.wait()
         await self._steps.close()
         pool, self._pool = self._pool, None
         if self._inflight:
@@ -396,7 +487,7 @@ class PostgresStore:
         read_only: bool = False,
         after_steps: bool = True,
         single: bool = False,
-        reads_run: str | None = None,
+        reads_runs: Collection[str] | None = None,
     ) -> _T:
         """Run ``op`` in a transaction of its own (see the module docstring).
 
@@ -411,7 +502,7 @@ class PostgresStore:
         what they read does not show it. They keep the watcher's ticks from forcing a commit of
         their own on a sequential run's deferred settlement.
 
-        ``reads_run``: ``op`` only reads, and only that run's rows, so only that run's deferred
+        ``reads_runs``: ``op`` only reads, and only those runs' rows, so only their deferred
         settlements must commit first (what it reads shows this store object's own writes);
         another run's are not in what it reads, and a read makes nothing durable that could
         precede them. (An outcome's load at many concurrent runs does not wait for a commit
@@ -420,7 +511,11 @@ class PostgresStore:
         if pool is None:
             raise StoreError(f"store {self._where} is not open")
         if after_steps:
-            if self._steps.has_deferred(reads_run):
+            if reads_runs is None:
+                pending = self._steps.has_deferred()
+            else:
+                pending = any(self._steps.has_deferred(run_id) for run_id in reads_runs)
+            if pending:
                 await self._steps.flush()
             self._steps.raise_deferred_error()
         # The operation runs in its own task: a caller cancelled while waiting stops waiting,
@@ -466,6 +561,41 @@ class PostgresStore:
 
     async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
         inputs = dump_json(run.inputs, "the task inputs")
+        if run.fork is None:  # with the other runs created meanwhile (see _create_many)
+            return await self._creations.submit((run, inputs))
+        return await self._create_one((run, inputs))
+
+    async def _create_many(
+        self, runs: Sequence[tuple[NewRun, str]]
+    ) -> list[tuple[RunRecord, bool]]:
+        """Runs created at once (none a fork): one statement writes every row with its events
+        and notification (:data:`_CREATE_MANY`), each run as :meth:`_create_one` would. A run
+        whose id was taken (before, or by an earlier run of the same round) is read back, not
+        created, as a run whose id is taken alone is."""
+
+        async def op(conn: _Conn) -> list[tuple[RunRecord, bool]]:
+            now = time.time()
+            given, ids = [], set()
+            for run, inputs in runs:
+                if run.id not in ids:  # a statement writes one row an id (its events once)
+                    ids.add(run.id)
+                    events = _event_rows(plan_create(run, now))
+                    given.append([*insert_run_parameters(run, inputs, now), events, now])
+            cursor = await conn.execute(_CREATE_MANY, (json.dumps(given),), prepare=True)
+            written = {row["id"]: row for row in await cursor.fetchall()}
+            created: list[tuple[RunRecord, bool]] = []
+            for run, _ in runs:
+                row = written.pop(run.id, None)
+                if row is None:
+                    created.append((await _load_run(conn, run.id), False))
+                else:
+                    created.append((self._remember(run_from_row(row), row["version_"]), True))
+            return created
+
+        return await self._run(op, single=True)
+
+    async def _create_one(self, given: tuple[NewRun, str]) -> tuple[RunRecord, bool]:
+        run, inputs = given
 
         async def op(conn: _Conn) -> tuple[RunRecord, bool]:
             now = time.time()
@@ -561,10 +691,48 @@ class PostgresStore:
         if write is None:
             return None
 
+        return await self._updates.submit((run_id, version, write))
+
+    async def _update_one(self, given: _Update) -> tuple[RunRecord, str] | None:
+        run_id, version, write = given
+
         async def op(conn: _Conn) -> tuple[RunRecord, str] | None:
             return await _apply(conn, run_id, write, version)
 
         return await self._run(op, single=True)
+
+    async def _update_many(self, updates: Sequence[_Update]) -> list[tuple[RunRecord, str] | None]:
+        """Writes made at once by :meth:`_if_unchanged`, each only if its run's row is still
+        the version given: one statement per set of columns written (:func:`_update_many_sql`),
+        a run written twice in the round written the second time alone, after the first."""
+        groups: dict[tuple[str, ...], list[int]] = {}
+        again: list[int] = []
+        seen: set[str] = set()
+        for i, (run_id, _, write) in enumerate(updates):
+            if run_id in seen:
+                again.append(i)
+            else:
+                seen.add(run_id)
+                groups.setdefault(tuple(write.fields), []).append(i)
+
+        async def op(conn: _Conn) -> dict[str, tuple[RunRecord, str]]:
+            written: dict[str, tuple[RunRecord, str]] = {}
+            for fields, members in groups.items():
+                given = [
+                    [run_id, version, *write.fields.values(), _event_rows(write), write.at]
+                    for run_id, version, write in (updates[i] for i in members)
+                ]
+                sql = _update_many_sql(fields)
+                cursor = await conn.execute(sql, (json.dumps(given),), prepare=True)
+                for row in await cursor.fetchall():
+                    written[row["id"]] = (run_from_row(row), row["version_"])
+            return written
+
+        written = await self._run(op, single=True)
+        results = [None if i in again else written.get(updates[i][0]) for i in range(len(updates))]
+        for i in again:
+            results[i] = await self._update_one(updates[i])
+        return results
 
     def _remember(self, record: RunRecord, version: str) -> RunRecord:
         """Keep ``record`` (the run's row as this store just wrote or locked it, at
@@ -743,10 +911,31 @@ class PostgresStore:
                 raise self._error(error) from None
 
     async def load(self, run_id: str) -> RunSnapshot:
+        snapshot = await self._loads.submit(run_id)
+        if snapshot is None:
+            raise UnknownRunError(run_id)
+        return snapshot
+
+    async def _load_one(self, run_id: str) -> RunSnapshot | None:
         async def op(conn: _Conn) -> RunSnapshot:
             return await _load_snapshot(conn, run_id)
 
-        return await self._run(op, read_only=True, single=True, reads_run=run_id)
+        try:
+            return await self._run(op, read_only=True, single=True, reads_runs=(run_id,))
+        except UnknownRunError:
+            return None
+
+    async def _load_many(self, run_ids: Sequence[str]) -> list[RunSnapshot | None]:
+        """Runs loaded at once (see :meth:`load`): one statement, one snapshot for all;
+        None for a run that is not there."""
+
+        async def op(conn: _Conn) -> list[RunSnapshot | None]:
+            cursor = await conn.execute(_LOAD_SNAPSHOT_MANY, (list(run_ids),), prepare=True)
+            found = {row["id"]: row for row in await cursor.fetchall()}
+            rows = [found.get(run_id) for run_id in run_ids]
+            return [None if row is None else _snapshot_from_row(row) for row in rows]
+
+        return await self._run(op, read_only=True, single=True, reads_runs=run_ids)
 
     async def list_runs(self, state: State | None = None) -> list[RunRecord]:
         async def op(conn: _Conn) -> list[RunRecord]:
@@ -830,7 +1019,7 @@ class PostgresStore:
                 times = times_from_rows(await rows.fetchall())
             return RunJournal(snapshot=snapshot, events=tuple(events), step_times=times)
 
-        return await self._run(op, read_only=True, reads_run=run_id)
+        return await self._run(op, read_only=True, reads_runs=(run_id,))
 
     async def request_cancels(
         self,
@@ -978,6 +1167,12 @@ async def _load_snapshot(conn: _Conn, run_id: str) -> RunSnapshot:
     row = await (await conn.execute(_LOAD_SNAPSHOT, (run_id,), prepare=True)).fetchone()
     if row is None:
         raise UnknownRunError(run_id)
+    return _snapshot_from_row(row)
+
+
+def _snapshot_from_row(row: DictRow) -> RunSnapshot:
+    """A run's snapshot from a row of :data:`_LOAD_SNAPSHOTS`."""
+    run_id = row["id"]
     partials = row["partials_"] or []
     return RunSnapshot(
         run=run_from_row(row),

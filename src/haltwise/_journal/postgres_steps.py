@@ -81,12 +81,14 @@ SETTLE_COLUMNS: tuple[tuple[str, str], ...] = (
 def _rows(name: str, columns: Sequence[tuple[str, str]]) -> str:
     """A CTE ``name`` of the rows of one JSON array parameter (each row an array, in the order
     of ``columns`` then the fence): one text parameter instead of an array per column, which
-    the driver would have to build in Python."""
+    the driver would have to build in Python. As ``jsonb``: parsed once, each field then read
+    from the parsed value (a ``json`` value's text is scanned again for each field: ~20% of a
+    100-run batch's execution)."""
     fields = ", ".join(
         f"(e->>{i})::{kind} AS {column}"
         for i, (column, kind) in enumerate((*columns, ("fence", "text")))
     )
-    return f"{name} AS (SELECT {fields} FROM json_array_elements(%s::json) AS t(e))"
+    return f"{name} AS (SELECT {fields} FROM jsonb_array_elements(%s::jsonb) AS t(e))"
 
 
 def feed_insert(written: str) -> str:

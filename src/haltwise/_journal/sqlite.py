@@ -95,11 +95,48 @@ def _checkpoint_pages(synchronous: str) -> int:
     most of a journal's frames are the same few rightmost pages written again. Without a sync
     per commit (``NORMAL``, ``OFF``) checkpointing at 4 MiB, as SQLite does by default in bytes,
     costs less per step (measured: -12% per step at ``NORMAL``). With one (``FULL``, ``EXTRA``)
-    the default stays: until the WAL has cycled once each commit grows the file, and on the
-    disks measured a sync that also grows the file costs ~1.6 times one that does not, so a
-    WAL that cycles sooner is cheaper (docs/benchmarks.md, "The change feed's cost").
+    the default stays (measured before the WAL was given its room, when a WAL that cycled
+    sooner stopped growing sooner: docs/benchmarks.md, "The change feed's cost"). The WAL is
+    given the room of this many frames as the store opens (:func:`_preallocate_wal`).
     """
     return 1000 if synchronous in ("FULL", "EXTRA") else 4096
+
+
+#: The bytes of a WAL file's header and of each frame's header (SQLite's file format).
+_WAL_HEADER, _FRAME_HEADER = 32, 24
+
+
+def _preallocate_wal(conn: sqlite3.Connection, path: str, pages: int) -> None:
+    """Give the WAL file the room of ``pages`` frames now, so that commits do not grow it.
+
+    A commit that appends to the WAL grows the file, and a sync that also has to make the new
+    size and blocks durable (the file system's own journal) costs more than one that only
+    writes into room the file already has (measured: docs/benchmarks.md). SQLite reuses its WAL
+    from the start once a checkpoint has copied it all back, and never shrinks it (no
+    ``journal_size_limit``), so after ``pages`` frames (the checkpoint size) it stops growing by
+    itself; a new WAL (SQLite deletes it when the last connection closes) grew at every commit
+    until then. ``posix_fallocate`` extends the file without changing a byte of what it holds:
+    the room past SQLite's last frame is never read as frames (a frame counts only if its salts
+    and checksum chain follow the WAL header's), as a reused WAL's old frames are not.
+
+    Called with the connection holding the write lock (``BEGIN IMMEDIATE``): no other
+    connection writes the WAL meanwhile, which matters where the C library emulates
+    ``posix_fallocate`` by writing to the file. Best effort: a file system without the room or
+    the call leaves the WAL to grow as before.
+    """
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    size = _WAL_HEADER + pages * (_FRAME_HEADER + page_size)
+    try:
+        fd = os.open(path + "-wal", os.O_WRONLY)  # made by SQLite as the file went to WAL
+    except OSError:
+        return
+    try:
+        if os.fstat(fd).st_size < size:
+            os.posix_fallocate(fd, 0, size)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 #: How often wait_for_change looks at PRAGMA data_version (seconds): the bound on noticing a
@@ -225,7 +262,13 @@ class SQLiteStore:
         #: opened by a command that only looks (see open_store): never creates or locks
         self.read_only = read_only
         prepare = self._check_readable if read_only else self._prepare
-        self._writer = Writer(self.path, self.busy_timeout, self._connect, prepare)
+        self._writer = Writer(
+            self.path,
+            self.busy_timeout,
+            self._connect,
+            prepare,
+            _checkpoint_pages(self.synchronous),
+        )
         self._watch: sqlite3.Connection | None = None
         self._data_version = 0
         self._changes = 0  # changes of data_version seen by any waiter
@@ -315,8 +358,10 @@ class SQLiteStore:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
-            conn.execute(f"PRAGMA wal_autocheckpoint = {_checkpoint_pages(self.synchronous)}")
+            pages = _checkpoint_pages(self.synchronous)
+            conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
             conn.execute("BEGIN IMMEDIATE")
+            _preallocate_wal(conn, self.path, pages)
             self._upgrade(conn, "haltwise_meta" in tables)
             conn.execute("COMMIT")
         except sqlite3.Error as error:

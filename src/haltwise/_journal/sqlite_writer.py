@@ -47,6 +47,15 @@ Op = Callable[[sqlite3.Connection], Any]
 _Deliver = Callable[[Any, BaseException | None], None]
 Outcome = tuple[Any, BaseException | None]
 _MAX_BATCH = 512
+#: A commit of at least this many operations (the loop's batch of many runs) checkpoints the
+#: WAL at :data:`_BIG_BATCH_CHECKPOINT` pages at the least, not at the store's own limit: the
+#: batch of a thousand runs (a step's start and the previous one's settlement each) writes
+#: ~1,300 WAL frames, so at ``FULL``'s 1,000 pages every such commit checkpointed, copying every
+#: frame it wrote into the database file once more, with two more syncs (measured: 24% fewer
+#: bytes written per step at 1,000 runs; docs/benchmarks.md, issue 13). A commit of fewer
+#: operations puts the store's own limit back (it commits a few frames: the WAL cycles sooner).
+_BIG_BATCH = 512
+_BIG_BATCH_CHECKPOINT = 4096
 
 
 class GroupOp:
@@ -121,6 +130,38 @@ class _Waiter:
         self.done.set()
 
 
+@dataclass(slots=True)
+class _Signal:
+    """A future of the event loop that made it, completed from another thread (the writer's
+    "ready" and "ended"), with the error the thread hit, or None."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[BaseException | None]
+
+    @classmethod
+    def here(cls) -> _Signal:
+        loop = asyncio.get_running_loop()
+        return cls(loop, loop.create_future())
+
+    def send(self, error: BaseException | None) -> None:
+        """Complete the future (from any thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self._complete, error)
+        except RuntimeError:  # that loop is closed: nobody waits any more
+            pass
+
+    def _complete(self, error: BaseException | None) -> None:
+        if not self.future.done():
+            self.future.set_result(error)
+
+    async def wait(self) -> BaseException | None:
+        """Wait for :meth:`send`; a cancel of the caller does not cut the wait (the thread
+        goes on either way, as a thread the caller waited on would)."""
+        with anyio.CancelScope(shield=True):
+            error = await self.future
+        return error
+
+
 def store_error(path: str, error: sqlite3.Error) -> StoreError:
     text = str(error)
     if "not a database" in text or "malformed" in text:
@@ -165,6 +206,7 @@ class Writer:
         busy_timeout: float,
         connect: Callable[[], sqlite3.Connection],
         prepare: Callable[[sqlite3.Connection], None],
+        checkpoint_pages: int,
     ) -> None:
         self.path = path
         self.busy_timeout = busy_timeout
@@ -192,6 +234,9 @@ class Writer:
         # The connection's busy timeout as last set (ms): the fast path needs 0, the writer
         # thread the full timeout, and a PRAGMA is paid only on a switch between the two.
         self._busy_ms = int(busy_timeout * 1000)
+        #: the WAL size (pages) at which a commit checkpoints, as ``prepare`` set it, and as the
+        #: connection has it now (a PRAGMA is paid only on a switch: see _BIG_BATCH)
+        self._checkpoint_pages = self._checkpoint_now = checkpoint_pages
         #: Whether an idle writer may run an operation on the caller's thread. Off while many
         #: runs share the store: a commit done inline blocks the event loop, so the other runs
         #: could not queue their writes to share it; they go to the loop's batch instead.
@@ -202,44 +247,59 @@ class Writer:
         self._loop_batch: list[_Item] = []
         self._batch_loop: asyncio.AbstractEventLoop | None = None
         self._batch_waits = False
+        #: told by the writer thread as it ends, once stop() asked (see stop and _main)
+        self._ended: _Signal | None = None
+        self._finished = False
 
     @property
     def running(self) -> bool:
         return self._thread is not None
 
     async def start(self) -> None:
-        """Open the connection (in the writer thread) and prepare it; raise what that raised."""
-        ready = _Waiter()
+        """Open the connection (in the writer thread) and prepare it; raise what that raised.
+
+        The wait is an event loop future the writer thread completes, not a worker thread of
+        anyio's blocked on it: that thread would stay on, idle, beside the run.
+        """
+        ready = _Signal.here()
+        self._ended = None
+        self._finished = False
         self._thread = threading.Thread(
             target=self._main, args=(ready,), name="haltwise-sqlite-writer", daemon=True
         )
         self._thread.start()
-        await anyio.to_thread.run_sync(ready.done.wait)
-        if ready.error is not None:
+        error = await ready.wait()
+        if error is not None:
             self._thread = None
-            raise ready.error
+            raise error
 
     async def stop(self) -> None:
         """Commit what is deferred, let the queue drain, close the connection."""
         thread, self._thread = self._thread, None
-        if thread is not None:
-            with self._lock:  # what is left of the loop's batch goes to the writer thread
-                self._enqueue([*self._deferred, *self._loop_batch])
-                self._deferred, self._loop_batch = [], []
-            self._queue.put(None)
-            await anyio.to_thread.run_sync(thread.join)
+        if thread is None:
+            return
+        ended = _Signal.here()
+        with self._lock:  # what is left of the loop's batch goes to the writer thread
+            self._enqueue([*self._deferred, *self._loop_batch])
+            self._deferred, self._loop_batch = [], []
+            if not self._finished:  # else the thread has ended already (see _main)
+                self._ended = ended
+        self._queue.put(None)
+        if self._ended is ended:
+            await ended.wait()
+        thread.join()  # it has closed the connection: only its return is left
 
     # -- executing operations --------------------------------------------------------------
 
-    def _main(self, ready: _Waiter) -> None:
+    def _main(self, ready: _Signal) -> None:
         try:
             conn = self._connect_fn()
             self._prepare_fn(conn)
             self.conn = conn
         except BaseException as error:
-            ready.deliver(None, error)
+            ready.send(error)
             return
-        ready.deliver(None, None)
+        ready.send(None)
         try:
             while (item := self._queue.get()) is not None:
                 batch, stop = self._drain(item)
@@ -257,6 +317,11 @@ class Writer:
         finally:
             self.conn = None
             conn.close()
+            with self._lock:
+                self._finished = True
+                ended = self._ended
+            if ended is not None:
+                ended.send(None)
 
     def _drain(self, first: _Item) -> tuple[list[_Item], bool]:
         batch = [first]
@@ -282,7 +347,14 @@ class Writer:
         conn = self.conn
         assert conn is not None
         try:
-            if not self._begin(conn, any(item.write for item in batch), wait=wait):
+            if len(batch) >= _BIG_BATCH or self._checkpoint_now != self._checkpoint_pages:
+                self._set_checkpoint(conn, len(batch))
+            write = False
+            for item in batch:  # not any(...): a generator per commit costs more than this
+                if item.write:
+                    write = True
+                    break
+            if not self._begin(conn, write, wait=wait):
                 return None
             outcomes = self._apply_all(conn, batch)
             conn.execute("COMMIT")
@@ -375,6 +447,15 @@ class Writer:
                 f"store {self.path}: another writer held the database for more than "
                 f"{self.busy_timeout:g} s"
             ) from None
+
+    def _set_checkpoint(self, conn: sqlite3.Connection, operations: int) -> None:
+        """Set the WAL size at which the commit of ``operations`` operations checkpoints."""
+        pages = self._checkpoint_pages
+        if operations >= _BIG_BATCH:
+            pages = max(pages, _BIG_BATCH_CHECKPOINT)
+        if pages != self._checkpoint_now:
+            conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
+            self._checkpoint_now = pages
 
     def _set_busy_timeout(self, conn: sqlite3.Connection, milliseconds: int) -> None:
         if self._busy_ms != milliseconds:
