@@ -65,7 +65,7 @@ from .sql import (
     plan_transition,
     plan_unpause_write,
 )
-from .sqlite_writer import Op, Writer, store_error
+from .sqlite_writer import GroupOp, Op, Outcome, Writer, store_error
 from .store import (
     UNSET,
     CancelResult,
@@ -198,9 +198,24 @@ def _start_step(parameters: tuple[Any, ...], conn: sqlite3.Connection) -> StepSt
     return StepStarted(attempts, cancel=(run["reason"] or "user", bool(run["force"])))
 
 
-def _settle_step(parameters: tuple[Any, ...], conn: sqlite3.Connection) -> None:
-    if not conn.execute(_SETTLE_STEP, parameters).rowcount:
-        _check_fence(conn, parameters[-2], parameters[-1])
+class _SettleStep(GroupOp):
+    """A step's settlement (the parameters of ``_SETTLE_STEP``); settlements side by side in
+    a batch (many runs' steps ending together) are one ``executemany``."""
+
+    __slots__ = ("parameters",)
+
+    def __init__(self, parameters: tuple[Any, ...]) -> None:
+        self.parameters = parameters
+
+    def __call__(self, conn: sqlite3.Connection) -> None:
+        if not conn.execute(_SETTLE_STEP, self.parameters).rowcount:
+            _check_fence(conn, self.parameters[-2], self.parameters[-1])
+
+    @classmethod
+    def run_group(cls, conn: sqlite3.Connection, ops: list[Any]) -> list[Outcome] | None:
+        # Each settles at most one row (its step's key): all settled iff as many rows changed.
+        changed = conn.executemany(_SETTLE_STEP, [op.parameters for op in ops]).rowcount
+        return [(None, None)] * len(ops) if changed == len(ops) else None
 
 
 #: The longest busy timeout SQLite can hold (its milliseconds are a 32-bit integer), seconds.
@@ -455,8 +470,9 @@ class SQLiteStore:
             settle_on_cancel=settle_on_cancel,
         )
 
-        op = partial(_transition, run_id, target, expected, fields, fence)
-        record: RunRecord = await self._writer.call(op)
+        record: RunRecord = await self._writer.call(
+            _Transition(run_id, target, expected, fields, fence)
+        )
         return record
 
     async def request_cancel(
@@ -594,7 +610,7 @@ class SQLiteStore:
             run_id,
             fence,
         )
-        op = partial(_settle_step, parameters)
+        op = _SettleStep(parameters)
         if durable:
             await self._writer.call(op, atomic=True, shield=True)
         else:
@@ -841,19 +857,64 @@ def _load_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
     return run_from_row(row)
 
 
-def _transition(
-    run_id: str,
-    target: State,
-    expected: Collection[State],
-    fields: dict[str, Any],
-    fence: str | None,
-    conn: sqlite3.Connection,
-) -> RunRecord:
-    """:meth:`SQLiteStore.transition`'s transaction (a function of its own, not a closure: a
-    partial holds fewer objects while 10,000 transitions wait for their group commit)."""
-    current = _load_run(conn, run_id)
-    write = plan_transition(current, target, expected, fields, fence=fence, now=time.time())
-    return _apply(conn, current, write)
+class _Transition(GroupOp):
+    """:meth:`SQLiteStore.transition`'s transaction: read the run, plan the write, apply it.
+
+    Transitions side by side in a batch (many runs ending together) read their runs in one
+    query and write them with one ``executemany`` per set of columns, each planned exactly as
+    alone (:func:`plan_transition`, against the run as read, or as an earlier transition of
+    the group left it)."""
+
+    __slots__ = ("expected", "fence", "fields", "run_id", "target")
+
+    def __init__(
+        self,
+        run_id: str,
+        target: State,
+        expected: Collection[State],
+        fields: dict[str, Any],
+        fence: str | None,
+    ) -> None:
+        self.run_id, self.target, self.expected = run_id, target, expected
+        self.fields, self.fence = fields, fence
+
+    def __call__(self, conn: sqlite3.Connection) -> RunRecord:
+        current = _load_run(conn, self.run_id)
+        return _apply(conn, current, self._plan(current, time.time()))
+
+    def _plan(self, current: RunRecord, now: float) -> RunWrite:
+        return plan_transition(
+            current, self.target, self.expected, self.fields, fence=self.fence, now=now
+        )
+
+    @classmethod
+    def run_group(cls, conn: sqlite3.Connection, ops: list[Any]) -> list[Outcome] | None:
+        ids = [op.run_id for op in ops]
+        if len(set(ids)) < len(ids):
+            return None  # one run twice: its writes must follow each other, one by one
+        rows = conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(ids),))
+        runs = {run.id: run for run in map(run_from_row, rows)}  # a bad row: one by one
+        now = time.time()
+        outcomes: list[Outcome] = []
+        updates: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+        events: list[tuple[Any, ...]] = []
+        for op in ops:
+            current = runs.get(op.run_id)
+            try:
+                if current is None:
+                    raise UnknownRunError(op.run_id)
+                write = op._plan(current, now)
+                written = run_written(current, write.fields)
+            except Exception as error:  # as alone: this one fails, nothing of it written
+                outcomes.append((None, error))
+                continue
+            updates.setdefault(tuple(write.fields), []).append((*write.fields.values(), op.run_id))
+            events += event_parameters(op.run_id, write)
+            outcomes.append((written, None))
+        for names, parameters in updates.items():
+            conn.executemany(_SQL.update_run(names, returning=False), parameters)
+        conn.executemany(_SQL.record_event, events)
+        return outcomes
 
 
 def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.Row:

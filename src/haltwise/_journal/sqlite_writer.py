@@ -14,6 +14,10 @@ durable (at the connection's ``synchronous`` setting) when it returns. An operat
   transaction: for a caller that is not on an event loop (``emit`` from a tool's thread), and
   whenever the other two find the database locked by another process.
 
+Consecutive operations of one :class:`GroupOp` class in a batch (the settlements, or the final
+transitions, of many runs ending together) run as one group: one ``executemany`` for all, each
+operation's outcome the same as alone.
+
 The fast path and the loop's batch never wait for another process's lock (they would block the
 event loop): they hand their operations to the writer thread instead, which waits up to the busy
 timeout. They run on the loop's thread, not the writer's, because the two threads share one GIL:
@@ -41,6 +45,7 @@ from .._core.exceptions import StoreError
 
 Op = Callable[[sqlite3.Connection], Any]
 _Deliver = Callable[[Any, BaseException | None], None]
+Outcome = tuple[Any, BaseException | None]
 _MAX_BATCH = 512
 #: A commit of at least this many operations (the loop's batch of many runs) checkpoints the
 #: WAL at :data:`_BIG_BATCH_CHECKPOINT` pages at the least, not at the store's own limit: the
@@ -51,6 +56,28 @@ _MAX_BATCH = 512
 #: operations puts the store's own limit back (it commits a few frames: the WAL cycles sooner).
 _BIG_BATCH = 512
 _BIG_BATCH_CHECKPOINT = 4096
+
+
+class GroupOp:
+    """An operation that runs more cheaply together with the operations of its own class that
+    were submitted right before or after it (one ``executemany`` for all, say).
+
+    Called on a connection, it runs alone, as any operation. Consecutive operations of one
+    such class in a batch are handed to :meth:`run_group` together, inside one savepoint: it
+    returns each one's outcome in order, exactly as running them one after the other would
+    have, or None to say it cannot (then what it did is undone and each runs alone, in its
+    own savepoint, as any other operation). An error it raises is handled the same way.
+    """
+
+    __slots__ = ()
+
+    def __call__(self, conn: sqlite3.Connection) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def run_group(cls, conn: sqlite3.Connection, ops: list[Any]) -> list[Outcome] | None:
+        """The outcomes of ``ops`` (instances of this class), or None (see the class)."""
+        raise NotImplementedError
 
 
 @dataclass(slots=True)
@@ -329,7 +356,7 @@ class Writer:
                     break
             if not self._begin(conn, write, wait=wait):
                 return None
-            outcomes = [self._apply(conn, item, savepoint=True) for item in batch]
+            outcomes = self._apply_all(conn, batch)
             conn.execute("COMMIT")
             return outcomes
         except sqlite3.Error as error:
@@ -344,9 +371,44 @@ class Writer:
                 conn.execute("ROLLBACK")
             return [(None, error)] * len(batch)
 
-    def _apply(
-        self, conn: sqlite3.Connection, item: _Item, *, savepoint: bool
-    ) -> tuple[Any, BaseException | None]:
+    def _apply_all(self, conn: sqlite3.Connection, batch: list[_Item]) -> list[Outcome]:
+        """Run every operation of ``batch`` in order, consecutive ones of one
+        :class:`GroupOp` class as a group."""
+        outcomes: list[Outcome] = []
+        start, size = 0, len(batch)
+        while start < size:
+            kind = type(batch[start].op)
+            end = start + 1
+            if issubclass(kind, GroupOp):
+                while end < size and type(batch[end].op) is kind:
+                    end += 1
+            if end - start > 1:
+                outcomes += self._apply_group(conn, batch[start:end])
+            else:
+                outcomes.append(self._apply(conn, batch[start], savepoint=True))
+            start = end
+        return outcomes
+
+    def _apply_group(self, conn: sqlite3.Connection, group: list[_Item]) -> list[Outcome]:
+        """Run consecutive operations of one :class:`GroupOp` class together (one savepoint),
+        or one by one if the group says it cannot or fails."""
+        kind = type(group[0].op)
+        assert issubclass(kind, GroupOp)
+        conn.execute("SAVEPOINT ops")
+        try:
+            outcomes = kind.run_group(conn, [item.op for item in group])
+        except Exception:
+            if not conn.in_transaction:
+                raise  # SQLite rolled the whole transaction back (I/O error, full disk)
+            outcomes = None
+        if outcomes is None:
+            conn.execute("ROLLBACK TO ops")
+            conn.execute("RELEASE ops")
+            return [self._apply(conn, item, savepoint=True) for item in group]
+        conn.execute("RELEASE ops")
+        return outcomes
+
+    def _apply(self, conn: sqlite3.Connection, item: _Item, *, savepoint: bool) -> Outcome:
         savepoint = savepoint and not item.atomic
         if savepoint:
             conn.execute("SAVEPOINT op")
