@@ -65,7 +65,7 @@ from .sql import (
     plan_transition,
     plan_unpause_write,
 )
-from .sqlite_writer import Op, Writer, store_error
+from .sqlite_writer import GroupOp, Op, Outcome, Writer, store_error
 from .store import (
     UNSET,
     CancelResult,
@@ -87,6 +87,10 @@ _PAGE_SIZE = 1024
 _CACHE_KIB = 16384
 
 
+#: The settings at which every commit syncs the WAL.
+_SYNCED = ("FULL", "EXTRA")
+
+
 def _checkpoint_pages(synchronous: str) -> int:
     """The WAL's size, in pages, at which a commit checkpoints it into the database file.
 
@@ -96,10 +100,10 @@ def _checkpoint_pages(synchronous: str) -> int:
     per commit (``NORMAL``, ``OFF``) checkpointing at 4 MiB, as SQLite does by default in bytes,
     costs less per step (measured: -12% per step at ``NORMAL``). With one (``FULL``, ``EXTRA``)
     the default stays (measured before the WAL was given its room, when a WAL that cycled
-    sooner stopped growing sooner: docs/benchmarks.md, "The change feed's cost"). The WAL is
+    sooner stopped growing sooner: docs/benchmarks.md, "The change feed's cost"); the WAL is
     given the room of this many frames as the store opens (:func:`_preallocate_wal`).
     """
-    return 1000 if synchronous in ("FULL", "EXTRA") else 4096
+    return 1000 if synchronous in _SYNCED else 4096
 
 
 #: The bytes of a WAL file's header and of each frame's header (SQLite's file format).
@@ -107,22 +111,22 @@ _WAL_HEADER, _FRAME_HEADER = 32, 24
 
 
 def _preallocate_wal(conn: sqlite3.Connection, path: str, pages: int) -> None:
-    """Give the WAL file the room of ``pages`` frames now, so that commits do not grow it.
+    """Give the WAL file the room of ``pages`` frames now, written, so that commits write into
+    blocks the file has instead of growing it.
 
-    A commit that appends to the WAL grows the file, and a sync that also has to make the new
-    size and blocks durable (the file system's own journal) costs more than one that only
-    writes into room the file already has (measured: docs/benchmarks.md). SQLite reuses its WAL
-    from the start once a checkpoint has copied it all back, and never shrinks it (no
-    ``journal_size_limit``), so after ``pages`` frames (the checkpoint size) it stops growing by
-    itself; a new WAL (SQLite deletes it when the last connection closes) grew at every commit
-    until then. ``posix_fallocate`` extends the file without changing a byte of what it holds:
-    the room past SQLite's last frame is never read as frames (a frame counts only if its salts
-    and checksum chain follow the WAL header's), as a reused WAL's old frames are not.
+    SQLite deletes the WAL when the last connection closes, and a new WAL grows at every commit
+    until a checkpoint has copied all of it back and SQLite starts it again from the top (it
+    never shrinks it: no ``journal_size_limit``). A sync that must also make a new size and new
+    blocks durable (the file system's own journal) costs more than one that only writes data
+    into blocks the file has; so does one into blocks ``fallocate`` reserved but that were never
+    written (the file system converts them as they are written, measured: docs/benchmarks.md).
+    So the room is written with zeros and synced, as PostgreSQL does with its WAL segments.
 
-    Called with the connection holding the write lock (``BEGIN IMMEDIATE``): no other
-    connection writes the WAL meanwhile, which matters where the C library emulates
-    ``posix_fallocate`` by writing to the file. Best effort: a file system without the room or
-    the call leaves the WAL to grow as before.
+    Only bytes past the file's end are written, with the connection holding the write lock
+    (``BEGIN IMMEDIATE``): no other connection writes the WAL meanwhile, and no frame was ever
+    there. Zeros are never read as frames (a frame counts only if its salts and checksums follow
+    the WAL header's), as a reused WAL's old frames are not. Best effort: a full disk leaves
+    the WAL to grow as before.
     """
     page_size = conn.execute("PRAGMA page_size").fetchone()[0]
     size = _WAL_HEADER + pages * (_FRAME_HEADER + page_size)
@@ -131,8 +135,10 @@ def _preallocate_wal(conn: sqlite3.Connection, path: str, pages: int) -> None:
     except OSError:
         return
     try:
-        if os.fstat(fd).st_size < size:
-            os.posix_fallocate(fd, 0, size)
+        end = os.fstat(fd).st_size
+        if end < size:
+            os.pwrite(fd, bytes(size - end), end)
+            os.fdatasync(fd)
     except OSError:
         pass
     finally:
@@ -192,9 +198,24 @@ def _start_step(parameters: tuple[Any, ...], conn: sqlite3.Connection) -> StepSt
     return StepStarted(attempts, cancel=(run["reason"] or "user", bool(run["force"])))
 
 
-def _settle_step(parameters: tuple[Any, ...], conn: sqlite3.Connection) -> None:
-    if not conn.execute(_SETTLE_STEP, parameters).rowcount:
-        _check_fence(conn, parameters[-2], parameters[-1])
+class _SettleStep(GroupOp):
+    """A step's settlement (the parameters of ``_SETTLE_STEP``); settlements side by side in
+    a batch (many runs' steps ending together) are one ``executemany``."""
+
+    __slots__ = ("parameters",)
+
+    def __init__(self, parameters: tuple[Any, ...]) -> None:
+        self.parameters = parameters
+
+    def __call__(self, conn: sqlite3.Connection) -> None:
+        if not conn.execute(_SETTLE_STEP, self.parameters).rowcount:
+            _check_fence(conn, self.parameters[-2], self.parameters[-1])
+
+    @classmethod
+    def run_group(cls, conn: sqlite3.Connection, ops: list[Any]) -> list[Outcome] | None:
+        # Each settles at most one row (its step's key): all settled iff as many rows changed.
+        changed = conn.executemany(_SETTLE_STEP, [op.parameters for op in ops]).rowcount
+        return [(None, None)] * len(ops) if changed == len(ops) else None
 
 
 #: The longest busy timeout SQLite can hold (its milliseconds are a 32-bit integer), seconds.
@@ -346,7 +367,8 @@ class SQLiteStore:
             pages = _checkpoint_pages(self.synchronous)
             conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
             conn.execute("BEGIN IMMEDIATE")
-            _preallocate_wal(conn, self.path, pages)
+            if self.synchronous in _SYNCED:
+                _preallocate_wal(conn, self.path, pages)
             self._upgrade(conn, "haltwise_meta" in tables)
             conn.execute("COMMIT")
         except sqlite3.Error as error:
@@ -448,8 +470,9 @@ class SQLiteStore:
             settle_on_cancel=settle_on_cancel,
         )
 
-        op = partial(_transition, run_id, target, expected, fields, fence)
-        record: RunRecord = await self._writer.call(op)
+        record: RunRecord = await self._writer.call(
+            _Transition(run_id, target, expected, fields, fence)
+        )
         return record
 
     async def request_cancel(
@@ -587,7 +610,7 @@ class SQLiteStore:
             run_id,
             fence,
         )
-        op = partial(_settle_step, parameters)
+        op = _SettleStep(parameters)
         if durable:
             await self._writer.call(op, atomic=True, shield=True)
         else:
@@ -834,19 +857,64 @@ def _load_run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
     return run_from_row(row)
 
 
-def _transition(
-    run_id: str,
-    target: State,
-    expected: Collection[State],
-    fields: dict[str, Any],
-    fence: str | None,
-    conn: sqlite3.Connection,
-) -> RunRecord:
-    """:meth:`SQLiteStore.transition`'s transaction (a function of its own, not a closure: a
-    partial holds fewer objects while 10,000 transitions wait for their group commit)."""
-    current = _load_run(conn, run_id)
-    write = plan_transition(current, target, expected, fields, fence=fence, now=time.time())
-    return _apply(conn, current, write)
+class _Transition(GroupOp):
+    """:meth:`SQLiteStore.transition`'s transaction: read the run, plan the write, apply it.
+
+    Transitions side by side in a batch (many runs ending together) read their runs in one
+    query and write them with one ``executemany`` per set of columns, each planned exactly as
+    alone (:func:`plan_transition`, against the run as read, or as an earlier transition of
+    the group left it)."""
+
+    __slots__ = ("expected", "fence", "fields", "run_id", "target")
+
+    def __init__(
+        self,
+        run_id: str,
+        target: State,
+        expected: Collection[State],
+        fields: dict[str, Any],
+        fence: str | None,
+    ) -> None:
+        self.run_id, self.target, self.expected = run_id, target, expected
+        self.fields, self.fence = fields, fence
+
+    def __call__(self, conn: sqlite3.Connection) -> RunRecord:
+        current = _load_run(conn, self.run_id)
+        return _apply(conn, current, self._plan(current, time.time()))
+
+    def _plan(self, current: RunRecord, now: float) -> RunWrite:
+        return plan_transition(
+            current, self.target, self.expected, self.fields, fence=self.fence, now=now
+        )
+
+    @classmethod
+    def run_group(cls, conn: sqlite3.Connection, ops: list[Any]) -> list[Outcome] | None:
+        ids = [op.run_id for op in ops]
+        if len(set(ids)) < len(ids):
+            return None  # one run twice: its writes must follow each other, one by one
+        rows = conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(ids),))
+        runs = {run.id: run for run in map(run_from_row, rows)}  # a bad row: one by one
+        now = time.time()
+        outcomes: list[Outcome] = []
+        updates: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+        events: list[tuple[Any, ...]] = []
+        for op in ops:
+            current = runs.get(op.run_id)
+            try:
+                if current is None:
+                    raise UnknownRunError(op.run_id)
+                write = op._plan(current, now)
+                written = run_written(current, write.fields)
+            except Exception as error:  # as alone: this one fails, nothing of it written
+                outcomes.append((None, error))
+                continue
+            updates.setdefault(tuple(write.fields), []).append((*write.fields.values(), op.run_id))
+            events += event_parameters(op.run_id, write)
+            outcomes.append((written, None))
+        for names, parameters in updates.items():
+            conn.executemany(_SQL.update_run(names, returning=False), parameters)
+        conn.executemany(_SQL.record_event, events)
+        return outcomes
 
 
 def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.Row:

@@ -14,6 +14,10 @@ durable (at the connection's ``synchronous`` setting) when it returns. An operat
   transaction: for a caller that is not on an event loop (``emit`` from a tool's thread), and
   whenever the other two find the database locked by another process.
 
+Consecutive operations of one :class:`GroupOp` class in a batch (the settlements, or the final
+transitions, of many runs ending together) run as one group: one ``executemany`` for all, each
+operation's outcome the same as alone.
+
 The fast path and the loop's batch never wait for another process's lock (they would block the
 event loop): they hand their operations to the writer thread instead, which waits up to the busy
 timeout. They run on the loop's thread, not the writer's, because the two threads share one GIL:
@@ -41,6 +45,7 @@ from .._core.exceptions import StoreError
 
 Op = Callable[[sqlite3.Connection], Any]
 _Deliver = Callable[[Any, BaseException | None], None]
+Outcome = tuple[Any, BaseException | None]
 _MAX_BATCH = 512
 #: A commit of at least this many operations (the loop's batch of many runs) checkpoints the
 #: WAL at :data:`_BIG_BATCH_CHECKPOINT` pages at the least, not at the store's own limit: the
@@ -51,6 +56,28 @@ _MAX_BATCH = 512
 #: operations puts the store's own limit back (it commits a few frames: the WAL cycles sooner).
 _BIG_BATCH = 512
 _BIG_BATCH_CHECKPOINT = 4096
+
+
+class GroupOp:
+    """An operation that runs more cheaply together with the operations of its own class that
+    were submitted right before or after it (one ``executemany`` for all, say).
+
+    Called on a connection, it runs alone, as any operation. Consecutive operations of one
+    such class in a batch are handed to :meth:`run_group` together, inside one savepoint: it
+    returns each one's outcome in order, exactly as running them one after the other would
+    have, or None to say it cannot (then what it did is undone and each runs alone, in its
+    own savepoint, as any other operation). An error it raises is handled the same way.
+    """
+
+    __slots__ = ()
+
+    def __call__(self, conn: sqlite3.Connection) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def run_group(cls, conn: sqlite3.Connection, ops: list[Any]) -> list[Outcome] | None:
+        """The outcomes of ``ops`` (instances of this class), or None (see the class)."""
+        raise NotImplementedError
 
 
 @dataclass(slots=True)
@@ -101,6 +128,38 @@ class _Waiter:
     def deliver(self, value: Any, error: BaseException | None) -> None:
         self.value, self.error = value, error
         self.done.set()
+
+
+@dataclass(slots=True)
+class _Signal:
+    """A future of the event loop that made it, completed from another thread (the writer's
+    "ready" and "ended"), with the error the thread hit, or None."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[BaseException | None]
+
+    @classmethod
+    def here(cls) -> _Signal:
+        loop = asyncio.get_running_loop()
+        return cls(loop, loop.create_future())
+
+    def send(self, error: BaseException | None) -> None:
+        """Complete the future (from any thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self._complete, error)
+        except RuntimeError:  # that loop is closed: nobody waits any more
+            pass
+
+    def _complete(self, error: BaseException | None) -> None:
+        if not self.future.done():
+            self.future.set_result(error)
+
+    async def wait(self) -> BaseException | None:
+        """Wait for :meth:`send`; a cancel of the caller does not cut the wait (the thread
+        goes on either way, as a thread the caller waited on would)."""
+        with anyio.CancelScope(shield=True):
+            error = await self.future
+        return error
 
 
 def store_error(path: str, error: sqlite3.Error) -> StoreError:
@@ -188,44 +247,59 @@ class Writer:
         self._loop_batch: list[_Item] = []
         self._batch_loop: asyncio.AbstractEventLoop | None = None
         self._batch_waits = False
+        #: told by the writer thread as it ends, once stop() asked (see stop and _main)
+        self._ended: _Signal | None = None
+        self._finished = False
 
     @property
     def running(self) -> bool:
         return self._thread is not None
 
     async def start(self) -> None:
-        """Open the connection (in the writer thread) and prepare it; raise what that raised."""
-        ready = _Waiter()
+        """Open the connection (in the writer thread) and prepare it; raise what that raised.
+
+        The wait is an event loop future the writer thread completes, not a worker thread of
+        anyio's blocked on it: that thread would stay on, idle, beside the run.
+        """
+        ready = _Signal.here()
+        self._ended = None
+        self._finished = False
         self._thread = threading.Thread(
             target=self._main, args=(ready,), name="haltwise-sqlite-writer", daemon=True
         )
         self._thread.start()
-        await anyio.to_thread.run_sync(ready.done.wait)
-        if ready.error is not None:
+        error = await ready.wait()
+        if error is not None:
             self._thread = None
-            raise ready.error
+            raise error
 
     async def stop(self) -> None:
         """Commit what is deferred, let the queue drain, close the connection."""
         thread, self._thread = self._thread, None
-        if thread is not None:
-            with self._lock:  # what is left of the loop's batch goes to the writer thread
-                self._enqueue([*self._deferred, *self._loop_batch])
-                self._deferred, self._loop_batch = [], []
-            self._queue.put(None)
-            await anyio.to_thread.run_sync(thread.join)
+        if thread is None:
+            return
+        ended = _Signal.here()
+        with self._lock:  # what is left of the loop's batch goes to the writer thread
+            self._enqueue([*self._deferred, *self._loop_batch])
+            self._deferred, self._loop_batch = [], []
+            if not self._finished:  # else the thread has ended already (see _main)
+                self._ended = ended
+        self._queue.put(None)
+        if self._ended is ended:
+            await ended.wait()
+        thread.join()  # it has closed the connection: only its return is left
 
     # -- executing operations --------------------------------------------------------------
 
-    def _main(self, ready: _Waiter) -> None:
+    def _main(self, ready: _Signal) -> None:
         try:
             conn = self._connect_fn()
             self._prepare_fn(conn)
             self.conn = conn
         except BaseException as error:
-            ready.deliver(None, error)
+            ready.send(error)
             return
-        ready.deliver(None, None)
+        ready.send(None)
         try:
             while (item := self._queue.get()) is not None:
                 batch, stop = self._drain(item)
@@ -243,6 +317,11 @@ class Writer:
         finally:
             self.conn = None
             conn.close()
+            with self._lock:
+                self._finished = True
+                ended = self._ended
+            if ended is not None:
+                ended.send(None)
 
     def _drain(self, first: _Item) -> tuple[list[_Item], bool]:
         batch = [first]
@@ -277,7 +356,7 @@ class Writer:
                     break
             if not self._begin(conn, write, wait=wait):
                 return None
-            outcomes = [self._apply(conn, item, savepoint=True) for item in batch]
+            outcomes = self._apply_all(conn, batch)
             conn.execute("COMMIT")
             return outcomes
         except sqlite3.Error as error:
@@ -292,9 +371,44 @@ class Writer:
                 conn.execute("ROLLBACK")
             return [(None, error)] * len(batch)
 
-    def _apply(
-        self, conn: sqlite3.Connection, item: _Item, *, savepoint: bool
-    ) -> tuple[Any, BaseException | None]:
+    def _apply_all(self, conn: sqlite3.Connection, batch: list[_Item]) -> list[Outcome]:
+        """Run every operation of ``batch`` in order, consecutive ones of one
+        :class:`GroupOp` class as a group."""
+        outcomes: list[Outcome] = []
+        start, size = 0, len(batch)
+        while start < size:
+            kind = type(batch[start].op)
+            end = start + 1
+            if issubclass(kind, GroupOp):
+                while end < size and type(batch[end].op) is kind:
+                    end += 1
+            if end - start > 1:
+                outcomes += self._apply_group(conn, batch[start:end])
+            else:
+                outcomes.append(self._apply(conn, batch[start], savepoint=True))
+            start = end
+        return outcomes
+
+    def _apply_group(self, conn: sqlite3.Connection, group: list[_Item]) -> list[Outcome]:
+        """Run consecutive operations of one :class:`GroupOp` class together (one savepoint),
+        or one by one if the group says it cannot or fails."""
+        kind = type(group[0].op)
+        assert issubclass(kind, GroupOp)
+        conn.execute("SAVEPOINT ops")
+        try:
+            outcomes = kind.run_group(conn, [item.op for item in group])
+        except Exception:
+            if not conn.in_transaction:
+                raise  # SQLite rolled the whole transaction back (I/O error, full disk)
+            outcomes = None
+        if outcomes is None:
+            conn.execute("ROLLBACK TO ops")
+            conn.execute("RELEASE ops")
+            return [self._apply(conn, item, savepoint=True) for item in group]
+        conn.execute("RELEASE ops")
+        return outcomes
+
+    def _apply(self, conn: sqlite3.Connection, item: _Item, *, savepoint: bool) -> Outcome:
         savepoint = savepoint and not item.atomic
         if savepoint:
             conn.execute("SAVEPOINT op")
