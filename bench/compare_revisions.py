@@ -7,7 +7,8 @@ a change from the median): the machine's noise on that case in that run. A chang
 both spreads is not a change. The earlier revision is checked out in a temporary git worktree
 (removed afterwards); the benchmark code itself is always the working tree's.
 
-usage: python bench/compare_revisions.py REV [--rounds N] [--kind cpu|runs|scale|scalecpu|sequential]
+usage: python bench/compare_revisions.py REV [--rounds N]
+       [--kind cpu|runs|scale|scalecpu|sequential]
 """
 
 from __future__ import annotations
