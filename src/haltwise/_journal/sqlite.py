@@ -116,6 +116,9 @@ def _checkpoint_pages(synchronous: str) -> int:
     return 1000 if synchronous in _SYNCED else 4096
 
 
+#: a file's data made durable: macOS has no fdatasync
+_sync_data = getattr(os, "fdatasync", os.fsync)
+
 #: The bytes of a WAL file's header and of each frame's header (SQLite's file format).
 _WAL_HEADER, _FRAME_HEADER = 32, 24
 
@@ -145,10 +148,10 @@ def _preallocate_wal(conn: sqlite3.Connection, path: str, pages: int) -> None:
     except OSError:
         return
     try:
-        end = os.fstat(fd).st_size
+        end = os.lseek(fd, 0, os.SEEK_END)
         if end < size:
-            os.pwrite(fd, bytes(size - end), end)
-            os.fdatasync(fd)
+            os.write(fd, bytes(size - end))
+            _sync_data(fd)
     except OSError:
         pass
     finally:
