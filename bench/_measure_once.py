@@ -2,6 +2,9 @@
 haltwise ``PYTHONPATH`` points at; prints one number per fresh database.
 
 usage: python _measure_once.py scale RUNS EFFECT   (durable steps per second, 20-step runs)
+       python _measure_once.py scalecpu RUNS EFFECT   (CPU us per step of the same: every
+                                                   thread of the process, so less moved by
+                                                   the disk and the load than steps per second)
        python _measure_once.py sequential STEPS SYNCHRONOUS   (us per step, one run)
        python _measure_once.py runs RUNS EFFECT   (us per run of RUNS concurrent runs of no
                                                    steps: a run's fixed costs)
@@ -16,6 +19,7 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import anyio
 from _peer_haltwise import trivial_run
@@ -25,8 +29,11 @@ import haltwise
 DATABASES = 2
 
 
-async def concurrent(url: str, runs: int, steps: int, effect: str) -> float:
-    """Seconds for ``runs`` runs of ``steps`` steps, started together, to be final."""
+async def concurrent(
+    url: str, runs: int, steps: int, effect: str, clock: Callable[[], float] = time.perf_counter
+) -> float:
+    """Seconds for ``runs`` runs of ``steps`` steps, started together, to be final (by
+    ``clock``: wall time, or ``time.process_time`` for the CPU they took)."""
 
     async def one(runtime: haltwise.Runtime, k: int) -> None:
         handle = await runtime.start(trivial_run, steps, effect, task_id=f"run-{k}")
@@ -34,11 +41,11 @@ async def concurrent(url: str, runs: int, steps: int, effect: str) -> float:
             raise SystemExit(f"run {k} did not complete")
 
     async with haltwise.Runtime(url) as runtime:
-        start = time.perf_counter()
+        start = clock()
         async with anyio.create_task_group() as group:
             for k in range(runs):
                 group.start_soon(one, runtime, k)
-        return time.perf_counter() - start
+        return clock() - start
 
 
 @haltwise.tool(cancel="finish", effect="none")
@@ -83,6 +90,9 @@ def main() -> None:
         path = f"{tempfile.mkdtemp(prefix='haltwise-compare-')}/journal.db"
         if kind == "scale":
             print(size * 20 / anyio.run(concurrent, f"sqlite:///{path}", size, 20, setting))
+        elif kind == "scalecpu":
+            cpu = anyio.run(concurrent, f"sqlite:///{path}", size, 20, setting, time.process_time)
+            print(cpu / (size * 20) * 1e6)
         elif kind == "cpu":
             print(anyio.run(cpu_per_step, f"sqlite:///{path}?synchronous=off", size, setting))
         elif kind == "runs":

@@ -7,7 +7,8 @@ a change from the median): the machine's noise on that case in that run. A chang
 both spreads is not a change. The earlier revision is checked out in a temporary git worktree
 (removed afterwards); the benchmark code itself is always the working tree's.
 
-usage: python bench/compare_revisions.py REV [--rounds N] [--kind scale|runs|sequential]
+usage: python bench/compare_revisions.py REV [--rounds N]
+       [--kind cpu|runs|scale|scalecpu|sequential]
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ from _report import header, median, table
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-#: (what, kind, size, setting, unit): scale measures steps/s (higher is better), sequential
-#: us per step, runs us per run (a run's fixed costs: its creation, start, end and outcome) and
-#: cpu the CPU time of a step without the disk (synchronous=OFF; lower is better)
+#: (what, kind, size, setting, unit): scale measures steps/s (higher is better), scalecpu the
+#: CPU time per step of the same runs (lower is better: the disk's and the machine's other work
+#: move it less than steps/s), sequential us per step, runs us per run (a run's fixed costs: its
+#: creation, start, end and outcome) and cpu the CPU time of a step without the disk
+#: (synchronous=OFF; lower is better)
 CASES = [
     ("1,000 runs, effect=none", "scale", 1000, "none", "steps/s"),
+    ("1,000 runs, effect=none, CPU", "scalecpu", 1000, "none", "CPU us/step"),
     ("1,000 runs, effect=write", "scale", 1000, "write", "steps/s"),
     ("100 runs, effect=none", "scale", 100, "none", "steps/s"),
     ("10 runs, effect=none", "scale", 10, "none", "steps/s"),
