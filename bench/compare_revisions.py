@@ -2,10 +2,13 @@
 
 Each measurement runs in a fresh process (``_measure_once.py``), alternating between the two
 source trees round after round, so that the machine's slow and fast spells fall on both alike;
-the table shows the medians. The earlier revision is checked out in a temporary git worktree
+the table shows the medians, and beside each the spread of its databases (lowest to highest, as
+a change from the median): the machine's noise on that case in that run. A change smaller than
+both spreads is not a change. The earlier revision is checked out in a temporary git worktree
 (removed afterwards); the benchmark code itself is always the working tree's.
 
-usage: python bench/compare_revisions.py REV [--rounds N] [--kind scale|runs|sequential]
+usage: python bench/compare_revisions.py REV [--rounds N]
+       [--kind cpu|runs|scale|scalecpu|scalewrites|sequential]
 """
 
 from __future__ import annotations
@@ -21,14 +24,20 @@ from _report import header, median, table
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-#: (what, kind, size, setting, unit): scale measures steps/s (higher is better), sequential
-#: us per step, runs us per run (a run's fixed costs: its creation, start, end and outcome) and
-#: cpu the CPU time of a step without the disk (synchronous=OFF; lower is better)
+#: (what, kind, size, setting, unit): scale measures steps/s (higher is better), scalecpu the
+#: CPU time per step of the same runs (lower is better: the disk's and the machine's other work
+#: move it less than steps/s), scalewrites the KiB written per step of the same runs (all
+#: files: the WAL, the checkpoints' copies, temporary files; Linux), sequential us per step,
+#: runs us per run (a run's fixed costs: its creation, start, end and outcome) and cpu the CPU
+#: time of a step without the disk (synchronous=OFF; lower is better)
 CASES = [
     ("1,000 runs, effect=none", "scale", 1000, "none", "steps/s"),
+    ("1,000 runs, effect=none, CPU", "scalecpu", 1000, "none", "CPU us/step"),
+    ("1,000 runs, effect=none, written", "scalewrites", 1000, "none", "KiB/step"),
     ("1,000 runs, effect=write", "scale", 1000, "write", "steps/s"),
     ("100 runs, effect=none", "scale", 100, "none", "steps/s"),
     ("10 runs, effect=none", "scale", 10, "none", "steps/s"),
+    ("10 runs, effect=none, written", "scalewrites", 10, "none", "KiB/step"),
     ("1,000 runs of no steps", "runs", 1000, "none", "us/run"),
     ("1 run, 1,000 steps, FULL", "sequential", 1000, "full", "us/step"),
     ("1 run, 5,000 steps, NORMAL", "sequential", 5000, "normal", "us/step"),
@@ -80,14 +89,32 @@ def main() -> None:
     print(f"{args.rounds} rounds, alternating, {2 * args.rounds} fresh databases per cell:\n")
     rows = []
     for what, _kind, _size, _setting, unit in cases:
-        before, after = median(results[(what, short)]), median(results[(what, "working tree")])
-        change = after / before - 1
+        olds, news = results[(what, short)], results[(what, "working tree")]
+        before, after = median(olds), median(news)
         better = "higher" if unit == "steps/s" else "lower"
-        shown = f"{change:+.0%}" if abs(change) >= 0.005 else "0%"
         rows.append(
-            [what, f"{unit} ({better} is better)", f"{before:,.1f}", f"{after:,.1f}", shown]
+            [
+                what,
+                f"{unit} ({better} is better)",
+                f"{before:,.1f}",
+                spread(olds),
+                f"{after:,.1f}",
+                spread(news),
+                percent(after / before - 1),
+            ]
         )
-    print(table(["case", "unit", short, "working tree", "change"], rows))
+    headers = ["case", "unit", short, "spread", "working tree", "spread", "change"]
+    print(table(headers, rows))
+
+
+def percent(change: float) -> str:
+    return f"{change:+.0%}" if abs(change) >= 0.005 else "0%"
+
+
+def spread(values: list[float]) -> str:
+    """The lowest and highest of ``values`` as changes from their median: ``-4%..+6%``."""
+    middle = median(values)
+    return f"{percent(min(values) / middle - 1)}..{percent(max(values) / middle - 1)}"
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Every tool body records itself in a "world" directory (``$FLEET_WORLD``), so tha
 count executions against the journal whatever process ran them and however it ended:
 
 - ``executions``: ``start RUN INDEX PID`` when a tool body begins, ``done RUN INDEX PID`` when it
-  returns (a kill -9 between the two leaves only the ``start``);
+  returns (a kill -9 between the two leaves only the ``start``), ``undo RUN INDEX PID`` when a
+  compensation begins;
 - ``charges``: ``RUN INDEX KEY``, the idempotency key each execution of ``charge`` was given.
 
 Each line is one ``write`` to a file opened for appending, so lines from several processes never
@@ -16,6 +17,7 @@ interleave, and their order in the file is the order in which they were written.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -118,4 +120,48 @@ async def slow(run: str) -> list[object]:
     return [await look(run, 0), await deliver(run, 1), await look(run, 2)]
 
 
-TASKS: dict[str, haltwise.Task[..., object]] = {"fleet:job": job, "fleet:slow": slow}
+@haltwise.tool(cancel="interruptible", effect="read")
+async def die(run: str, index: int) -> int:
+    """SIGKILLs its own process first thing, before the execution record: the kill -9 that
+    lands after a step's start is journaled and before its body begins."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("SIGKILL returned")
+
+
+@haltwise.task(name="fleet:dies")
+async def dies(run: str) -> list[object]:
+    return [await die(run, 0), await look(run, 1)]
+
+
+async def unreserve(run: str, index: int) -> None:
+    """The compensation of ``reserve``: records itself (``undo RUN INDEX PID`` in
+    ``executions``), then waits while the run's hold file exists (a test acts meanwhile)."""
+    _log("executions", f"undo {run} {index} {os.getpid()}")
+    await _while_held(run)
+
+
+@haltwise.tool(cancel="rollback", effect="write", compensate=unreserve, grace=10)
+async def reserve(run: str, index: int) -> str:
+    """Records its start, then, the first time, SIGKILLs its own process: the step is left
+    ``running`` by a dead owner, and whoever takes the run over compensates it first. (Run
+    again, it returns: a test that sees two starts fails, and its process lives on.)"""
+    _start(run, index)
+    first = _world() / f"reserved-{run}"
+    if not first.exists():
+        first.touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    _done(run, index)
+    return f"reserved-{index}"
+
+
+@haltwise.task(name="fleet:reserve")
+async def reserves(run: str) -> list[object]:
+    return [await reserve(run, 0), await look(run, 1)]
+
+
+TASKS: dict[str, haltwise.Task[..., object]] = {
+    "fleet:job": job,
+    "fleet:slow": slow,
+    "fleet:dies": dies,
+    "fleet:reserve": reserves,
+}

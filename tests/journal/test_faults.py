@@ -104,6 +104,15 @@ async def test_with_many_runs_a_locked_database_never_stalls_the_event_loop(
     assert (await anyio.to_thread.run_sync(haltwise.verify_store, sqlite_url)).ok
 
 
+async def test_the_writer_keeps_its_savepoint_journal_in_memory(sqlite_url: str) -> None:
+    # A savepoint's (and a triggering statement's) journal holds a copy of every page it
+    # changes; in a temporary file, past 64 KiB, that is a write call per page.
+    async with haltwise.Runtime(sqlite_url) as rt:
+        conn = rt.store._writer.conn  # type: ignore[attr-defined]
+        with rt.store._writer.conn_lock:  # type: ignore[attr-defined]
+            assert conn.execute("PRAGMA temp_store").fetchone()[0] == 2  # MEMORY
+
+
 @haltwise.tool(cancel="interruptible", effect="none")
 async def bump(i: int) -> int:
     return i + 1
@@ -138,6 +147,31 @@ async def test_many_runs_share_their_commits(sqlite_url: str) -> None:
     assert [outcome.result for outcome in outcomes] == [steps * (steps + 1) // 2] * runs
     assert sum(len(o.steps) for o in outcomes) == runs * steps
     assert len(commits) < runs, f"{len(commits)} commits for {runs * steps} steps"
+
+
+async def test_a_big_batch_checkpoints_at_4096_pages_and_one_run_at_the_stores_limit(
+    sqlite_url: str,
+) -> None:
+    # At FULL the store checkpoints its WAL at 1,000 pages; the batch of 400 runs (a start and
+    # the previous step's settlement each: 800 operations) raises that to 4,096 pages for its
+    # commit, so that not every such commit checkpoints; smaller commits (the batch's tail, one
+    # run's) put it back.
+    async with haltwise.Runtime(sqlite_url) as rt:
+        settings: list[str] = []
+        rt.store._writer.conn.set_trace_callback(  # type: ignore[attr-defined]
+            lambda sql: settings.append(sql) if "wal_autocheckpoint" in sql else None
+        )
+
+        async def one(k: int) -> None:
+            handle = await rt.start(bumps, 3, task_id=f"b{k}")
+            assert (await handle.outcome()).state is State.COMPLETED
+
+        async with anyio.create_task_group() as group:
+            for k in range(400):
+                group.start_soon(one, k)
+        assert settings[0] == "PRAGMA wal_autocheckpoint = 4096", settings
+        await one(400)
+    assert settings[-1] == "PRAGMA wal_autocheckpoint = 1000", settings
 
 
 @haltwise.task(name="test_faults:chatty")

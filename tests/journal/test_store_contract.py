@@ -816,6 +816,106 @@ async def test_a_settlement_that_need_not_be_durable_is_committed_while_the_stor
                 await store.wait_for_change(0.05)
 
 
+async def together(writes: dict[str, Any]) -> dict[str, Any]:
+    """Await the store calls ``writes`` concurrently (submitted in their order, so that they
+    share a batch); each one's result, or its error's type."""
+    outcomes: dict[str, Any] = {}
+
+    async def run(name: str, write: Any) -> None:
+        try:
+            outcomes[name] = await write
+        except Exception as error:
+            outcomes[name] = type(error)
+
+    async with anyio.create_task_group() as group:
+        for name, write in writes.items():
+            group.start_soon(run, name, write)
+    return outcomes
+
+
+async def test_writes_submitted_together_each_end_as_they_would_alone(store_url: str) -> None:
+    # Many runs' writes in one batch (SQLite commits consecutive settlements, and consecutive
+    # transitions, as one statement per kind): each still succeeds or fails on its own, as it
+    # would alone, and the journal is what writing them one after the other leaves.
+    async with opened(store_url) as store:
+        for run_id in ("a", "b", "c", "lost", "done", "twice"):
+            await reach(store, run_id, State.RUNNING)
+            await store.start_step(run_id, step(0), fence=OWNER.token)
+        await store.transition("done", State.COMPLETED, expected={State.RUNNING}, owner=None)
+        assert await store.claim("lost", OTHER, lease_until=50.0, expected_owner=OWNER.token)
+        store.set_concurrency(10)  # many runs active: the writes share a batch
+        fence = OWNER.token
+        interrupted = StepStatus.INTERRUPTED
+        settled = await together(
+            {run_id: store.settle_step(run_id, 0, interrupted, fence=fence) for run_id in "abc"}
+        )
+        assert settled == {"a": None, "b": None, "c": None}
+        settled = await together(
+            {
+                run_id: store.settle_step(run_id, 0, StepStatus.FAILED, fence=fence)
+                for run_id in ("twice", "lost", "c")
+            }
+        )
+        assert settled == {"twice": None, "lost": LostOwnershipError, "c": None}
+        cancel_error = ErrorInfo(type="ValueError", message="late")
+        outcomes = await together(
+            {
+                "a": store.transition("a", State.CANCELLING, expected={State.RUNNING}, reason="x"),
+                "lost": store.transition(
+                    "lost", State.FAILED, expected={State.RUNNING}, fence=fence
+                ),
+                "missing": store.transition("missing", State.FAILED, expected={State.RUNNING}),
+                "done": store.transition("done", State.FAILED, expected={State.RUNNING}),
+                "b": store.transition(
+                    "b", State.COMPLETED, expected={State.RUNNING}, result=[1], owner=None
+                ),
+                "twice": store.transition("twice", State.CANCELLING, expected={State.RUNNING}),
+            }
+        )
+        assert (outcomes.pop("lost"), outcomes.pop("missing"), outcomes.pop("done")) == (
+            LostOwnershipError,
+            UnknownRunError,
+            InvalidTransitionError,
+        )
+        again = await together(
+            {
+                "twice": store.transition(
+                    "twice", State.CANCELLED, expected={State.CANCELLING}, cancel_error=cancel_error
+                ),
+                "twice, too late": store.transition(
+                    "twice", State.FAILED, expected={State.CANCELLING}
+                ),
+                "c": store.transition("c", State.CANCELLING, expected={State.RUNNING}),
+            }
+        )
+        assert again.pop("twice, too late") is InvalidTransitionError
+        outcomes.update({f"{name} again": run for name, run in again.items()})
+        assert {name: (run.state, run.reason) for name, run in outcomes.items()} == {
+            "a": (State.CANCELLING, "x"),
+            "b": (State.COMPLETED, None),
+            "twice": (State.CANCELLING, None),
+            "twice again": (State.CANCELLED, None),
+            "c again": (State.CANCELLING, None),
+        }
+        for name, run in outcomes.items():
+            if name != "twice":  # (then ended)
+                assert run == (await store.load(run.id)).run
+        assert (outcomes["b"].result, outcomes["b"].owner) == ([1], None)
+        assert outcomes["twice again"].cancel_error == cancel_error
+        steps = {run_id: (await store.load(run_id)).steps[0].status for run_id in "abc"}
+        assert steps == {"a": interrupted, "b": interrupted, "c": StepStatus.FAILED}
+        assert (await store.load("lost")).steps[0].status is StepStatus.RUNNING
+        assert (await store.load("lost")).run.state is State.RUNNING
+        assert replay(await store.events()) == {
+            "a": State.CANCELLING,
+            "b": State.COMPLETED,
+            "c": State.CANCELLING,
+            "lost": State.RUNNING,
+            "done": State.COMPLETED,
+            "twice": State.CANCELLED,
+        }
+
+
 async def test_append_partial_is_idempotent_per_seq(store_url: str) -> None:
     async with opened(store_url) as store:
         await reach(store, "r", State.RUNNING)

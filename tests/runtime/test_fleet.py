@@ -8,6 +8,8 @@
 - SIGTERM: a worker lets its ``finish`` step finish, hands the run over and exits 0; another
   worker completes it without running that step again. A second signal exits at once.
 - A pending run claimed by a worker that died before starting it is taken over.
+- A kill after a step's start is journaled and before its body begins leaves the run to a cancel;
+  a cancel that lands while a worker (or resume) takes a run over is acted on: cancelled.
 - A worker whose database connections are cut for a few seconds keeps going; a store error while
   a step is being committed never makes that step run again.
 
@@ -230,9 +232,12 @@ class Scale:
 
 @dataclass
 class FleetRecord:
-    """What happened around the fleet: the state each cancel request returned, and the kill."""
+    """What happened around the fleet: the state each cancel request returned, the owner each
+    found, and the kill."""
 
     returned: dict[str, State]
+    #: the pid of the run's owner read just before each cancel request (None: no owner)
+    found_owner: dict[str, int | None]
     victim: int
     #: bodies the victim had begun and not finished when it was killed: {run: index}
     in_flight: dict[str, int]
@@ -256,8 +261,9 @@ async def cancel_at_random_moments(
     scale: Scale,
     rng: random.Random,
     hold: tuple[str, anyio.Event],
-) -> dict[str, State]:
-    """Cancel every run in ``targets``, each at a random moment, and return what cancel said.
+) -> tuple[dict[str, State], dict[str, int | None]]:
+    """Cancel every run in ``targets``, each at a random moment; return what cancel said and
+    the pid of the owner the journal showed just before each request.
 
     A fifth, the last submitted (workers take runs in submission order), are cancelled within
     the first 50 ms, while they are still pending; the held one (see :func:`hold_one`) as soon
@@ -267,10 +273,15 @@ async def cancel_at_random_moments(
     completed).
     """
     returned: dict[str, State] = {}
+    found_owner: dict[str, int | None] = {}
     held, held_cancelled = hold
 
     async def cancel_after(run_id: str, delay: float) -> None:
         await anyio.sleep(delay)  # the random moment itself
+        # A run seen started has an owner, which changes only if it dies (only the victim
+        # does) and a worker takes the run over: the request finds this owner or a live one.
+        owner = (await runtime.store.load(run_id)).run.owner
+        found_owner[run_id] = None if owner is None else owner.pid
         record = await runtime.cancel(run_id, reason=CANCEL_REASON)
         returned[run_id] = record.state
         if run_id == held:
@@ -295,7 +306,7 @@ async def cancel_at_random_moments(
         if waiting:
             stuck = [(run_id, runs[run_id].owner) for run_id in sorted(waiting)]
             raise AssertionError(f"runs never started within 60 s: {stuck}")
-    return returned
+    return returned, found_owner
 
 
 async def kill_mid_way(
@@ -342,11 +353,13 @@ async def drive_fleet(
 
         async with anyio.create_task_group() as group:
             group.start_soon(killer)
-            returned = await cancel_at_random_moments(
+            returned, found_owner = await cancel_at_random_moments(
                 runtime, targets, scale, rng, (held, held_cancelled)
             )
         await wait_settled(runtime, ids, timeout=60)
-    return FleetRecord(returned=returned, victim=victim.pid, in_flight=in_flight)
+    return FleetRecord(
+        returned=returned, found_owner=found_owner, victim=victim.pid, in_flight=in_flight
+    )
 
 
 async def reconcile(url: str, snapshots: Mapping[str, RunSnapshot]) -> list[str]:
@@ -404,8 +417,9 @@ def check_fleet(
             # it was still pending (nothing ran), or the kill left it to nobody and the cancel
             # settled it there, as a takeover would (CONTRACT.md, cancel)
             assert run.state is State.CANCELLED, (run_id, snapshot)
-            assert not snapshot.steps or run_id in last_by_victim, (run_id, snapshot)
-            assert snapshot.outcome().retry is Retry.RESTART
+            if snapshot.steps:
+                check_left_by_the_victim(run_id, snapshot, executions, record)
+            assert snapshot.outcome().retry is advice_when_cancelled(snapshot), (run_id, snapshot)
         elif cancelled_as is State.CANCELLING:  # it ran: cancelled, or returned before a checkpoint
             assert run.state in (State.CANCELLED, State.COMPLETED), (run_id, run)
         else:  # it was final already (completed, or failed by the kill and reconciled since)
@@ -428,6 +442,32 @@ def check_fleet(
         assert {i for (r, i) in starts if r == run_id} <= journaled, "a body ran unjournaled"
     assert len(record.returned) == scale.cancels, "a cancel request was lost"
     return tally
+
+
+def check_left_by_the_victim(
+    run_id: str, snapshot: RunSnapshot, executions: list[Execution], record: FleetRecord
+) -> None:
+    """A run with steps that a cancel found nobody working (and settled): the victim was its
+    last owner, and no other process ran any of its bodies.
+
+    Its bodies' executions show it, unless the kill came after the victim journaled the first
+    step's start and before that body began (its first line writes the record): then only the
+    owner the journal showed just before the cancel does, and no body of the run ran at all.
+    """
+    pids = {e.pid for e in executions if e.run == run_id}
+    assert pids <= {record.victim}, (run_id, "worked by", pids, snapshot)
+    found = record.found_owner[run_id]
+    assert pids or found == record.victim, (run_id, "owner before the cancel", found, snapshot)
+
+
+def advice_when_cancelled(snapshot: RunSnapshot) -> Retry:
+    """The retry advice of a cancelled ``fleet:job`` run (CONTRACT.md, "Outcome and retry
+    advice"): ``reconcile`` if the kill left a ``record`` step (not idempotent) ``unknown``;
+    ``resume`` once it reached step 1 (``charge``, external: committed, or ``unknown`` and
+    idempotent); ``restart`` if it never got past its first ``look`` (or never began)."""
+    if any(s.status is StepStatus.UNKNOWN and s.tool == "record" for s in snapshot.steps):
+        return Retry.RECONCILE
+    return Retry.RESUME if len(snapshot.steps) > 1 else Retry.RESTART
 
 
 def check_charges(world: Path) -> None:
@@ -497,6 +537,148 @@ def test_fleet_of_two_on_one_sqlite_file_survives_a_kill_and_random_cancels(
 ) -> None:
     scale = Scale(workers=2, runs=60, cancels=10, step_delay=0.01)
     print(dict(run_fleet(sqlite_url, tmp_path, monkeypatch, scale, seed=7)))
+
+
+def work_until_killed(url: str, world: Path, run_id: str, task: str) -> int:
+    """Submit run ``run_id`` of ``task`` (one whose step SIGKILLs its own process) and let a
+    worker take it until it is killed; return the dead worker's pid."""
+    anyio.run(submit_runs, url, [run_id], task)
+    worker = WorkerProcess(url, world)
+    try:
+        code = worker.wait(timeout=30)
+    finally:
+        worker.kill()
+    assert code == -signal.SIGKILL, (code, worker.stderr())
+    return worker.pid
+
+
+def test_a_kill_after_a_step_start_is_journaled_leaves_the_run_to_a_cancel(
+    store_url: str, tmp_path: Path
+) -> None:
+    # The fleet test's kill can land between the victim journaling a step's start and that
+    # body's first line: the run shows a journaled step, no execution, and a cancel settles it.
+    # Step into that window: the step's tool SIGKILLs its own process first thing.
+    world = tmp_path / "world"
+    world.mkdir()
+    dead = work_until_killed(store_url, world, "dies", "fleet:dies")
+
+    async def cancel() -> tuple[RunSnapshot, State, RunSnapshot]:
+        async with Runtime(store_url) as runtime:
+            before = await runtime.store.load("dies")
+            record = await runtime.cancel("dies", reason=CANCEL_REASON)
+            return before, record.state, await runtime.store.load("dies")
+
+    before, returned, after = anyio.run(cancel)
+    assert before.run.owner is not None and before.run.owner.pid == dead, before.run
+    assert [(s.index, s.tool, s.status) for s in before.steps] == [(0, "die", StepStatus.RUNNING)]
+    assert returned is State.CANCELLED, "nobody works the run: the cancel settles it"
+    assert after.run.state is State.CANCELLED and after.run.reason == CANCEL_REASON, after.run
+    assert [(s.index, s.status) for s in after.steps] == [(0, StepStatus.INTERRUPTED)]
+    assert after.outcome().retry is Retry.RESTART
+    executions = read_executions(world)
+    assert executions == [], executions
+    # The fleet test's check accepts such a run by the owner the cancel found ...
+    record = FleetRecord(
+        returned={"dies": returned}, found_owner={"dies": dead}, victim=dead, in_flight={}
+    )
+    check_left_by_the_victim("dies", after, executions, record)
+    # ... and only by it.
+    stranger = FleetRecord(
+        returned={"dies": returned}, found_owner={"dies": None}, victim=dead, in_flight={}
+    )
+    with pytest.raises(AssertionError, match="owner before the cancel"):
+        check_left_by_the_victim("dies", after, executions, stranger)
+    report = haltwise.verify_store(store_url)
+    assert report.ok, report.findings
+
+
+# -- a cancel that lands while a run is being taken over -------------------------------------
+
+
+def leave_a_rollback_step_to_compensate(url: str, world: Path, run_id: str) -> int:
+    """A worker begins ``fleet:reserve``'s rollback step and dies (SIGKILL) in its body; the
+    run's hold file is made, so that whoever takes the run over waits in the compensation.
+    Returns the dead worker's pid."""
+    dead = work_until_killed(url, world, run_id, "fleet:reserve")
+    fleet_agent.hold_file(run_id).touch()
+    return dead
+
+
+def undo_began(found: list[Execution]) -> bool:
+    return any(e.kind == "undo" for e in found)
+
+
+def check_cancelled_during_takeover(
+    outcome: Outcome, world: Path, dead: int, taker: int, url: str
+) -> None:
+    """The cancel that landed mid-takeover was acted on: cancelled with its reason, the
+    rollback step compensated once by the taker, and nothing run again."""
+    assert outcome.state is State.CANCELLED and outcome.reason == CANCEL_REASON, outcome
+    assert all(s.status is not StepStatus.RUNNING for s in outcome.steps), outcome.steps
+    assert [(e.kind, e.index, e.pid) for e in read_executions(world)] == [
+        ("start", 0, dead), ("undo", 0, taker),
+    ]  # fmt: skip
+    report = haltwise.verify_store(url)
+    assert report.ok, report.findings
+
+
+def test_a_cancel_landing_while_a_worker_takes_a_run_over_cancels_it(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker read the run running, then was cancelled in the compensation it ran to settle
+    # the dead owner's step: it used to try cancelling -> running and crash, leaving the run
+    # cancelling and owned by a process that works nothing.
+    world = tmp_path / "world"
+    world.mkdir()
+    monkeypatch.setenv("FLEET_WORLD", str(world))  # the hold file's directory
+    dead = leave_a_rollback_step_to_compensate(store_url, world, "taken")
+    taker = WorkerProcess(store_url, world)
+
+    async def cancel_mid_takeover() -> tuple[State, Outcome]:
+        async with Runtime(store_url) as runtime:
+            await poll_world(world, undo_began, 30, "the taker's compensation to begin")
+            record = await runtime.cancel("taken", reason=CANCEL_REASON)
+            fleet_agent.hold_file("taken").unlink()
+            with anyio.fail_after(20):
+                return record.state, await runtime.outcome("taken")
+
+    try:
+        returned, outcome = anyio.run(cancel_mid_takeover)
+        assert taker.proc.poll() is None, f"the worker died: {taker.stderr()}"
+        taker.stop()
+    finally:
+        taker.kill()
+    assert returned is State.CANCELLING, "a live worker holds the run: it settles the cancel"
+    check_cancelled_during_takeover(outcome, world, dead, taker.pid, store_url)
+
+
+def test_a_cancel_landing_while_resume_takes_a_run_over_cancels_it(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As above, through resume: it raised InvalidTransitionError (cancelling -> running).
+    world = tmp_path / "world"
+    world.mkdir()
+    monkeypatch.setenv("FLEET_WORLD", str(world))  # for the compensation, run in this process
+    dead = leave_a_rollback_step_to_compensate(store_url, world, "resumed")
+
+    async def resume_and_cancel_mid_takeover() -> tuple[State, Outcome]:
+        async with Runtime(store_url) as resumer, Runtime(store_url) as canceller:
+            handles: list[haltwise.TaskHandle] = []
+
+            async def resume() -> None:
+                handles.append(await resumer.resume("resumed", task=fleet_agent.reserves))
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(resume)
+                await poll_world(world, undo_began, 30, "the resume's compensation to begin")
+                record = await canceller.cancel("resumed", reason=CANCEL_REASON)
+                fleet_agent.hold_file("resumed").unlink()
+            with anyio.fail_after(20):
+                return record.state, await handles[0].outcome()
+
+    returned, outcome = anyio.run(resume_and_cancel_mid_takeover)
+    assert returned is State.CANCELLING, "the resuming runtime holds the run: it settles it"
+    check_cancelled_during_takeover(outcome, world, dead, os.getpid(), store_url)
 
 
 # -- stopping a worker: hand-over on SIGTERM, exit at once on a second signal -----------------

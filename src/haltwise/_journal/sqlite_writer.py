@@ -14,6 +14,10 @@ durable (at the connection's ``synchronous`` setting) when it returns. An operat
   transaction: for a caller that is not on an event loop (``emit`` from a tool's thread), and
   whenever the other two find the database locked by another process.
 
+Consecutive operations of one :class:`GroupOp` class in a batch (the settlements, or the final
+transitions, of many runs ending together) run as one group: one ``executemany`` for all, each
+operation's outcome the same as alone.
+
 The fast path and the loop's batch never wait for another process's lock (they would block the
 event loop): they hand their operations to the writer thread instead, which waits up to the busy
 timeout. They run on the loop's thread, not the writer's, because the two threads share one GIL:
@@ -41,7 +45,40 @@ from .._core.exceptions import StoreError
 
 Op = Callable[[sqlite3.Connection], Any]
 _Deliver = Callable[[Any, BaseException | None], None]
+Outcome = tuple[Any, BaseException | None]
 _MAX_BATCH = 512
+#: A commit of at least this many operations (the loop's batch of many runs) checkpoints the
+#: WAL at :data:`_BIG_BATCH_CHECKPOINT` pages at the least, not at the store's own limit: the
+#: batch of a thousand runs (a step's start and the previous one's settlement each) writes
+#: ~1,300 WAL frames, so at ``FULL``'s 1,000 pages every such commit checkpointed, copying every
+#: frame it wrote into the database file once more, with two more syncs (measured: 24% fewer
+#: bytes written per step at 1,000 runs; docs/benchmarks.md, issue 13). A commit of fewer
+#: operations puts the store's own limit back (it commits a few frames: the WAL cycles sooner).
+_BIG_BATCH = 512
+_BIG_BATCH_CHECKPOINT = 4096
+
+
+class GroupOp:
+    """An operation that runs more cheaply together with the operations of its own class that
+    were submitted right before or after it (one ``executemany`` for all, say).
+
+    Called on a connection, it runs alone, as any operation. Consecutive operations of one
+    such class in a batch are handed to :meth:`run_group` together: it returns each one's
+    outcome in order, exactly as running them one after the other would have, or None, having
+    written nothing, to say it cannot (then each runs alone, in its own savepoint, as any
+    other operation). If it raises, the batch's transaction is rolled back and the batch run
+    again with no groups.
+    """
+
+    __slots__ = ()
+
+    def __call__(self, conn: sqlite3.Connection) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def run_group(cls, conn: sqlite3.Connection, ops: list[Any]) -> list[Outcome] | None:
+        """The outcomes of ``ops`` (instances of this class), or None (see the class)."""
+        raise NotImplementedError
 
 
 @dataclass(slots=True)
@@ -81,6 +118,10 @@ class _Item:
             future.set_result(value)
 
 
+class _GroupFailed(Exception):
+    """A group of operations failed once it had written: run the batch again without groups."""
+
+
 @dataclass(slots=True)
 class _Waiter:
     """Lets a thread (not the event loop) block on an operation's completion."""
@@ -92,6 +133,38 @@ class _Waiter:
     def deliver(self, value: Any, error: BaseException | None) -> None:
         self.value, self.error = value, error
         self.done.set()
+
+
+@dataclass(slots=True)
+class _Signal:
+    """A future of the event loop that made it, completed from another thread (the writer's
+    "ready" and "ended"), with the error the thread hit, or None."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[BaseException | None]
+
+    @classmethod
+    def here(cls) -> _Signal:
+        loop = asyncio.get_running_loop()
+        return cls(loop, loop.create_future())
+
+    def send(self, error: BaseException | None) -> None:
+        """Complete the future (from any thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self._complete, error)
+        except RuntimeError:  # that loop is closed: nobody waits any more
+            pass
+
+    def _complete(self, error: BaseException | None) -> None:
+        if not self.future.done():
+            self.future.set_result(error)
+
+    async def wait(self) -> BaseException | None:
+        """Wait for :meth:`send`; a cancel of the caller does not cut the wait (the thread
+        goes on either way, as a thread the caller waited on would)."""
+        with anyio.CancelScope(shield=True):
+            error = await self.future
+        return error
 
 
 def store_error(path: str, error: sqlite3.Error) -> StoreError:
@@ -138,6 +211,7 @@ class Writer:
         busy_timeout: float,
         connect: Callable[[], sqlite3.Connection],
         prepare: Callable[[sqlite3.Connection], None],
+        checkpoint_pages: int,
     ) -> None:
         self.path = path
         self.busy_timeout = busy_timeout
@@ -165,6 +239,9 @@ class Writer:
         # The connection's busy timeout as last set (ms): the fast path needs 0, the writer
         # thread the full timeout, and a PRAGMA is paid only on a switch between the two.
         self._busy_ms = int(busy_timeout * 1000)
+        #: the WAL size (pages) at which a commit checkpoints, as ``prepare`` set it, and as the
+        #: connection has it now (a PRAGMA is paid only on a switch: see _BIG_BATCH)
+        self._checkpoint_pages = self._checkpoint_now = checkpoint_pages
         #: Whether an idle writer may run an operation on the caller's thread. Off while many
         #: runs share the store: a commit done inline blocks the event loop, so the other runs
         #: could not queue their writes to share it; they go to the loop's batch instead.
@@ -175,44 +252,59 @@ class Writer:
         self._loop_batch: list[_Item] = []
         self._batch_loop: asyncio.AbstractEventLoop | None = None
         self._batch_waits = False
+        #: told by the writer thread as it ends, once stop() asked (see stop and _main)
+        self._ended: _Signal | None = None
+        self._finished = False
 
     @property
     def running(self) -> bool:
         return self._thread is not None
 
     async def start(self) -> None:
-        """Open the connection (in the writer thread) and prepare it; raise what that raised."""
-        ready = _Waiter()
+        """Open the connection (in the writer thread) and prepare it; raise what that raised.
+
+        The wait is an event loop future the writer thread completes, not a worker thread of
+        anyio's blocked on it: that thread would stay on, idle, beside the run.
+        """
+        ready = _Signal.here()
+        self._ended = None
+        self._finished = False
         self._thread = threading.Thread(
             target=self._main, args=(ready,), name="haltwise-sqlite-writer", daemon=True
         )
         self._thread.start()
-        await anyio.to_thread.run_sync(ready.done.wait)
-        if ready.error is not None:
+        error = await ready.wait()
+        if error is not None:
             self._thread = None
-            raise ready.error
+            raise error
 
     async def stop(self) -> None:
         """Commit what is deferred, let the queue drain, close the connection."""
         thread, self._thread = self._thread, None
-        if thread is not None:
-            with self._lock:  # what is left of the loop's batch goes to the writer thread
-                self._enqueue([*self._deferred, *self._loop_batch])
-                self._deferred, self._loop_batch = [], []
-            self._queue.put(None)
-            await anyio.to_thread.run_sync(thread.join)
+        if thread is None:
+            return
+        ended = _Signal.here()
+        with self._lock:  # what is left of the loop's batch goes to the writer thread
+            self._enqueue([*self._deferred, *self._loop_batch])
+            self._deferred, self._loop_batch = [], []
+            if not self._finished:  # else the thread has ended already (see _main)
+                self._ended = ended
+        self._queue.put(None)
+        if self._ended is ended:
+            await ended.wait()
+        thread.join()  # it has closed the connection: only its return is left
 
     # -- executing operations --------------------------------------------------------------
 
-    def _main(self, ready: _Waiter) -> None:
+    def _main(self, ready: _Signal) -> None:
         try:
             conn = self._connect_fn()
             self._prepare_fn(conn)
             self.conn = conn
         except BaseException as error:
-            ready.deliver(None, error)
+            ready.send(error)
             return
-        ready.deliver(None, None)
+        ready.send(None)
         try:
             while (item := self._queue.get()) is not None:
                 batch, stop = self._drain(item)
@@ -230,6 +322,11 @@ class Writer:
         finally:
             self.conn = None
             conn.close()
+            with self._lock:
+                self._finished = True
+                ended = self._ended
+            if ended is not None:
+                ended.send(None)
 
     def _drain(self, first: _Item) -> tuple[list[_Item], bool]:
         batch = [first]
@@ -249,37 +346,91 @@ class Writer:
         """Run ``batch`` in one transaction; None if the write lock is taken and not ``wait``.
 
         Each operation runs in its own savepoint (when there are several), so one failing
-        changes nothing while the others commit. If the commit fails (a full disk, say),
-        every operation of the batch fails and nothing of it holds.
+        changes nothing while the others commit; an operation alone needs none (if it fails,
+        the transaction is rolled back). If the commit fails (a full disk, say), every
+        operation of the batch fails and nothing of it holds.
         """
         conn = self.conn
         assert conn is not None
-        try:
-            write = False
-            for item in batch:  # not any(...): a generator per commit costs more than this
-                if item.write:
-                    write = True
-                    break
-            if not self._begin(conn, write, wait=wait):
-                return None
-            outcomes = [self._apply(conn, item, savepoint=True) for item in batch]
-            conn.execute("COMMIT")
-            return outcomes
-        except sqlite3.Error as error:
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-            return [(None, store_error(self.path, error))] * len(batch)
-        except Exception as error:
-            if conn.in_transaction:
+        grouped = True
+        while True:
+            try:
+                return self._transaction(conn, batch, wait=wait, grouped=grouped)
+            except _GroupFailed:
                 conn.execute("ROLLBACK")
-            return [(None, error)] * len(batch)
+                grouped = False  # the batch again, each operation on its own
+            except sqlite3.Error as error:
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                return [(None, store_error(self.path, error))] * len(batch)
+            except Exception as error:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                return [(None, error)] * len(batch)
 
-    def _apply(
-        self, conn: sqlite3.Connection, item: _Item, *, savepoint: bool
-    ) -> tuple[Any, BaseException | None]:
+    def _transaction(
+        self, conn: sqlite3.Connection, batch: list[_Item], *, wait: bool, grouped: bool
+    ) -> list[Outcome] | None:
+        if len(batch) >= _BIG_BATCH or self._checkpoint_now != self._checkpoint_pages:
+            self._set_checkpoint(conn, len(batch))
+        write = False
+        for item in batch:  # not any(...): a generator per commit costs more than this
+            if item.write:
+                write = True
+                break
+        if not self._begin(conn, write, wait=wait):
+            return None
+        if len(batch) == 1:
+            # A savepoint costs a copy of every page the operation changes (the sub-journal):
+            # alone, it needs none, its failure undoes the whole transaction.
+            outcome = self._apply(conn, batch[0], savepoint=False)
+            conn.execute("COMMIT" if outcome[1] is None else "ROLLBACK")
+            return [outcome]
+        outcomes = self._apply_all(conn, batch, grouped=grouped)
+        conn.execute("COMMIT")
+        return outcomes
+
+    def _apply_all(
+        self, conn: sqlite3.Connection, batch: list[_Item], *, grouped: bool
+    ) -> list[Outcome]:
+        """Run every operation of ``batch`` in order, consecutive ones of one
+        :class:`GroupOp` class as a group (if ``grouped``)."""
+        outcomes: list[Outcome] = []
+        start, size = 0, len(batch)
+        while start < size:
+            kind = type(batch[start].op)
+            end = start + 1
+            if grouped and issubclass(kind, GroupOp):
+                while end < size and type(batch[end].op) is kind:
+                    end += 1
+            if end - start > 1:
+                outcomes += self._apply_group(conn, batch[start:end])
+            else:
+                outcomes.append(self._apply(conn, batch[start], savepoint=True))
+            start = end
+        return outcomes
+
+    def _apply_group(self, conn: sqlite3.Connection, group: list[_Item]) -> list[Outcome]:
+        """Run consecutive operations of one :class:`GroupOp` class together, or one by one
+        (each in its savepoint) if the group says it cannot. No savepoint around the group (it
+        would copy every page the group changes): if it fails once it has written, the whole
+        batch is run again without groups (:class:`_GroupFailed`)."""
+        kind = type(group[0].op)
+        assert issubclass(kind, GroupOp)
+        try:
+            outcomes = kind.run_group(conn, [item.op for item in group])
+        except Exception as error:
+            if not conn.in_transaction:
+                raise  # SQLite rolled the whole transaction back (I/O error, full disk)
+            raise _GroupFailed from error
+        if outcomes is None:
+            return [self._apply(conn, item, savepoint=True) for item in group]
+        return outcomes
+
+    def _apply(self, conn: sqlite3.Connection, item: _Item, *, savepoint: bool) -> Outcome:
         savepoint = savepoint and not item.atomic
         if savepoint:
             conn.execute("SAVEPOINT op")
@@ -318,6 +469,15 @@ class Writer:
                 f"store {self.path}: another writer held the database for more than "
                 f"{self.busy_timeout:g} s"
             ) from None
+
+    def _set_checkpoint(self, conn: sqlite3.Connection, operations: int) -> None:
+        """Set the WAL size at which the commit of ``operations`` operations checkpoints."""
+        pages = self._checkpoint_pages
+        if operations >= _BIG_BATCH:
+            pages = max(pages, _BIG_BATCH_CHECKPOINT)
+        if pages != self._checkpoint_now:
+            conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
+            self._checkpoint_now = pages
 
     def _set_busy_timeout(self, conn: sqlite3.Connection, milliseconds: int) -> None:
         if self._busy_ms != milliseconds:

@@ -244,7 +244,8 @@ class Runtime:
         A ``completed`` run runs nothing; a ``paused`` run is unpaused (:meth:`unpause`). A run
         whose owner died is taken over: its orphaned
         steps are settled by their policies and, if it was ``cancelling``, the cancel is finished
-        (``cancelled``, saga included) before it resumes. Refuses with
+        (``cancelled``, saga included) before it resumes; a cancel that lands while it is being
+        taken over is acted on once it runs, as any cancel of a running run. Refuses with
         :class:`~haltwise.RunOwnedError` while a live owner holds it, and with
         :class:`~haltwise.ResumeRefusedError` while an ``unknown`` step of a non-idempotent tool
         is not covered by ``assume_done`` (``{index: result}``: it happened, replay this result)
@@ -339,7 +340,9 @@ class Runtime:
 
         Unlike :meth:`resume`, a ``cancelling`` run is only finished (recorded ``cancelled``),
         and a run with an ``unknown`` step that may not run again is recorded ``failed`` with
-        error type ``UnknownStepError``; both return None. A final run returns None too.
+        error type ``UnknownStepError``; both return None. A run cancelled while it is being
+        taken over is launched, and ends as a run cancelled while it runs (see
+        :meth:`_continue`). A final run returns None too.
         Raises :class:`~haltwise.RunOwnedError` if a live owner holds it or another process
         took it first.
         """
@@ -390,7 +393,11 @@ class Runtime:
 
         A ``paused`` run goes back to ``running`` only if ``unpause``; otherwise (a worker taking
         it over) it stays paused, waiting at its first checkpoint, as a pause requested before
-        the takeover makes it pause there.
+        the takeover makes it pause there. A run ``cancelling`` here was cancelled while it was
+        being taken over (after the takeover's snapshot was read): it is ours now and launched
+        as it is, and the watcher delivers its cancel (it reads the requests of every run
+        launched since it last looked); its steps settle by their policies and it ends
+        ``cancelled`` as any run cancelled while it runs.
         """
         task_id = snapshot.run.id
         fence = self.owner.token
@@ -399,7 +406,9 @@ class Runtime:
                 task_id, index, StepStatus.COMMITTED, result=result, fence=fence
             )
         state = snapshot.run.state
-        if state is not State.RUNNING and (unpause or state is not State.PAUSED):
+        if state not in (State.RUNNING, State.CANCELLING) and (
+            unpause or state is not State.PAUSED
+        ):
             await self.store.transition(
                 task_id,
                 State.RUNNING,
