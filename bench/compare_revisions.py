@@ -86,7 +86,9 @@ def main() -> None:
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT)
     print(header(f"haltwise at {short} against the working tree (SQLite, WAL)"))
-    print(f"{args.rounds} rounds, alternating, {2 * args.rounds} fresh databases per cell:\n")
+    counts = {len(values) for values in results.values()}
+    shown = "-".join(str(count) for count in sorted(counts))
+    print(f"{args.rounds} rounds, alternating, {shown} fresh databases per cell:\n")
     rows = []
     for what, _kind, _size, _setting, unit in cases:
         olds, news = results[(what, short)], results[(what, "working tree")]
