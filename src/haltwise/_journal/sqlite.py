@@ -87,12 +87,13 @@ _PAGE_SIZE = 1024
 _CACHE_KIB = 16384
 
 #: Where the writer's connection keeps its temporary files: in memory. The one it writes on the
-#: busiest path is the sub-journal, the pages a savepoint may have to put back: a batch's group
-#: of settlements runs in one savepoint (``sqlite_writer``), so it holds a page image of every
-#: page the group touches (a page per run: ~1 MiB for a thousand runs), and past 64 KiB SQLite
-#: writes it to a temporary file: measured at 1,000 runs of 20 steps, 15.6 write calls and 8.2
-#: KiB written per step, 3.9 and 2.3 in memory, and -11% CPU per step (issue 13). Nothing
-#: durable is in it: it lives only until the transaction ends.
+#: busiest path is the sub-journal, where SQLite copies every page a savepoint (an operation of
+#: a batch that needs its own, ``sqlite_writer``) or a statement that may fail halfway (one
+#: that fires a trigger, inside a transaction) changes; past 64 KiB in one transaction SQLite
+#: writes it to a temporary file. Measured at 1,000 runs of 20 steps: 4.7 write calls and 2.7
+#: KiB written per step with the file, 3.9 and 2.3 without (while a batch's settlements shared
+#: one savepoint: 15.6 and 8.2 KiB, and 11% more CPU per step; issue 13). Nothing durable
+#: is in it: it lives only until its transaction ends.
 _TEMP_STORE = "MEMORY"
 
 
