@@ -5,6 +5,9 @@ usage: python _measure_once.py scale RUNS EFFECT   (durable steps per second, 20
        python _measure_once.py scalecpu RUNS EFFECT   (CPU us per step of the same: every
                                                    thread of the process, so less moved by
                                                    the disk and the load than steps per second)
+       python _measure_once.py scalewrites RUNS EFFECT   (KiB the process wrote per step of
+                                                   the same: the WAL's frames, the checkpoints'
+                                                   copies, any temporary file; Linux only)
        python _measure_once.py sequential STEPS SYNCHRONOUS   (us per step, one run)
        python _measure_once.py runs RUNS EFFECT   (us per run of RUNS concurrent runs of no
                                                    steps: a run's fixed costs)
@@ -27,6 +30,10 @@ from _peer_haltwise import trivial_run
 import haltwise
 
 DATABASES = 2
+#: a few runs end in a few milliseconds, which the machine's other work moves a lot: so many
+#: runs take more fresh databases per measurement (10 runs: 10, 100 runs: 6)
+_STEPS_PER_MEASUREMENT = 600
+_MAX_DATABASES = 10
 
 
 async def concurrent(
@@ -84,12 +91,27 @@ async def sequential(url: str, steps: int) -> float:
         return (time.perf_counter() - start) / steps * 1e6
 
 
+def _written_kib() -> float:
+    """KiB this process has written so far, by any system call (``wchar`` of /proc/self/io)."""
+    with open("/proc/self/io") as io:
+        for line in io:
+            if line.startswith("wchar:"):
+                return int(line.split()[1]) / 1024
+    raise SystemExit("no wchar in /proc/self/io")
+
+
 def main() -> None:
     kind, size, setting = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    for _ in range(DATABASES):
+    databases = DATABASES
+    if kind.startswith("scale"):
+        databases = min(_MAX_DATABASES, max(DATABASES, _STEPS_PER_MEASUREMENT // size))
+    for _ in range(databases):
         path = f"{tempfile.mkdtemp(prefix='haltwise-compare-')}/journal.db"
         if kind == "scale":
             print(size * 20 / anyio.run(concurrent, f"sqlite:///{path}", size, 20, setting))
+        elif kind == "scalewrites":
+            kib = anyio.run(concurrent, f"sqlite:///{path}", size, 20, setting, _written_kib)
+            print(kib / (size * 20))
         elif kind == "scalecpu":
             cpu = anyio.run(concurrent, f"sqlite:///{path}", size, 20, setting, time.process_time)
             print(cpu / (size * 20) * 1e6)

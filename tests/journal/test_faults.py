@@ -104,6 +104,15 @@ async def test_with_many_runs_a_locked_database_never_stalls_the_event_loop(
     assert (await anyio.to_thread.run_sync(haltwise.verify_store, sqlite_url)).ok
 
 
+async def test_the_writer_keeps_its_savepoint_journal_in_memory(sqlite_url: str) -> None:
+    # A savepoint's (and a triggering statement's) journal holds a copy of every page it
+    # changes; in a temporary file, past 64 KiB, that is a write call per page.
+    async with haltwise.Runtime(sqlite_url) as rt:
+        conn = rt.store._writer.conn  # type: ignore[attr-defined]
+        with rt.store._writer.conn_lock:  # type: ignore[attr-defined]
+            assert conn.execute("PRAGMA temp_store").fetchone()[0] == 2  # MEMORY
+
+
 @haltwise.tool(cancel="interruptible", effect="none")
 async def bump(i: int) -> int:
     return i + 1

@@ -615,6 +615,39 @@ async def test_every_step_start_and_settlement_is_one_change_in_order(store_url:
     assert settled < partial_at  # the deferred settlement committed before the partial
 
 
+async def test_every_transition_is_one_change_in_order_whatever_wrote_it(store_url: str) -> None:
+    # PostgreSQL writes a transition's change in the statement that records the event (no
+    # trigger): every path that records one must write it, once, in the events' order.
+    async with opened(store_url) as store, opened(store_url) as other:
+        await reach(store, "alone", State.COMPLETED)  # one creation, one-statement writes
+        async with anyio.create_task_group() as group:  # created and ended together
+            for run_id in ("a", "b", "c"):
+                group.start_soon(reach, store, run_id, State.COMPLETED)
+        await reach(store, "locked", State.RUNNING)
+        await other.request_cancel("locked", "user", force=False)  # another store: locked path
+        await store.transition("locked", State.CANCELLED, expected={State.CANCELLING})
+        for run_id in ("bulk-1", "bulk-2"):
+            await reach(store, run_id, State.RUNNING)
+        result = await store.request_cancels(
+            ids=["bulk-1", "bulk-2"], states=(), tasks=None, reason="ops", force=False
+        )
+        assert sorted((r.id, r.state) for r in result.reached) == [
+            ("bulk-1", State.CANCELLING),
+            ("bulk-2", State.CANCELLING),
+        ]
+        await store.create_run(
+            NewRun(id="fork", task="t", inputs={}, state=State.RUNNING, owner=OWNER,
+                   fork=ForkOf("alone", 0))
+        )  # fmt: skip
+        changes, _ = await store.changes_after(0, limit=1000)
+        events = await store.events()
+    transitions = [
+        (c.run_id, c.index, c.status) for c in changes if c.kind is ChangeKind.TRANSITION
+    ]
+    assert transitions == [(e.run_id, e.seq, e.target.value) for e in events]
+    assert len(events) == 3 + 3 * 3 + 4 + 2 * 3 + 2
+
+
 async def test_prune_never_gives_a_change_number_out_twice(store_url: str) -> None:
     # The newest changes are a pruned run's. SQLite numbers a new change one above the largest
     # left, so prune leaves a high-water mark in the newest one's place (PostgreSQL's identity
@@ -1107,6 +1140,56 @@ async def test_sqlite_closing_commits_the_loops_pending_batch(sqlite_url: str) -
     assert started == [StepStarted(1)] * 3
     async with opened(sqlite_url) as again:
         assert [s.index for s in (await again.load("r")).steps] == [0, 1, 2]
+
+
+async def test_sqlite_a_group_that_fails_half_written_leaves_each_write_as_alone(
+    sqlite_url: str,
+) -> None:
+    # A statement of a batch's group refused half-way (here by a trigger someone added to the
+    # file) undoes the whole batch, which runs again one write at a time: the refused write
+    # fails alone, every other commits once.
+    async with opened(sqlite_url) as store:
+        for run_id in ("a", "bad", "c"):
+            await reach(store, run_id, State.RUNNING)
+            await store.start_step(run_id, step(0), fence=OWNER.token)
+        side = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+        for table, key in (("runs", "NEW.id"), ("steps", "NEW.run_id")):
+            side.execute(
+                f"CREATE TRIGGER refuse_{table} BEFORE UPDATE ON {table} WHEN {key} = 'bad' "
+                "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+            )
+        side.commit()
+        side.close()
+        before = await store.events()
+        store.set_concurrency(10)
+        fence = OWNER.token
+        settled = await together(
+            {
+                run_id: store.settle_step(run_id, 0, StepStatus.INTERRUPTED, fence=fence)
+                for run_id in ("a", "bad", "c")
+            }
+        )
+        assert settled == {"a": None, "bad": StoreError, "c": None}
+        ended = await together(
+            {
+                run_id: store.transition(run_id, State.CANCELLING, expected={State.RUNNING})
+                for run_id in ("a", "bad", "c")
+            }
+        )
+        assert ended.pop("bad") is StoreError
+        assert {run.id: run.state for run in ended.values()} == {
+            "a": State.CANCELLING,
+            "c": State.CANCELLING,
+        }
+        bad = await store.load("bad")
+        assert (bad.run.state, bad.steps[0].status) == (State.RUNNING, StepStatus.RUNNING)
+        for run_id in "ac":
+            assert (await store.load(run_id)).steps[0].status is StepStatus.INTERRUPTED
+        new_events = (await store.events())[len(before) :]
+        assert sorted((e.run_id, e.target) for e in new_events) == [
+            ("a", State.CANCELLING),
+            ("c", State.CANCELLING),
+        ]
 
 
 # -- PostgreSQL specifics ------------------------------------------------------------------------

@@ -63,10 +63,11 @@ class GroupOp:
     were submitted right before or after it (one ``executemany`` for all, say).
 
     Called on a connection, it runs alone, as any operation. Consecutive operations of one
-    such class in a batch are handed to :meth:`run_group` together, inside one savepoint: it
-    returns each one's outcome in order, exactly as running them one after the other would
-    have, or None to say it cannot (then what it did is undone and each runs alone, in its
-    own savepoint, as any other operation). An error it raises is handled the same way.
+    such class in a batch are handed to :meth:`run_group` together: it returns each one's
+    outcome in order, exactly as running them one after the other would have, or None, having
+    written nothing, to say it cannot (then each runs alone, in its own savepoint, as any
+    other operation). If it raises, the batch's transaction is rolled back and the batch run
+    again with no groups.
     """
 
     __slots__ = ()
@@ -115,6 +116,10 @@ class _Item:
             future.set_exception(error)
         else:
             future.set_result(value)
+
+
+class _GroupFailed(Exception):
+    """A group of operations failed once it had written: run the batch again without groups."""
 
 
 @dataclass(slots=True)
@@ -341,45 +346,64 @@ class Writer:
         """Run ``batch`` in one transaction; None if the write lock is taken and not ``wait``.
 
         Each operation runs in its own savepoint (when there are several), so one failing
-        changes nothing while the others commit. If the commit fails (a full disk, say),
-        every operation of the batch fails and nothing of it holds.
+        changes nothing while the others commit; an operation alone needs none (if it fails,
+        the transaction is rolled back). If the commit fails (a full disk, say), every
+        operation of the batch fails and nothing of it holds.
         """
         conn = self.conn
         assert conn is not None
-        try:
-            if len(batch) >= _BIG_BATCH or self._checkpoint_now != self._checkpoint_pages:
-                self._set_checkpoint(conn, len(batch))
-            write = False
-            for item in batch:  # not any(...): a generator per commit costs more than this
-                if item.write:
-                    write = True
-                    break
-            if not self._begin(conn, write, wait=wait):
-                return None
-            outcomes = self._apply_all(conn, batch)
-            conn.execute("COMMIT")
-            return outcomes
-        except sqlite3.Error as error:
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-            return [(None, store_error(self.path, error))] * len(batch)
-        except Exception as error:
-            if conn.in_transaction:
+        grouped = True
+        while True:
+            try:
+                return self._transaction(conn, batch, wait=wait, grouped=grouped)
+            except _GroupFailed:
                 conn.execute("ROLLBACK")
-            return [(None, error)] * len(batch)
+                grouped = False  # the batch again, each operation on its own
+            except sqlite3.Error as error:
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                return [(None, store_error(self.path, error))] * len(batch)
+            except Exception as error:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                return [(None, error)] * len(batch)
 
-    def _apply_all(self, conn: sqlite3.Connection, batch: list[_Item]) -> list[Outcome]:
+    def _transaction(
+        self, conn: sqlite3.Connection, batch: list[_Item], *, wait: bool, grouped: bool
+    ) -> list[Outcome] | None:
+        if len(batch) >= _BIG_BATCH or self._checkpoint_now != self._checkpoint_pages:
+            self._set_checkpoint(conn, len(batch))
+        write = False
+        for item in batch:  # not any(...): a generator per commit costs more than this
+            if item.write:
+                write = True
+                break
+        if not self._begin(conn, write, wait=wait):
+            return None
+        if len(batch) == 1:
+            # A savepoint costs a copy of every page the operation changes (the sub-journal):
+            # alone, it needs none, its failure undoes the whole transaction.
+            outcome = self._apply(conn, batch[0], savepoint=False)
+            conn.execute("COMMIT" if outcome[1] is None else "ROLLBACK")
+            return [outcome]
+        outcomes = self._apply_all(conn, batch, grouped=grouped)
+        conn.execute("COMMIT")
+        return outcomes
+
+    def _apply_all(
+        self, conn: sqlite3.Connection, batch: list[_Item], *, grouped: bool
+    ) -> list[Outcome]:
         """Run every operation of ``batch`` in order, consecutive ones of one
-        :class:`GroupOp` class as a group."""
+        :class:`GroupOp` class as a group (if ``grouped``)."""
         outcomes: list[Outcome] = []
         start, size = 0, len(batch)
         while start < size:
             kind = type(batch[start].op)
             end = start + 1
-            if issubclass(kind, GroupOp):
+            if grouped and issubclass(kind, GroupOp):
                 while end < size and type(batch[end].op) is kind:
                     end += 1
             if end - start > 1:
@@ -390,22 +414,20 @@ class Writer:
         return outcomes
 
     def _apply_group(self, conn: sqlite3.Connection, group: list[_Item]) -> list[Outcome]:
-        """Run consecutive operations of one :class:`GroupOp` class together (one savepoint),
-        or one by one if the group says it cannot or fails."""
+        """Run consecutive operations of one :class:`GroupOp` class together, or one by one
+        (each in its savepoint) if the group says it cannot. No savepoint around the group (it
+        would copy every page the group changes): if it fails once it has written, the whole
+        batch is run again without groups (:class:`_GroupFailed`)."""
         kind = type(group[0].op)
         assert issubclass(kind, GroupOp)
-        conn.execute("SAVEPOINT ops")
         try:
             outcomes = kind.run_group(conn, [item.op for item in group])
-        except Exception:
+        except Exception as error:
             if not conn.in_transaction:
                 raise  # SQLite rolled the whole transaction back (I/O error, full disk)
-            outcomes = None
+            raise _GroupFailed from error
         if outcomes is None:
-            conn.execute("ROLLBACK TO ops")
-            conn.execute("RELEASE ops")
             return [self._apply(conn, item, savepoint=True) for item in group]
-        conn.execute("RELEASE ops")
         return outcomes
 
     def _apply(self, conn: sqlite3.Connection, item: _Item, *, savepoint: bool) -> Outcome:
