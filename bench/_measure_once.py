@@ -2,6 +2,12 @@
 haltwise ``PYTHONPATH`` points at; prints one number per fresh database.
 
 usage: python _measure_once.py scale RUNS EFFECT   (durable steps per second, 20-step runs)
+       python _measure_once.py scalecpu RUNS EFFECT   (CPU us per step of the same: every
+                                                   thread of the process, so less moved by
+                                                   the disk and the load than steps per second)
+       python _measure_once.py scalewrites RUNS EFFECT   (KiB the process wrote per step of
+                                                   the same: the WAL's frames, the checkpoints'
+                                                   copies, any temporary file; Linux only)
        python _measure_once.py sequential STEPS SYNCHRONOUS   (us per step, one run)
        python _measure_once.py runs RUNS EFFECT   (us per run of RUNS concurrent runs of no
                                                    steps: a run's fixed costs)
@@ -16,6 +22,7 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import anyio
 from _peer_haltwise import trivial_run
@@ -23,10 +30,17 @@ from _peer_haltwise import trivial_run
 import haltwise
 
 DATABASES = 2
+#: a few runs end in a few milliseconds, which the machine's other work moves a lot: so many
+#: runs take more fresh databases per measurement (10 runs: 10, 100 runs: 6)
+_STEPS_PER_MEASUREMENT = 600
+_MAX_DATABASES = 10
 
 
-async def concurrent(url: str, runs: int, steps: int, effect: str) -> float:
-    """Seconds for ``runs`` runs of ``steps`` steps, started together, to be final."""
+async def concurrent(
+    url: str, runs: int, steps: int, effect: str, clock: Callable[[], float] = time.perf_counter
+) -> float:
+    """Seconds for ``runs`` runs of ``steps`` steps, started together, to be final (by
+    ``clock``: wall time, or ``time.process_time`` for the CPU they took)."""
 
     async def one(runtime: haltwise.Runtime, k: int) -> None:
         handle = await runtime.start(trivial_run, steps, effect, task_id=f"run-{k}")
@@ -34,11 +48,11 @@ async def concurrent(url: str, runs: int, steps: int, effect: str) -> float:
             raise SystemExit(f"run {k} did not complete")
 
     async with haltwise.Runtime(url) as runtime:
-        start = time.perf_counter()
+        start = clock()
         async with anyio.create_task_group() as group:
             for k in range(runs):
                 group.start_soon(one, runtime, k)
-        return time.perf_counter() - start
+        return clock() - start
 
 
 @haltwise.tool(cancel="finish", effect="none")
@@ -77,12 +91,30 @@ async def sequential(url: str, steps: int) -> float:
         return (time.perf_counter() - start) / steps * 1e6
 
 
+def _written_kib() -> float:
+    """KiB this process has written so far, by any system call (``wchar`` of /proc/self/io)."""
+    with open("/proc/self/io") as io:
+        for line in io:
+            if line.startswith("wchar:"):
+                return int(line.split()[1]) / 1024
+    raise SystemExit("no wchar in /proc/self/io")
+
+
 def main() -> None:
     kind, size, setting = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    for _ in range(DATABASES):
+    databases = DATABASES
+    if kind.startswith("scale"):
+        databases = min(_MAX_DATABASES, max(DATABASES, _STEPS_PER_MEASUREMENT // size))
+    for _ in range(databases):
         path = f"{tempfile.mkdtemp(prefix='haltwise-compare-')}/journal.db"
         if kind == "scale":
             print(size * 20 / anyio.run(concurrent, f"sqlite:///{path}", size, 20, setting))
+        elif kind == "scalewrites":
+            kib = anyio.run(concurrent, f"sqlite:///{path}", size, 20, setting, _written_kib)
+            print(kib / (size * 20))
+        elif kind == "scalecpu":
+            cpu = anyio.run(concurrent, f"sqlite:///{path}", size, 20, setting, time.process_time)
+            print(cpu / (size * 20) * 1e6)
         elif kind == "cpu":
             print(anyio.run(cpu_per_step, f"sqlite:///{path}?synchronous=off", size, setting))
         elif kind == "runs":

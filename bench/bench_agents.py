@@ -45,9 +45,9 @@ class CommitCounter:
         def counting(writer: Any, batch: Any, *, wait: bool) -> Any:
             outcomes = original(writer, batch, wait=wait)
             if outcomes is not None:
-                kinds = {getattr(item.op, "func", None) for item in batch}
+                kinds = {getattr(item.op, "func", type(item.op)) for item in batch}
                 counter.starts += sqlite._start_step in kinds
-                counter.settles += sqlite._settle_step in kinds
+                counter.settles += sqlite._SettleStep in kinds
             return outcomes
 
         sqlite_writer.Writer._execute = counting  # type: ignore[method-assign]

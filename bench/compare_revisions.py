@@ -7,7 +7,8 @@ a change from the median): the machine's noise on that case in that run. A chang
 both spreads is not a change. The earlier revision is checked out in a temporary git worktree
 (removed afterwards); the benchmark code itself is always the working tree's.
 
-usage: python bench/compare_revisions.py REV [--rounds N] [--kind scale|runs|sequential]
+usage: python bench/compare_revisions.py REV [--rounds N]
+       [--kind cpu|runs|scale|scalecpu|scalewrites|sequential]
 """
 
 from __future__ import annotations
@@ -23,14 +24,20 @@ from _report import header, median, table
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-#: (what, kind, size, setting, unit): scale measures steps/s (higher is better), sequential
-#: us per step, runs us per run (a run's fixed costs: its creation, start, end and outcome) and
-#: cpu the CPU time of a step without the disk (synchronous=OFF; lower is better)
+#: (what, kind, size, setting, unit): scale measures steps/s (higher is better), scalecpu the
+#: CPU time per step of the same runs (lower is better: the disk's and the machine's other work
+#: move it less than steps/s), scalewrites the KiB written per step of the same runs (all
+#: files: the WAL, the checkpoints' copies, temporary files; Linux), sequential us per step,
+#: runs us per run (a run's fixed costs: its creation, start, end and outcome) and cpu the CPU
+#: time of a step without the disk (synchronous=OFF; lower is better)
 CASES = [
     ("1,000 runs, effect=none", "scale", 1000, "none", "steps/s"),
+    ("1,000 runs, effect=none, CPU", "scalecpu", 1000, "none", "CPU us/step"),
+    ("1,000 runs, effect=none, written", "scalewrites", 1000, "none", "KiB/step"),
     ("1,000 runs, effect=write", "scale", 1000, "write", "steps/s"),
     ("100 runs, effect=none", "scale", 100, "none", "steps/s"),
     ("10 runs, effect=none", "scale", 10, "none", "steps/s"),
+    ("10 runs, effect=none, written", "scalewrites", 10, "none", "KiB/step"),
     ("1,000 runs of no steps", "runs", 1000, "none", "us/run"),
     ("1 run, 1,000 steps, FULL", "sequential", 1000, "full", "us/step"),
     ("1 run, 5,000 steps, NORMAL", "sequential", 5000, "normal", "us/step"),
@@ -79,7 +86,9 @@ def main() -> None:
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT)
     print(header(f"haltwise at {short} against the working tree (SQLite, WAL)"))
-    print(f"{args.rounds} rounds, alternating, {2 * args.rounds} fresh databases per cell:\n")
+    counts = {len(values) for values in results.values()}
+    shown = "-".join(str(count) for count in sorted(counts))
+    print(f"{args.rounds} rounds, alternating, {shown} fresh databases per cell:\n")
     rows = []
     for what, _kind, _size, _setting, unit in cases:
         olds, news = results[(what, short)], results[(what, "working tree")]

@@ -615,6 +615,39 @@ async def test_every_step_start_and_settlement_is_one_change_in_order(store_url:
     assert settled < partial_at  # the deferred settlement committed before the partial
 
 
+async def test_every_transition_is_one_change_in_order_whatever_wrote_it(store_url: str) -> None:
+    # PostgreSQL writes a transition's change in the statement that records the event (no
+    # trigger): every path that records one must write it, once, in the events' order.
+    async with opened(store_url) as store, opened(store_url) as other:
+        await reach(store, "alone", State.COMPLETED)  # one creation, one-statement writes
+        async with anyio.create_task_group() as group:  # created and ended together
+            for run_id in ("a", "b", "c"):
+                group.start_soon(reach, store, run_id, State.COMPLETED)
+        await reach(store, "locked", State.RUNNING)
+        await other.request_cancel("locked", "user", force=False)  # another store: locked path
+        await store.transition("locked", State.CANCELLED, expected={State.CANCELLING})
+        for run_id in ("bulk-1", "bulk-2"):
+            await reach(store, run_id, State.RUNNING)
+        result = await store.request_cancels(
+            ids=["bulk-1", "bulk-2"], states=(), tasks=None, reason="ops", force=False
+        )
+        assert sorted((r.id, r.state) for r in result.reached) == [
+            ("bulk-1", State.CANCELLING),
+            ("bulk-2", State.CANCELLING),
+        ]
+        await store.create_run(
+            NewRun(id="fork", task="t", inputs={}, state=State.RUNNING, owner=OWNER,
+                   fork=ForkOf("alone", 0))
+        )  # fmt: skip
+        changes, _ = await store.changes_after(0, limit=1000)
+        events = await store.events()
+    transitions = [
+        (c.run_id, c.index, c.status) for c in changes if c.kind is ChangeKind.TRANSITION
+    ]
+    assert transitions == [(e.run_id, e.seq, e.target.value) for e in events]
+    assert len(events) == 3 + 3 * 3 + 4 + 2 * 3 + 2
+
+
 async def test_prune_never_gives_a_change_number_out_twice(store_url: str) -> None:
     # The newest changes are a pruned run's. SQLite numbers a new change one above the largest
     # left, so prune leaves a high-water mark in the newest one's place (PostgreSQL's identity
@@ -781,6 +814,106 @@ async def test_a_settlement_that_need_not_be_durable_is_committed_while_the_stor
         with anyio.fail_after(5):
             while (await other.load("r")).steps[0].status is not StepStatus.COMMITTED:
                 await store.wait_for_change(0.05)
+
+
+async def together(writes: dict[str, Any]) -> dict[str, Any]:
+    """Await the store calls ``writes`` concurrently (submitted in their order, so that they
+    share a batch); each one's result, or its error's type."""
+    outcomes: dict[str, Any] = {}
+
+    async def run(name: str, write: Any) -> None:
+        try:
+            outcomes[name] = await write
+        except Exception as error:
+            outcomes[name] = type(error)
+
+    async with anyio.create_task_group() as group:
+        for name, write in writes.items():
+            group.start_soon(run, name, write)
+    return outcomes
+
+
+async def test_writes_submitted_together_each_end_as_they_would_alone(store_url: str) -> None:
+    # Many runs' writes in one batch (SQLite commits consecutive settlements, and consecutive
+    # transitions, as one statement per kind): each still succeeds or fails on its own, as it
+    # would alone, and the journal is what writing them one after the other leaves.
+    async with opened(store_url) as store:
+        for run_id in ("a", "b", "c", "lost", "done", "twice"):
+            await reach(store, run_id, State.RUNNING)
+            await store.start_step(run_id, step(0), fence=OWNER.token)
+        await store.transition("done", State.COMPLETED, expected={State.RUNNING}, owner=None)
+        assert await store.claim("lost", OTHER, lease_until=50.0, expected_owner=OWNER.token)
+        store.set_concurrency(10)  # many runs active: the writes share a batch
+        fence = OWNER.token
+        interrupted = StepStatus.INTERRUPTED
+        settled = await together(
+            {run_id: store.settle_step(run_id, 0, interrupted, fence=fence) for run_id in "abc"}
+        )
+        assert settled == {"a": None, "b": None, "c": None}
+        settled = await together(
+            {
+                run_id: store.settle_step(run_id, 0, StepStatus.FAILED, fence=fence)
+                for run_id in ("twice", "lost", "c")
+            }
+        )
+        assert settled == {"twice": None, "lost": LostOwnershipError, "c": None}
+        cancel_error = ErrorInfo(type="ValueError", message="late")
+        outcomes = await together(
+            {
+                "a": store.transition("a", State.CANCELLING, expected={State.RUNNING}, reason="x"),
+                "lost": store.transition(
+                    "lost", State.FAILED, expected={State.RUNNING}, fence=fence
+                ),
+                "missing": store.transition("missing", State.FAILED, expected={State.RUNNING}),
+                "done": store.transition("done", State.FAILED, expected={State.RUNNING}),
+                "b": store.transition(
+                    "b", State.COMPLETED, expected={State.RUNNING}, result=[1], owner=None
+                ),
+                "twice": store.transition("twice", State.CANCELLING, expected={State.RUNNING}),
+            }
+        )
+        assert (outcomes.pop("lost"), outcomes.pop("missing"), outcomes.pop("done")) == (
+            LostOwnershipError,
+            UnknownRunError,
+            InvalidTransitionError,
+        )
+        again = await together(
+            {
+                "twice": store.transition(
+                    "twice", State.CANCELLED, expected={State.CANCELLING}, cancel_error=cancel_error
+                ),
+                "twice, too late": store.transition(
+                    "twice", State.FAILED, expected={State.CANCELLING}
+                ),
+                "c": store.transition("c", State.CANCELLING, expected={State.RUNNING}),
+            }
+        )
+        assert again.pop("twice, too late") is InvalidTransitionError
+        outcomes.update({f"{name} again": run for name, run in again.items()})
+        assert {name: (run.state, run.reason) for name, run in outcomes.items()} == {
+            "a": (State.CANCELLING, "x"),
+            "b": (State.COMPLETED, None),
+            "twice": (State.CANCELLING, None),
+            "twice again": (State.CANCELLED, None),
+            "c again": (State.CANCELLING, None),
+        }
+        for name, run in outcomes.items():
+            if name != "twice":  # (then ended)
+                assert run == (await store.load(run.id)).run
+        assert (outcomes["b"].result, outcomes["b"].owner) == ([1], None)
+        assert outcomes["twice again"].cancel_error == cancel_error
+        steps = {run_id: (await store.load(run_id)).steps[0].status for run_id in "abc"}
+        assert steps == {"a": interrupted, "b": interrupted, "c": StepStatus.FAILED}
+        assert (await store.load("lost")).steps[0].status is StepStatus.RUNNING
+        assert (await store.load("lost")).run.state is State.RUNNING
+        assert replay(await store.events()) == {
+            "a": State.CANCELLING,
+            "b": State.COMPLETED,
+            "c": State.CANCELLING,
+            "lost": State.RUNNING,
+            "done": State.COMPLETED,
+            "twice": State.CANCELLED,
+        }
 
 
 async def test_append_partial_is_idempotent_per_seq(store_url: str) -> None:
@@ -1007,6 +1140,56 @@ async def test_sqlite_closing_commits_the_loops_pending_batch(sqlite_url: str) -
     assert started == [StepStarted(1)] * 3
     async with opened(sqlite_url) as again:
         assert [s.index for s in (await again.load("r")).steps] == [0, 1, 2]
+
+
+async def test_sqlite_a_group_that_fails_half_written_leaves_each_write_as_alone(
+    sqlite_url: str,
+) -> None:
+    # A statement of a batch's group refused half-way (here by a trigger someone added to the
+    # file) undoes the whole batch, which runs again one write at a time: the refused write
+    # fails alone, every other commits once.
+    async with opened(sqlite_url) as store:
+        for run_id in ("a", "bad", "c"):
+            await reach(store, run_id, State.RUNNING)
+            await store.start_step(run_id, step(0), fence=OWNER.token)
+        side = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+        for table, key in (("runs", "NEW.id"), ("steps", "NEW.run_id")):
+            side.execute(
+                f"CREATE TRIGGER refuse_{table} BEFORE UPDATE ON {table} WHEN {key} = 'bad' "
+                "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+            )
+        side.commit()
+        side.close()
+        before = await store.events()
+        store.set_concurrency(10)
+        fence = OWNER.token
+        settled = await together(
+            {
+                run_id: store.settle_step(run_id, 0, StepStatus.INTERRUPTED, fence=fence)
+                for run_id in ("a", "bad", "c")
+            }
+        )
+        assert settled == {"a": None, "bad": StoreError, "c": None}
+        ended = await together(
+            {
+                run_id: store.transition(run_id, State.CANCELLING, expected={State.RUNNING})
+                for run_id in ("a", "bad", "c")
+            }
+        )
+        assert ended.pop("bad") is StoreError
+        assert {run.id: run.state for run in ended.values()} == {
+            "a": State.CANCELLING,
+            "c": State.CANCELLING,
+        }
+        bad = await store.load("bad")
+        assert (bad.run.state, bad.steps[0].status) == (State.RUNNING, StepStatus.RUNNING)
+        for run_id in "ac":
+            assert (await store.load(run_id)).steps[0].status is StepStatus.INTERRUPTED
+        new_events = (await store.events())[len(before) :]
+        assert sorted((e.run_id, e.target) for e in new_events) == [
+            ("a", State.CANCELLING),
+            ("c", State.CANCELLING),
+        ]
 
 
 # -- PostgreSQL specifics ------------------------------------------------------------------------

@@ -150,8 +150,15 @@ class OperatorSQL:
         return self.sql(f"UPDATE {{runs}} SET {assignments} WHERE id = ?")
 
     def record_event(self) -> str:
+        """An event recorded with its change in the feed (on SQLite its trigger writes the
+        change; on PostgreSQL this statement does, see ``schema.TRIGGERS``)."""
+        insert = "INSERT INTO {events} (run_id, source, target, reason, at) VALUES (?, ?, ?, ?, ?)"
+        if self.dialect.name == "sqlite":
+            return self.sql(insert)
         return self.sql(
-            "INSERT INTO {events} (run_id, source, target, reason, at) VALUES (?, ?, ?, ?, ?)"
+            f"WITH recorded AS ({insert} RETURNING seq, run_id, target) "
+            "INSERT INTO {changes} (run_id, kind, idx, status, at) "
+            "SELECT run_id, 'transition', seq, target, {clock} FROM recorded"
         )
 
     # -- prune ---------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ from .operator_sql import (
     summary_from_row,
     times_from_rows,
 )
-from .postgres_steps import StepWriter, feed_insert, write_deferred
+from .postgres_steps import StepWriter, event_feed, feed_insert, write_deferred
 from .rows import (
     PARTIAL_COLUMNS,
     RUN_COLUMNS,
@@ -193,14 +193,16 @@ _LOAD_SNAPSHOT_MANY = _LOAD_SNAPSHOTS + "= ANY(%s)"
 
 def _recording(write: str) -> str:
     """One statement: ``write`` (an INSERT or UPDATE of one run row ``RETURNING`` its
-    ``RUN_COLUMNS``), the events of the write and the notification, both only if a row was
-    written (see :func:`_recorded` for the parameters)."""
+    ``RUN_COLUMNS``), the events of the write with their changes and the notification, all
+    only if a row was written (see :func:`_recorded` for the parameters)."""
     return f"""WITH written AS ({write}),
 recorded AS (
     INSERT INTO haltwise.events (run_id, source, target, reason, at)
     SELECT written.id, e.v->>0, e.v->>1, e.v->>2, %s::double precision
     FROM written, json_array_elements(%s::json) WITH ORDINALITY AS e(v, n) ORDER BY e.n
-)
+    RETURNING seq, run_id, target
+),
+feed AS ({event_feed("recorded")})
 SELECT written.*, pg_notify('{_CHANNEL}', left(written.id, 1000)) AS notified FROM written"""
 
 
@@ -260,7 +262,7 @@ def _recording_many(columns: Sequence[str], write: str) -> str:
     INSERT or UPDATE of run rows ``RETURNING`` their ``RUN_COLUMNS``) reads the CTE ``given``,
     the rows of one JSON array parameter, each the values of ``columns`` (as ``g_<column>``,
     cast to the column's type), then the events (``g_events``) and their time (``g_at``); the
-    events and the notification of each row written, in the rows' order."""
+    events with their changes and the notification of each row written, in the rows' order."""
     values = ", ".join(f"(e->>{i})::{_RUN_TYPES[c]} AS g_{c}" for i, c in enumerate(columns))
     return f"""WITH given AS (
     SELECT {values}, e->{len(columns)} AS g_events,
@@ -273,7 +275,9 @@ recorded AS (
     SELECT written.id, e.v->>0, e.v->>1, e.v->>2, given.g_at
     FROM written JOIN given ON given.g_id = written.id,
         jsonb_array_elements(given.g_events) WITH ORDINALITY AS e(v, k) ORDER BY given.g_n, e.k
-)
+    RETURNING seq, run_id, target
+),
+feed AS ({event_feed("recorded")})
 SELECT written.*, pg_notify('{_CHANNEL}', left(written.id, 1000)) AS notified FROM written"""
 
 
@@ -1270,7 +1274,7 @@ def _fetched(written: tuple[RunRecord, str] | None) -> tuple[RunRecord, str]:
 
 async def _record_events(conn: _Conn, run_id: str, write: RunWrite) -> None:
     async with conn.cursor() as cursor:
-        await cursor.executemany(_SQL.record_event, event_parameters(run_id, write))
+        await cursor.executemany(_OPS.record_event(), event_parameters(run_id, write))
     await _notify(conn, run_id)
 
 

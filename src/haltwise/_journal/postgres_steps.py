@@ -91,14 +91,22 @@ def _rows(name: str, columns: Sequence[tuple[str, str]]) -> str:
     return f"{name} AS (SELECT {fields} FROM jsonb_array_elements(%s::jsonb) AS t(e))"
 
 
-def feed_insert(written: str) -> str:
-    """The statement that records, in the change feed, one row per step row of the subquery
-    ``written`` (columns run_id, idx, status; in its order): the PostgreSQL store writes a
-    step's change in the statement that writes the step (see schema.TRIGGERS)."""
+def feed_insert(written: str, kind: str = "step") -> str:
+    """The statement that records, in the change feed, one change of ``kind`` per row of the
+    subquery ``written`` (columns run_id, idx, status; in its order): the PostgreSQL store
+    writes a step's or a transition's change in the statement that writes the step row or the
+    event (see schema.TRIGGERS)."""
     return (
         "INSERT INTO haltwise.changes (run_id, kind, idx, status, at) "
-        f"SELECT run_id, 'step', idx, status, {POSTGRES_CLOCK} FROM {written}"
+        f"SELECT run_id, '{kind}', idx, status, {POSTGRES_CLOCK} FROM {written}"
     )
+
+
+def event_feed(recorded: str) -> str:
+    """:func:`feed_insert` of the transitions whose events the CTE ``recorded`` inserted
+    (``RETURNING seq, run_id, target``), in their order."""
+    rows = f"(SELECT run_id, seq AS idx, target AS status FROM {recorded} ORDER BY seq) AS w"
+    return feed_insert(rows, "transition")
 
 
 def feed_cte(written: str) -> str:
@@ -276,6 +284,9 @@ class StepWriter:
         try:
             for statement in (_ONE_RUN, _BATCH):
                 await statement.ensure(wire)
+            # Executed once with no rows (it writes nothing): the server makes the batch's plan
+            # and reads the tables' and indexes' descriptions now, not at the first batch.
+            await _BATCH.rows(wire, batch_parameters([], []))
         except psycopg.Error as error:
             raise self._error(error) from None
 

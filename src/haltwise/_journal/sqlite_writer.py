@@ -14,6 +14,10 @@ durable (at the connection's ``synchronous`` setting) when it returns. An operat
   transaction: for a caller that is not on an event loop (``emit`` from a tool's thread), and
   whenever the other two find the database locked by another process.
 
+Consecutive operations of one :class:`GroupOp` class in a batch (the settlements, or the final
+transitions, of many runs ending together) run as one group: one ``executemany`` for all, each
+operation's outcome the same as alone.
+
 The fast path and the loop's batch never wait for another process's lock (they would block the
 event loop): they hand their operations to the writer thread instead, which waits up to the busy
 timeout. They run on the loop's thread, not the writer's, because the two threads share one GIL:
@@ -41,6 +45,7 @@ from .._core.exceptions import StoreError
 
 Op = Callable[[sqlite3.Connection], Any]
 _Deliver = Callable[[Any, BaseException | None], None]
+Outcome = tuple[Any, BaseException | None]
 _MAX_BATCH = 512
 #: A commit of at least this many operations (the loop's batch of many runs) checkpoints the
 #: WAL at :data:`_BIG_BATCH_CHECKPOINT` pages at the least, not at the store's own limit: the
@@ -51,6 +56,29 @@ _MAX_BATCH = 512
 #: operations puts the store's own limit back (it commits a few frames: the WAL cycles sooner).
 _BIG_BATCH = 512
 _BIG_BATCH_CHECKPOINT = 4096
+
+
+class GroupOp:
+    """An operation that runs more cheaply together with the operations of its own class that
+    were submitted right before or after it (one ``executemany`` for all, say).
+
+    Called on a connection, it runs alone, as any operation. Consecutive operations of one
+    such class in a batch are handed to :meth:`run_group` together: it returns each one's
+    outcome in order, exactly as running them one after the other would have, or None, having
+    written nothing, to say it cannot (then each runs alone, in its own savepoint, as any
+    other operation). If it raises, the batch's transaction is rolled back and the batch run
+    again with no groups.
+    """
+
+    __slots__ = ()
+
+    def __call__(self, conn: sqlite3.Connection) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def run_group(cls, conn: sqlite3.Connection, ops: list[Any]) -> list[Outcome] | None:
+        """The outcomes of ``ops`` (instances of this class), or None (see the class)."""
+        raise NotImplementedError
 
 
 @dataclass(slots=True)
@@ -88,6 +116,10 @@ class _Item:
             future.set_exception(error)
         else:
             future.set_result(value)
+
+
+class _GroupFailed(Exception):
+    """A group of operations failed once it had written: run the batch again without groups."""
 
 
 @dataclass(slots=True)
@@ -314,39 +346,91 @@ class Writer:
         """Run ``batch`` in one transaction; None if the write lock is taken and not ``wait``.
 
         Each operation runs in its own savepoint (when there are several), so one failing
-        changes nothing while the others commit. If the commit fails (a full disk, say),
-        every operation of the batch fails and nothing of it holds.
+        changes nothing while the others commit; an operation alone needs none (if it fails,
+        the transaction is rolled back). If the commit fails (a full disk, say), every
+        operation of the batch fails and nothing of it holds.
         """
         conn = self.conn
         assert conn is not None
-        try:
-            if len(batch) >= _BIG_BATCH or self._checkpoint_now != self._checkpoint_pages:
-                self._set_checkpoint(conn, len(batch))
-            write = False
-            for item in batch:  # not any(...): a generator per commit costs more than this
-                if item.write:
-                    write = True
-                    break
-            if not self._begin(conn, write, wait=wait):
-                return None
-            outcomes = [self._apply(conn, item, savepoint=True) for item in batch]
-            conn.execute("COMMIT")
-            return outcomes
-        except sqlite3.Error as error:
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-            return [(None, store_error(self.path, error))] * len(batch)
-        except Exception as error:
-            if conn.in_transaction:
+        grouped = True
+        while True:
+            try:
+                return self._transaction(conn, batch, wait=wait, grouped=grouped)
+            except _GroupFailed:
                 conn.execute("ROLLBACK")
-            return [(None, error)] * len(batch)
+                grouped = False  # the batch again, each operation on its own
+            except sqlite3.Error as error:
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                return [(None, store_error(self.path, error))] * len(batch)
+            except Exception as error:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                return [(None, error)] * len(batch)
 
-    def _apply(
-        self, conn: sqlite3.Connection, item: _Item, *, savepoint: bool
-    ) -> tuple[Any, BaseException | None]:
+    def _transaction(
+        self, conn: sqlite3.Connection, batch: list[_Item], *, wait: bool, grouped: bool
+    ) -> list[Outcome] | None:
+        if len(batch) >= _BIG_BATCH or self._checkpoint_now != self._checkpoint_pages:
+            self._set_checkpoint(conn, len(batch))
+        write = False
+        for item in batch:  # not any(...): a generator per commit costs more than this
+            if item.write:
+                write = True
+                break
+        if not self._begin(conn, write, wait=wait):
+            return None
+        if len(batch) == 1:
+            # A savepoint costs a copy of every page the operation changes (the sub-journal):
+            # alone, it needs none, its failure undoes the whole transaction.
+            outcome = self._apply(conn, batch[0], savepoint=False)
+            conn.execute("COMMIT" if outcome[1] is None else "ROLLBACK")
+            return [outcome]
+        outcomes = self._apply_all(conn, batch, grouped=grouped)
+        conn.execute("COMMIT")
+        return outcomes
+
+    def _apply_all(
+        self, conn: sqlite3.Connection, batch: list[_Item], *, grouped: bool
+    ) -> list[Outcome]:
+        """Run every operation of ``batch`` in order, consecutive ones of one
+        :class:`GroupOp` class as a group (if ``grouped``)."""
+        outcomes: list[Outcome] = []
+        start, size = 0, len(batch)
+        while start < size:
+            kind = type(batch[start].op)
+            end = start + 1
+            if grouped and issubclass(kind, GroupOp):
+                while end < size and type(batch[end].op) is kind:
+                    end += 1
+            if end - start > 1:
+                outcomes += self._apply_group(conn, batch[start:end])
+            else:
+                outcomes.append(self._apply(conn, batch[start], savepoint=True))
+            start = end
+        return outcomes
+
+    def _apply_group(self, conn: sqlite3.Connection, group: list[_Item]) -> list[Outcome]:
+        """Run consecutive operations of one :class:`GroupOp` class together, or one by one
+        (each in its savepoint) if the group says it cannot. No savepoint around the group (it
+        would copy every page the group changes): if it fails once it has written, the whole
+        batch is run again without groups (:class:`_GroupFailed`)."""
+        kind = type(group[0].op)
+        assert issubclass(kind, GroupOp)
+        try:
+            outcomes = kind.run_group(conn, [item.op for item in group])
+        except Exception as error:
+            if not conn.in_transaction:
+                raise  # SQLite rolled the whole transaction back (I/O error, full disk)
+            raise _GroupFailed from error
+        if outcomes is None:
+            return [self._apply(conn, item, savepoint=True) for item in group]
+        return outcomes
+
+    def _apply(self, conn: sqlite3.Connection, item: _Item, *, savepoint: bool) -> Outcome:
         savepoint = savepoint and not item.atomic
         if savepoint:
             conn.execute("SAVEPOINT op")

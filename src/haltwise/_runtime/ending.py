@@ -33,6 +33,11 @@ from .takeover import run_saga, settle_orphans
 
 #: The reason of a run cancelled by a cancellation that haltwise did not request.
 HOST_REASON = "host"
+#: the states a final transition may leave (shared sets: 10,000 runs ending at once make
+#: none of their own while their transitions wait for the group commit)
+_RUNNING = frozenset({State.RUNNING})
+_CANCELLING = frozenset({State.CANCELLING})
+_RUNNING_OR_CANCELLING = frozenset({State.RUNNING, State.CANCELLING})
 #: Exception types by which a framework says that *it* cancelled the agent (Pydantic AI's
 #: ``RunCancelled``): such an error reaching the task function is a host cancel of the run,
 #: wherever the framework's cancel landed. The integrations add their framework's types.
@@ -150,7 +155,7 @@ async def finish(ctx: RunContext, ending: Ending) -> None:
     await ctx.store.transition(
         ctx.run_id,
         State.COMPLETED,
-        expected={State.RUNNING, State.CANCELLING},
+        expected=_RUNNING_OR_CANCELLING,
         result=result,  # serialised once: the store writes the text as it is
         owner=None,
         lease_until=None,
@@ -192,7 +197,7 @@ async def finish_failed(ctx: RunContext, error: BaseException) -> None:
         await ctx.store.transition(
             ctx.run_id,
             State.FAILED,
-            expected={State.RUNNING},
+            expected=_RUNNING,
             error=ErrorInfo.of(error),
             owner=None,
             lease_until=None,
@@ -215,7 +220,7 @@ async def finish_cancel(
     await ctx.store.transition(
         ctx.run_id,
         State.CANCELLED,
-        expected={State.CANCELLING},
+        expected=_CANCELLING,
         cancel_error=ErrorInfo.of(cancel_error) if cancel_error else None,
         owner=None if release else UNSET,
         lease_until=None if release else UNSET,
