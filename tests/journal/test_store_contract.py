@@ -1142,6 +1142,56 @@ async def test_sqlite_closing_commits_the_loops_pending_batch(sqlite_url: str) -
         assert [s.index for s in (await again.load("r")).steps] == [0, 1, 2]
 
 
+async def test_sqlite_a_group_that_fails_half_written_leaves_each_write_as_alone(
+    sqlite_url: str,
+) -> None:
+    # A statement of a batch's group refused half-way (here by a trigger someone added to the
+    # file) undoes the whole batch, which runs again one write at a time: the refused write
+    # fails alone, every other commits once.
+    async with opened(sqlite_url) as store:
+        for run_id in ("a", "bad", "c"):
+            await reach(store, run_id, State.RUNNING)
+            await store.start_step(run_id, step(0), fence=OWNER.token)
+        side = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+        for table, key in (("runs", "NEW.id"), ("steps", "NEW.run_id")):
+            side.execute(
+                f"CREATE TRIGGER refuse_{table} BEFORE UPDATE ON {table} WHEN {key} = 'bad' "
+                "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+            )
+        side.commit()
+        side.close()
+        before = await store.events()
+        store.set_concurrency(10)
+        fence = OWNER.token
+        settled = await together(
+            {
+                run_id: store.settle_step(run_id, 0, StepStatus.INTERRUPTED, fence=fence)
+                for run_id in ("a", "bad", "c")
+            }
+        )
+        assert settled == {"a": None, "bad": StoreError, "c": None}
+        ended = await together(
+            {
+                run_id: store.transition(run_id, State.CANCELLING, expected={State.RUNNING})
+                for run_id in ("a", "bad", "c")
+            }
+        )
+        assert ended.pop("bad") is StoreError
+        assert {run.id: run.state for run in ended.values()} == {
+            "a": State.CANCELLING,
+            "c": State.CANCELLING,
+        }
+        bad = await store.load("bad")
+        assert (bad.run.state, bad.steps[0].status) == (State.RUNNING, StepStatus.RUNNING)
+        for run_id in "ac":
+            assert (await store.load(run_id)).steps[0].status is StepStatus.INTERRUPTED
+        new_events = (await store.events())[len(before) :]
+        assert sorted((e.run_id, e.target) for e in new_events) == [
+            ("a", State.CANCELLING),
+            ("c", State.CANCELLING),
+        ]
+
+
 # -- PostgreSQL specifics ------------------------------------------------------------------------
 
 
