@@ -4,7 +4,6 @@ that closed the connections."""
 from __future__ import annotations
 
 import os
-import random
 import signal
 import sqlite3
 import subprocess
@@ -19,8 +18,9 @@ import pytest
 
 import haltwise
 import toolkit
-from _crash_kit import AGENT, check_world, kill_and_resume, spawn, wait_started
-from haltwise import State
+from _crash_kit import AGENT, check_world, wait_started
+from _paths import TESTS
+from haltwise import State, StepStatus
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fresh_toolkit")]
 
@@ -257,19 +257,19 @@ def wal_frames(wal: Path) -> tuple[int, int]:
     return sum(1 for at in offsets if data[at + 8 : at + 16] == salts), room
 
 
-def test_a_run_killed_with_room_left_in_its_wal_loses_and_repeats_nothing(
+def test_a_run_killed_with_room_left_in_its_wal_loses_nothing(
     sqlite_url: str, tmp_path: Path
 ) -> None:
     """The WAL is given its room as the store opens: a kill -9 leaves the file longer than its
-    frames, and the next process must read exactly the committed frames back."""
+    frames, and the next process must read exactly the committed frames back. The agent ticks
+    (durable write steps, each logged as its body runs) until it is killed."""
     path = Path(sqlite_url.removeprefix("sqlite:///"))
-    world = tmp_path / "world"
-    world.mkdir()
-    proc = spawn(sqlite_url, "room", world)
+    agent = [sys.executable, str(TESTS / "tick_agent.py"), sqlite_url, str(tmp_path)]
+    proc = subprocess.Popen(agent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_started(proc)
-    executions = world / "executions"
+    log = tmp_path / "ticks.log"
     deadline = time.monotonic() + 60
-    while not executions.exists() or len(executions.read_text().splitlines()) < 6:
+    while not log.exists() or len(log.read_text().splitlines()) < 6:
         assert proc.poll() is None and time.monotonic() < deadline, "no steps ran"
         time.sleep(0.005)
     os.kill(proc.pid, signal.SIGKILL)
@@ -278,14 +278,16 @@ def test_a_run_killed_with_room_left_in_its_wal_loses_and_repeats_nothing(
     assert room >= 1000 > frames > 0, (frames, room)
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-    kills = 1 + kill_and_resume(sqlite_url, "room", world, random.Random(3))
+    ticked = [int(line) for line in log.read_text().splitlines()]
 
     async def load() -> haltwise.Outcome:
         async with haltwise.Runtime(sqlite_url) as rt:
-            return await rt.status("room")
+            return await rt.status("ticks")
 
-    check_world(world, anyio.run(load), kills=kills)
-    assert haltwise.verify_store(sqlite_url).ok
+    steps = anyio.run(load).steps
+    committed = [step.index for step in steps if step.status is StepStatus.COMMITTED]
+    # A tick's settlement is durable before the next tick begins: only the last may be missing.
+    assert committed in (ticked, ticked[:-1]), (committed, ticked)
 
 
 async def test_a_thousand_runs_cancelled_at_once_all_end_cancelled(sqlite_url: str) -> None:
