@@ -827,7 +827,9 @@ class Runtime:
                     ending = await call_task(ctx, inputs)
                     timers.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
-                await finish(ctx, ending)
+                final_write = await finish(ctx, ending)
+                del ending  # not kept while the final write waits (see finish)
+                await final_write
         except LostOwnershipError:
             pass  # another process took the run over; it is theirs to finish
         except StoreError as error:
