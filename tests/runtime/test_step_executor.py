@@ -152,7 +152,7 @@ async def drive(run: RunContext) -> haltwise.Outcome:
     """Run the body and record how it ended, as the Runtime's _drive does."""
     ending = await call_task(run, {})
     with anyio.CancelScope(shield=True):
-        await finish(run, ending)
+        await (await finish(run, ending))  # the final write finish decides
     return (await run.store.load(run.run_id)).outcome()
 
 

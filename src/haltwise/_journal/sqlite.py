@@ -16,7 +16,7 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Collection, Coroutine, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from functools import partial
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
@@ -485,9 +485,10 @@ class SQLiteStore:
         lease_until: float | None = UNSET,
         settle_on_cancel: bool = UNSET,
         fence: str | None = None,
-    ) -> Coroutine[Any, Any, RunRecord]:
-        # The writer's coroutine itself, not one of its own awaiting it: one frame fewer for
-        # each of 10,000 runs whose final transitions wait for one group commit.
+    ) -> Awaitable[RunRecord]:
+        # What the writer hands back itself (in a batch: the operation's future), not a
+        # coroutine of ours awaiting it: one frame fewer for each of 10,000 runs whose final
+        # transitions wait for one group commit.
         fields = transition_fields(
             target,
             reason=reason,
@@ -919,31 +920,36 @@ class _Transition(GroupOp):
 
     @classmethod
     def run_group(cls, conn: sqlite3.Connection, ops: list[Any]) -> list[Outcome] | None:
-        ids = [op.run_id for op in ops]
-        if len(set(ids)) < len(ids):
+        position = {op.run_id: index for index, op in enumerate(ops)}
+        if len(position) < len(ops):
             return None  # one run twice: its writes must follow each other, one by one
-        rows = conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(ids),))
-        runs = {run.id: run for run in map(run_from_row, rows)}  # a bad row: one by one
+        rows = conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(list(position)),))
         now = time.time()
-        outcomes: list[Outcome] = []
+        outcomes: list[Outcome] = [(None, None)] * len(ops)
+        found = [False] * len(ops)
         updates: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
         events: list[tuple[Any, ...]] = []
-        for op in ops:
-            current = runs.pop(op.run_id, None)  # (dropped as soon as used: fewer objects live)
+        # Each run planned as it is read, so that the run as read is dropped at once (a bad
+        # row raises: the batch runs again, one write at a time).
+        for current in map(run_from_row, rows):
+            index = position[current.id]
+            found[index] = True
+            op = ops[index]
             try:
-                if current is None:
-                    raise UnknownRunError(op.run_id)
                 write = op._plan(current, now)
                 written = run_written(current, write.fields)
             except Exception as error:  # as alone: this one fails, nothing of it written
-                outcomes.append((None, error))
+                outcomes[index] = (None, error)
                 continue
             updates.setdefault(tuple(write.fields), []).append((*write.fields.values(), op.run_id))
             events += event_parameters(op.run_id, write)
-            outcomes.append((written, None))
+            outcomes[index] = (written, None)
+        for index, op in enumerate(ops):
+            if not found[index]:
+                outcomes[index] = (None, UnknownRunError(op.run_id))
         for names, parameters in updates.items():
             conn.executemany(_SQL.update_run(names, returning=False), parameters)
-        conn.executemany(_SQL.record_event, events)
+        conn.executemany(_SQL.record_event, events)  # (one run's at most: the order of runs is any)
         return outcomes
 
 

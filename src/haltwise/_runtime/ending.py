@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,10 +128,11 @@ def _take_back(body: asyncio.Task[Any] | None, cancelling: int) -> None:
         body.uncancel()
 
 
-async def finish(ctx: RunContext, ending: Ending) -> None:
-    """Record the final state: the contract's rules on delivered cancels and failures.
-
-    Every step still in flight settles first (a run is final only once all have).
+async def finish(ctx: RunContext, ending: Ending) -> Awaitable[Any]:
+    """Settle every step still in flight (a run is final only once all have), then return the
+    final write the contract's rules on delivered cancels and failures call for, not yet
+    awaited: the caller awaits it once it has let go of ``ending``, so that 10,000 final
+    transitions waiting for one group commit keep neither their endings nor this frame.
     """
     await stop_steps(ctx, ending)
     error = ctx.poison or ending.error
@@ -138,21 +140,17 @@ async def finish(ctx: RunContext, ending: Ending) -> None:
         raise error  # the journal failed under the task, not the task: as after a crash
     cancel = ctx.cancel
     if cancel.handing_over and (cancel.delivered or error is not None) and ctx.poison is None:
-        await ctx.store.release(ctx.run_id, ctx.fence)
-        return
+        return ctx.store.release(ctx.run_id, ctx.fence)
     cancel_like = isinstance(error, Cancelled | anyio.get_cancelled_exc_class())
     if cancel.delivered or cancel.forced or (cancel.reason is not None and error is not None):
-        await finish_cancel(ctx, cancel_error=None if cancel_like else error)
-        return
+        return cancelled_write(ctx, cancel_error=None if cancel_like else error)
     if error is not None:
-        await finish_failed(ctx, error)
-        return
+        return finish_failed(ctx, error)
     try:
         result = JSONText(dump_json(ending.value, f"the result of task {ctx.task.name!r}"))
     except InputError as bad_result:
-        await finish_failed(ctx, bad_result)
-        return
-    await ctx.store.transition(
+        return finish_failed(ctx, bad_result)
+    return ctx.store.transition(
         ctx.run_id,
         State.COMPLETED,
         expected=_RUNNING_OR_CANCELLING,
@@ -215,9 +213,30 @@ async def finish_cancel(
 
     ``release=False`` keeps the run owned (a resume that finishes a cancel, then continues).
     """
+    await cancelled_write(ctx, cancel_error, release=release)
+
+
+def cancelled_write(
+    ctx: RunContext, cancel_error: BaseException | None, *, release: bool = True
+) -> Awaitable[Any]:
+    """:func:`finish_cancel`, not yet awaited: with no saga to run, the store's own write (no
+    frame of ours waits with it for the group commit)."""
     if ctx.task.on_cancel is OnCancel.COMPENSATE and not ctx.cancel.forced:
-        await run_saga(ctx, (await ctx.store.load(ctx.run_id)).steps)
-    await ctx.store.transition(
+        return _saga_then_cancelled(ctx, cancel_error, release=release)
+    return _record_cancelled(ctx, cancel_error, release=release)
+
+
+async def _saga_then_cancelled(
+    ctx: RunContext, cancel_error: BaseException | None, *, release: bool
+) -> None:
+    await run_saga(ctx, (await ctx.store.load(ctx.run_id)).steps)
+    await _record_cancelled(ctx, cancel_error, release=release)
+
+
+def _record_cancelled(
+    ctx: RunContext, cancel_error: BaseException | None, *, release: bool
+) -> Awaitable[Any]:
+    return ctx.store.transition(
         ctx.run_id,
         State.CANCELLED,
         expected=_CANCELLING,

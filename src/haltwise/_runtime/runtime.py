@@ -827,7 +827,9 @@ class Runtime:
                     ending = await call_task(ctx, inputs)
                     timers.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
-                await finish(ctx, ending)
+                final_write = await finish(ctx, ending)
+                del ending  # not kept while the final write waits (see finish)
+                await final_write
         except LostOwnershipError:
             pass  # another process took the run over; it is theirs to finish
         except StoreError as error:
@@ -855,18 +857,23 @@ class Runtime:
         good (its file deleted or replaced) stops every run here at once: each ends with that
         error (see :meth:`outcome`), its last durable state standing.
         """
+        # Every run this runtime works took a fresh lease as it was launched (``_lease_for``),
+        # so the first renewal is due a third of a lease after the start (a renewal at once
+        # rewrote every run row just created, in the middle of a burst of runs); after a store
+        # error, at once.
+        next_beat = time.time() + self.lease / 3
         while True:
             try:
-                await self._watch_until_error()
+                await self._watch_until_error(next_beat)
             except StoreGoneError:
                 for ctx in list(self._active.values()):
                     ctx.request_cancel("store lost", force=True)  # its next write fails
                 await anyio.sleep(0.5)
             except StoreError:
                 await anyio.sleep(0.5)
+            next_beat = 0.0
 
-    async def _watch_until_error(self) -> None:
-        next_beat = 0.0
+    async def _watch_until_error(self, next_beat: float) -> None:
         seen: int | None = None
         #: (the store's change count, runs launched here) when the watcher last read the
         #: requests; None: read at the next tick
