@@ -403,6 +403,9 @@ class PostgresStore:
             max_size=_POOL_MAX,
             open=False,
             name="haltwise",
+            # An operation waits this long for a connection, not the pool's 30 s: with the
+            # server down, a command or a run's next write says so after 10 s.
+            timeout=_CONNECT_TIMEOUT,
         )
         try:
             await pool.open(wait=True, timeout=_CONNECT_TIMEOUT)

@@ -16,7 +16,7 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Collection, Coroutine, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from functools import partial
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
@@ -485,9 +485,10 @@ class SQLiteStore:
         lease_until: float | None = UNSET,
         settle_on_cancel: bool = UNSET,
         fence: str | None = None,
-    ) -> Coroutine[Any, Any, RunRecord]:
-        # The writer's coroutine itself, not one of its own awaiting it: one frame fewer for
-        # each of 10,000 runs whose final transitions wait for one group commit.
+    ) -> Awaitable[RunRecord]:
+        # What the writer hands back itself (in a batch: the operation's future), not a
+        # coroutine of ours awaiting it: one frame fewer for each of 10,000 runs whose final
+        # transitions wait for one group commit.
         fields = transition_fields(
             target,
             reason=reason,

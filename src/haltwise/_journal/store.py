@@ -17,7 +17,7 @@ Two rules every store keeps, because the runtime relies on them:
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -177,7 +177,7 @@ class Store(Protocol):
     async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
         """Record ``run`` unless its id exists; return the stored record and whether it is new."""
 
-    async def transition(
+    def transition(
         self,
         run_id: str,
         target: State,
@@ -191,8 +191,11 @@ class Store(Protocol):
         lease_until: float | None = UNSET,
         settle_on_cancel: bool = UNSET,
         fence: str | None = None,
-    ) -> RunRecord:
+    ) -> Awaitable[RunRecord]:
         """Compare-and-set the run's state to ``target`` and record the event, in one transaction.
+
+        Awaited, it returns the run as written. (An awaitable rather than a coroutine: a store
+        may hand back what waits for its commit itself; it may submit the write at the call.)
 
         Succeeds only if the current state is in ``expected`` and the table allows
         ``current -> target``; otherwise raises :class:`~haltwise.InvalidTransitionError` and

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Coroutine
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,7 +128,7 @@ def _take_back(body: asyncio.Task[Any] | None, cancelling: int) -> None:
         body.uncancel()
 
 
-async def finish(ctx: RunContext, ending: Ending) -> Coroutine[Any, Any, Any]:
+async def finish(ctx: RunContext, ending: Ending) -> Awaitable[Any]:
     """Settle every step still in flight (a run is final only once all have), then return the
     final write the contract's rules on delivered cancels and failures call for, not yet
     awaited: the caller awaits it once it has let go of ``ending``, so that 10,000 final
@@ -218,7 +218,7 @@ async def finish_cancel(
 
 def cancelled_write(
     ctx: RunContext, cancel_error: BaseException | None, *, release: bool = True
-) -> Coroutine[Any, Any, Any]:
+) -> Awaitable[Any]:
     """:func:`finish_cancel`, not yet awaited: with no saga to run, the store's own write (no
     frame of ours waits with it for the group commit)."""
     if ctx.task.on_cancel is OnCancel.COMPENSATE and not ctx.cancel.forced:
@@ -235,7 +235,7 @@ async def _saga_then_cancelled(
 
 def _record_cancelled(
     ctx: RunContext, cancel_error: BaseException | None, *, release: bool
-) -> Coroutine[Any, Any, Any]:
+) -> Awaitable[Any]:
     return ctx.store.transition(
         ctx.run_id,
         State.CANCELLED,
