@@ -663,7 +663,8 @@ class PostgresStore:
         lease_until: float | None = UNSET,
         settle_on_cancel: bool = UNSET,
         fence: str | None = None,
-    ) -> RunRecord:
+        returning: bool = True,
+    ) -> RunRecord | None:
         fields = transition_fields(
             target,
             reason=reason,
@@ -678,7 +679,8 @@ class PostgresStore:
         def plan(current: RunRecord, now: float) -> RunWrite:
             return plan_transition(current, target, expected, fields, fence=fence, now=now)
 
-        return await self._request(run_id, plan)
+        written = await self._request(run_id, plan)
+        return written if returning else None
 
     async def request_cancel(
         self, run_id: str, reason: str, *, force: bool, fence: str | None = None
@@ -1075,8 +1077,8 @@ class PostgresStore:
                 return CancelResult(tuple(chosen), final, unknown)
             writes, reached = cancel_writes(_OPS, chosen, reason, force, time.time())
             async with conn.cursor() as batch:
-                for write in writes:
-                    await batch.executemany(write.sql, write.rows)
+                for statement, parameters in writes:
+                    await batch.execute(statement, parameters)
             if reached:
                 await _notify(conn, reached[0].id)
             return CancelResult(reached, final, unknown)
