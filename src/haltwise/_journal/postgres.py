@@ -56,7 +56,15 @@ from psycopg_pool import AsyncConnectionPool
 
 from .._core.exceptions import HaltwiseError, NoStoreError, StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
-from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot, dump_json
+from .._core.records import (
+    Event,
+    JSONText,
+    Owner,
+    PartialKey,
+    RunRecord,
+    RunSnapshot,
+    dump_json,
+)
 from .._core.states import State, StepStatus
 from .._core.views import Change, RunSummary
 from .coalesce import Coalescer
@@ -85,6 +93,7 @@ from .rows import (
 )
 from .schema import POSTGRES, SCHEMA_VERSION, TABLES, parse_version, upgrade_statements
 from .secrets import MASK, redact, safe_url
+from .shield import shielded
 from .sql import (
     Plan,
     RunWrite,
@@ -114,6 +123,8 @@ _CHANNEL = "haltwise_changes"
 #: advisory lock key that serialises schema creation between processes opening the store at once
 _SCHEMA_LOCK = 0x68616C74
 _POOL_MAX = 10
+#: connections a store that works runs opens at once (see open)
+_POOL_WORKING = 4
 
 
 async def _usable(conn: _Conn) -> bool:
@@ -399,7 +410,7 @@ class PostgresStore:
             self.url,
             connection_class=psycopg.AsyncConnection[DictRow],
             kwargs={"autocommit": True, "row_factory": dict_row},
-            min_size=1,
+            min_size=_POOL_WORKING if self._works_runs and not self.read_only else 1,
             max_size=_POOL_MAX,
             open=False,
             name="haltwise",
@@ -663,7 +674,8 @@ class PostgresStore:
         lease_until: float | None = UNSET,
         settle_on_cancel: bool = UNSET,
         fence: str | None = None,
-    ) -> RunRecord:
+        returning: bool = True,
+    ) -> RunRecord | None:
         fields = transition_fields(
             target,
             reason=reason,
@@ -678,7 +690,8 @@ class PostgresStore:
         def plan(current: RunRecord, now: float) -> RunWrite:
             return plan_transition(current, target, expected, fields, fence=fence, now=now)
 
-        return await self._request(run_id, plan)
+        written = await self._request(run_id, plan)
+        return written if returning else None
 
     async def request_cancel(
         self, run_id: str, reason: str, *, force: bool, fence: str | None = None
@@ -868,15 +881,13 @@ class PostgresStore:
         # fence check with its share lock, the upsert and the run's cancel state together.
         row = _start_row(run_id, step, fence, time.time())
         self._steps.raise_deferred_error()
-        with anyio.CancelScope(shield=True):  # see Store.start_step
+        with shielded():  # see Store.start_step
             started = await self._steps.start(row)
             if started is None:
                 await self._run(partial(_check_fence, run_id=run_id, fence=fence))
         if started is None:
             raise StoreError(f"run {run_id!r}: step {step.index} could not be journaled")
-        if started.state != State.CANCELLING.value:
-            return StepStarted(started.attempts, pause=started.pause)
-        return StepStarted(started.attempts, cancel=(started.reason or "user", started.force))
+        return started
 
     async def settle_step(
         self,
@@ -891,13 +902,17 @@ class PostgresStore:
     ) -> None:
         # durable=False: held in memory and committed with the next write of this store (see
         # postgres_steps and docs/design.md, "Why a settlement may ride with the next write").
-        result_text = None if result is None else dump_json(result, f"step {index}'s result")
-        row = (run_id, index, status.value, result_text, error_to_text(error), time.time(), fence)
+        if type(result) is JSONText:  # the runtime's: serialised once, by the step
+            result_text: str | None = str(result)
+        else:
+            result_text = None if result is None else dump_json(result, f"step {index}'s result")
+        error_text = None if error is None else error_to_text(error)
+        row = (run_id, index, status._value_, result_text, error_text, time.time(), fence)
         self._steps.raise_deferred_error()
         if not durable:
             self._steps.defer(row)  # no wait: nothing to shield
             return
-        with anyio.CancelScope(shield=True):  # see Store.settle_step
+        with shielded():  # see Store.settle_step
             if not await self._steps.settle(row):
                 # raises if the run is not ours; a step that was never started stays unwritten
                 await self._run(partial(_check_fence, run_id=run_id, fence=fence))
@@ -1075,8 +1090,8 @@ class PostgresStore:
                 return CancelResult(tuple(chosen), final, unknown)
             writes, reached = cancel_writes(_OPS, chosen, reason, force, time.time())
             async with conn.cursor() as batch:
-                for write in writes:
-                    await batch.executemany(write.sql, write.rows)
+                for statement, parameters in writes:
+                    await batch.execute(statement, parameters)
             if reached:
                 await _notify(conn, reached[0].id)
             return CancelResult(reached, final, unknown)
@@ -1235,7 +1250,7 @@ def _start_row(run_id: str, step: StepStart, fence: str, now: float) -> tuple[An
         step.index,
         step.tool,
         step.cancel,
-        step.effect.value,
+        step.effect._value_,  # the member's own text (``.value`` is a property: slower)
         step.idempotent,
         step.idempotency_key,
         step.args,

@@ -370,14 +370,14 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         idempotent=bool(idempotent),
         status=_STEP_STATUSES[status],
         attempts=attempts,
-        result=load_json(result),
-        error=error_from_text(error),
+        result=None if result is None else load_json(result),
+        error=None if error is None else error_from_text(error),
         idempotency_key=key,
-        args=load_json(args),
+        args=None if args is None else load_json(args),
         cleanup=bool(cleanup),
         call_id=call_id,
         fingerprint=fingerprint,
-        earlier_errors=attempt_errors_from_text(errors),
+        earlier_errors=() if errors is None else attempt_errors_from_text(errors),
     )
 
 

@@ -39,9 +39,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-
 from .._core.exceptions import StoreError
+from .shield import shielded
 
 Op = Callable[[sqlite3.Connection], Any]
 _Deliver = Callable[[Any, BaseException | None], None]
@@ -162,7 +161,7 @@ class _Signal:
     async def wait(self) -> BaseException | None:
         """Wait for :meth:`send`; a cancel of the caller does not cut the wait (the thread
         goes on either way, as a thread the caller waited on would)."""
-        with anyio.CancelScope(shield=True):
+        with shielded():
             error = await self.future
         return error
 
@@ -199,7 +198,7 @@ async def _ran(value: Any, error: BaseException | None) -> Any:
 
 
 async def _shielded(future: asyncio.Future[Any]) -> Any:
-    with anyio.CancelScope(shield=True):
+    with shielded():
         return await future
 
 

@@ -310,7 +310,7 @@ class _Flight:
         start = StepStart(
             index=self.index,
             tool=self.spec.name,
-            cancel=policy.cancel.value if policy.cancel else None,
+            cancel=policy.cancel._value_ if policy.cancel else None,  # (.value: a property)
             effect=policy.effect,
             idempotent=policy.idempotent,
             idempotency_key=key,
@@ -376,7 +376,8 @@ class _Flight:
             raise
         else:
             self.phase = _Phase.AFTER
-            self._take_back_cancels()
+            if self.native_cancels:
+                self._take_back_cancels()
             return await self._commit(value)
         await self._settle_cancelled()
         self._propagate(interrupted)
@@ -487,7 +488,7 @@ class _Flight:
         index = self.index
         # An unserialisable result raises InputError: the step is settled failed.
         try:
-            text = JSONText(dump_json(value, f"the result of step {index} ({self.spec.name})"))
+            text = JSONText(dump_json(value, "the result of step %d (%s)", index, self.spec.name))
         except Exception as error:
             await self._failed(error)
             raise
