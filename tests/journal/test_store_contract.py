@@ -1421,7 +1421,8 @@ async def test_postgres_step_writer_replaces_a_lost_connection(pg_url: str) -> N
                 "WHERE datname = current_database() AND pid <> pg_backend_pid() "
                 "AND query LIKE '%INSERT INTO haltwise.steps%'"
             )
-            assert [done for (done,) in await cursor.fetchall()] == [True]
+            cut = [done for (done,) in await cursor.fetchall()]
+            assert cut and all(cut)  # every connection of the writer
         await anyio.sleep(0.2)  # the writer may notice the loss while idle, or at its next write
         with anyio.fail_after(20):
             for attempt in range(5):
@@ -1433,6 +1434,116 @@ async def test_postgres_step_writer_replaces_a_lost_connection(pg_url: str) -> N
             await store.start_step("r", step(1), fence=OWNER.token)
         snapshot = await store.load("r")
     assert [s.status for s in snapshot.steps] == [StepStatus.COMMITTED, StepStatus.RUNNING]
+
+
+async def _waits_for_a_lock(admin: psycopg.AsyncConnection[Any]) -> bool:
+    cursor = await admin.execute(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    row = await cursor.fetchone()
+    return bool(row and row[0])
+
+
+async def test_postgres_a_runs_write_waits_for_its_earlier_write_on_the_other_connection(
+    pg_url: str,
+) -> None:
+    # The step writer commits on two connections at once. Run r's deferred settlement goes with
+    # another run's start in a batch that waits for a row lock; r's next start, made meanwhile,
+    # must not commit on the other connection before it (with a third run's start, which does).
+    async with contextlib.AsyncExitStack() as stack:
+        store = await stack.enter_async_context(opened(pg_url))
+        holder = await stack.enter_async_context(await psycopg.AsyncConnection.connect(pg_url))
+        admin = await stack.enter_async_context(
+            await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
+        )
+        for run_id in ("r", "blocked", "other"):
+            await reach(store, run_id, State.RUNNING)
+            await store.start_step(run_id, step(0), fence=OWNER.token)
+        await holder.execute("SELECT 1 FROM haltwise.runs WHERE id = 'blocked' FOR UPDATE")
+        async with anyio.create_task_group() as group:
+            await store.settle_step("r", 0, StepStatus.COMMITTED, result=0, fence=OWNER.token,
+                                    durable=False)  # fmt: skip
+            group.start_soon(partial(store.start_step, "blocked", step(1), fence=OWNER.token))
+            with anyio.fail_after(20):
+                while not await _waits_for_a_lock(admin):  # the batch with r's settlement
+                    await anyio.sleep(0.01)
+            group.start_soon(partial(store.start_step, "r", step(1), fence=OWNER.token))
+            try:
+                with anyio.fail_after(20):
+                    await store.start_step("other", step(1), fence=OWNER.token)
+                cursor = await admin.execute(
+                    "SELECT count(*) FROM haltwise.steps WHERE run_id = 'r' AND idx = 1"
+                )
+                early = await cursor.fetchone()
+            finally:
+                await holder.rollback()  # the blocked batch goes on (whatever happened)
+        assert early == (0,), "r's next start committed before its settlement"
+        changes, _ = await store.changes_after(0, limit=100)
+        snapshot = await store.load("r")
+    assert [s.status for s in snapshot.steps] == [StepStatus.COMMITTED, StepStatus.RUNNING]
+    r = [(c.index, c.status) for c in changes if c.kind is ChangeKind.STEP and c.run_id == "r"]
+    assert r == [(0, "running"), (0, "committed"), (1, "running")]
+
+
+class _FeedReads:
+    """A store whose reads of the change feed are counted (the feed under test reads through
+    it; everything else is the store's own)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.reads = 0
+        self.read = anyio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def changes_after(self, seq: int, *, limit: int) -> tuple[list[Change], float]:
+        found = await self.store.changes_after(seq, limit=limit)
+        self.reads += 1
+        self.read.set()
+        self.read = anyio.Event()
+        return found
+
+
+async def test_postgres_the_feed_never_passes_a_change_that_commits_later_with_a_lower_number(
+    pg_url: str,
+) -> None:
+    # PostgreSQL numbers changes as they are inserted and commits them in any order (the step
+    # writer's two connections, the pool, other processes): change "early" is committed while
+    # "late", numbered before it, is not yet. A feed that yielded "early" then would skip
+    # "late" for good (its cursor past it); it must hold "early" back (its time is set an hour
+    # ahead: held for as long as this test needs) and yield both, in order, once "late" commits.
+    insert = (
+        "INSERT INTO haltwise.changes (run_id, kind, idx, status, at) "
+        "VALUES (%s, 'step', 0, 'running', extract(epoch from clock_timestamp()) + %s)"
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        store = await stack.enter_async_context(opened(pg_url))
+        late = await stack.enter_async_context(await psycopg.AsyncConnection.connect(pg_url))
+        early = await stack.enter_async_context(
+            await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
+        )
+        mark = await store.last_change()
+        await late.execute(insert, ("late", 0))  # its transaction left open
+        await early.execute(insert, ("early", 3600))
+        reads = _FeedReads(store)
+        fed: list[Change] = []
+
+        async def follow() -> None:
+            async for change in feed(reads, mark, None):  # type: ignore[arg-type]
+                fed.append(change)
+                if len(fed) == 2:
+                    return
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(follow)
+            with anyio.fail_after(20):
+                while reads.reads < 2:  # read twice with "early" there and "late" not
+                    await reads.read.wait()
+            assert fed == []
+            await late.commit()
+    assert [(c.run_id, c.seq) for c in fed] == [("late", mark + 1), ("early", mark + 2)]
 
 
 async def test_postgres_step_text_with_a_nul_character_is_refused_not_cut(pg_url: str) -> None:
