@@ -20,7 +20,6 @@ import base64
 import binascii
 import json
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, final
 
 from .._core.exceptions import InputError
@@ -30,10 +29,11 @@ from .._core.states import State
 from .._core.views import Change, ChangeKind, RunSummary, StepTimes
 from .rows import RUN_COLUMNS, run_columns, run_written
 from .schema import HIGH_WATER_RUN, Dialect
-from .sql import event_parameters, plan_cancel_write
+from .sql import RunWrite, plan_cancel_write
 
 __all__ = [
     "OperatorSQL",
+    "RunWrites",
     "cancel_writes",
     "change_from_row",
     "decode_cursor",
@@ -145,9 +145,28 @@ class OperatorSQL:
         text += " ORDER BY created_at, id" + (" FOR UPDATE" if lock else "")
         return self.sql(text), params
 
-    def update_by_id(self, names: Sequence[str]) -> str:
+    def update_ids(self, names: Sequence[str]) -> str:
+        """``UPDATE`` of the columns ``names`` of every run whose id is in the list bound
+        last (parameters: the columns' values, then the id list, see :meth:`id_list`)."""
         assignments = ", ".join(f"{name} = ?" for name in names)
-        return self.sql(f"UPDATE {{runs}} SET {assignments} WHERE id = ?")
+        return self.sql(f"UPDATE {{runs}} SET {assignments} WHERE id {self.in_ids}")
+
+    def record_events_of_ids(self) -> str:
+        """One event of one shape for each run of an id list, recorded in the list's order,
+        each with its change in the feed, in the same order (parameters: source, target,
+        reason, at, then the id list). On SQLite the events' trigger writes the changes."""
+        if self.dialect.name == "sqlite":
+            return self.sql(
+                "INSERT INTO {events} (run_id, source, target, reason, at) "
+                "SELECT value, ?, ?, ?, ? FROM json_each(?) ORDER BY key"
+            )
+        return self.sql(
+            "WITH recorded AS (INSERT INTO {events} (run_id, source, target, reason, at) "
+            "SELECT id, ?, ?, ?, ? FROM unnest(?::text[]) WITH ORDINALITY AS ids (id, n) "
+            "ORDER BY n RETURNING seq, run_id, target) "
+            "INSERT INTO {changes} (run_id, kind, idx, status, at) "
+            "SELECT run_id, 'transition', seq, target, {clock} FROM recorded ORDER BY seq"
+        )
 
     def record_event(self) -> str:
         """An event recorded with its change in the feed (on SQLite its trigger writes the
@@ -270,29 +289,67 @@ def times_from_rows(rows: Iterable[Sequence[Any]]) -> dict[int, StepTimes]:
     return {int(row[0]): StepTimes(started_at=row[1], settled_at=row[2]) for row in rows}
 
 
-# -- bulk cancel: the writes, from the rule of one cancel ----------------------------------------
+# -- the writes of many runs in few statements ---------------------------------------------------
 
 
 @final
-@dataclass(frozen=True, slots=True)
-class CancelWrite:
-    """One statement of a bulk cancel and the parameter rows it runs with (``executemany``)."""
+class RunWrites:
+    """The writes of many runs (each a :class:`~haltwise._journal.sql.RunWrite`), made as few
+    statements as their shapes allow: one ``UPDATE`` per distinct set of column values, one
+    ``INSERT`` per distinct event shape, each naming its runs by one id list parameter.
 
-    sql: str
-    rows: list[tuple[Any, ...]]
+    Each run's row ends as its own ``UPDATE`` would leave it, and its events are recorded in
+    their order (a write's ``k``-th event goes in with the other ``k``-th ones, after every
+    ``k-1``-th); between runs the order of the events is any (one transaction). A run may be
+    added once only (two writes of one run would not follow each other). The values are
+    those of columns (text, numbers, None), so they compare and hash as the database would
+    store them.
+    """
+
+    __slots__ = ("_events", "_ops", "_updates")
+
+    def __init__(self, ops: OperatorSQL) -> None:
+        self._ops = ops
+        self._updates: dict[tuple[tuple[str, Any], ...], list[str]] = {}
+        self._events: dict[tuple[int, str | None, str, str | None, float], list[str]] = {}
+
+    def add(self, run_id: str, write: RunWrite) -> None:
+        if write.fields:
+            self._updates.setdefault(tuple(write.fields.items()), []).append(run_id)
+        for position, (source, target, reason) in enumerate(write.events):
+            shape = (position, source.value if source else None, target.value, reason, write.at)
+            self._events.setdefault(shape, []).append(run_id)
+
+    def statements(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """The statements and their parameters, in the order to run them."""
+        ops = self._ops
+        updates = [
+            (
+                ops.update_ids([name for name, _ in items]),
+                (*(value for _, value in items), ops.id_list(ids)),
+            )
+            for items, ids in self._updates.items()
+        ]
+        events = [
+            (ops.record_events_of_ids(), (*shape[1:], ops.id_list(ids)))
+            for shape, ids in sorted(self._events.items(), key=lambda item: item[0][0])
+        ]
+        return updates + events
+
+
+# -- bulk cancel: the writes, from the rule of one cancel ----------------------------------------
 
 
 def cancel_writes(
     ops: OperatorSQL, runs: Iterable[RunRecord], reason: str, force: bool, now: float
-) -> tuple[list[CancelWrite], tuple[RunRecord, ...]]:
+) -> tuple[list[tuple[str, tuple[Any, ...]]], tuple[RunRecord, ...]]:
     """The writes of cancelling ``runs``, each as :func:`plan_cancel_write` says.
 
-    Returns the statements (updates grouped by the columns they write, then the events) and
-    the runs the request reached (every run that was not final) as the writes leave them, so
-    that the transaction need not read them back.
+    Returns the statements with their parameters (:class:`RunWrites`) and the runs the
+    request reached (every run that was not final) as the writes leave them, so that the
+    transaction need not read them back.
     """
-    groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
-    events: list[tuple[Any, ...]] = []
+    writes = RunWrites(ops)
     reached: list[RunRecord] = []
     for run in runs:
         if run.state.is_final:
@@ -302,12 +359,8 @@ def cancel_writes(
             reached.append(run)
             continue
         reached.append(run_written(run, write.fields))
-        groups.setdefault(tuple(write.fields), []).append((*write.fields.values(), run.id))
-        events += event_parameters(run.id, write)
-    writes = [CancelWrite(ops.update_by_id(names), rows) for names, rows in groups.items()]
-    if events:
-        writes.append(CancelWrite(ops.record_event(), events))
-    return writes, tuple(reached)
+        writes.add(run.id, write)
+    return writes.statements(), tuple(reached)
 
 
 def sort_named(
