@@ -70,9 +70,8 @@ from .._core.views import Change, RunSummary
 from .coalesce import Coalescer
 from .operator_sql import (
     OperatorSQL,
-    cancel_writes,
     change_from_row,
-    sort_named,
+    plan_cancels,
     summary_from_row,
     times_from_rows,
 )
@@ -529,7 +528,7 @@ class PostgresStore:
         read_only: bool = False,
         after_steps: bool = True,
         single: bool = False,
-        reads_runs: Collection[str] | None = None,
+        runs: Collection[str] | None = None,
     ) -> _T:
         """Run ``op`` in a transaction of its own (see the module docstring).
 
@@ -544,22 +543,18 @@ class PostgresStore:
         what they read does not show it. They keep the watcher's ticks from forcing a commit of
         their own on a sequential run's deferred settlement.
 
-        ``reads_runs``: ``op`` only reads, and only those runs' rows, so only their deferred
-        settlements must commit first (what it reads shows this store object's own writes);
-        another run's are not in what it reads, and a read makes nothing durable that could
-        precede them. (An outcome's load at many concurrent runs does not wait for a commit
-        of the others' settlements.)"""
+        ``runs``: ``op`` reads only those runs' rows, and writes only their run rows and
+        events, so only their deferred settlements must commit first: what it reads shows
+        this store object's own writes of them, and what it makes durable (a run's transition,
+        a cancel or pause request) follows those of the same run; another run's settlement is
+        in neither (a settlement that may be deferred is one whose loss is harmless, see
+        docs/design.md). So an outcome's load, or a final transition, at many concurrent runs
+        does not wait for a commit of the others' settlements."""
         pool = self._pool
         if pool is None:
             raise StoreError(f"store {self._where} is not open")
         if after_steps:
-            if reads_runs is None:
-                pending = self._steps.has_deferred()
-            else:
-                pending = any(self._steps.has_deferred(run_id) for run_id in reads_runs)
-            if pending:
-                await self._steps.flush()
-            self._steps.raise_deferred_error()
+            await self._steps.flush(runs)
         # The operation runs in its own task: a caller cancelled while waiting stops waiting,
         # and the transaction still commits or rolls back whole (as in the SQLite store).
         task = asyncio.ensure_future(self._transact(pool, op, read_only, single))
@@ -721,7 +716,7 @@ class PostgresStore:
                 return current, version
             return _fetched(await _apply(conn, run_id, write, None))
 
-        return self._remember(*await self._run(op))
+        return self._remember(*await self._run(op, runs=(run_id,)))
 
     async def _if_unchanged(
         self, run_id: str, plan: Plan, known: RunRecord, version: str
@@ -743,7 +738,7 @@ class PostgresStore:
         async def op(conn: _Conn) -> tuple[RunRecord, str] | None:
             return await _apply(conn, run_id, write, version)
 
-        return await self._run(op, single=True)
+        return await self._run(op, single=True, runs=(run_id,))
 
     async def _update_many(self, updates: Sequence[_Update]) -> list[tuple[RunRecord, str] | None]:
         """Writes made at once by :meth:`_if_unchanged`, each only if its run's row is still
@@ -772,7 +767,7 @@ class PostgresStore:
                     written[row["id"]] = (run_from_row(row), row["version_"])
             return written
 
-        written = await self._run(op, single=True)
+        written = await self._run(op, single=True, runs=seen)
         results = [None if i in again else written.get(updates[i][0]) for i in range(len(updates))]
         for i in again:
             results[i] = await self._update_one(updates[i])
@@ -967,7 +962,7 @@ class PostgresStore:
             return await _load_snapshot(conn, run_id)
 
         try:
-            return await self._run(op, read_only=True, single=True, reads_runs=(run_id,))
+            return await self._run(op, read_only=True, single=True, runs=(run_id,))
         except UnknownRunError:
             return None
 
@@ -981,7 +976,7 @@ class PostgresStore:
             rows = [found.get(run_id) for run_id in run_ids]
             return [None if row is None else _snapshot_from_row(row) for row in rows]
 
-        return await self._run(op, read_only=True, single=True, reads_runs=run_ids)
+        return await self._run(op, read_only=True, single=True, runs=run_ids)
 
     async def list_runs(self, state: State | None = None) -> list[RunRecord]:
         async def op(conn: _Conn) -> list[RunRecord]:
@@ -1065,7 +1060,7 @@ class PostgresStore:
                 times = times_from_rows(await rows.fetchall())
             return RunJournal(snapshot=snapshot, events=tuple(events), step_times=times)
 
-        return await self._run(op, read_only=True, reads_runs=(run_id,))
+        return await self._run(op, read_only=True, runs=(run_id,))
 
     async def request_cancels(
         self,
@@ -1085,16 +1080,15 @@ class PostgresStore:
                 query, params = _OPS.active_runs(states=states, tasks=tasks, lock=not dry_run)
                 cursor = await conn.execute(query, params)
             found = read_all(run_from_row, await cursor.fetchall())
-            chosen, final, unknown = sort_named(found, ids)
-            if dry_run:
-                return CancelResult(tuple(chosen), final, unknown)
-            writes, reached = cancel_writes(_OPS, chosen, reason, force, time.time())
+            writes, result = plan_cancels(
+                _OPS, found, ids, reason=reason, force=force, now=time.time(), dry_run=dry_run
+            )
             async with conn.cursor() as batch:
                 for statement, parameters in writes:
                     await batch.execute(statement, parameters)
-            if reached:
-                await _notify(conn, reached[0].id)
-            return CancelResult(reached, final, unknown)
+            if result.reached and not dry_run:
+                await _notify(conn, result.reached[0].id)
+            return result
 
         return await self._run(op, read_only=dry_run)
 

@@ -33,10 +33,10 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from psycopg import errors
@@ -220,19 +220,22 @@ _BATCH = Prepared(b"haltwise_steps_batch", _batch_sql())
 _ONE_RUN = Prepared(b"haltwise_steps_one_run", _one_run_sql())
 _NO_SETTLE = (None,) * (len(SETTLE_COLUMNS) - 1)
 _NO_START = (None,) * (len(START_COLUMNS) - 1)
+#: a waited write's result: its start as written (None: not written), or a settlement's True
+_Done = asyncio.Future[StepStarted | bool | None]
 
 
-@dataclass(slots=True)
 class _Write:
-    start: bool
-    #: run id, step index, the columns, then the fence (see START_COLUMNS / SETTLE_COLUMNS)
-    row: tuple[Any, ...]
-    #: resolved once the write's commit returned (None: a deferred settlement)
-    done: asyncio.Future[StepStarted | bool | None] | None = None
-    key: tuple[str, int] = field(init=False)
+    """One write queued for the committer (a plain class: one is made per step write)."""
 
-    def __post_init__(self) -> None:
-        self.key = (self.row[0], self.row[1])
+    __slots__ = ("done", "key", "row", "start")
+
+    def __init__(self, start: bool, row: tuple[Any, ...], done: _Done | None = None) -> None:
+        self.start = start
+        #: run id, step index, the columns, then the fence (see START_COLUMNS / SETTLE_COLUMNS)
+        self.row = row
+        #: resolved once the write's commit returned (None: a deferred settlement)
+        self.done = done
+        self.key: tuple[str, int] = (row[0], row[1])
 
 
 @dataclass(slots=True)
@@ -323,7 +326,7 @@ class StepWriter:
             self._timer = None
         if task is not None:
             with contextlib.suppress(StoreError):
-                await self._flush_all()
+                await self.flush()
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -334,15 +337,16 @@ class StepWriter:
 
     # -- what the store calls ----------------------------------------------------------------
 
-    async def start(self, row: tuple[Any, ...]) -> StepStarted | None:
-        """Write a step's start (``start_row``); None if the fence did not hold the run."""
-        found = await self._submit(_Write(True, row))
-        return found if isinstance(found, StepStarted) else None
+    def start(self, row: tuple[Any, ...]) -> asyncio.Future[StepStarted | None]:
+        """Write a step's start (``start_row``): the future of the start as written (None if
+        the fence did not hold the run), resolved once it is committed."""
+        return cast("asyncio.Future[StepStarted | None]", self._submit(True, row))
 
-    async def settle(self, row: tuple[Any, ...]) -> bool:
-        """Write a settlement (``settle_row``); False if no step row was written (the fence did
-        not hold, or no such step)."""
-        return bool(await self._submit(_Write(False, row)))
+    def settle(self, row: tuple[Any, ...]) -> asyncio.Future[bool | None]:
+        """Write a settlement (``settle_row``): the future of whether the step row was written
+        (True; None if the fence did not hold, or there is no such step), resolved once it is
+        committed."""
+        return cast("asyncio.Future[bool | None]", self._submit(False, row))
 
     def defer(self, row: tuple[Any, ...]) -> None:
         """Hold a settlement (``durable=False``) for the next batch (see the module docstring)."""
@@ -369,37 +373,32 @@ class StepWriter:
         else:
             self._timer = loop.call_at(due, self._waited)
 
-    def has_deferred(self, run_id: str | None = None) -> bool:
-        """Whether a deferred settlement (of run ``run_id``, or of any run) is not committed
-        yet (held, or in a batch being committed)."""
-        with self._lock:
-            if run_id is None:
-                return bool(self._deferred) or any(lane.deferred for lane in self._lanes)
-            return any(write.row[0] == run_id for write in self._deferred) or any(
-                row[0] == run_id for lane in self._lanes for row in lane.deferred
-            )
-
-    async def flush(self) -> None:
-        """Commit the deferred settlements now (asynchronously, see the module docstring) and
-        raise the error of any deferred settlement that failed."""
-        await self._flush_all()
+    async def flush(self, runs: Collection[str] | None = None) -> None:
+        """Wait until the deferred settlements made so far (of ``runs``, or of every run) are
+        committed, committing them now (asynchronously, see the module docstring): the
+        batches under way that hold some, and a round taking the others; then raise the error
+        of any deferred settlement that failed."""
+        if self._task is not None:
+            waits = self._flushes_for(None if runs is None else set(runs))
+            if waits:
+                await asyncio.shield(asyncio.gather(*waits))
         self.raise_deferred_error()
 
-    async def _flush_all(self) -> None:
-        """Wait until every deferred settlement made so far is committed (or failed): the
-        batches under way that hold some, and a round taking the others."""
-        if self._task is None:
-            return
-        waits = [
-            lane.finished for lane in self._lanes if lane.finished is not None and lane.deferred
-        ]
-        if self._deferred:
+    def _flushes_for(self, runs: set[str] | None) -> list[asyncio.Future[None]]:
+        """What :meth:`flush` waits for (nothing if none of ``runs``' settlements is deferred)."""
+        with self._lock:
+            waits = [
+                lane.finished
+                for lane in self._lanes
+                if lane.finished is not None and _any_of(lane.deferred, runs)
+            ]
+            queued = _any_of([write.row for write in self._deferred], runs)
+        if queued:
             done = asyncio.get_running_loop().create_future()
             self._flushes.append(done)
             self._poke()
             waits.append(done)
-        if waits:
-            await asyncio.shield(asyncio.gather(*waits))
+        return waits
 
     def raise_deferred_error(self) -> None:
         error, self._deferred_error = self._deferred_error, None
@@ -418,13 +417,13 @@ class StepWriter:
 
     # -- the committer -----------------------------------------------------------------------
 
-    async def _submit(self, write: _Write) -> StepStarted | bool | None:
+    def _submit(self, start: bool, row: tuple[Any, ...]) -> _Done:
         if self._task is None:
             raise StoreError("the store is not open")
-        write.done = asyncio.get_running_loop().create_future()
-        self._queue.append(write)
+        done: _Done = asyncio.get_running_loop().create_future()
+        self._queue.append(_Write(start, row, done))
         self._poke()
-        return await write.done  # the store's callers shield this wait
+        return done  # the store's callers shield their wait for it
 
     def _poke(self) -> None:
         wake = self._wake
@@ -568,6 +567,13 @@ class StepWriter:
             wire.detach()
             with contextlib.suppress(psycopg.Error):
                 await wire.conn.close()
+
+
+def _any_of(rows: list[tuple[Any, ...]], runs: set[str] | None) -> bool:
+    """Whether any of ``rows`` is of one of ``runs`` (of any run: None)."""
+    if runs is None:
+        return bool(rows)
+    return any(row[0] in runs for row in rows)
 
 
 def _release(flushes: list[asyncio.Future[None]], _: object) -> None:
