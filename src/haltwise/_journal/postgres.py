@@ -70,9 +70,8 @@ from .._core.views import Change, RunSummary
 from .coalesce import Coalescer
 from .operator_sql import (
     OperatorSQL,
-    cancel_writes,
     change_from_row,
-    sort_named,
+    plan_cancels,
     summary_from_row,
     times_from_rows,
 )
@@ -1081,16 +1080,15 @@ class PostgresStore:
                 query, params = _OPS.active_runs(states=states, tasks=tasks, lock=not dry_run)
                 cursor = await conn.execute(query, params)
             found = read_all(run_from_row, await cursor.fetchall())
-            chosen, final, unknown = sort_named(found, ids)
-            if dry_run:
-                return CancelResult(tuple(chosen), final, unknown)
-            writes, reached = cancel_writes(_OPS, chosen, reason, force, time.time())
+            writes, result = plan_cancels(
+                _OPS, found, ids, reason=reason, force=force, now=time.time(), dry_run=dry_run
+            )
             async with conn.cursor() as batch:
                 for statement, parameters in writes:
                     await batch.execute(statement, parameters)
-            if reached:
-                await _notify(conn, reached[0].id)
-            return CancelResult(reached, final, unknown)
+            if result.reached and not dry_run:
+                await _notify(conn, result.reached[0].id)
+            return result
 
         return await self._run(op, read_only=dry_run)
 
