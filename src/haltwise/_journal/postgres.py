@@ -376,15 +376,12 @@ class PostgresStore:
         self._creations: Coalescer[tuple[NewRun, str], tuple[RunRecord, bool]] = Coalescer(
             self._create_many, self._create_one
         )
-        #: writes of runs this store wrote last (see _if_unchanged), one statement a round, two
-        #: rounds at once (each write applied only if its row is still the version planned from)
+        #: writes of runs this store wrote last (see _if_unchanged), one statement a round
         self._updates: Coalescer[_Update, tuple[RunRecord, str] | None] = Coalescer(
-            self._update_many, self._update_one, rounds=2
+            self._update_many, self._update_one
         )
-        #: runs loaded meanwhile, one statement a round, two rounds at once
-        self._loads: Coalescer[str, RunSnapshot | None] = Coalescer(
-            self._load_many, self._load_one, rounds=2
-        )
+        #: runs loaded meanwhile, one statement a round
+        self._loads: Coalescer[str, RunSnapshot | None] = Coalescer(self._load_many, self._load_one)
 
     # -- lifecycle -------------------------------------------------------------------------
 
