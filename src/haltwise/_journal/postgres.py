@@ -108,6 +108,7 @@ from .store import (
     RunJournal,
     StepStart,
     StepStarted,
+    WriteDone,
 )
 
 _CHANNEL = "haltwise_changes"
@@ -679,6 +680,18 @@ class PostgresStore:
             return plan_transition(current, target, expected, fields, fence=fence, now=now)
 
         return await self._request(run_id, plan)
+
+    def transition_then(
+        self,
+        then: WriteDone,
+        run_id: str,
+        target: State,
+        *,
+        expected: Collection[State],
+        fence: str | None = None,
+        **fields: Any,
+    ) -> bool:
+        return False  # its writes are awaited (see Store.transition_then)
 
     async def request_cancel(
         self, run_id: str, reason: str, *, force: bool, fence: str | None = None

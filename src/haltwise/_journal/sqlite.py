@@ -75,6 +75,7 @@ from .store import (
     RunJournal,
     StepStart,
     StepStarted,
+    WriteDone,
 )
 
 #: The page size of a new store file (bytes).
@@ -500,6 +501,20 @@ class SQLiteStore:
             settle_on_cancel=settle_on_cancel,
         )
         return self._writer.call(_Transition(run_id, target, expected, fields, fence))
+
+    def transition_then(
+        self,
+        then: WriteDone,
+        run_id: str,
+        target: State,
+        *,
+        expected: Collection[State],
+        fence: str | None = None,
+        **fields: Any,
+    ) -> bool:
+        written = transition_fields(target, **fields)
+        self._writer.call_then(_Transition(run_id, target, expected, written, fence), then)
+        return True
 
     async def request_cancel(
         self, run_id: str, reason: str, *, force: bool, fence: str | None = None
