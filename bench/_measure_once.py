@@ -13,21 +13,33 @@ usage: python _measure_once.py scale RUNS EFFECT   (durable steps per second, 20
                                                    steps: a run's fixed costs)
        python _measure_once.py cpu STEPS POLICY   (CPU us per step of one run, synchronous=OFF:
                                                    the step's own Python, without the disk)
+       python _measure_once.py pgcpu RUNS EFFECT   (scalecpu on PostgreSQL: a fresh database
+                                                   per measurement on the server at
+                                                   $HALTWISE_BENCH_PG, a server DSN)
+       python _measure_once.py pgcalls RUNS EFFECT   (the Python calls per step of the same,
+                                                   coroutine resumptions included: counted,
+                                                   so the load does not move it)
 
 Only haltwise's public API is used, so that any revision can be measured.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import anyio
 from _peer_haltwise import trivial_run
 
 import haltwise
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # for _pg
 
 DATABASES = 2
 #: a few runs end in a few milliseconds, which the machine's other work moves a lot: so many
@@ -91,6 +103,32 @@ async def sequential(url: str, steps: int) -> float:
         return (time.perf_counter() - start) / steps * 1e6
 
 
+class CallCounter:
+    """A clock for :func:`concurrent` that reads the Python calls made so far in this thread
+    (coroutine resumptions included) while it is :meth:`installed`, instead of the time."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> float:
+        return float(self.calls)
+
+    def _count(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call":
+            self.calls += 1
+
+    def installed(self) -> CallCounter:
+        sys.setprofile(self._count)
+        return self
+
+
+def _postgres_url() -> str:
+    """A fresh database on the server at ``$HALTWISE_BENCH_PG`` (compare_revisions starts it)."""
+    from _pg import create_database
+
+    return create_database(os.environ["HALTWISE_BENCH_PG"], prefix="compare")
+
+
 def _written_kib() -> float:
     """KiB this process has written so far, by any system call (``wchar`` of /proc/self/io)."""
     with open("/proc/self/io") as io:
@@ -103,7 +141,7 @@ def _written_kib() -> float:
 def main() -> None:
     kind, size, setting = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     databases = DATABASES
-    if kind.startswith("scale"):
+    if kind.startswith(("scale", "pg")):
         databases = min(_MAX_DATABASES, max(DATABASES, _STEPS_PER_MEASUREMENT // size))
     for _ in range(databases):
         path = f"{tempfile.mkdtemp(prefix='haltwise-compare-')}/journal.db"
@@ -115,6 +153,17 @@ def main() -> None:
         elif kind == "scalecpu":
             cpu = anyio.run(concurrent, f"sqlite:///{path}", size, 20, setting, time.process_time)
             print(cpu / (size * 20) * 1e6)
+        elif kind == "pgcpu":
+            cpu = anyio.run(concurrent, _postgres_url(), size, 20, setting, time.process_time)
+            print(cpu / (size * 20) * 1e6)
+        elif kind == "pgcalls":
+            counter = CallCounter()
+            url = _postgres_url()
+            try:
+                calls = anyio.run(concurrent, url, size, 20, setting, counter.installed())
+            finally:
+                sys.setprofile(None)
+            print(calls / (size * 20))
         elif kind == "cpu":
             print(anyio.run(cpu_per_step, f"sqlite:///{path}?synchronous=off", size, setting))
         elif kind == "runs":

@@ -8,7 +8,10 @@ both spreads is not a change. The earlier revision is checked out in a temporary
 (removed afterwards); the benchmark code itself is always the working tree's.
 
 usage: python bench/compare_revisions.py REV [--rounds N]
-       [--kind cpu|runs|scale|scalecpu|scalewrites|sequential]
+       [--kind cpu|pgcalls|pgcpu|runs|scale|scalecpu|scalewrites|sequential]
+
+The PostgreSQL cases (pgcpu, pgcalls) run on a durable throwaway server started for the run
+(bench_fleet's, as bench_postgres.py's), a fresh database per measurement.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from _report import header, median, table
+from bench_fleet import Stores
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -29,7 +33,8 @@ ROOT = HERE.parent
 #: move it less than steps/s), scalewrites the KiB written per step of the same runs (all
 #: files: the WAL, the checkpoints' copies, temporary files; Linux), sequential us per step,
 #: runs us per run (a run's fixed costs: its creation, start, end and outcome) and cpu the CPU
-#: time of a step without the disk (synchronous=OFF; lower is better)
+#: time of a step without the disk (synchronous=OFF; lower is better); pgcpu is scalecpu on
+#: PostgreSQL (issue 19's 100 runs), pgcalls the Python calls per step of the same runs
 CASES = [
     ("1,000 runs, effect=none", "scale", 1000, "none", "steps/s"),
     ("1,000 runs, effect=none, CPU", "scalecpu", 1000, "none", "CPU us/step"),
@@ -43,11 +48,13 @@ CASES = [
     ("1 run, 5,000 steps, NORMAL", "sequential", 5000, "normal", "us/step"),
     ("1 run, 3,000 interruptible steps, CPU", "cpu", 3000, "interruptible", "CPU us/step"),
     ("1 run, 3,000 finish steps, CPU", "cpu", 3000, "finish", "CPU us/step"),
+    ("100 runs on PostgreSQL, CPU", "pgcpu", 100, "none", "CPU us/step"),
+    ("100 runs on PostgreSQL, Python calls", "pgcalls", 100, "none", "calls/step"),
 ]
 
 
-def measure(source: Path, kind: str, size: int, setting: str) -> list[float]:
-    env = dict(os.environ, PYTHONPATH=str(source))
+def measure(source: Path, kind: str, size: int, setting: str, postgres: str) -> list[float]:
+    env = dict(os.environ, PYTHONPATH=str(source), HALTWISE_BENCH_PG=postgres)
     command = [sys.executable, str(HERE / "_measure_once.py"), kind, str(size), setting]
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=HERE)
     if done.returncode:
@@ -75,17 +82,22 @@ def main() -> None:
         ["git", "worktree", "add", "--detach", "-q", str(worktree), short], cwd=ROOT, check=True
     )
     trees = {short: worktree / "src", "working tree": ROOT / "src"}
+    server = _postgres(cases)
+    dsn = server.server.dsn if server is not None and server.server is not None else ""
     try:
         results: dict[tuple[str, str], list[float]] = {}
         for _ in range(args.rounds):
             for what, kind, size, setting, _unit in cases:
                 for name, source in trees.items():
                     results.setdefault((what, name), []).extend(
-                        measure(source, kind, size, setting)
+                        measure(source, kind, size, setting, dsn)
                     )
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT)
-    print(header(f"haltwise at {short} against the working tree (SQLite, WAL)"))
+        if server is not None:
+            server.close()
+    stores = "SQLite, WAL" + (f"; PostgreSQL {server.pg_version}, durable" if server else "")
+    print(header(f"haltwise at {short} against the working tree ({stores})"))
     counts = {len(values) for values in results.values()}
     shown = "-".join(str(count) for count in sorted(counts))
     print(f"{args.rounds} rounds, alternating, {shown} fresh databases per cell:\n")
@@ -107,6 +119,16 @@ def main() -> None:
         )
     headers = ["case", "unit", short, "spread", "working tree", "spread", "change"]
     print(table(headers, rows))
+
+
+def _postgres(cases: list[tuple[str, str, int, str, str]]) -> Stores | None:
+    """The durable throwaway PostgreSQL server of the PostgreSQL cases, if any is selected."""
+    if not any(kind.startswith("pg") for _, kind, _, _, _ in cases):
+        return None
+    stores = Stores(Path(tempfile.mkdtemp(prefix="haltwise-compare-pg-")))
+    if stores.server is None:
+        raise SystemExit(f"the PostgreSQL cases need a server: {stores.pg_missing}")
+    return stores
 
 
 def percent(change: float) -> str:

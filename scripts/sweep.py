@@ -9,11 +9,14 @@ code is still the documented one, and that no case prints a traceback or a passw
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,8 +189,18 @@ def prepare(root: Path) -> None:
     (root / "junk.db").write_bytes(b"not a database" * 100)
 
 
-def sweep(python: str = sys.executable) -> list[Row]:
-    """Run every case in a fresh scratch directory; return what each did."""
+#: How many cases run at once (each is a process; the sweep itself only waits for them).
+WORKERS = 4
+
+
+def sweep(python: str = sys.executable, workers: int = WORKERS) -> list[Row]:
+    """Run every case in a fresh scratch directory; return what each did, in the order of CASES.
+
+    The cases run ``workers`` processes at a time, in two waves: every ``run`` case, then, once
+    they have all ended, every other case. Only a ``run`` case leaves something in the store that
+    another case sees (the run it started: ``status`` and ``pause`` of the escape-sequence id find
+    it), so no row depends on how the cases of a wave interleave. The second wave is checked to
+    leave the store's runs and steps as it found them (``RuntimeError`` otherwise, naming it)."""
     hw = [python, "-m", "haltwise"]
     root = Path(tempfile.mkdtemp(prefix="sweep-"))
     try:
@@ -197,9 +210,29 @@ def sweep(python: str = sys.executable) -> list[Row]:
         subprocess.run(
             [*hw, "run", "agent.py:quick", "--id", "done1"], cwd=root, env=env, capture_output=True
         )
-        return [_one(hw, root, env, *case) for case in CASES]
+
+        def case(number: int) -> Row:
+            return _one(hw, root, env, *CASES[number])
+
+        starts = [n for n, (command, _, _) in enumerate(CASES) if command == "run"]
+        others = [n for n, (command, _, _) in enumerate(CASES) if command != "run"]
+        rows: dict[int, Row] = {}
+        with ThreadPoolExecutor(workers) as pool:
+            rows.update(zip(starts, pool.map(case, starts), strict=True))
+            before = _runs_and_steps(root / "store.db")
+            rows.update(zip(others, pool.map(case, others), strict=True))
+        if _runs_and_steps(root / "store.db") != before:
+            raise RuntimeError("a case other than `run` changed the store's runs or steps")
+        return [rows[n] for n in range(len(CASES))]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _runs_and_steps(db: Path) -> list[str]:
+    """Every row of the store's ``runs`` and ``steps`` tables, as text, sorted."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        rows = [*conn.execute("SELECT * FROM runs"), *conn.execute("SELECT * FROM steps")]
+    return sorted(map(repr, rows))
 
 
 def _one(

@@ -29,12 +29,17 @@ def expected_results() -> list[object]:
     return [[i * 2, f"charged-{i}", f"note-{i}"][i % 3] for i in range(STEPS)]
 
 
-def spawn(store: str, run_id: str, world: Path, agent: Path = AGENT) -> subprocess.Popen[str]:
+def spawn(
+    store: str, run_id: str, world: Path, agent: Path = AGENT, **env: str
+) -> subprocess.Popen[str]:
+    """Start ``agent`` on run ``run_id``, with ``env`` added to this process's environment
+    (``CRASH_STEP_DELAY``: how long each step's body lasts, see ``crash_agent``)."""
     return subprocess.Popen(
         [sys.executable, str(agent), store, run_id, str(world)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, **env},
     )
 
 
@@ -44,21 +49,31 @@ def wait_started(proc: subprocess.Popen[str]) -> None:
     assert line.strip() == "started", (line, proc.stderr.read() if proc.stderr else "")
 
 
+#: The most times ``kill_and_resume`` kills one run's agent; the next one is left to finish.
+#: Without a bound the loop need not end: an attempt lives 0-0.15 s from ``started``, and on a
+#: loaded machine what is left of the run (its steps, its end, the interpreter's exit) may take
+#: longer than that every time.
+KILLS_AT_MOST = 30
+
+
 def kill_and_resume(
     store: str, run_id: str, world: Path, rng: random.Random, agent: Path = AGENT
 ) -> int:
-    """Kill ``agent`` at random moments until its run completes; return how many kills."""
+    """Kill ``agent`` at random moments (0-0.15 s after it says ``started``), resuming it each
+    time, until its run completes or it was killed ``KILLS_AT_MOST`` times, then let it finish;
+    return how many kills."""
     kills = 0
     while True:
         proc = spawn(store, run_id, world, agent)
         wait_started(proc)
-        try:
-            proc.wait(timeout=rng.uniform(0.0, 0.15))
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-            kills += 1
-            continue
+        if kills < KILLS_AT_MOST:
+            try:
+                proc.wait(timeout=rng.uniform(0.0, 0.15))
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                kills += 1
+                continue
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, (out, err)
         return kills

@@ -4,6 +4,10 @@ Its tools change a small "world" on disk so that effects survive the kill: a rol
 creates ``world/w-INDEX`` (its compensation removes it), an idempotent charge appends
 ``INDEX KEY`` to ``charges`` and every execution of any step appends to ``executions``.
 
+While the world holds a file named ``hold``, every step's body waits just after it logged its
+execution: a test keeps steps in flight with it, for as long as it needs, however loaded the
+machine.
+
 usage: python crash_agent.py STORE_URL RUN_ID WORLD_DIR
 """
 
@@ -21,7 +25,7 @@ import haltwise
 
 WORLD = Path(sys.argv[3] if len(sys.argv) > 3 else ".")
 STEPS = 30
-DELAY = float(os.environ.get("CRASH_STEP_DELAY", "0.01"))
+HOLD = WORLD / "hold"
 
 
 def _log(name: str, line: str) -> None:
@@ -40,6 +44,8 @@ def remove_note(index: int) -> None:
 @haltwise.tool(cancel="interruptible", effect="read")
 async def look(index: int) -> int:
     _log("executions", f"look {index}")
+    while HOLD.exists():
+        await anyio.sleep(0.005)
     await anyio.sleep(0.01)
     return index * 2
 
@@ -48,6 +54,8 @@ async def look(index: int) -> int:
 async def charge(index: int) -> str:
     key = haltwise.idempotency_key()
     _log("executions", f"charge {index}")
+    while HOLD.exists():
+        await anyio.sleep(0.005)
     await anyio.sleep(0.01)
     _log("charges", f"{index} {key}")
     return f"charged-{index}"
@@ -57,6 +65,8 @@ async def charge(index: int) -> str:
 def note(index: int) -> str:
     _log("executions", f"note {index}")
     _log(f"w-{index}", str(index))
+    while HOLD.exists():
+        time.sleep(0.005)
     time.sleep(0.01)  # a kill landing here leaves the note written but the step running
     return f"note-{index}"
 

@@ -56,7 +56,9 @@ def hold_file(run: str) -> Path:
 
 
 async def _while_held(run: str) -> None:
-    deadline = time.monotonic() + 60
+    # The limit only ends a process a failed test left waiting: a passing test lifts the hold
+    # long before it, however loaded the machine.
+    deadline = time.monotonic() + 600
     while hold_file(run).exists() and time.monotonic() < deadline:
         await anyio.sleep(0.005)
 

@@ -18,7 +18,7 @@ import pytest
 
 import haltwise
 import toolkit
-from _crash_kit import AGENT, check_world, wait_started
+from _crash_kit import check_world, spawn, wait_started
 from _paths import TESTS
 from haltwise import State, StepStatus
 
@@ -256,30 +256,27 @@ async def test_with_many_runs_a_full_disk_at_their_final_writes_stops_each_as_on
 def test_two_processes_resuming_the_same_run_exactly_one_wins(
     sqlite_url: str, tmp_path: Path
 ) -> None:
+    """Both resume the run its killed owner left; the steps are held (the world's ``hold``
+    file) until each has answered, so the loser meets the winner still running it."""
     world = tmp_path / "world"
     world.mkdir()
-    env = {**os.environ, "CRASH_STEP_DELAY": "0.03"}
-
-    def spawn() -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, str(AGENT), sqlite_url, "race", str(world)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-
-    first = spawn()
+    (world / "hold").touch()
+    first = spawn(sqlite_url, "race", world)
     wait_started(first)
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
-    racers = [spawn(), spawn()]
+    racers = [spawn(sqlite_url, "race", world), spawn(sqlite_url, "race", world)]
+    try:
+        said = [proc.stdout.readline().strip() for proc in racers if proc.stdout]
+        log = world / "executions"
+        ran = log.read_text().splitlines() if log.exists() else []
+        assert set(ran) <= {"look 0"}, f"the run went on past its held first step: {ran}"
+    finally:
+        (world / "hold").unlink()
     results = [proc.communicate(timeout=120) for proc in racers]
-    codes = sorted(proc.returncode for proc in racers)
-    assert codes in ([0, 0], [0, 2]), results
-    if codes == [0, 2]:
-        loser = results[[p.returncode for p in racers].index(2)][0]
-        assert "owned: run 'race' is held by" in loser
+    loser, winner = sorted(said)
+    assert loser.startswith("owned: run 'race' is held by") and winner == "started", said
+    assert sorted(proc.returncode for proc in racers) == [0, 2], results
 
     async def load() -> haltwise.Outcome:
         async with haltwise.Runtime(sqlite_url) as rt:

@@ -916,6 +916,137 @@ async def test_writes_submitted_together_each_end_as_they_would_alone(store_url:
         }
 
 
+async def test_transitions_that_return_nothing_end_as_they_would_alone(store_url: str) -> None:
+    # returning=False: the store need not build the run as written (a SQLite batch of such
+    # transitions reads only what the rules read of each run); each still succeeds or fails
+    # as alone, and the journal is the same as the transitions that return the run leave it.
+    async with opened(store_url) as store:
+        for run_id in ("a", "b", "e", "lost", "done", "a2", "b2", "e2", "lost2", "done2", "mixed"):
+            await reach(store, run_id, State.RUNNING)
+        for run_id in ("done", "done2"):
+            await store.transition(run_id, State.COMPLETED, expected={State.RUNNING}, owner=None)
+        for run_id in ("lost", "lost2"):
+            assert await store.claim(run_id, OTHER, lease_until=50.0, expected_owner=OWNER.token)
+        store.set_concurrency(10)  # many runs active: the writes share a batch
+        fence = OWNER.token
+
+        def writes(suffix: str, returning: bool) -> dict[str, Any]:
+            def end(run_id: str, target: State, **fields: Any) -> Any:
+                return store.transition(
+                    run_id + suffix, target, expected={State.RUNNING}, returning=returning, **fields
+                )
+
+            return {
+                "a": end("a", State.CANCELLING, reason="x"),
+                "lost": end("lost", State.FAILED, fence=fence),
+                "missing": end("missing", State.FAILED),
+                "done": end("done", State.FAILED),
+                "b": end("b", State.COMPLETED, result=[1], owner=None, fence=fence),
+                "e": end("e", State.COMPLETED, result=[2], owner=None, fence=fence),
+            }
+
+        unread = await together(writes("", returning=False))
+        read = await together(writes("2", returning=True))
+        errors = {"lost": LostOwnershipError, "missing": UnknownRunError}
+        errors["done"] = InvalidTransitionError
+        assert unread == {"a": None, "b": None, "e": None, **errors}
+        assert {name: read[name] for name in errors} == errors
+        for run_id in ("a", "b", "e", "lost", "done"):
+            alone = (await store.load(run_id)).run
+            written = read[run_id] if run_id in "abe" else None
+            twin = (await store.load(run_id + "2")).run
+            assert written is None or written == twin
+            assert (alone.state, alone.reason, alone.result, alone.owner, alone.pause) == (
+                twin.state, twin.reason, twin.result, twin.owner, twin.pause,
+            )  # fmt: skip
+        # one that returns among many that do not: it gets its run, the others None
+        for run_id in ("c", "d"):
+            await reach(store, run_id, State.RUNNING)
+        mixed = await together(
+            {
+                "c": store.transition(
+                    "c", State.CANCELLING, expected={State.RUNNING}, returning=False
+                ),
+                "mixed": store.transition("mixed", State.CANCELLING, expected={State.RUNNING}),
+                "d": store.transition(
+                    "d", State.CANCELLING, expected={State.RUNNING}, returning=False
+                ),
+            }
+        )
+        assert mixed["c"] is None and mixed["d"] is None
+        assert mixed["mixed"] == (await store.load("mixed")).run
+        final = replay(await store.events())
+        assert {run_id: final[run_id] for run_id in ("a", "b", "c", "d", "mixed")} == {
+            "a": State.CANCELLING, "b": State.COMPLETED, "c": State.CANCELLING,
+            "d": State.CANCELLING, "mixed": State.CANCELLING,
+        }  # fmt: skip
+        assert final["lost"] is final["lost2"] is State.RUNNING
+
+
+async def test_a_bulk_cancel_writes_each_run_as_its_own_cancel_would(store_url: str) -> None:
+    # One transaction for runs in every state (their writes grouped by shape into few
+    # statements): each run's row, its events and the change feed are what a cancel of that
+    # run alone leaves (a twin of each, cancelled alone, is the reference).
+    states = {
+        "pending": State.PENDING,
+        "running": State.RUNNING,
+        "paused": State.PAUSED,
+        "paused-settles": State.PAUSED,
+        "cancelling": State.CANCELLING,
+        "completed": State.COMPLETED,
+    }
+    async with opened(store_url) as store:
+        for name, state in states.items():
+            for run_id in (name, f"{name}-alone"):
+                await reach(store, run_id, state)
+                if name == "paused-settles":  # its owner said a cancel has something to settle
+                    await store.transition(
+                        run_id, State.RUNNING, expected={State.PAUSED}, settle_on_cancel=False
+                    )
+                    await store.request_pause(run_id)
+                    await store.transition(
+                        run_id, State.PAUSED, expected={State.RUNNING}, settle_on_cancel=True
+                    )
+        before = len(await store.events())
+        result = await store.request_cancels(
+            ids=[*states, "nowhere"], states=(), tasks=None, reason="ops", force=True
+        )
+        for name in states:
+            await store.request_cancel(f"{name}-alone", "ops", force=True)
+        assert result.unknown == ("nowhere",)
+        assert [run.id for run in result.already_final] == ["completed"]
+        assert {run.id for run in result.reached} == set(states) - {"completed"}
+        for run in result.reached:
+            assert run == (await store.load(run.id)).run
+        runs = {run.id: run for run in await store.list_runs()}
+        for name in states:
+            bulk, alone = runs[name], runs[f"{name}-alone"]
+            assert (bulk.state, bulk.reason, bulk.force, bulk.owner, bulk.pause) == (
+                alone.state, alone.reason, alone.force, alone.owner, alone.pause,
+            ), name  # fmt: skip
+            assert bulk.settle_on_cancel == alone.settle_on_cancel, name
+        events = await store.events()
+        after = events[before:]
+        shapes = {(e.run_id.removesuffix("-alone"), e.source, e.target, e.reason) for e in after}
+        by_run: dict[str, list[Any]] = {}
+        for e in after:
+            by_run.setdefault(e.run_id, []).append((e.source, e.target, e.reason))
+        for name in states:
+            assert by_run.get(name) == by_run.get(f"{name}-alone"), name
+        assert shapes == {
+            ("pending", State.PENDING, State.CANCELLED, "ops"),
+            ("running", State.RUNNING, State.CANCELLING, "ops"),
+            ("paused", State.PAUSED, State.CANCELLED, "ops"),
+            ("paused-settles", State.PAUSED, State.CANCELLING, "ops"),
+        }
+        changes, _ = await store.changes_after(0, limit=10_000)
+    transitions = [
+        (c.run_id, c.index, c.status) for c in changes if c.kind is ChangeKind.TRANSITION
+    ]
+    assert transitions == [(e.run_id, e.seq, e.target.value) for e in events]
+    assert replay(events)["cancelling"] is State.CANCELLING
+
+
 async def test_append_partial_is_idempotent_per_seq(store_url: str) -> None:
     async with opened(store_url) as store:
         await reach(store, "r", State.RUNNING)
@@ -1290,7 +1421,8 @@ async def test_postgres_step_writer_replaces_a_lost_connection(pg_url: str) -> N
                 "WHERE datname = current_database() AND pid <> pg_backend_pid() "
                 "AND query LIKE '%INSERT INTO haltwise.steps%'"
             )
-            assert [done for (done,) in await cursor.fetchall()] == [True]
+            cut = [done for (done,) in await cursor.fetchall()]
+            assert cut and all(cut)  # every connection of the writer
         await anyio.sleep(0.2)  # the writer may notice the loss while idle, or at its next write
         with anyio.fail_after(20):
             for attempt in range(5):
@@ -1302,6 +1434,116 @@ async def test_postgres_step_writer_replaces_a_lost_connection(pg_url: str) -> N
             await store.start_step("r", step(1), fence=OWNER.token)
         snapshot = await store.load("r")
     assert [s.status for s in snapshot.steps] == [StepStatus.COMMITTED, StepStatus.RUNNING]
+
+
+async def _waits_for_a_lock(admin: psycopg.AsyncConnection[Any]) -> bool:
+    cursor = await admin.execute(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    row = await cursor.fetchone()
+    return bool(row and row[0])
+
+
+async def test_postgres_a_runs_write_waits_for_its_earlier_write_on_the_other_connection(
+    pg_url: str,
+) -> None:
+    # The step writer commits on two connections at once. Run r's deferred settlement goes with
+    # another run's start in a batch that waits for a row lock; r's next start, made meanwhile,
+    # must not commit on the other connection before it (with a third run's start, which does).
+    async with contextlib.AsyncExitStack() as stack:
+        store = await stack.enter_async_context(opened(pg_url))
+        holder = await stack.enter_async_context(await psycopg.AsyncConnection.connect(pg_url))
+        admin = await stack.enter_async_context(
+            await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
+        )
+        for run_id in ("r", "blocked", "other"):
+            await reach(store, run_id, State.RUNNING)
+            await store.start_step(run_id, step(0), fence=OWNER.token)
+        await holder.execute("SELECT 1 FROM haltwise.runs WHERE id = 'blocked' FOR UPDATE")
+        async with anyio.create_task_group() as group:
+            await store.settle_step("r", 0, StepStatus.COMMITTED, result=0, fence=OWNER.token,
+                                    durable=False)  # fmt: skip
+            group.start_soon(partial(store.start_step, "blocked", step(1), fence=OWNER.token))
+            with anyio.fail_after(20):
+                while not await _waits_for_a_lock(admin):  # the batch with r's settlement
+                    await anyio.sleep(0.01)
+            group.start_soon(partial(store.start_step, "r", step(1), fence=OWNER.token))
+            try:
+                with anyio.fail_after(20):
+                    await store.start_step("other", step(1), fence=OWNER.token)
+                cursor = await admin.execute(
+                    "SELECT count(*) FROM haltwise.steps WHERE run_id = 'r' AND idx = 1"
+                )
+                early = await cursor.fetchone()
+            finally:
+                await holder.rollback()  # the blocked batch goes on (whatever happened)
+        assert early == (0,), "r's next start committed before its settlement"
+        changes, _ = await store.changes_after(0, limit=100)
+        snapshot = await store.load("r")
+    assert [s.status for s in snapshot.steps] == [StepStatus.COMMITTED, StepStatus.RUNNING]
+    r = [(c.index, c.status) for c in changes if c.kind is ChangeKind.STEP and c.run_id == "r"]
+    assert r == [(0, "running"), (0, "committed"), (1, "running")]
+
+
+class _FeedReads:
+    """A store whose reads of the change feed are counted (the feed under test reads through
+    it; everything else is the store's own)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.reads = 0
+        self.read = anyio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def changes_after(self, seq: int, *, limit: int) -> tuple[list[Change], float]:
+        found = await self.store.changes_after(seq, limit=limit)
+        self.reads += 1
+        self.read.set()
+        self.read = anyio.Event()
+        return found
+
+
+async def test_postgres_the_feed_never_passes_a_change_that_commits_later_with_a_lower_number(
+    pg_url: str,
+) -> None:
+    # PostgreSQL numbers changes as they are inserted and commits them in any order (the step
+    # writer's two connections, the pool, other processes): change "early" is committed while
+    # "late", numbered before it, is not yet. A feed that yielded "early" then would skip
+    # "late" for good (its cursor past it); it must hold "early" back (its time is set an hour
+    # ahead: held for as long as this test needs) and yield both, in order, once "late" commits.
+    insert = (
+        "INSERT INTO haltwise.changes (run_id, kind, idx, status, at) "
+        "VALUES (%s, 'step', 0, 'running', extract(epoch from clock_timestamp()) + %s)"
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        store = await stack.enter_async_context(opened(pg_url))
+        late = await stack.enter_async_context(await psycopg.AsyncConnection.connect(pg_url))
+        early = await stack.enter_async_context(
+            await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
+        )
+        mark = await store.last_change()
+        await late.execute(insert, ("late", 0))  # its transaction left open
+        await early.execute(insert, ("early", 3600))
+        reads = _FeedReads(store)
+        fed: list[Change] = []
+
+        async def follow() -> None:
+            async for change in feed(reads, mark, None):  # type: ignore[arg-type]
+                fed.append(change)
+                if len(fed) == 2:
+                    return
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(follow)
+            with anyio.fail_after(20):
+                while reads.reads < 2:  # read twice with "early" there and "late" not
+                    await reads.read.wait()
+            assert fed == []
+            await late.commit()
+    assert [(c.run_id, c.seq) for c in fed] == [("late", mark + 1), ("early", mark + 2)]
 
 
 async def test_postgres_step_text_with_a_nul_character_is_refused_not_cut(pg_url: str) -> None:

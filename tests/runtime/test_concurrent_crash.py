@@ -13,7 +13,6 @@ from pathlib import Path
 
 import anyio
 import psycopg
-import pytest
 
 import haltwise
 from _crash_kit import kill_and_resume, spawn, wait_started
@@ -47,18 +46,33 @@ def running_steps(store: str, run_id: str) -> int:
     return int(row[0])
 
 
-def kill_when_in_flight(store: str, run_id: str, world: Path, wanted: int) -> None:
-    """Start the agent and kill -9 it once ``wanted`` steps are running at once."""
+FIRST_ROUND = ["charge 1", "look 0", "look 3", "note 2"]
+
+
+def first_round_entered(store: str, run_id: str, world: Path) -> bool:
+    """Whether the four steps of the first round are journaled running and their bodies ran."""
+    log = world / "executions"
+    entered = sorted(log.read_text().splitlines()) if log.exists() else []
+    return entered == FIRST_ROUND and running_steps(store, run_id) == 4
+
+
+def kill_in_the_first_round(store: str, run_id: str, world: Path) -> None:
+    """Start the agent with its steps held (the world's ``hold`` file) and kill -9 it once the
+    four steps of its first round are in flight together; then lift the hold."""
+    (world / "hold").touch()
     proc = spawn(store, run_id, world, AGENT)
-    wait_started(proc)
     try:
-        deadline = time.monotonic() + 30
-        while running_steps(store, run_id) < wanted:
+        wait_started(proc)
+        deadline = time.monotonic() + 60
+        while not first_round_entered(store, run_id, world):
+            assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the steps were never in flight together"
-            time.sleep(0.002)
+            time.sleep(0.005)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
+        proc.kill()
         proc.wait()
+        (world / "hold").unlink()
 
 
 def check(store: str, run_id: str, world: Path, kills: int) -> None:
@@ -93,12 +107,12 @@ def check(store: str, run_id: str, world: Path, kills: int) -> None:
 
 
 def test_kill_9_with_concurrent_steps_in_flight_then_takeover(
-    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store_url: str, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("CRASH_STEP_DELAY", "0.2")  # long enough to see them all in flight
     world = tmp_path / "world"
     world.mkdir()
-    kill_when_in_flight(store_url, "c0", world, wanted=3)
+    kill_in_the_first_round(store_url, "c0", world)
+    assert first_round_entered(store_url, "c0", world)
     dead = haltwise.verify_store(store_url)
     assert {f.code for f in dead.findings} == {"orphaned-step"}, dead.findings
     kills = 1 + kill_and_resume(store_url, "c0", world, random.Random(5), AGENT)

@@ -17,6 +17,9 @@ def mcp_command(file: str, store: str | None) -> int:
     same run); the client's cancel cancels the run with reason 'client'; partial results are
     sent as progress notifications.
     """
+    from ..integrations._mcp_tasks import served_tasks
+
+    served_tasks(file)  # a file that cannot be served fails here, before the MCP SDK is imported
     from ..integrations.mcp import serve
 
     async def main() -> int:

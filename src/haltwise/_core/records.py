@@ -130,8 +130,10 @@ class JSONText(str):
     __slots__ = ()
 
 
-def dump_json(value: Any, what: str) -> str:
-    """Serialise ``value`` for the journal, or raise :class:`InputError` saying what it was.
+def dump_json(value: Any, what: str, *details: object) -> str:
+    """Serialise ``value`` for the journal, or raise :class:`InputError` saying what it was:
+    ``what``, or ``what % details`` if ``details`` are given (formatted only then: a step's
+    result is serialised at every step, and fails almost never).
 
     A :class:`JSONText` is returned unchanged, so a value is never serialised twice.
     """
@@ -147,9 +149,13 @@ def dump_json(value: Any, what: str) -> str:
     try:
         return _ENCODER.encode(value)
     except (TypeError, ValueError) as error:
-        raise InputError(f"{what} is not JSON-serialisable: {error}") from None
+        raise InputError(f"{_named(what, details)} is not JSON-serialisable: {error}") from None
     except RecursionError:
-        raise InputError(f"{what} is nested too deeply to be journaled") from None
+        raise InputError(f"{_named(what, details)} is nested too deeply to be journaled") from None
+
+
+def _named(what: str, details: tuple[object, ...]) -> str:
+    return what % details if details else what
 
 
 #: json.loads's own scanner, without the two regular-expression passes around it

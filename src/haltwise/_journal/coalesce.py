@@ -43,12 +43,14 @@ class Coalescer(Generic[_I, _R]):
 
     async def submit(self, item: _I) -> _R:
         """``item``'s result, once the statement holding it has returned. A caller cancelled
-        while waiting stops waiting; its call is still made (or fails) with the others."""
-        done: asyncio.Future[_R] = asyncio.get_running_loop().create_future()
+        while waiting stops waiting; its call is still made (or fails) with the others (its
+        future is then cancelled, and its result dropped: no shield needed)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[_R] = loop.create_future()
         self._queue.append((item, done))
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._drain())
-        return await asyncio.shield(done)
+            self._task = loop.create_task(self._drain())
+        return await done
 
     async def wait(self) -> None:
         """Return once no call is queued or under way."""

@@ -20,7 +20,6 @@ import base64
 import binascii
 import json
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, final
 
 from .._core.exceptions import InputError
@@ -30,16 +29,17 @@ from .._core.states import State
 from .._core.views import Change, ChangeKind, RunSummary, StepTimes
 from .rows import RUN_COLUMNS, run_columns, run_written
 from .schema import HIGH_WATER_RUN, Dialect
-from .sql import event_parameters, plan_cancel_write
+from .sql import RunWrite, plan_cancel_write
+from .store import CancelResult
 
 __all__ = [
     "OperatorSQL",
-    "cancel_writes",
+    "RunWrites",
     "change_from_row",
     "decode_cursor",
     "encode_cursor",
     "is_high_water",
-    "sort_named",
+    "plan_cancels",
     "summary_from_row",
 ]
 
@@ -145,9 +145,28 @@ class OperatorSQL:
         text += " ORDER BY created_at, id" + (" FOR UPDATE" if lock else "")
         return self.sql(text), params
 
-    def update_by_id(self, names: Sequence[str]) -> str:
+    def update_ids(self, names: Sequence[str]) -> str:
+        """``UPDATE`` of the columns ``names`` of every run whose id is in the list bound
+        last (parameters: the columns' values, then the id list, see :meth:`id_list`)."""
         assignments = ", ".join(f"{name} = ?" for name in names)
-        return self.sql(f"UPDATE {{runs}} SET {assignments} WHERE id = ?")
+        return self.sql(f"UPDATE {{runs}} SET {assignments} WHERE id {self.in_ids}")
+
+    def record_events_of_ids(self) -> str:
+        """One event of one shape for each run of an id list, recorded in the list's order,
+        each with its change in the feed, in the same order (parameters: source, target,
+        reason, at, then the id list). On SQLite the events' trigger writes the changes."""
+        if self.dialect.name == "sqlite":
+            return self.sql(
+                "INSERT INTO {events} (run_id, source, target, reason, at) "
+                "SELECT value, ?, ?, ?, ? FROM json_each(?) ORDER BY key"
+            )
+        return self.sql(
+            "WITH recorded AS (INSERT INTO {events} (run_id, source, target, reason, at) "
+            "SELECT id, ?, ?, ?, ? FROM unnest(?::text[]) WITH ORDINALITY AS ids (id, n) "
+            "ORDER BY n RETURNING seq, run_id, target) "
+            "INSERT INTO {changes} (run_id, kind, idx, status, at) "
+            "SELECT run_id, 'transition', seq, target, {clock} FROM recorded ORDER BY seq"
+        )
 
     def record_event(self) -> str:
         """An event recorded with its change in the feed (on SQLite its trigger writes the
@@ -270,58 +289,93 @@ def times_from_rows(rows: Iterable[Sequence[Any]]) -> dict[int, StepTimes]:
     return {int(row[0]): StepTimes(started_at=row[1], settled_at=row[2]) for row in rows}
 
 
-# -- bulk cancel: the writes, from the rule of one cancel ----------------------------------------
+# -- the writes of many runs in few statements ---------------------------------------------------
 
 
 @final
-@dataclass(frozen=True, slots=True)
-class CancelWrite:
-    """One statement of a bulk cancel and the parameter rows it runs with (``executemany``)."""
+class RunWrites:
+    """The writes of many runs (each a :class:`~haltwise._journal.sql.RunWrite`), made as few
+    statements as their shapes allow: one ``UPDATE`` per distinct set of column values, one
+    ``INSERT`` per distinct event shape, each naming its runs by one id list parameter.
 
-    sql: str
-    rows: list[tuple[Any, ...]]
-
-
-def cancel_writes(
-    ops: OperatorSQL, runs: Iterable[RunRecord], reason: str, force: bool, now: float
-) -> tuple[list[CancelWrite], tuple[RunRecord, ...]]:
-    """The writes of cancelling ``runs``, each as :func:`plan_cancel_write` says.
-
-    Returns the statements (updates grouped by the columns they write, then the events) and
-    the runs the request reached (every run that was not final) as the writes leave them, so
-    that the transaction need not read them back.
+    Each run's row ends as its own ``UPDATE`` would leave it, and its events are recorded in
+    their order (a write's ``k``-th event goes in with the other ``k``-th ones, after every
+    ``k-1``-th); between runs the order of the events is any (one transaction). A run may be
+    added once only (two writes of one run would not follow each other). The values are
+    those of columns (text, numbers, None), so they compare and hash as the database would
+    store them.
     """
-    groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
-    events: list[tuple[Any, ...]] = []
-    reached: list[RunRecord] = []
-    for run in runs:
+
+    __slots__ = ("_events", "_ops", "_updates")
+
+    def __init__(self, ops: OperatorSQL) -> None:
+        self._ops = ops
+        self._updates: dict[tuple[tuple[str, Any], ...], list[str]] = {}
+        self._events: dict[tuple[int, str | None, str, str | None, float], list[str]] = {}
+
+    def add(self, run_id: str, write: RunWrite) -> None:
+        if write.fields:
+            self._updates.setdefault(tuple(write.fields.items()), []).append(run_id)
+        for position, (source, target, reason) in enumerate(write.events):
+            shape = (position, source.value if source else None, target.value, reason, write.at)
+            self._events.setdefault(shape, []).append(run_id)
+
+    def statements(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """The statements and their parameters, in the order to run them."""
+        ops = self._ops
+        updates = [
+            (
+                ops.update_ids([name for name, _ in items]),
+                (*(value for _, value in items), ops.id_list(ids)),
+            )
+            for items, ids in self._updates.items()
+        ]
+        events = [
+            (ops.record_events_of_ids(), (*shape[1:], ops.id_list(ids)))
+            for shape, ids in sorted(self._events.items(), key=lambda item: item[0][0])
+        ]
+        return updates + events
+
+
+# -- bulk cancel: the writes, from the rule of one cancel ----------------------------------------
+
+
+def plan_cancels(
+    ops: OperatorSQL,
+    found: Iterable[RunRecord],
+    ids: Sequence[str] | None,
+    *,
+    reason: str,
+    force: bool,
+    now: float,
+    dry_run: bool,
+) -> tuple[list[tuple[str, tuple[Any, ...]]], CancelResult]:
+    """A bulk cancel request on the runs ``found`` (read in its transaction), each run planned
+    as :func:`plan_cancel_write` says as it is read, then dropped (only the run as the writes
+    leave it is kept: a request on 10,000 runs holds 10,000 records, not twice as many).
+
+    Returns the statements with their parameters (:class:`RunWrites`; none with ``dry_run``)
+    and what the request did: the runs it reached (every one not final as read) as the
+    writes leave them, in the order of ``ids`` (else as found); the named runs already final;
+    the named ids the store does not hold.
+    """
+    writes = RunWrites(ops)
+    after: dict[str, RunRecord] = {}
+    was_final: set[str] = set()
+    for run in found:
         if run.state.is_final:
-            continue
-        write = plan_cancel_write(run, reason, force, now)
-        if write is None:
-            reached.append(run)
-            continue
-        reached.append(run_written(run, write.fields))
-        groups.setdefault(tuple(write.fields), []).append((*write.fields.values(), run.id))
-        events += event_parameters(run.id, write)
-    writes = [CancelWrite(ops.update_by_id(names), rows) for names, rows in groups.items()]
-    if events:
-        writes.append(CancelWrite(ops.record_event(), events))
-    return writes, tuple(reached)
-
-
-def sort_named(
-    found: Iterable[RunRecord], ids: Sequence[str] | None
-) -> tuple[list[RunRecord], tuple[RunRecord, ...], tuple[str, ...]]:
-    """Of the runs read for a bulk cancel: the active ones, the named final ones, the named
-    ids the store does not hold."""
-    by_id = {run.id: run for run in found}
+            was_final.add(run.id)
+        elif not dry_run and (write := plan_cancel_write(run, reason, force, now)) is not None:
+            writes.add(run.id, write)
+            run = run_written(run, write.fields)
+        after[run.id] = run
     named = ids or ()
-    chosen = [by_id[i] for i in dict.fromkeys(named) if i in by_id] if ids else by_id.values()
-    active = [run for run in chosen if not run.state.is_final]
-    final = tuple(by_id[i] for i in named if i in by_id and by_id[i].state.is_final)
-    unknown = tuple(i for i in named if i not in by_id)
-    return active, final, unknown
+    order = after if ids is None else dict.fromkeys(ids)
+    return writes.statements(), CancelResult(
+        reached=tuple(after[i] for i in order if i in after and i not in was_final),
+        already_final=tuple(after[i] for i in named if i in was_final),
+        unknown=tuple(i for i in named if i not in after),
+    )
 
 
 # -- the cursor of a page -----------------------------------------------------------------------

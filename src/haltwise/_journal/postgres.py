@@ -56,15 +56,22 @@ from psycopg_pool import AsyncConnectionPool
 
 from .._core.exceptions import HaltwiseError, NoStoreError, StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
-from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot, dump_json
+from .._core.records import (
+    Event,
+    JSONText,
+    Owner,
+    PartialKey,
+    RunRecord,
+    RunSnapshot,
+    dump_json,
+)
 from .._core.states import State, StepStatus
 from .._core.views import Change, RunSummary
 from .coalesce import Coalescer
 from .operator_sql import (
     OperatorSQL,
-    cancel_writes,
     change_from_row,
-    sort_named,
+    plan_cancels,
     summary_from_row,
     times_from_rows,
 )
@@ -85,6 +92,7 @@ from .rows import (
 )
 from .schema import POSTGRES, SCHEMA_VERSION, TABLES, parse_version, upgrade_statements
 from .secrets import MASK, redact, safe_url
+from .shield import shielded
 from .sql import (
     Plan,
     RunWrite,
@@ -115,6 +123,8 @@ _CHANNEL = "haltwise_changes"
 #: advisory lock key that serialises schema creation between processes opening the store at once
 _SCHEMA_LOCK = 0x68616C74
 _POOL_MAX = 10
+#: connections a store that works runs opens at once (see open)
+_POOL_WORKING = 4
 
 
 async def _usable(conn: _Conn) -> bool:
@@ -400,7 +410,7 @@ class PostgresStore:
             self.url,
             connection_class=psycopg.AsyncConnection[DictRow],
             kwargs={"autocommit": True, "row_factory": dict_row},
-            min_size=1,
+            min_size=_POOL_WORKING if self._works_runs and not self.read_only else 1,
             max_size=_POOL_MAX,
             open=False,
             name="haltwise",
@@ -519,7 +529,7 @@ class PostgresStore:
         read_only: bool = False,
         after_steps: bool = True,
         single: bool = False,
-        reads_runs: Collection[str] | None = None,
+        runs: Collection[str] | None = None,
     ) -> _T:
         """Run ``op`` in a transaction of its own (see the module docstring).
 
@@ -534,22 +544,18 @@ class PostgresStore:
         what they read does not show it. They keep the watcher's ticks from forcing a commit of
         their own on a sequential run's deferred settlement.
 
-        ``reads_runs``: ``op`` only reads, and only those runs' rows, so only their deferred
-        settlements must commit first (what it reads shows this store object's own writes);
-        another run's are not in what it reads, and a read makes nothing durable that could
-        precede them. (An outcome's load at many concurrent runs does not wait for a commit
-        of the others' settlements.)"""
+        ``runs``: ``op`` reads only those runs' rows, and writes only their run rows and
+        events, so only their deferred settlements must commit first: what it reads shows
+        this store object's own writes of them, and what it makes durable (a run's transition,
+        a cancel or pause request) follows those of the same run; another run's settlement is
+        in neither (a settlement that may be deferred is one whose loss is harmless, see
+        docs/design.md). So an outcome's load, or a final transition, at many concurrent runs
+        does not wait for a commit of the others' settlements."""
         pool = self._pool
         if pool is None:
             raise StoreError(f"store {self._where} is not open")
         if after_steps:
-            if reads_runs is None:
-                pending = self._steps.has_deferred()
-            else:
-                pending = any(self._steps.has_deferred(run_id) for run_id in reads_runs)
-            if pending:
-                await self._steps.flush()
-            self._steps.raise_deferred_error()
+            await self._steps.flush(runs)
         # The operation runs in its own task: a caller cancelled while waiting stops waiting,
         # and the transaction still commits or rolls back whole (as in the SQLite store).
         task = asyncio.ensure_future(self._transact(pool, op, read_only, single))
@@ -664,7 +670,8 @@ class PostgresStore:
         lease_until: float | None = UNSET,
         settle_on_cancel: bool = UNSET,
         fence: str | None = None,
-    ) -> RunRecord:
+        returning: bool = True,
+    ) -> RunRecord | None:
         fields = transition_fields(
             target,
             reason=reason,
@@ -679,7 +686,8 @@ class PostgresStore:
         def plan(current: RunRecord, now: float) -> RunWrite:
             return plan_transition(current, target, expected, fields, fence=fence, now=now)
 
-        return await self._request(run_id, plan)
+        written = await self._request(run_id, plan)
+        return written if returning else None
 
     def transition_then(
         self,
@@ -721,7 +729,7 @@ class PostgresStore:
                 return current, version
             return _fetched(await _apply(conn, run_id, write, None))
 
-        return self._remember(*await self._run(op))
+        return self._remember(*await self._run(op, runs=(run_id,)))
 
     async def _if_unchanged(
         self, run_id: str, plan: Plan, known: RunRecord, version: str
@@ -743,7 +751,7 @@ class PostgresStore:
         async def op(conn: _Conn) -> tuple[RunRecord, str] | None:
             return await _apply(conn, run_id, write, version)
 
-        return await self._run(op, single=True)
+        return await self._run(op, single=True, runs=(run_id,))
 
     async def _update_many(self, updates: Sequence[_Update]) -> list[tuple[RunRecord, str] | None]:
         """Writes made at once by :meth:`_if_unchanged`, each only if its run's row is still
@@ -772,7 +780,7 @@ class PostgresStore:
                     written[row["id"]] = (run_from_row(row), row["version_"])
             return written
 
-        written = await self._run(op, single=True)
+        written = await self._run(op, single=True, runs=seen)
         results = [None if i in again else written.get(updates[i][0]) for i in range(len(updates))]
         for i in again:
             results[i] = await self._update_one(updates[i])
@@ -881,15 +889,13 @@ class PostgresStore:
         # fence check with its share lock, the upsert and the run's cancel state together.
         row = _start_row(run_id, step, fence, time.time())
         self._steps.raise_deferred_error()
-        with anyio.CancelScope(shield=True):  # see Store.start_step
+        with shielded():  # see Store.start_step
             started = await self._steps.start(row)
             if started is None:
                 await self._run(partial(_check_fence, run_id=run_id, fence=fence))
         if started is None:
             raise StoreError(f"run {run_id!r}: step {step.index} could not be journaled")
-        if started.state != State.CANCELLING.value:
-            return StepStarted(started.attempts, pause=started.pause)
-        return StepStarted(started.attempts, cancel=(started.reason or "user", started.force))
+        return started
 
     async def settle_step(
         self,
@@ -904,13 +910,17 @@ class PostgresStore:
     ) -> None:
         # durable=False: held in memory and committed with the next write of this store (see
         # postgres_steps and docs/design.md, "Why a settlement may ride with the next write").
-        result_text = None if result is None else dump_json(result, f"step {index}'s result")
-        row = (run_id, index, status.value, result_text, error_to_text(error), time.time(), fence)
+        if type(result) is JSONText:  # the runtime's: serialised once, by the step
+            result_text: str | None = str(result)
+        else:
+            result_text = None if result is None else dump_json(result, f"step {index}'s result")
+        error_text = None if error is None else error_to_text(error)
+        row = (run_id, index, status._value_, result_text, error_text, time.time(), fence)
         self._steps.raise_deferred_error()
         if not durable:
             self._steps.defer(row)  # no wait: nothing to shield
             return
-        with anyio.CancelScope(shield=True):  # see Store.settle_step
+        with shielded():  # see Store.settle_step
             if not await self._steps.settle(row):
                 # raises if the run is not ours; a step that was never started stays unwritten
                 await self._run(partial(_check_fence, run_id=run_id, fence=fence))
@@ -965,7 +975,7 @@ class PostgresStore:
             return await _load_snapshot(conn, run_id)
 
         try:
-            return await self._run(op, read_only=True, single=True, reads_runs=(run_id,))
+            return await self._run(op, read_only=True, single=True, runs=(run_id,))
         except UnknownRunError:
             return None
 
@@ -979,7 +989,7 @@ class PostgresStore:
             rows = [found.get(run_id) for run_id in run_ids]
             return [None if row is None else _snapshot_from_row(row) for row in rows]
 
-        return await self._run(op, read_only=True, single=True, reads_runs=run_ids)
+        return await self._run(op, read_only=True, single=True, runs=run_ids)
 
     async def list_runs(self, state: State | None = None) -> list[RunRecord]:
         async def op(conn: _Conn) -> list[RunRecord]:
@@ -1063,7 +1073,7 @@ class PostgresStore:
                 times = times_from_rows(await rows.fetchall())
             return RunJournal(snapshot=snapshot, events=tuple(events), step_times=times)
 
-        return await self._run(op, read_only=True, reads_runs=(run_id,))
+        return await self._run(op, read_only=True, runs=(run_id,))
 
     async def request_cancels(
         self,
@@ -1083,16 +1093,15 @@ class PostgresStore:
                 query, params = _OPS.active_runs(states=states, tasks=tasks, lock=not dry_run)
                 cursor = await conn.execute(query, params)
             found = read_all(run_from_row, await cursor.fetchall())
-            chosen, final, unknown = sort_named(found, ids)
-            if dry_run:
-                return CancelResult(tuple(chosen), final, unknown)
-            writes, reached = cancel_writes(_OPS, chosen, reason, force, time.time())
+            writes, result = plan_cancels(
+                _OPS, found, ids, reason=reason, force=force, now=time.time(), dry_run=dry_run
+            )
             async with conn.cursor() as batch:
-                for write in writes:
-                    await batch.executemany(write.sql, write.rows)
-            if reached:
-                await _notify(conn, reached[0].id)
-            return CancelResult(reached, final, unknown)
+                for statement, parameters in writes:
+                    await batch.execute(statement, parameters)
+            if result.reached and not dry_run:
+                await _notify(conn, result.reached[0].id)
+            return result
 
         return await self._run(op, read_only=dry_run)
 
@@ -1248,7 +1257,7 @@ def _start_row(run_id: str, step: StepStart, fence: str, now: float) -> tuple[An
         step.index,
         step.tool,
         step.cancel,
-        step.effect.value,
+        step.effect._value_,  # the member's own text (``.value`` is a property: slower)
         step.idempotent,
         step.idempotency_key,
         step.args,

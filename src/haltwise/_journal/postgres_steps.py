@@ -1,14 +1,15 @@
-"""The PostgreSQL store's step path: every run's step writes, group-committed on one connection.
+"""The PostgreSQL store's step path: every run's step writes, group-committed on two connections.
 
 A step's start and settlement are the writes a run makes most often. Instead of a transaction on
-a pooled connection each, they go to a :class:`StepWriter`: one committer task with a dedicated
-connection takes every write queued meanwhile (by every run of this process) and commits them
-with **one statement** (one round trip, one transaction, one WAL flush): the writes travel as
-two JSON arrays of rows, the run rows are share-locked with the fence check as before, and the
-statement returns which starts and settlements were written (with each start's attempts and its
-run's cancel state). Each caller waits for the commit that holds its own write, so what was
-durable when its coroutine returned is still durable then; writes queued while a batch is in
-flight form the next batch (group commit).
+a pooled connection each, they go to a :class:`StepWriter`: a committer task with two dedicated
+connections takes every write queued meanwhile (by every run of this process) whenever one of
+them is free and commits them with **one statement** (one round trip, one transaction, one WAL
+flush) on it, a run's writes never in two batches at once (see :class:`StepWriter`). The
+writes travel as two JSON arrays of rows, the run rows are share-locked with the fence check as
+before, and the statement returns which starts and settlements were written (with each
+start's attempts and its run's cancel state). Each caller waits for the commit that holds its
+own write, so what was durable when its coroutine returned is still durable then; writes queued
+while both connections have a batch in flight form the next batch (group commit).
 
 A settlement made with ``durable=False`` (see :meth:`Store.settle_step`) is not waited for: it is
 held in memory and rides with the next batch, whoever's write that is (a sequential run's next
@@ -32,20 +33,27 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import psycopg
 from psycopg import errors
 from psycopg.rows import DictRow
 
 from .._core.exceptions import StoreError
+from .._core.states import State
 from .postgres_wire import Prepared, Wire, flag, number, text
 from .schema import POSTGRES_CLOCK
+from .store import StepStarted
 
 #: how long a deferred settlement waits for a write to ride with before it is committed alone
 DEFER_SECONDS = 0.03
+#: how many connections the writer commits on, each with a batch in flight at once
+LANES = 2
+#: a round is divided among the free connections in parts of at least this many runs
+DIVIDE_AT = 8
 _RETRIES = 5
 
 _Conn = psycopg.AsyncConnection[DictRow]
@@ -212,37 +220,54 @@ _BATCH = Prepared(b"haltwise_steps_batch", _batch_sql())
 _ONE_RUN = Prepared(b"haltwise_steps_one_run", _one_run_sql())
 _NO_SETTLE = (None,) * (len(SETTLE_COLUMNS) - 1)
 _NO_START = (None,) * (len(START_COLUMNS) - 1)
+#: a waited write's result: its start as written (None: not written), or a settlement's True
+_Done = asyncio.Future[StepStarted | bool | None]
 
 
-@dataclass(frozen=True, slots=True)
-class Started:
-    """What a written start returns: the step's attempts, its run's cancel state and whether a
-    pause of the run is requested (read in the statement that wrote the start)."""
+class _Write:
+    """One write queued for the committer (a plain class: one is made per step write)."""
 
-    attempts: int
-    state: str
-    reason: str | None
-    force: bool
-    pause: bool
+    __slots__ = ("done", "key", "row", "start")
+
+    def __init__(self, start: bool, row: tuple[Any, ...], done: _Done | None = None) -> None:
+        self.start = start
+        #: run id, step index, the columns, then the fence (see START_COLUMNS / SETTLE_COLUMNS)
+        self.row = row
+        #: resolved once the write's commit returned (None: a deferred settlement)
+        self.done = done
+        self.key: tuple[str, int] = (row[0], row[1])
 
 
 @dataclass(slots=True)
-class _Write:
-    start: bool
-    #: run id, step index, the columns, then the fence (see START_COLUMNS / SETTLE_COLUMNS)
-    row: tuple[Any, ...]
-    #: resolved once the write's commit returned (None: a deferred settlement)
-    done: asyncio.Future[Started | bool | None] | None = None
-    key: tuple[str, int] = field(init=False)
+class _Lane:
+    """One of the writer's connections and the batch under way on it (if any)."""
 
-    def __post_init__(self) -> None:
-        self.key = (self.row[0], self.row[1])
+    #: the connection (postgres_wire), opened at its first batch unless the store's open did
+    wire: Wire | None = None
+    #: resolved (with None) once the batch under way is committed or failed; None: free
+    finished: asyncio.Future[None] | None = None
+    #: the runs with a write in the batch under way
+    runs: frozenset[str] = frozenset()
+    #: the deferred settlements in it (guarded by StepWriter._lock: the blocking path reads them)
+    deferred: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 class StepWriter:
-    """Group commit of step starts and settlements (see the module docstring).
+    """Group commit of step starts and settlements (see the module docstring), on
+    :data:`LANES` connections with a batch in flight on each at once.
 
-    ``connect`` opens the writer's own connection (autocommit); ``error`` turns a driver error
+    A round takes every write queued (and every deferred settlement) when a connection is free,
+    except the writes of a run that has a write in a batch still under way: those wait for the
+    next round, so that one run's writes commit in the order they were made whatever the order
+    in which two connections' commits land. A round taken while several connections are free
+    is divided among them by run, in parts of at least :data:`DIVIDE_AT` runs: the server
+    commits them at once (its WAL flushes grouped), and their callers, given their results as
+    each commit returns, then make their next writes apart, so that this process works one
+    part's runs while the server commits another's (without it, every run waits on the same
+    batch: the server idles while the client works them all, and the client while the server
+    commits).
+
+    ``connect`` opens a connection of the writer (autocommit); ``error`` turns a driver error
     into the store's :class:`StoreError`. All methods but :meth:`take_deferred` are called on
     the event loop that ran :meth:`open`.
     """
@@ -254,8 +279,9 @@ class StepWriter:
     ) -> None:
         self._connect = connect
         self._error = error
-        #: the writer's own connection (postgres_wire), opened at the first write
-        self._wire: Wire | None = None
+        self._lanes = [_Lane() for _ in range(LANES)]
+        #: the lanes' commit tasks under way
+        self._commits: set[asyncio.Task[None]] = set()
         self._queue: list[_Write] = []
         #: deferred settlements; guarded by _lock (the blocking partial path takes them)
         self._deferred: list[_Write] = []
@@ -264,8 +290,6 @@ class StepWriter:
         self._wake: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._flushes: list[asyncio.Future[None]] = []
-        #: deferred settlements taken into the batch being committed (guarded by _lock)
-        self._inflight: list[tuple[Any, ...]] = []
         #: set when the oldest deferred settlement has waited DEFER_SECONDS
         self._deferred_due = False
         #: when _deferred last became non-empty (the loop's clock), and the timer looking at it
@@ -273,16 +297,19 @@ class StepWriter:
         self._timer: asyncio.TimerHandle | None = None
 
     def open(self) -> None:
-        """Start the committer (on the running loop); it connects at its first write, unless
-        :meth:`connect` did already."""
+        """Start the committer (on the running loop); each connection is opened at its first
+        batch, unless :meth:`connect` did already."""
         self._task = asyncio.get_running_loop().create_task(
             self._commit_loop(), name="haltwise-postgres-steps"
         )
 
     async def connect(self) -> None:
-        """Open the writer's connection and prepare its statements now (the store's open), so
-        that a run's first step does not pay for them."""
-        wire = await self._connection()
+        """Open the writer's connections and prepare their statements now (the store's open),
+        so that a run's first step does not pay for them."""
+        await asyncio.gather(*(self._prepare(lane) for lane in self._lanes))
+
+    async def _prepare(self, lane: _Lane) -> None:
+        wire = await self._connection(lane)
         try:
             for statement in (_ONE_RUN, _BATCH):
                 await statement.ensure(wire)
@@ -304,19 +331,23 @@ class StepWriter:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self._disconnect()
+        if self._commits:
+            await asyncio.gather(*self._commits, return_exceptions=True)
+        for lane in self._lanes:
+            await self._disconnect(lane)
 
     # -- what the store calls ----------------------------------------------------------------
 
-    async def start(self, row: tuple[Any, ...]) -> Started | None:
-        """Write a step's start (``start_row``); None if the fence did not hold the run."""
-        found = await self._submit(_Write(True, row))
-        return found if isinstance(found, Started) else None
+    def start(self, row: tuple[Any, ...]) -> asyncio.Future[StepStarted | None]:
+        """Write a step's start (``start_row``): the future of the start as written (None if
+        the fence did not hold the run), resolved once it is committed."""
+        return cast("asyncio.Future[StepStarted | None]", self._submit(True, row))
 
-    async def settle(self, row: tuple[Any, ...]) -> bool:
-        """Write a settlement (``settle_row``); False if no step row was written (the fence did
-        not hold, or no such step)."""
-        return bool(await self._submit(_Write(False, row)))
+    def settle(self, row: tuple[Any, ...]) -> asyncio.Future[bool | None]:
+        """Write a settlement (``settle_row``): the future of whether the step row was written
+        (True; None if the fence did not hold, or there is no such step), resolved once it is
+        committed."""
+        return cast("asyncio.Future[bool | None]", self._submit(False, row))
 
     def defer(self, row: tuple[Any, ...]) -> None:
         """Hold a settlement (``durable=False``) for the next batch (see the module docstring)."""
@@ -343,25 +374,32 @@ class StepWriter:
         else:
             self._timer = loop.call_at(due, self._waited)
 
-    def has_deferred(self, run_id: str | None = None) -> bool:
-        """Whether a deferred settlement (of run ``run_id``, or of any run) is not committed
-        yet (held, or in the batch being committed)."""
-        if run_id is None:
-            return bool(self._deferred or self._inflight)
-        with self._lock:
-            return any(write.row[0] == run_id for write in self._deferred) or any(
-                row[0] == run_id for row in self._inflight
-            )
+    async def flush(self, runs: Collection[str] | None = None) -> None:
+        """Wait until the deferred settlements made so far (of ``runs``, or of every run) are
+        committed, committing them now (asynchronously, see the module docstring): the
+        batches under way that hold some, and a round taking the others; then raise the error
+        of any deferred settlement that failed."""
+        if self._task is not None:
+            waits = self._flushes_for(None if runs is None else set(runs))
+            if waits:
+                await asyncio.shield(asyncio.gather(*waits))
+        self.raise_deferred_error()
 
-    async def flush(self) -> None:
-        """Commit the deferred settlements now (asynchronously, see the module docstring) and
-        raise the error of any deferred settlement that failed."""
-        if self.has_deferred() and self._task is not None:
+    def _flushes_for(self, runs: set[str] | None) -> list[asyncio.Future[None]]:
+        """What :meth:`flush` waits for (nothing if none of ``runs``' settlements is deferred)."""
+        with self._lock:
+            waits = [
+                lane.finished
+                for lane in self._lanes
+                if lane.finished is not None and _any_of(lane.deferred, runs)
+            ]
+            queued = _any_of([write.row for write in self._deferred], runs)
+        if queued:
             done = asyncio.get_running_loop().create_future()
             self._flushes.append(done)
             self._poke()
-            await asyncio.shield(done)
-        self.raise_deferred_error()
+            waits.append(done)
+        return waits
 
     def raise_deferred_error(self) -> None:
         error, self._deferred_error = self._deferred_error, None
@@ -371,21 +409,22 @@ class StepWriter:
     def take_deferred(self) -> list[tuple[Any, ...]]:
         """Hand the deferred settlements to a caller that commits them itself, before its own
         write (any thread, the loop's included, while the loop is blocked): their rows, in
-        order, with those of the batch being committed (written again: a settlement is the
+        order, with those of the batches being committed (written again: a settlement is the
         same write twice, and the caller's write must not become durable before them)."""
         with self._lock:
             taken, self._deferred = self._deferred, []
-            return [*self._inflight, *(write.row for write in taken)]
+            inflight = [row for lane in self._lanes for row in lane.deferred]
+            return [*inflight, *(write.row for write in taken)]
 
     # -- the committer -----------------------------------------------------------------------
 
-    async def _submit(self, write: _Write) -> Started | bool | None:
+    def _submit(self, start: bool, row: tuple[Any, ...]) -> _Done:
         if self._task is None:
             raise StoreError("the store is not open")
-        write.done = asyncio.get_running_loop().create_future()
-        self._queue.append(write)
+        done: _Done = asyncio.get_running_loop().create_future()
+        self._queue.append(_Write(start, row, done))
         self._poke()
-        return await write.done  # the store's callers shield this wait
+        return done  # the store's callers shield their wait for it
 
     def _poke(self) -> None:
         wake = self._wake
@@ -395,44 +434,81 @@ class StepWriter:
     async def _commit_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if not (self._queue or self._flushes or self._deferred_due):
-                self._wake = loop.create_future()
-                # Woken by the first write queued: the runs made ready with it (by the commit
-                # just made) run first, and queue their writes, before this task does.
-                await self._wake
-                self._wake = None
-            if not (self._queue or self._flushes or self._deferred_due):
-                continue
-            with self._lock:
-                deferred, self._deferred = self._deferred, []
-                self._inflight = [write.row for write in deferred]
-            self._deferred_due = False
-            batch, self._queue = [*deferred, *self._queue], []
-            flushes, self._flushes = self._flushes, []
-            try:
-                if batch:
-                    await self._commit(batch)
-            except Exception as error:  # a bug, not the database: fail the callers, go on
-                failure = StoreError(f"journal write failed: {error}")
-                for write in batch:
-                    self._fail(write, failure)
-            finally:
-                with self._lock:
-                    self._inflight = []
-            for done in flushes:
-                if not done.done():
-                    done.set_result(None)
+            if self._queue or self._flushes or self._deferred_due:
+                free = [lane for lane in self._lanes if lane.finished is None]
+                if free and self._start_round(free):
+                    continue
+            self._wake = loop.create_future()
+            # Woken by the first write queued (or a connection's commit returning): the runs
+            # made ready with it (by the commit just made) run first, and queue their writes,
+            # before this task does.
+            await self._wake
+            self._wake = None
 
-    async def _commit(self, batch: list[_Write]) -> None:
+    def _start_round(self, free: list[_Lane]) -> bool:
+        """Start a round on the ``free`` connections (see the class docstring); False if there
+        was nothing it could take."""
+        busy = {run for lane in self._lanes if lane.finished is not None for run in lane.runs}
+        with self._lock:
+            writes = [*self._deferred, *self._queue]
+            ready = [write for write in writes if write.key[0] not in busy]
+            held = [write for write in writes if write.key[0] in busy]
+            self._deferred = [write for write in held if write.done is None]
+        self._queue = [write for write in held if write.done is not None]
+        # held deferred ones go in the next round, once their run's batch is committed
+        self._deferred_due = bool(self._deferred)
+        flushes: list[asyncio.Future[None]] = []
+        if not self._deferred:  # a flush waits for the round that takes every deferred one
+            flushes, self._flushes = self._flushes, []
+        started = []
+        for lane, part in zip(free, _divide(ready, len(free)), strict=False):
+            started.append(self._launch(lane, part))
+        if flushes:
+            resolve = partial(_release, flushes)
+            if started:
+                asyncio.gather(*started).add_done_callback(resolve)
+            else:
+                resolve(None)
+        return bool(started)
+
+    def _launch(self, lane: _Lane, part: list[_Write]) -> asyncio.Future[None]:
+        """Commit ``part`` on ``lane`` in a task of its own; the future of its end."""
+        finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with self._lock:
+            lane.deferred = [write.row for write in part if write.done is None]
+        lane.runs = frozenset(write.key[0] for write in part)
+        lane.finished = finished
+        task = asyncio.get_running_loop().create_task(self._commit_on(lane, part))
+        self._commits.add(task)
+        task.add_done_callback(self._commits.discard)
+        return finished
+
+    async def _commit_on(self, lane: _Lane, batch: list[_Write]) -> None:
         try:
-            found = await self._execute(batch)
+            await self._commit(lane, batch)
+        except Exception as error:  # a bug, not the database: fail the callers, go on
+            failure = StoreError(f"journal write failed: {error}")
+            for write in batch:
+                self._fail(write, failure)
+        finally:
+            with self._lock:
+                lane.deferred = []
+            lane.runs = frozenset()
+            finished, lane.finished = lane.finished, None
+            if finished is not None:
+                finished.set_result(None)
+            self._poke()
+
+    async def _commit(self, lane: _Lane, batch: list[_Write]) -> None:
+        try:
+            found = await self._execute(lane, batch)
         except StoreError as error:
             if len(batch) == 1:
                 self._fail(batch[0], error)
                 return
             for write in batch:  # one by one: a bad write fails only its own caller
                 try:
-                    self._resolve([write], await self._execute([write]))
+                    self._resolve([write], await self._execute(lane, [write]))
                 except StoreError as single:
                     self._fail(write, single)
             return
@@ -449,18 +525,19 @@ class StepWriter:
         elif not write.done.done():
             write.done.set_exception(error)
 
-    async def _execute(self, batch: list[_Write]) -> dict[tuple[bool, str, int], Any]:
-        """Commit ``batch``, part after part (retrying deadlocks); ``{(start?, run, index):
-        result}``. Each part is one statement in autocommit mode: it commits on the server
-        whatever this process does meanwhile, so no transaction of the writer ever waits for the
-        event loop (a blocked loop, in ``emit``, cannot hold up a lock the writer holds)."""
+    async def _execute(self, lane: _Lane, batch: list[_Write]) -> dict[tuple[bool, str, int], Any]:
+        """Commit ``batch`` on ``lane``, part after part (retrying deadlocks); ``{(start?, run,
+        index): result}``. Each part is one statement in autocommit mode: it commits on the
+        server whatever this process does meanwhile, so no transaction of the writer ever waits
+        for the event loop (a blocked loop, in ``emit``, cannot hold up a lock the writer
+        holds)."""
         found: dict[tuple[bool, str, int], Any] = {}
         for part in _split(batch):
             attempt = 0
             while True:
                 attempt += 1
                 try:
-                    found.update(await _write_part(await self._connection(), part))
+                    found.update(await _write_part(await self._connection(lane), part))
                     break
                 except (errors.DeadlockDetected, errors.SerializationFailure) as error:
                     if attempt >= _RETRIES:
@@ -469,10 +546,10 @@ class StepWriter:
                     raise self._error(error) from None
         return found
 
-    async def _connection(self) -> Wire:
-        wire = self._wire
+    async def _connection(self, lane: _Lane) -> Wire:
+        wire = lane.wire
         if wire is None or not wire.usable:
-            await self._disconnect()
+            await self._disconnect(lane)
             conn = await self._connect()
             try:
                 # A few statement shapes, executed all the time: plan each once. Text
@@ -482,15 +559,47 @@ class StepWriter:
             except BaseException:
                 await conn.close()
                 raise
-            self._wire = wire = Wire(conn)
+            lane.wire = wire = Wire(conn)
         return wire
 
-    async def _disconnect(self) -> None:
-        wire, self._wire = self._wire, None
+    async def _disconnect(self, lane: _Lane) -> None:
+        wire, lane.wire = lane.wire, None
         if wire is not None:
             wire.detach()
             with contextlib.suppress(psycopg.Error):
                 await wire.conn.close()
+
+
+def _any_of(rows: list[tuple[Any, ...]], runs: set[str] | None) -> bool:
+    """Whether any of ``rows`` is of one of ``runs`` (of any run: None)."""
+    if runs is None:
+        return bool(rows)
+    return any(row[0] in runs for row in rows)
+
+
+def _release(flushes: list[asyncio.Future[None]], _: object) -> None:
+    """Resolve the flushes whose round is committed."""
+    for done in flushes:
+        if not done.done():
+            done.set_result(None)
+
+
+def _divide(writes: list[_Write], ways: int) -> list[list[_Write]]:
+    """``writes`` in at most ``ways`` parts of about as many runs each, and of at least
+    :data:`DIVIDE_AT` runs each (one part if they are of fewer), each run's writes in one part
+    and in order. (No part when there are no writes.)"""
+    if not writes:
+        return []
+    runs = list(dict.fromkeys(write.key[0] for write in writes))
+    ways = min(ways, len(runs) // DIVIDE_AT)
+    if ways < 2:
+        return [writes]
+    share = -(-len(runs) // ways)
+    part_of = {run: k // share for k, run in enumerate(runs)}
+    parts: list[list[_Write]] = [[] for _ in range(-(-len(runs) // share))]
+    for write in writes:
+        parts[part_of[write.key[0]]].append(write)
+    return parts
 
 
 def _split(batch: list[_Write]) -> list[list[_Write]]:
@@ -545,22 +654,35 @@ async def _write_part(wire: Wire, part: list[_Write]) -> dict[tuple[bool, str, i
             if settle is not None and number(settled):
                 found[(False, settle[0], settle[1])] = True
             if start is not None and attempts is not None:
-                found[(True, start[0], start[1])] = Started(
-                    int(attempts), text(state) or "", text(reason), flag(force), flag(pause)
-                )
+                found[(True, start[0], start[1])] = _started(attempts, state, reason, force, pause)
         return found
     starts = [write.row for write in part if write.start]
     settles = [(*w.row[:-1], w.done is not None, w.row[-1]) for w in part if not w.start]
-    for row in await _BATCH.rows(wire, batch_parameters(starts, settles)):
-        is_start, run_id, index, attempts, state, reason, force, pause = row
-        key = (flag(is_start), text(run_id) or "", number(index) or 0)
-        if flag(is_start):
-            found[key] = Started(
-                number(attempts) or 0, text(state) or "", text(reason), flag(force), flag(pause)
-            )
-        else:
-            found[key] = True
+    # Read here without a call per value: at 100 runs, 100 rows of 8 values per statement.
+    for is_start, run_id, index, attempts, state, reason, force, pause in await _BATCH.rows(
+        wire, batch_parameters(starts, settles)
+    ):
+        key = (is_start == b"t", (run_id or b"").decode(), int(index or 0))
+        found[key] = _started(attempts, state, reason, force, pause) if key[0] else True
     return found
+
+
+_CANCELLING = State.CANCELLING.value.encode()
+
+
+def _started(
+    attempts: bytes | None,
+    state: bytes | None,
+    reason: bytes | None,
+    force: bytes | None,
+    pause: bytes | None,
+) -> StepStarted:
+    """What a written start returns (:meth:`Store.start_step`), from the values its statement
+    read back as text: the step's attempts, and its run's cancel (if ``cancelling``) or whether
+    a pause of the run is requested."""
+    if state == _CANCELLING:
+        return StepStarted(int(attempts or 0), cancel=(text(reason) or "user", flag(force)))
+    return StepStarted(int(attempts or 0), pause=flag(pause))
 
 
 def _settle_unlocked_sql() -> str:

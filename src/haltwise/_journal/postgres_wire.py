@@ -174,10 +174,9 @@ class Prepared:
         await self.ensure(wire)
         wire.pgconn.send_query_prepared(self.name, [encode(value) for value in values])
         result = (await wire.results())[-1]
-        return [
-            tuple(result.get_value(i, j) for j in range(result.nfields))
-            for i in range(result.ntuples)
-        ]
+        value, columns = result.get_value, range(result.nfields)
+        # A list per row, not a generator: a generator is resumed once per value.
+        return [tuple([value(i, j) for j in columns]) for i in range(result.ntuples)]
 
 
 async def _writable(loop: asyncio.AbstractEventLoop, fd: int) -> None:

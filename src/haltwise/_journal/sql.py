@@ -26,6 +26,7 @@ from .schema import Dialect
 from .store import (
     NewRun,
     PauseSignal,
+    RunHead,
     check_transition,
     plan_cancel,
     plan_pause,
@@ -87,7 +88,7 @@ def plan_create(run: NewRun, now: float) -> RunWrite:
 
 
 def plan_transition(
-    current: RunRecord,
+    current: RunHead,
     target: State,
     expected: Collection[State],
     fields: dict[str, Any],

@@ -16,9 +16,9 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Awaitable, Collection, Sequence
+from collections.abc import Awaitable, Collection, Iterable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple, final
 from urllib.parse import parse_qs, quote, urlsplit
 
 import anyio
@@ -30,20 +30,22 @@ from .._core.states import State, StepStatus
 from .._core.views import Change, RunSummary
 from .operator_sql import (
     OperatorSQL,
-    cancel_writes,
+    RunWrites,
     change_from_row,
-    sort_named,
+    plan_cancels,
     summary_from_row,
     times_from_rows,
 )
 from .rows import (
     RUN_COLUMNS,
+    each_read,
     error_to_text,
     event_from_row,
     journal_from_rows,
     partial_key,
     partials_from_rows,
     read_all,
+    run_columns,
     run_from_row,
     run_written,
     steps_from_rows,
@@ -72,6 +74,7 @@ from .store import (
     JournalRows,
     NewRun,
     PauseSignal,
+    RunHead,
     RunJournal,
     StepStart,
     StepStarted,
@@ -189,12 +192,11 @@ WHERE run_id = ? AND idx = ? AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND own
 """
 
 
-#: the owner token of each run whose id is in the list bound (see OperatorSQL.id_list)
-_OWNERS = f"SELECT id, owner_token FROM runs WHERE id {_OPS.in_ids}"
+#: how many of the runs whose ids are in the list bound (see OperatorSQL.id_list) the owner
+#: token bound holds
+_HELD = f"SELECT count(*) FROM runs WHERE id {_OPS.in_ids} AND owner_token = ?"
 #: the cancel requests: the runs in ``cancelling`` (read through the state index)
 _CANCELLING = "SELECT id, reason, force FROM runs WHERE state = 'cancelling'"
-#: no run of that id (no owner token is this)
-_NO_RUN = object()
 
 # Step writes are partials of these, not closures: fewer objects for the garbage collector to
 # track per step while it waits for its batch (measurable with a thousand runs waiting).
@@ -236,11 +238,15 @@ class _SettleStep(GroupOp):
     @classmethod
     def run_group(cls, conn: sqlite3.Connection, ops: list[Any]) -> list[Outcome] | None:
         # The fences first: if each holds, each settlement ends as alone it would, whether its
-        # step's row is there or not (then it changes nothing, as alone).
-        ids = [op.parameters[-2] for op in ops]
-        held = dict(conn.execute(_OWNERS, (_OPS.id_list(ids),)).fetchall())
-        if any(held.get(op.parameters[-2], _NO_RUN) != op.parameters[-1] for op in ops):
-            return None  # one fenced off (or no such run): one by one, each raising as alone
+        # step's row is there or not (then it changes nothing, as alone). Counted by the
+        # database, per fence (nearly always one): no row read into Python.
+        runs: dict[str, set[str]] = {}
+        for op in ops:
+            runs.setdefault(op.parameters[-1], set()).add(op.parameters[-2])
+        for fence, ids in runs.items():
+            (held,) = conn.execute(_HELD, (_OPS.id_list(list(ids)), fence)).fetchone()
+            if held != len(ids):
+                return None  # one fenced off (or no such run): one by one, each raising as alone
         conn.executemany(_SETTLE_STEP, [op.parameters for op in ops])
         return [(None, None)] * len(ops)
 
@@ -486,7 +492,8 @@ class SQLiteStore:
         lease_until: float | None = UNSET,
         settle_on_cancel: bool = UNSET,
         fence: str | None = None,
-    ) -> Awaitable[RunRecord]:
+        returning: bool = True,
+    ) -> Awaitable[RunRecord | None]:
         # What the writer hands back itself (in a batch: the operation's future), not a
         # coroutine of ours awaiting it: one frame fewer for each of 10,000 runs whose final
         # transitions wait for one group commit.
@@ -500,7 +507,7 @@ class SQLiteStore:
             lease_until=lease_until,
             settle_on_cancel=settle_on_cancel,
         )
-        return self._writer.call(_Transition(run_id, target, expected, fields, fence))
+        return self._writer.call(_Transition(run_id, target, expected, fields, fence, returning))
 
     def transition_then(
         self,
@@ -776,18 +783,19 @@ class SQLiteStore:
         force: bool,
         dry_run: bool = False,
     ) -> CancelResult:
+        if ids is not None:
+            query, params = _RUNS_BY_IDS, [_OPS.id_list(ids)]
+        else:
+            query, params = _OPS.active_runs(states=states, tasks=tasks, lock=False)
+
         def op(conn: sqlite3.Connection) -> CancelResult:
-            if ids is not None:
-                rows = conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(ids),))
-            else:
-                rows = conn.execute(*_OPS.active_runs(states=states, tasks=tasks, lock=False))
-            chosen, final, unknown = sort_named(read_all(run_from_row, rows), ids)
-            if dry_run:
-                return CancelResult(tuple(chosen), final, unknown)
-            writes, reached = cancel_writes(_OPS, chosen, reason, force, time.time())
-            for write in writes:
-                conn.executemany(write.sql, write.rows)
-            return CancelResult(reached, final, unknown)
+            found = each_read(run_from_row, lambda: conn.execute(query, params))
+            writes, result = plan_cancels(
+                _OPS, found, ids, reason=reason, force=force, now=time.time(), dry_run=dry_run
+            )
+            for statement, parameters in writes:
+                conn.execute(statement, parameters)
+            return result
 
         result: CancelResult = await self._writer.call(op)
         return result
@@ -907,11 +915,12 @@ class _Transition(GroupOp):
     """:meth:`SQLiteStore.transition`'s transaction: read the run, plan the write, apply it.
 
     Transitions side by side in a batch (many runs ending together) read their runs in one
-    query and write them with one ``executemany`` per set of columns, each planned exactly as
-    alone (:func:`plan_transition`, against the run as read, or as an earlier transition of
-    the group left it)."""
+    query and write them in as few statements as their shapes allow (:class:`RunWrites`), each
+    planned exactly as alone (:func:`plan_transition`, against the run as read). When none of
+    them returns the run as written (``returning`` False), the query reads only what the rules
+    read of a run (:class:`RunHead`), not whole runs."""
 
-    __slots__ = ("expected", "fence", "fields", "run_id", "target")
+    __slots__ = ("expected", "fence", "fields", "returning", "run_id", "target")
 
     def __init__(
         self,
@@ -920,15 +929,17 @@ class _Transition(GroupOp):
         expected: Collection[State],
         fields: dict[str, Any],
         fence: str | None,
+        returning: bool = True,
     ) -> None:
         self.run_id, self.target, self.expected = run_id, target, expected
-        self.fields, self.fence = fields, fence
+        self.fields, self.fence, self.returning = fields, fence, returning
 
-    def __call__(self, conn: sqlite3.Connection) -> RunRecord:
+    def __call__(self, conn: sqlite3.Connection) -> RunRecord | None:
         current = _load_run(conn, self.run_id)
-        return _apply(conn, current, self._plan(current, time.time()))
+        written = _apply(conn, current, self._plan(current, time.time()))
+        return written if self.returning else None
 
-    def _plan(self, current: RunRecord, now: float) -> RunWrite:
+    def _plan(self, current: RunHead, now: float) -> RunWrite:
         return plan_transition(
             current, self.target, self.expected, self.fields, fence=self.fence, now=now
         )
@@ -938,34 +949,63 @@ class _Transition(GroupOp):
         position = {op.run_id: index for index, op in enumerate(ops)}
         if len(position) < len(ops):
             return None  # one run twice: its writes must follow each other, one by one
-        rows = conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(list(position)),))
+        bound = (_OPS.id_list(list(position)),)
+        returning = any(op.returning for op in ops)
+        if returning:
+            runs: Iterable[RunHead] = map(run_from_row, conn.execute(_RUNS_BY_IDS, bound))
+        else:
+            heads = conn.cursor()
+            heads.row_factory = None
+            runs = map(_head_from_row, heads.execute(_HEADS_BY_IDS, bound))
         now = time.time()
         outcomes: list[Outcome] = [(None, None)] * len(ops)
         found = [False] * len(ops)
-        updates: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
-        events: list[tuple[Any, ...]] = []
+        writes = RunWrites(_OPS)
         # Each run planned as it is read, so that the run as read is dropped at once (a bad
         # row raises: the batch runs again, one write at a time).
-        for current in map(run_from_row, rows):
+        for current in runs:
             index = position[current.id]
             found[index] = True
             op = ops[index]
             try:
                 write = op._plan(current, now)
-                written = run_written(current, write.fields)
+                if op.returning:  # (else its outcome stays the shared (None, None))
+                    assert isinstance(current, RunRecord)  # (read whole: see above)
+                    outcomes[index] = (run_written(current, write.fields), None)
             except Exception as error:  # as alone: this one fails, nothing of it written
                 outcomes[index] = (None, error)
                 continue
-            updates.setdefault(tuple(write.fields), []).append((*write.fields.values(), op.run_id))
-            events += event_parameters(op.run_id, write)
-            outcomes[index] = (written, None)
+            writes.add(op.run_id, write)
         for index, op in enumerate(ops):
             if not found[index]:
                 outcomes[index] = (None, UnknownRunError(op.run_id))
-        for names, parameters in updates.items():
-            conn.executemany(_SQL.update_run(names, returning=False), parameters)
-        conn.executemany(_SQL.record_event, events)  # (one run's at most: the order of runs is any)
+        for statement, parameters in writes.statements():
+            conn.execute(statement, parameters)
         return outcomes
+
+
+#: every column of the runs whose ids are bound (one parameter: see OperatorSQL.id_list)
+_RUNS_BY_IDS = _OPS.runs_by_ids(lock=False)
+#: what the rules of a transition read of each run whose id is in the list bound (RunHead)
+_HEAD_COLUMNS = ("id", "state", "reason", "pause", "owner")
+_HEADS_BY_IDS = f"SELECT {', '.join(_HEAD_COLUMNS)} FROM runs WHERE id {_OPS.in_ids}"
+
+
+@final
+class _Head(NamedTuple):
+    """A :class:`RunHead` read by ``_HEADS_BY_IDS``."""
+
+    id: str
+    state: State
+    reason: str | None
+    pause: bool
+    owner: Owner | None
+
+
+def _head_from_row(row: Sequence[Any]) -> _Head:
+    """A row of ``_HEADS_BY_IDS``, each column converted as :func:`run_from_row` converts it
+    (:class:`CorruptRowError` names the run and the column that does not parse)."""
+    return _Head._make(run_columns(row[0], _HEAD_COLUMNS, row))
 
 
 def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.Row:

@@ -41,9 +41,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-
 from .._core.exceptions import StoreError
+from .shield import shielded
 
 Op = Callable[[sqlite3.Connection], Any]
 _Deliver = Callable[[Any, BaseException | None], None]
@@ -165,7 +164,7 @@ class _Signal:
     async def wait(self) -> BaseException | None:
         """Wait for :meth:`send`; a cancel of the caller does not cut the wait (the thread
         goes on either way, as a thread the caller waited on would)."""
-        with anyio.CancelScope(shield=True):
+        with shielded():
             error = await self.future
         return error
 
@@ -202,7 +201,7 @@ async def _ran(value: Any, error: BaseException | None) -> Any:
 
 
 async def _shielded(future: asyncio.Future[Any]) -> Any:
-    with anyio.CancelScope(shield=True):
+    with shielded():
         return await future
 
 

@@ -195,11 +195,14 @@ class Store(Protocol):
         lease_until: float | None = UNSET,
         settle_on_cancel: bool = UNSET,
         fence: str | None = None,
-    ) -> Awaitable[RunRecord]:
+        returning: bool = True,
+    ) -> Awaitable[RunRecord | None]:
         """Compare-and-set the run's state to ``target`` and record the event, in one transaction.
 
-        Awaited, it returns the run as written. (An awaitable rather than a coroutine: a store
-        may hand back what waits for its commit itself; it may submit the write at the call.)
+        Awaited, it returns the run as written; with ``returning=False``, None (a caller that
+        does not read the run spares the store building it: a group of such transitions reads
+        only the columns the rules need). (An awaitable rather than a coroutine: a store may
+        hand back what waits for its commit itself; it may submit the write at the call.)
 
         Succeeds only if the current state is in ``expected`` and the table allows
         ``current -> target``; otherwise raises :class:`~haltwise.InvalidTransitionError` and
@@ -456,8 +459,27 @@ def open_store(
     )
 
 
+class RunHead(Protocol):
+    """What the rules of a transition read of a run (a :class:`RunRecord` is one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def state(self) -> State: ...
+
+    @property
+    def reason(self) -> str | None: ...
+
+    @property
+    def pause(self) -> bool: ...
+
+    @property
+    def owner(self) -> Owner | None: ...
+
+
 def check_transition(
-    run_id: str, current: RunRecord, target: State, expected: Collection[State]
+    run_id: str, current: RunHead, target: State, expected: Collection[State]
 ) -> dict[str, Any]:
     """Raise :class:`InvalidTransitionError` unless ``current -> target`` may happen now;
     return the columns the transition writes besides the caller's (the pause request's rule).

@@ -259,7 +259,7 @@ class RunContext:
         """The checkpoint: raise the poison or :class:`Cancelled` if one is due."""
         if self.poison is not None:
             raise self.poison
-        if self.cancel_pending:
+        if self.cancel.reason is not None and self.cancel_pending:  # (no call when none is)
             raise self.cancel.deliver("user", self.run_id)
 
     def diverge(

@@ -34,6 +34,7 @@ from .._core.records import RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .._core.views import CancelBatch, Change, RunDetail, RunPage
 from .._journal.owner import DEFAULT_LEASE, held_by_live_owner, new_owner
+from .._journal.shield import shielded
 from .._journal.store import ForkOf, NewRun, Store, open_store
 from .cancel_state import outside_any_task
 from .ending import call_task, fail_refused, finish, settle_takeover
@@ -840,7 +841,7 @@ class Runtime:
                     timers.start_soon(self._deadline, ctx, deadline)
                     ending = await call_task(ctx, inputs)
                     timers.cancel_scope.cancel()
-            with anyio.CancelScope(shield=True):
+            with shielded():
                 final_write = await finish(ctx, ending, partial(self._on_written, ctx))
                 del ending  # not kept while the final write waits (see finish)
                 if final_write is None:

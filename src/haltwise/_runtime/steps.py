@@ -141,9 +141,8 @@ def _replay(run: RunContext, journaled: StepRecord, spec: ToolSpec, print_: str)
     return _RUN_AGAIN
 
 
-def _args_json(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    if spec.effective_cancel is not CancelPolicy.ROLLBACK:
-        return None
+def _args_json(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The arguments a ``rollback`` tool's step journals (to compensate after a crash)."""
     return dump_json(
         {"args": list(args), "kwargs": kwargs, "tool": spec.key},
         f"the arguments of rollback tool {spec.name!r} (kept to compensate after a crash)",
@@ -215,8 +214,10 @@ class _Flight:
         self.policy = spec.effective_cancel
         self.call_id = CALL_ID.get()
         self.shielded = SHIELDED.get()
-        self.caller = asyncio.current_task()
-        self.in_body_task = self.caller is run.body_task
+        body = run.body_task
+        # Given the loop, current_task() does not look it up (a getpid() system call each time)
+        self.caller = asyncio.current_task(None if body is None else body.get_loop())
+        self.in_body_task = self.caller is body
         self.phase = _Phase.BEFORE
         self.replayed = False
         self.counted = False
@@ -310,11 +311,15 @@ class _Flight:
         start = StepStart(
             index=self.index,
             tool=self.spec.name,
-            cancel=policy.cancel.value if policy.cancel else None,
+            cancel=policy.cancel._value_ if policy.cancel else None,  # (.value: a property)
             effect=policy.effect,
             idempotent=policy.idempotent,
             idempotency_key=key,
-            args=_args_json(self.spec, self.args, self.kwargs),
+            args=(
+                _args_json(self.spec, self.args, self.kwargs)
+                if self.policy is CancelPolicy.ROLLBACK
+                else None
+            ),
             cleanup=run.cancel.requested,
             call_id=self.call_id,
             fingerprint=print_,
@@ -376,7 +381,8 @@ class _Flight:
             raise
         else:
             self.phase = _Phase.AFTER
-            self._take_back_cancels()
+            if self.native_cancels:
+                self._take_back_cancels()
             return await self._commit(value)
         await self._settle_cancelled()
         self._propagate(interrupted)
@@ -487,12 +493,19 @@ class _Flight:
         index = self.index
         # An unserialisable result raises InputError: the step is settled failed.
         try:
-            text = JSONText(dump_json(value, f"the result of step {index} ({self.spec.name})"))
+            text = JSONText(dump_json(value, "the result of step %d (%s)", index, self.spec.name))
         except Exception as error:
             await self._failed(error)
             raise
-        durable = not self.spec.defer_settle
-        await settle(self.run, index, StepStatus.COMMITTED, result=text, durable=durable)
+        run = self.run  # the store's own call (not settle()): one coroutine less per step
+        await run.store.settle_step(
+            run.run_id,
+            index,
+            StepStatus.COMMITTED,
+            result=text,
+            fence=run.fence,
+            durable=not self.spec.defer_settle,
+        )
         # Hand the task the journaled form, so that a replay sees exactly the same value.
         return value if type(value) in _SAME_AFTER_JSON else load_json(text)
 

@@ -23,8 +23,6 @@ import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
 
 import anyio
@@ -37,9 +35,9 @@ from .._core.exceptions import HaltwiseError, InputError, RunOwnedError
 from .._core.outcome import Outcome
 from .._core.states import State
 from .._runtime.describe import mcp_annotations, parameters_schema
-from .._runtime.loader import find_tools, load_module
 from .._runtime.runtime import Runtime, TaskHandle
-from .._runtime.tool import Task, Tool, ToolSpec
+from .._runtime.tool import Tool, ToolSpec
+from ._mcp_tasks import ServedTask, served_tasks
 
 __all__ = ["IDEMPOTENCY_KEY", "OUTCOME_KEY", "serve", "served_tasks"]
 
@@ -47,37 +45,6 @@ __all__ = ["IDEMPOTENCY_KEY", "OUTCOME_KEY", "serve", "served_tasks"]
 IDEMPOTENCY_KEY = "haltwise/idempotency-key"
 #: The result ``_meta`` key that carries the run's outcome (the ``status --json`` object).
 OUTCOME_KEY = "haltwise/outcome"
-
-
-@dataclass(frozen=True, slots=True)
-class ServedTask:
-    """One task of the served file, as an MCP tool."""
-
-    #: the MCP tool name: the module attribute the task is bound to
-    name: str
-    task: Task[..., Any]
-    #: the name its runs record, as ``haltwise run FILE.py:TASK`` would (``agent.py:research``)
-    run_name: str
-    #: the file's absolute path, kept with the run so that ``haltwise resume`` finds the task
-    source: str
-
-
-def served_tasks(file: str | os.PathLike[str]) -> tuple[list[ServedTask], list[ToolSpec]]:
-    """Load ``file`` and return its tasks (in definition order) and its tools.
-
-    Raises :class:`~haltwise.LoadError` if the file cannot be loaded and
-    :class:`~haltwise.InputError` if it defines no task.
-    """
-    module = load_module(os.fspath(file))
-    source = str(Path(module.__file__ or file).resolve())
-    served = [
-        ServedTask(name, value, f"{Path(source).name}:{name}", source)
-        for name, value in vars(module).items()
-        if isinstance(value, Task) and not name.startswith("_")
-    ]
-    if not served:
-        raise InputError(f"{file}: no @haltwise.task in this file")
-    return served, find_tools(module)
 
 
 def describe_task(served: ServedTask, tools: Sequence[ToolSpec]) -> types.Tool:
