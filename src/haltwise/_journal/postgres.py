@@ -689,16 +689,7 @@ class PostgresStore:
         written = await self._request(run_id, plan)
         return written if returning else None
 
-    def transition_then(
-        self,
-        then: WriteDone,
-        run_id: str,
-        target: State,
-        *,
-        expected: Collection[State],
-        fence: str | None = None,
-        **fields: Any,
-    ) -> bool:
+    def transition_then(self, then: WriteDone, run_id: str, target: State, **fields: Any) -> bool:
         return False  # its writes are awaited (see Store.transition_then)
 
     async def request_cancel(

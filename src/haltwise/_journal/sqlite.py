@@ -509,18 +509,10 @@ class SQLiteStore:
         )
         return self._writer.call(_Transition(run_id, target, expected, fields, fence, returning))
 
-    def transition_then(
-        self,
-        then: WriteDone,
-        run_id: str,
-        target: State,
-        *,
-        expected: Collection[State],
-        fence: str | None = None,
-        **fields: Any,
-    ) -> bool:
+    def transition_then(self, then: WriteDone, run_id: str, target: State, **fields: Any) -> bool:
+        expected, fence = fields.pop("expected"), fields.pop("fence", None)
         written = transition_fields(target, **fields)
-        self._writer.call_then(_Transition(run_id, target, expected, written, fence), then)
+        self._writer.call_then(_Transition(run_id, target, expected, written, fence, False), then)
         return True
 
     async def request_cancel(

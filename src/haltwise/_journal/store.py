@@ -210,20 +210,12 @@ class Store(Protocol):
         entering ``paused`` (see :attr:`RunRecord.settle_on_cancel`); leaving ``paused`` clears it.
         """
 
-    def transition_then(
-        self,
-        then: WriteDone,
-        run_id: str,
-        target: State,
-        *,
-        expected: Collection[State],
-        fence: str | None = None,
-        **fields: Any,
-    ) -> bool:
-        """:meth:`transition` (``fields`` as it takes them) submitted now and not awaited:
-        ``then(record, error)`` is called once it is committed (or failed), on the event loop's
-        thread, right where the store learns it (it must not raise). False, with nothing
-        submitted, if this store has no such way: then await :meth:`transition` instead.
+    def transition_then(self, then: WriteDone, run_id: str, target: State, **fields: Any) -> bool:
+        """:meth:`transition` (``fields``: its keyword arguments, ``expected`` among them) with
+        ``returning=False``, submitted now and not awaited: ``then(None, error)`` is called once
+        it is committed (``error`` None) or failed, on the event loop's thread, right where the
+        store learns it (it must not raise). False, with nothing submitted, if this store has
+        no such way: then await :meth:`transition` instead.
 
         For a caller that needs nothing after the write but to learn how it went (a run's
         final transition): it need not wait with a task of its own for the commit.

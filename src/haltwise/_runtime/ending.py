@@ -177,7 +177,7 @@ def _final_transition(
         then, ctx.run_id, target, fence=ctx.fence, **fields
     ):
         return None
-    return store.transition(ctx.run_id, target, fence=ctx.fence, **fields)
+    return store.transition(ctx.run_id, target, fence=ctx.fence, returning=False, **fields)
 
 
 async def stop_steps(ctx: RunContext, ending: Ending) -> None:
@@ -261,7 +261,9 @@ def _record_cancelled(
     ctx: RunContext, cancel_error: BaseException | None, *, release: bool
 ) -> Awaitable[Any]:
     fields = _cancelled(cancel_error, release=release)
-    return ctx.store.transition(ctx.run_id, State.CANCELLED, fence=ctx.fence, **fields)
+    return ctx.store.transition(
+        ctx.run_id, State.CANCELLED, fence=ctx.fence, returning=False, **fields
+    )
 
 
 def _cancelled(cancel_error: BaseException | None, *, release: bool = True) -> dict[str, Any]:
