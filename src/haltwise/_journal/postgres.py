@@ -124,7 +124,7 @@ _CHANNEL = "haltwise_changes"
 _SCHEMA_LOCK = 0x68616C74
 _POOL_MAX = 10
 #: connections a store that works runs opens at once (see open)
-_POOL_WORKING = 4
+POOL_WORKING = 4
 
 
 async def _usable(conn: _Conn) -> bool:
@@ -410,7 +410,7 @@ class PostgresStore:
             self.url,
             connection_class=psycopg.AsyncConnection[DictRow],
             kwargs={"autocommit": True, "row_factory": dict_row},
-            min_size=_POOL_WORKING if self._works_runs and not self.read_only else 1,
+            min_size=POOL_WORKING if self._works_runs and not self.read_only else 1,
             max_size=_POOL_MAX,
             open=False,
             name="haltwise",
