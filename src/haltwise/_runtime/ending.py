@@ -32,6 +32,7 @@ from .._journal.store import UNSET, WriteDone
 from .run_context import CALL_ID, CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext
 from .takeover import run_saga, settle_orphans
 
+_CANCELLED = asyncio.CancelledError  # the runtime is asyncio-only (see ending.call_task)
 #: The reason of a run cancelled by a cancellation that haltwise did not request.
 HOST_REASON = "host"
 #: the states a final transition may leave (shared sets: 10,000 runs ending at once make
@@ -93,7 +94,7 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
                 if scope.cancel_called and body is not None and body.cancelling() > cancelling:
                     ctx.cancel.mark_delivered()  # the cancel landed in the task, which returned
                 return Ending(value=value)
-            except anyio.get_cancelled_exc_class() as cancel:
+            except _CANCELLED as cancel:
                 if not scope.cancel_called:
                     if anyio.current_effective_deadline() == -math.inf:
                         ctx.cancel.force()  # the runtime itself is being cancelled
@@ -140,13 +141,26 @@ async def finish(
     (:meth:`Store.transition_then`): None is returned, and ``then`` learns how it went.
     """
     await stop_steps(ctx, ending)
+    return final_write(ctx, ending, then)
+
+
+def steps_to_stop(ctx: RunContext, ending: Ending) -> bool:
+    """Whether :func:`stop_steps` has anything to do (else :func:`finish` waits for nothing)."""
+    return bool(ctx.flights) or _own_cancel_reason(ctx, ending) is not None
+
+
+def final_write(
+    ctx: RunContext, ending: Ending, then: WriteDone | None = None
+) -> Awaitable[Any] | None:
+    """:func:`finish` once :func:`stop_steps` is done: the final write, not yet awaited (or
+    None: submitted with ``then``)."""
     error = ctx.poison or ending.error
     if isinstance(error, StoreError):
         raise error  # the journal failed under the task, not the task: as after a crash
     cancel = ctx.cancel
     if cancel.handing_over and (cancel.delivered or error is not None) and ctx.poison is None:
         return ctx.store.release(ctx.run_id, ctx.fence)
-    cancel_like = isinstance(error, Cancelled | anyio.get_cancelled_exc_class())
+    cancel_like = isinstance(error, Cancelled | _CANCELLED)
     if cancel.delivered or cancel.forced or (cancel.reason is not None and error is not None):
         cancel_error = None if cancel_like else error
         if _has_saga(ctx):

@@ -37,7 +37,14 @@ from .._journal.owner import DEFAULT_LEASE, held_by_live_owner, new_owner
 from .._journal.shield import shielded
 from .._journal.store import ForkOf, NewRun, Store, open_store
 from .cancel_state import outside_any_task
-from .ending import call_task, fail_refused, finish, settle_takeover
+from .ending import (
+    call_task,
+    fail_refused,
+    final_write,
+    settle_takeover,
+    steps_to_stop,
+    stop_steps,
+)
 from .explain import needs_code
 from .fork import ForkPlan, plan_fork
 from .operator import registered_task, stand_in_task
@@ -841,13 +848,16 @@ class Runtime:
                     timers.start_soon(self._deadline, ctx, deadline)
                     ending = await call_task(ctx, inputs)
                     timers.cancel_scope.cancel()
+            if steps_to_stop(ctx, ending):
+                with shielded():
+                    await stop_steps(ctx, ending)
+            written = final_write(ctx, ending, partial(self._on_written, ctx))
+            del ending  # not kept while the final write waits (see finish)
+            if written is None:
+                ends_when_written = True
+                return
             with shielded():
-                final_write = await finish(ctx, ending, partial(self._on_written, ctx))
-                del ending  # not kept while the final write waits (see finish)
-                if final_write is None:
-                    ends_when_written = True
-                    return
-                await final_write
+                await written
         except StoreError as error:
             await self._write_failed(ctx, error)
         finally:
