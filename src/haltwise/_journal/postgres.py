@@ -70,9 +70,8 @@ from .._core.views import Change, RunSummary
 from .coalesce import Coalescer
 from .operator_sql import (
     OperatorSQL,
-    cancel_writes,
     change_from_row,
-    sort_named,
+    plan_cancels,
     summary_from_row,
     times_from_rows,
 )
@@ -117,6 +116,7 @@ from .store import (
     RunJournal,
     StepStart,
     StepStarted,
+    WriteDone,
 )
 
 _CHANNEL = "haltwise_changes"
@@ -124,7 +124,7 @@ _CHANNEL = "haltwise_changes"
 _SCHEMA_LOCK = 0x68616C74
 _POOL_MAX = 10
 #: connections a store that works runs opens at once (see open)
-_POOL_WORKING = 4
+POOL_WORKING = 4
 
 
 async def _usable(conn: _Conn) -> bool:
@@ -410,7 +410,7 @@ class PostgresStore:
             self.url,
             connection_class=psycopg.AsyncConnection[DictRow],
             kwargs={"autocommit": True, "row_factory": dict_row},
-            min_size=_POOL_WORKING if self._works_runs and not self.read_only else 1,
+            min_size=POOL_WORKING if self._works_runs and not self.read_only else 1,
             max_size=_POOL_MAX,
             open=False,
             name="haltwise",
@@ -688,6 +688,9 @@ class PostgresStore:
 
         written = await self._request(run_id, plan)
         return written if returning else None
+
+    def transition_then(self, then: WriteDone, run_id: str, target: State, **fields: Any) -> bool:
+        return False  # its writes are awaited (see Store.transition_then)
 
     async def request_cancel(
         self, run_id: str, reason: str, *, force: bool, fence: str | None = None
@@ -1081,16 +1084,15 @@ class PostgresStore:
                 query, params = _OPS.active_runs(states=states, tasks=tasks, lock=not dry_run)
                 cursor = await conn.execute(query, params)
             found = read_all(run_from_row, await cursor.fetchall())
-            chosen, final, unknown = sort_named(found, ids)
-            if dry_run:
-                return CancelResult(tuple(chosen), final, unknown)
-            writes, reached = cancel_writes(_OPS, chosen, reason, force, time.time())
+            writes, result = plan_cancels(
+                _OPS, found, ids, reason=reason, force=force, now=time.time(), dry_run=dry_run
+            )
             async with conn.cursor() as batch:
                 for statement, parameters in writes:
                     await batch.execute(statement, parameters)
-            if reached:
-                await _notify(conn, reached[0].id)
-            return CancelResult(reached, final, unknown)
+            if result.reached and not dry_run:
+                await _notify(conn, result.reached[0].id)
+            return result
 
         return await self._run(op, read_only=dry_run)
 

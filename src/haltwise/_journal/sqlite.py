@@ -31,14 +31,14 @@ from .._core.views import Change, RunSummary
 from .operator_sql import (
     OperatorSQL,
     RunWrites,
-    cancel_writes,
     change_from_row,
-    sort_named,
+    plan_cancels,
     summary_from_row,
     times_from_rows,
 )
 from .rows import (
     RUN_COLUMNS,
+    each_read,
     error_to_text,
     event_from_row,
     journal_from_rows,
@@ -78,6 +78,7 @@ from .store import (
     RunJournal,
     StepStart,
     StepStarted,
+    WriteDone,
 )
 
 #: The page size of a new store file (bytes).
@@ -191,12 +192,11 @@ WHERE run_id = ? AND idx = ? AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND own
 """
 
 
-#: the owner token of each run whose id is in the list bound (see OperatorSQL.id_list)
-_OWNERS = f"SELECT id, owner_token FROM runs WHERE id {_OPS.in_ids}"
+#: how many of the runs whose ids are in the list bound (see OperatorSQL.id_list) the owner
+#: token bound holds
+_HELD = f"SELECT count(*) FROM runs WHERE id {_OPS.in_ids} AND owner_token = ?"
 #: the cancel requests: the runs in ``cancelling`` (read through the state index)
 _CANCELLING = "SELECT id, reason, force FROM runs WHERE state = 'cancelling'"
-#: no run of that id (no owner token is this)
-_NO_RUN = object()
 
 # Step writes are partials of these, not closures: fewer objects for the garbage collector to
 # track per step while it waits for its batch (measurable with a thousand runs waiting).
@@ -238,11 +238,15 @@ class _SettleStep(GroupOp):
     @classmethod
     def run_group(cls, conn: sqlite3.Connection, ops: list[Any]) -> list[Outcome] | None:
         # The fences first: if each holds, each settlement ends as alone it would, whether its
-        # step's row is there or not (then it changes nothing, as alone).
-        ids = [op.parameters[-2] for op in ops]
-        held = dict(conn.execute(_OWNERS, (_OPS.id_list(ids),)).fetchall())
-        if any(held.get(op.parameters[-2], _NO_RUN) != op.parameters[-1] for op in ops):
-            return None  # one fenced off (or no such run): one by one, each raising as alone
+        # step's row is there or not (then it changes nothing, as alone). Counted by the
+        # database, per fence (nearly always one): no row read into Python.
+        runs: dict[str, set[str]] = {}
+        for op in ops:
+            runs.setdefault(op.parameters[-1], set()).add(op.parameters[-2])
+        for fence, ids in runs.items():
+            (held,) = conn.execute(_HELD, (_OPS.id_list(list(ids)), fence)).fetchone()
+            if held != len(ids):
+                return None  # one fenced off (or no such run): one by one, each raising as alone
         conn.executemany(_SETTLE_STEP, [op.parameters for op in ops])
         return [(None, None)] * len(ops)
 
@@ -505,6 +509,12 @@ class SQLiteStore:
         )
         return self._writer.call(_Transition(run_id, target, expected, fields, fence, returning))
 
+    def transition_then(self, then: WriteDone, run_id: str, target: State, **fields: Any) -> bool:
+        expected, fence = fields.pop("expected"), fields.pop("fence", None)
+        written = transition_fields(target, **fields)
+        self._writer.call_then(_Transition(run_id, target, expected, written, fence, False), then)
+        return True
+
     async def request_cancel(
         self, run_id: str, reason: str, *, force: bool, fence: str | None = None
     ) -> RunRecord:
@@ -765,18 +775,19 @@ class SQLiteStore:
         force: bool,
         dry_run: bool = False,
     ) -> CancelResult:
+        if ids is not None:
+            query, params = _RUNS_BY_IDS, [_OPS.id_list(ids)]
+        else:
+            query, params = _OPS.active_runs(states=states, tasks=tasks, lock=False)
+
         def op(conn: sqlite3.Connection) -> CancelResult:
-            if ids is not None:
-                rows = conn.execute(_OPS.runs_by_ids(lock=False), (_OPS.id_list(ids),))
-            else:
-                rows = conn.execute(*_OPS.active_runs(states=states, tasks=tasks, lock=False))
-            chosen, final, unknown = sort_named(read_all(run_from_row, rows), ids)
-            if dry_run:
-                return CancelResult(tuple(chosen), final, unknown)
-            writes, reached = cancel_writes(_OPS, chosen, reason, force, time.time())
+            found = each_read(run_from_row, lambda: conn.execute(query, params))
+            writes, result = plan_cancels(
+                _OPS, found, ids, reason=reason, force=force, now=time.time(), dry_run=dry_run
+            )
             for statement, parameters in writes:
                 conn.execute(statement, parameters)
-            return CancelResult(reached, final, unknown)
+            return result
 
         result: CancelResult = await self._writer.call(op)
         return result
@@ -950,15 +961,13 @@ class _Transition(GroupOp):
             op = ops[index]
             try:
                 write = op._plan(current, now)
-                written = None
-                if op.returning:
+                if op.returning:  # (else its outcome stays the shared (None, None))
                     assert isinstance(current, RunRecord)  # (read whole: see above)
-                    written = run_written(current, write.fields)
+                    outcomes[index] = (run_written(current, write.fields), None)
             except Exception as error:  # as alone: this one fails, nothing of it written
                 outcomes[index] = (None, error)
                 continue
             writes.add(op.run_id, write)
-            outcomes[index] = (written, None)
         for index, op in enumerate(ops):
             if not found[index]:
                 outcomes[index] = (None, UnknownRunError(op.run_id))
