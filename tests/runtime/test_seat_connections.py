@@ -1,6 +1,7 @@
 """A seat (a process that works no run: ``haltwise cancel``, ``status``) on PostgreSQL holds one
 connection, its pool's; it listens for changes only once it waits for one, and a runtime, which
-works runs, holds its listener and its step writer's connection from the start.
+works runs, holds its pool's working connections, its listener and its step writer's
+connections from the start.
 
 Counted on the server itself (``pg_stat_activity`` of the test's own database).
 """
@@ -13,6 +14,8 @@ import psycopg
 import pytest
 
 import haltwise
+from haltwise._journal.postgres import POOL_WORKING
+from haltwise._journal.postgres_steps import LANES
 from haltwise._runtime.seat import open_seat, reading
 
 pytestmark = pytest.mark.anyio
@@ -36,7 +39,8 @@ def connections(url: str, expected: int) -> int:
 
 async def test_a_seat_opens_one_connection_and_listens_once_it_waits(pg_url: str) -> None:
     async with haltwise.Runtime(pg_url):  # creates the store; a runtime works runs
-        assert connections(pg_url, 3) == 3  # its pool's, its listener's, its step writer's
+        working = POOL_WORKING + 1 + LANES  # its pool's, its listener's, its step writer's
+        assert connections(pg_url, working) == working
     assert connections(pg_url, 0) == 0
     async with open_seat(pg_url) as seat:
         assert connections(pg_url, 1) == 1

@@ -116,6 +116,7 @@ from .store import (
     RunJournal,
     StepStart,
     StepStarted,
+    WriteDone,
 )
 
 _CHANNEL = "haltwise_changes"
@@ -123,7 +124,7 @@ _CHANNEL = "haltwise_changes"
 _SCHEMA_LOCK = 0x68616C74
 _POOL_MAX = 10
 #: connections a store that works runs opens at once (see open)
-_POOL_WORKING = 4
+POOL_WORKING = 4
 
 
 async def _usable(conn: _Conn) -> bool:
@@ -409,7 +410,7 @@ class PostgresStore:
             self.url,
             connection_class=psycopg.AsyncConnection[DictRow],
             kwargs={"autocommit": True, "row_factory": dict_row},
-            min_size=_POOL_WORKING if self._works_runs and not self.read_only else 1,
+            min_size=POOL_WORKING if self._works_runs and not self.read_only else 1,
             max_size=_POOL_MAX,
             open=False,
             name="haltwise",
@@ -687,6 +688,9 @@ class PostgresStore:
 
         written = await self._request(run_id, plan)
         return written if returning else None
+
+    def transition_then(self, then: WriteDone, run_id: str, target: State, **fields: Any) -> bool:
+        return False  # its writes are awaited (see Store.transition_then)
 
     async def request_cancel(
         self, run_id: str, reason: str, *, force: bool, fence: str | None = None

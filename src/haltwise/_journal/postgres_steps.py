@@ -52,7 +52,7 @@ from .store import StepStarted
 DEFER_SECONDS = 0.03
 #: how many connections the writer commits on, each with a batch in flight at once
 LANES = 2
-#: a round of at least this many runs' writes is divided among the free connections
+#: a round is divided among the free connections in parts of at least this many runs
 DIVIDE_AT = 8
 _RETRIES = 5
 
@@ -259,12 +259,13 @@ class StepWriter:
     A round takes every write queued (and every deferred settlement) when a connection is free,
     except the writes of a run that has a write in a batch still under way: those wait for the
     next round, so that one run's writes commit in the order they were made whatever the order
-    in which two connections' commits land. A round of at least :data:`DIVIDE_AT` runs' writes
-    taken while several connections are free is divided among them, by run: the server commits
-    them at once (its WAL flushes grouped), and their callers, given their results as each
-    commit returns, then make their next writes apart, so that this process works one part's
-    runs while the server commits the other's (without it, every run waits on the same batch:
-    the server idles while the client works them all, and the client while the server commits).
+    in which two connections' commits land. A round taken while several connections are free
+    is divided among them by run, in parts of at least :data:`DIVIDE_AT` runs: the server
+    commits them at once (its WAL flushes grouped), and their callers, given their results as
+    each commit returns, then make their next writes apart, so that this process works one
+    part's runs while the server commits another's (without it, every run waits on the same
+    batch: the server idles while the client works them all, and the client while the server
+    commits).
 
     ``connect`` opens a connection of the writer (autocommit); ``error`` turns a driver error
     into the store's :class:`StoreError`. All methods but :meth:`take_deferred` are called on
@@ -584,13 +585,14 @@ def _release(flushes: list[asyncio.Future[None]], _: object) -> None:
 
 
 def _divide(writes: list[_Write], ways: int) -> list[list[_Write]]:
-    """``writes`` in at most ``ways`` parts of about as many runs each, each run's writes in one
-    part and in order; one part if they are of fewer than :data:`DIVIDE_AT` runs. (No part
-    when there are no writes.)"""
+    """``writes`` in at most ``ways`` parts of about as many runs each, and of at least
+    :data:`DIVIDE_AT` runs each (one part if they are of fewer), each run's writes in one part
+    and in order. (No part when there are no writes.)"""
     if not writes:
         return []
     runs = list(dict.fromkeys(write.key[0] for write in writes))
-    if ways < 2 or len(runs) < DIVIDE_AT:
+    ways = min(ways, len(runs) // DIVIDE_AT)
+    if ways < 2:
         return [writes]
     share = -(-len(runs) // ways)
     part_of = {run: k // share for k, run in enumerate(runs)}

@@ -528,12 +528,12 @@ def read_all(parse: Callable[[Any], _T], rows: Iterable[Any]) -> list[_T]:
 def transition_fields(
     target: State,
     *,
-    reason: Any,
-    result: Any,
-    error: Any,
-    cancel_error: Any,
-    owner: Any,
-    lease_until: Any,
+    reason: Any = UNSET,
+    result: Any = UNSET,
+    error: Any = UNSET,
+    cancel_error: Any = UNSET,
+    owner: Any = UNSET,
+    lease_until: Any = UNSET,
     settle_on_cancel: Any = UNSET,
 ) -> dict[str, Any]:
     """The run columns a :meth:`Store.transition` writes (arguments left ``UNSET`` are kept).

@@ -28,7 +28,7 @@ from .._core.outcome import ErrorInfo
 from .._core.policy import OnCancel
 from .._core.records import JSONText, RunSnapshot, dump_json
 from .._core.states import State
-from .._journal.store import UNSET
+from .._journal.store import UNSET, WriteDone
 from .run_context import CALL_ID, CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext
 from .takeover import run_saga, settle_orphans
 
@@ -128,11 +128,16 @@ def _take_back(body: asyncio.Task[Any] | None, cancelling: int) -> None:
         body.uncancel()
 
 
-async def finish(ctx: RunContext, ending: Ending) -> Awaitable[Any]:
+async def finish(
+    ctx: RunContext, ending: Ending, then: WriteDone | None = None
+) -> Awaitable[Any] | None:
     """Settle every step still in flight (a run is final only once all have), then return the
     final write the contract's rules on delivered cancels and failures call for, not yet
     awaited: the caller awaits it once it has let go of ``ending``, so that 10,000 final
     transitions waiting for one group commit keep neither their endings nor this frame.
+
+    With ``then``, a final transition the store can submit with a callback is submitted so
+    (:meth:`Store.transition_then`): None is returned, and ``then`` learns how it went.
     """
     await stop_steps(ctx, ending)
     error = ctx.poison or ending.error
@@ -143,22 +148,36 @@ async def finish(ctx: RunContext, ending: Ending) -> Awaitable[Any]:
         return ctx.store.release(ctx.run_id, ctx.fence)
     cancel_like = isinstance(error, Cancelled | anyio.get_cancelled_exc_class())
     if cancel.delivered or cancel.forced or (cancel.reason is not None and error is not None):
-        return cancelled_write(ctx, cancel_error=None if cancel_like else error)
+        cancel_error = None if cancel_like else error
+        if _has_saga(ctx):
+            return _saga_then_cancelled(ctx, cancel_error, release=True)
+        return _final_transition(ctx, then, State.CANCELLED, _cancelled(cancel_error))
     if error is not None:
         return finish_failed(ctx, error)
     try:
         result = JSONText(dump_json(ending.value, f"the result of task {ctx.task.name!r}"))
     except InputError as bad_result:
         return finish_failed(ctx, bad_result)
-    return ctx.store.transition(
-        ctx.run_id,
-        State.COMPLETED,
-        expected=_RUNNING_OR_CANCELLING,
-        result=result,  # serialised once: the store writes the text as it is
-        owner=None,
-        lease_until=None,
-        fence=ctx.fence,
-    )
+    fields = {
+        "expected": _RUNNING_OR_CANCELLING,
+        "result": result,  # serialised once: the store writes the text as it is
+        "owner": None,
+        "lease_until": None,
+    }
+    return _final_transition(ctx, then, State.COMPLETED, fields)
+
+
+def _final_transition(
+    ctx: RunContext, then: WriteDone | None, target: State, fields: dict[str, Any]
+) -> Awaitable[Any] | None:
+    """The run's transition to ``target`` (with ``fields``, fenced by its owner): submitted
+    with ``then`` if given and the store can (None), else the store's write, not awaited."""
+    store = ctx.store
+    if then is not None and store.transition_then(
+        then, ctx.run_id, target, fence=ctx.fence, **fields
+    ):
+        return None
+    return store.transition(ctx.run_id, target, fence=ctx.fence, returning=False, **fields)
 
 
 async def stop_steps(ctx: RunContext, ending: Ending) -> None:
@@ -221,9 +240,14 @@ def cancelled_write(
 ) -> Awaitable[Any]:
     """:func:`finish_cancel`, not yet awaited: with no saga to run, the store's own write (no
     frame of ours waits with it for the group commit)."""
-    if ctx.task.on_cancel is OnCancel.COMPENSATE and not ctx.cancel.forced:
+    if _has_saga(ctx):
         return _saga_then_cancelled(ctx, cancel_error, release=release)
     return _record_cancelled(ctx, cancel_error, release=release)
+
+
+def _has_saga(ctx: RunContext) -> bool:
+    """Whether the run's cancel runs its saga first (the task asks, the cancel is not forced)."""
+    return ctx.task.on_cancel is OnCancel.COMPENSATE and not ctx.cancel.forced
 
 
 async def _saga_then_cancelled(
@@ -236,15 +260,20 @@ async def _saga_then_cancelled(
 def _record_cancelled(
     ctx: RunContext, cancel_error: BaseException | None, *, release: bool
 ) -> Awaitable[Any]:
+    fields = _cancelled(cancel_error, release=release)
     return ctx.store.transition(
-        ctx.run_id,
-        State.CANCELLED,
-        expected=_CANCELLING,
-        cancel_error=ErrorInfo.of(cancel_error) if cancel_error else None,
-        owner=None if release else UNSET,
-        lease_until=None if release else UNSET,
-        fence=ctx.fence,
+        ctx.run_id, State.CANCELLED, fence=ctx.fence, returning=False, **fields
     )
+
+
+def _cancelled(cancel_error: BaseException | None, *, release: bool = True) -> dict[str, Any]:
+    """The fields of the transition to ``cancelled`` (``release``: the run then has no owner)."""
+    return {
+        "expected": _CANCELLING,
+        "cancel_error": ErrorInfo.of(cancel_error) if cancel_error else None,
+        "owner": None if release else UNSET,
+        "lease_until": None if release else UNSET,
+    }
 
 
 async def settle_takeover(ctx: RunContext, snapshot: RunSnapshot) -> RunSnapshot:
