@@ -210,6 +210,49 @@ async def test_a_full_disk_stops_the_run_cleanly_and_resume_finishes_it(sqlite_u
     assert (await anyio.to_thread.run_sync(haltwise.verify_store, sqlite_url)).ok
 
 
+#: set by the test once every run of :func:`on_cue` waits: then they all end together
+_cue: list[anyio.Event] = []
+
+
+@haltwise.task(name="test_faults:on_cue")
+async def on_cue(i: int) -> str:
+    await _cue[0].wait()
+    return f"{i}:" + "x" * 20_000  # more than any page has room for: it needs new pages
+
+
+async def test_with_many_runs_a_full_disk_at_their_final_writes_stops_each_as_one_alone(
+    sqlite_url: str,
+) -> None:
+    # 50 runs end together: their final transitions share a commit of the loop's batch, and
+    # each run learns how its write went from that commit (its task has ended already). A
+    # commit that fails (the disk is full) must stop each run exactly as it stops one alone:
+    # its outcome says so, it stays running in the journal, released; a resume finishes it.
+    _cue[:] = [anyio.Event()]
+    ids = [f"cue{i}" for i in range(50)]
+    async with haltwise.Runtime(sqlite_url) as rt:
+        for i, run_id in enumerate(ids):
+            await rt.start(on_cue, i, task_id=run_id)
+        store = rt.store
+        with store._writer.conn_lock:  # no page beyond the current ones
+            pages = store._writer.conn.execute("PRAGMA page_count").fetchone()[0]
+            store._writer.conn.execute(f"PRAGMA max_page_count = {pages}")
+        _cue[0].set()
+        for run_id in ids:
+            with anyio.fail_after(60), pytest.raises(haltwise.StoreError) as raised:
+                await rt.outcome(run_id)
+            assert "resume it once the store is usable" in str(raised.value)
+            assert not rt.is_active(run_id)
+        stopped = [await rt.status(run_id) for run_id in ids]
+        assert {outcome.state for outcome in stopped} == {State.RUNNING}
+        with store._writer.conn_lock:
+            store._writer.conn.execute("PRAGMA max_page_count = 1073741823")
+        handles = [await rt.resume(run_id) for run_id in ids]
+        outcomes = [await handle.outcome() for handle in handles]
+    assert [outcome.state for outcome in outcomes] == [State.COMPLETED] * 50
+    assert [outcome.result.split(":")[0] for outcome in outcomes] == [str(i) for i in range(50)]
+    assert (await anyio.to_thread.run_sync(haltwise.verify_store, sqlite_url)).ok
+
+
 def test_two_processes_resuming_the_same_run_exactly_one_wins(
     sqlite_url: str, tmp_path: Path
 ) -> None:

@@ -270,3 +270,12 @@ async def test_changed_arguments_on_replay_are_refused(tmp_path: Path) -> None:
 async def test_a_tool_outside_a_run_just_runs() -> None:
     assert await write("z") == "Z"
     assert calls["write"] == 1
+
+
+def test_the_step_path_reads_anyios_record_of_cancel_scopes() -> None:
+    """``steps`` reads anyio's private record of each task's cancel scopes to run a ``finish``
+    body in the task function's own task; were it moved by a later anyio, such bodies would
+    still work, silently in a task of their own (slower): this says so."""
+    from haltwise._runtime import steps
+
+    assert steps._TASK_STATES is not None

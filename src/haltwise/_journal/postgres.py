@@ -116,6 +116,7 @@ from .store import (
     RunJournal,
     StepStart,
     StepStarted,
+    WriteDone,
 )
 
 _CHANNEL = "haltwise_changes"
@@ -687,6 +688,9 @@ class PostgresStore:
 
         written = await self._request(run_id, plan)
         return written if returning else None
+
+    def transition_then(self, then: WriteDone, run_id: str, target: State, **fields: Any) -> bool:
+        return False  # its writes are awaited (see Store.transition_then)
 
     async def request_cancel(
         self, run_id: str, reason: str, *, force: bool, fence: str | None = None

@@ -680,9 +680,9 @@ def _started(
     """What a written start returns (:meth:`Store.start_step`), from the values its statement
     read back as text: the step's attempts, and its run's cancel (if ``cancelling``) or whether
     a pause of the run is requested."""
-    if state == _CANCELLING:
-        return StepStarted(int(attempts or 0), cancel=(text(reason) or "user", flag(force)))
-    return StepStarted(int(attempts or 0), pause=flag(pause))
+    if state == _CANCELLING:  # (positional: keyword arguments are matched at every call)
+        return StepStarted(int(attempts or 0), (text(reason) or "user", flag(force)))
+    return StepStarted(int(attempts or 0), None, flag(pause))
 
 
 def _settle_unlocked_sql() -> str:

@@ -289,23 +289,24 @@ def _run_from_plain_row(row: Mapping[str, Any]) -> RunRecord:
         and (lease is None or (type(lease) is float and lease == lease))
     ):
         raise ValueError("a run column holds a value out of the common case")
-    return RunRecord(
-        id=run_id,
-        task=task,
-        state=_STATES[row["state"]],
-        inputs=_inputs(row["inputs"]),
-        reason=reason,
-        force=bool(force),
-        pause=bool(pause),
-        settle_on_cancel=bool(settle),
-        result=_json(row["result"]),
-        error=error_from_text(row["error"]),
-        cancel_error=error_from_text(row["cancel_error"]),
-        owner=_owner(row["owner"]),
-        lease_until=lease,
-        parent=parent,
-        created_at=created,
-        updated_at=updated,
+    error, cancel_error = row["error"], row["cancel_error"]
+    return RunRecord(  # positional, in the field order (see step_from_row)
+        run_id,
+        task,
+        _STATES[row["state"]],
+        _inputs(row["inputs"]),
+        reason,
+        bool(force),
+        bool(pause),
+        bool(settle),  # settle_on_cancel
+        _json(row["result"]),
+        None if error is None else error_from_text(error),
+        None if cancel_error is None else error_from_text(cancel_error),
+        _owner(row["owner"]),
+        lease,  # lease_until
+        parent,
+        created,  # created_at
+        updated,  # updated_at
     )
 
 
@@ -363,22 +364,24 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         or not (fingerprint is None or type(fingerprint) is str)
     ):
         raise ValueError("a step column holds a value of the wrong type")
+    # Positional, in the field order (the row's): a dataclass's keyword arguments are matched
+    # by name at every call, ~40% of constructing one (a load makes one per step).
     return StepRecord(
-        index=index,
-        tool=tool,
-        cancel=cancel,
-        effect=_EFFECTS[effect],
-        idempotent=bool(idempotent),
-        status=_STEP_STATUSES[status],
-        attempts=attempts,
-        result=None if result is None else load_json(result),
-        error=None if error is None else error_from_text(error),
-        idempotency_key=key,
-        args=None if args is None else load_json(args),
-        cleanup=bool(cleanup),
-        call_id=call_id,
-        fingerprint=fingerprint,
-        earlier_errors=() if errors is None else attempt_errors_from_text(errors),
+        index,
+        tool,
+        cancel,
+        _EFFECTS[effect],
+        bool(idempotent),
+        _STEP_STATUSES[status],
+        attempts,
+        None if result is None else load_json(result),
+        None if error is None else error_from_text(error),
+        key,
+        None if args is None else load_json(args),
+        bool(cleanup),
+        call_id,
+        fingerprint,
+        () if errors is None else attempt_errors_from_text(errors),
     )
 
 
@@ -528,12 +531,12 @@ def read_all(parse: Callable[[Any], _T], rows: Iterable[Any]) -> list[_T]:
 def transition_fields(
     target: State,
     *,
-    reason: Any,
-    result: Any,
-    error: Any,
-    cancel_error: Any,
-    owner: Any,
-    lease_until: Any,
+    reason: Any = UNSET,
+    result: Any = UNSET,
+    error: Any = UNSET,
+    cancel_error: Any = UNSET,
+    owner: Any = UNSET,
+    lease_until: Any = UNSET,
     settle_on_cancel: Any = UNSET,
 ) -> dict[str, Any]:
     """The run columns a :meth:`Store.transition` writes (arguments left ``UNSET`` are kept).

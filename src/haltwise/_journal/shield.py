@@ -6,15 +6,32 @@ step's start waits inside one every time. haltwise runs on anyio's asyncio backe
 (docs/design.md, "Known limits"), so the hot paths make that backend's scope directly:
 :func:`shielded` returns exactly the object ``anyio.CancelScope(shield=True)`` would have made
 there, with the same behaviour (no cancel scope outside it cancels what it encloses; a native
-``Task.cancel()`` still lands, as it does in anyio's).
+``Task.cancel()`` still lands, as it does in anyio's). The backend's class lives in a private
+module of anyio: should a later anyio move or rename it, :func:`shielded` makes
+``anyio.CancelScope(shield=True)`` itself (slower, the same behaviour).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import anyio
-from anyio._backends._asyncio import CancelScope as _AsyncioCancelScope
 
 
-def shielded() -> anyio.CancelScope:
-    """A new shielded cancel scope of the asyncio backend (``anyio.CancelScope(shield=True)``)."""
-    return _AsyncioCancelScope(shield=True)
+def _maker() -> Callable[[], anyio.CancelScope]:
+    """What makes a shielded scope: the asyncio backend's class if anyio still has it where
+    this version of haltwise expects it (and it is an ``anyio.CancelScope``), else anyio's own
+    dispatching constructor."""
+    try:
+        from anyio._backends._asyncio import CancelScope as Scope
+    except (ImportError, AttributeError):
+        return partial(anyio.CancelScope, shield=True)
+    if not (isinstance(Scope, type) and issubclass(Scope, anyio.CancelScope)):
+        return partial(anyio.CancelScope, shield=True)
+    return partial(Scope, shield=True)
+
+
+#: A new shielded cancel scope of the asyncio backend: what ``anyio.CancelScope(shield=True)``
+#: makes there (see the module docstring).
+shielded: Callable[[], anyio.CancelScope] = _maker()

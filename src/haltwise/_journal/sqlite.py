@@ -78,6 +78,7 @@ from .store import (
     RunJournal,
     StepStart,
     StepStarted,
+    WriteDone,
 )
 
 #: The page size of a new store file (bytes).
@@ -507,6 +508,12 @@ class SQLiteStore:
             settle_on_cancel=settle_on_cancel,
         )
         return self._writer.call(_Transition(run_id, target, expected, fields, fence, returning))
+
+    def transition_then(self, then: WriteDone, run_id: str, target: State, **fields: Any) -> bool:
+        expected, fence = fields.pop("expected"), fields.pop("fence", None)
+        written = transition_fields(target, **fields)
+        self._writer.call_then(_Transition(run_id, target, expected, written, fence, False), then)
+        return True
 
     async def request_cancel(
         self, run_id: str, reason: str, *, force: bool, fence: str | None = None

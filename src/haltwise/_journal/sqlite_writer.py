@@ -8,8 +8,10 @@ durable (at the connection's ``synchronous`` setting) when it returns. An operat
 
 - at once on the caller's thread (the fast path), when one run is active and the writer is idle;
 - with many runs active, in the event loop's batch: every operation submitted from the loop
-  during one iteration is committed together, on the loop's own thread, at the start of the
-  next one, after every task made ready by the previous batch has run up to its next write;
+  during one iteration is committed together, on the loop's own thread, once every task made
+  ready by the previous batch has run up to its next write, and the callbacks those tasks
+  scheduled have run (the ends of tasks that submitted their last write: see
+  :meth:`Writer._schedule_loop_batch`);
 - otherwise by the writer thread, which drains whatever is queued and commits it as one
   transaction: for a caller that is not on an event loop (``emit`` from a tool's thread), and
   whenever the other two find the database locked by another process.
@@ -99,8 +101,9 @@ class _Item:
     def awaitable(self) -> None:
         """Give an operation submitted from an event loop its future, before it is handed to
         whoever may complete it (the loop's batch, the writer thread). Called on that loop; an
-        operation run at once (the fast path) never needs one."""
-        if self.loop is not None and self.future is None:
+        operation run at once (the fast path) never needs one, nor one whose submitter gave a
+        callback (``deliver``, called on the loop: see :meth:`Writer.call_then`)."""
+        if self.loop is not None and self.future is None and self.deliver is None:
             self.future = self.loop.create_future()
 
     def hand(self, value: Any, error: BaseException | None) -> None:
@@ -554,19 +557,32 @@ class Writer:
             self._queue.put(queued)
 
     def _schedule_loop_batch(self) -> None:
-        """Have _batch_loop flush its batch; the caller holds ``self._lock``."""
+        """Have _batch_loop flush its batch; the caller holds ``self._lock``.
+
+        The flush runs a turn of the loop after the one this schedules for: after the
+        callbacks that the tasks filling the batch scheduled as they went, in particular the
+        ends of the tasks that submitted their last write (:meth:`call_then`), which free
+        everything such a task held (its coroutines, its context) before the commit allocates
+        what it needs. With 10,000 runs ending together, they were otherwise all alive through
+        the commit, for the garbage collector to move to its oldest generation (measured:
+        ~40,000 objects fewer reach it), and a turn of an idle loop costs microseconds.
+        """
         assert self._batch_loop is not None
         try:
-            self._batch_loop.call_soon_threadsafe(self._flush_loop_batch)
+            self._batch_loop.call_soon_threadsafe(self._flush_next_turn)
         except RuntimeError:  # that loop is closed: nobody waits for its batch any more
             self._batch_loop, self._loop_batch = None, []
+
+    def _flush_next_turn(self) -> None:
+        asyncio.get_running_loop().call_soon(self._flush_loop_batch)
 
     def _flush_loop_batch(self) -> None:
         """Commit the loop's batch (with the deferred settlements) on this, the loop's thread.
 
         Scheduled once per batch, when its first operation is added; runs after every task that
-        was ready then. It waits while the writer thread has operations queued (they were
-        submitted first), and hands the batch to it if another process holds the lock.
+        was ready then, and the callbacks they scheduled (see :meth:`_schedule_loop_batch`). It
+        waits while the writer thread has operations queued (they were submitted first), and
+        hands the batch to it if another process holds the lock.
         """
         with self._lock:
             if self._pending:
@@ -641,6 +657,16 @@ class Writer:
         future = item.future
         assert future is not None  # given by _submit before it handed the item on
         return _shielded(future) if shield else future
+
+    def call_then(self, op: Op, then: _Deliver) -> None:
+        """Submit ``op`` (a write) now; ``then(value, error)`` is called once it is committed,
+        or failed, on this event loop's thread: at once if it ran at once (the fast path), else
+        from the commit of the loop's batch itself (no wake-up of a task, no future), or from a
+        callback the writer thread schedules on the loop. ``then`` must not raise."""
+        loop = asyncio.get_running_loop()
+        ran, value, error = self._submit(_Item(op, True, then, False, loop))
+        if ran:
+            then(value, error)
 
     def call_blocking(self, op: Op, *, write: bool = True, atomic: bool = False) -> Any:
         """Run ``op`` and block this thread until it is committed (for ``emit``)."""

@@ -17,7 +17,7 @@ Two rules every store keeps, because the runtime relies on them:
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -163,6 +163,10 @@ class CancelResult:
     unknown: tuple[str, ...] = ()
 
 
+#: told how a write submitted with :meth:`Store.transition_then` went: (its value, its error)
+WriteDone = Callable[[Any, BaseException | None], None]
+
+
 class Store(Protocol):
     """A durable journal of runs, steps, partial results and transitions."""
 
@@ -204,6 +208,17 @@ class Store(Protocol):
         ``current -> target``; otherwise raises :class:`~haltwise.InvalidTransitionError` and
         changes nothing. Fields left ``UNSET`` keep their value. ``settle_on_cancel`` goes with
         entering ``paused`` (see :attr:`RunRecord.settle_on_cancel`); leaving ``paused`` clears it.
+        """
+
+    def transition_then(self, then: WriteDone, run_id: str, target: State, **fields: Any) -> bool:
+        """:meth:`transition` (``fields``: its keyword arguments, ``expected`` among them) with
+        ``returning=False``, submitted now and not awaited: ``then(None, error)`` is called once
+        it is committed (``error`` None) or failed, on the event loop's thread, right where the
+        store learns it (it must not raise). False, with nothing submitted, if this store has
+        no such way: then await :meth:`transition` instead.
+
+        For a caller that needs nothing after the write but to learn how it went (a run's
+        final transition): it need not wait with a task of its own for the commit.
         """
 
     async def request_cancel(

@@ -28,10 +28,11 @@ from .._core.outcome import ErrorInfo
 from .._core.policy import OnCancel
 from .._core.records import JSONText, RunSnapshot, dump_json
 from .._core.states import State
-from .._journal.store import UNSET
+from .._journal.store import UNSET, WriteDone
 from .run_context import CALL_ID, CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext
 from .takeover import run_saga, settle_orphans
 
+_CANCELLED = asyncio.CancelledError  # the runtime is asyncio-only (see ending.call_task)
 #: The reason of a run cancelled by a cancellation that haltwise did not request.
 HOST_REASON = "host"
 #: the states a final transition may leave (shared sets: 10,000 runs ending at once make
@@ -93,7 +94,7 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
                 if scope.cancel_called and body is not None and body.cancelling() > cancelling:
                     ctx.cancel.mark_delivered()  # the cancel landed in the task, which returned
                 return Ending(value=value)
-            except anyio.get_cancelled_exc_class() as cancel:
+            except _CANCELLED as cancel:
                 if not scope.cancel_called:
                     if anyio.current_effective_deadline() == -math.inf:
                         ctx.cancel.force()  # the runtime itself is being cancelled
@@ -128,37 +129,69 @@ def _take_back(body: asyncio.Task[Any] | None, cancelling: int) -> None:
         body.uncancel()
 
 
-async def finish(ctx: RunContext, ending: Ending) -> Awaitable[Any]:
+async def finish(
+    ctx: RunContext, ending: Ending, then: WriteDone | None = None
+) -> Awaitable[Any] | None:
     """Settle every step still in flight (a run is final only once all have), then return the
     final write the contract's rules on delivered cancels and failures call for, not yet
     awaited: the caller awaits it once it has let go of ``ending``, so that 10,000 final
     transitions waiting for one group commit keep neither their endings nor this frame.
+
+    With ``then``, a final transition the store can submit with a callback is submitted so
+    (:meth:`Store.transition_then`): None is returned, and ``then`` learns how it went.
     """
     await stop_steps(ctx, ending)
+    return final_write(ctx, ending, then)
+
+
+def steps_to_stop(ctx: RunContext, ending: Ending) -> bool:
+    """Whether :func:`stop_steps` has anything to do (else :func:`finish` waits for nothing)."""
+    return bool(ctx.flights) or _own_cancel_reason(ctx, ending) is not None
+
+
+def final_write(
+    ctx: RunContext, ending: Ending, then: WriteDone | None = None
+) -> Awaitable[Any] | None:
+    """:func:`finish` once :func:`stop_steps` is done: the final write, not yet awaited (or
+    None: submitted with ``then``)."""
     error = ctx.poison or ending.error
     if isinstance(error, StoreError):
         raise error  # the journal failed under the task, not the task: as after a crash
     cancel = ctx.cancel
     if cancel.handing_over and (cancel.delivered or error is not None) and ctx.poison is None:
         return ctx.store.release(ctx.run_id, ctx.fence)
-    cancel_like = isinstance(error, Cancelled | anyio.get_cancelled_exc_class())
+    cancel_like = isinstance(error, Cancelled | _CANCELLED)
     if cancel.delivered or cancel.forced or (cancel.reason is not None and error is not None):
-        return cancelled_write(ctx, cancel_error=None if cancel_like else error)
+        cancel_error = None if cancel_like else error
+        if _has_saga(ctx):
+            return _saga_then_cancelled(ctx, cancel_error, release=True)
+        return _final_transition(ctx, then, State.CANCELLED, _cancelled(cancel_error))
     if error is not None:
         return finish_failed(ctx, error)
     try:
         result = JSONText(dump_json(ending.value, f"the result of task {ctx.task.name!r}"))
     except InputError as bad_result:
         return finish_failed(ctx, bad_result)
-    return ctx.store.transition(
-        ctx.run_id,
-        State.COMPLETED,
-        expected=_RUNNING_OR_CANCELLING,
-        result=result,  # serialised once: the store writes the text as it is
-        owner=None,
-        lease_until=None,
-        fence=ctx.fence,
-    )
+    fields = {
+        "expected": _RUNNING_OR_CANCELLING,
+        "result": result,  # serialised once: the store writes the text as it is
+        "owner": None,
+        "lease_until": None,
+    }
+    return _final_transition(ctx, then, State.COMPLETED, fields)
+
+
+def _final_transition(
+    ctx: RunContext, then: WriteDone | None, target: State, fields: dict[str, Any]
+) -> Awaitable[Any] | None:
+    """The run's transition to ``target`` (with ``fields``, fenced by its owner): submitted
+    with ``then`` if given and the store can (None), else the store's write, not awaited."""
+    store = ctx.store
+    if then is not None and store.transition_then(
+        then, ctx.run_id, target, fence=ctx.fence, **fields
+    ):
+        return None
+    return store.transition(ctx.run_id, target, fence=ctx.fence, returning=False, **fields)
 
 
 async def stop_steps(ctx: RunContext, ending: Ending) -> None:
@@ -221,9 +254,14 @@ def cancelled_write(
 ) -> Awaitable[Any]:
     """:func:`finish_cancel`, not yet awaited: with no saga to run, the store's own write (no
     frame of ours waits with it for the group commit)."""
-    if ctx.task.on_cancel is OnCancel.COMPENSATE and not ctx.cancel.forced:
+    if _has_saga(ctx):
         return _saga_then_cancelled(ctx, cancel_error, release=release)
     return _record_cancelled(ctx, cancel_error, release=release)
+
+
+def _has_saga(ctx: RunContext) -> bool:
+    """Whether the run's cancel runs its saga first (the task asks, the cancel is not forced)."""
+    return ctx.task.on_cancel is OnCancel.COMPENSATE and not ctx.cancel.forced
 
 
 async def _saga_then_cancelled(
@@ -236,15 +274,20 @@ async def _saga_then_cancelled(
 def _record_cancelled(
     ctx: RunContext, cancel_error: BaseException | None, *, release: bool
 ) -> Awaitable[Any]:
+    fields = _cancelled(cancel_error, release=release)
     return ctx.store.transition(
-        ctx.run_id,
-        State.CANCELLED,
-        expected=_CANCELLING,
-        cancel_error=ErrorInfo.of(cancel_error) if cancel_error else None,
-        owner=None if release else UNSET,
-        lease_until=None if release else UNSET,
-        fence=ctx.fence,
+        ctx.run_id, State.CANCELLED, fence=ctx.fence, returning=False, **fields
     )
+
+
+def _cancelled(cancel_error: BaseException | None, *, release: bool = True) -> dict[str, Any]:
+    """The fields of the transition to ``cancelled`` (``release``: the run then has no owner)."""
+    return {
+        "expected": _CANCELLING,
+        "cancel_error": ErrorInfo.of(cancel_error) if cancel_error else None,
+        "owner": None if release else UNSET,
+        "lease_until": None if release else UNSET,
+    }
 
 
 async def settle_takeover(ctx: RunContext, snapshot: RunSnapshot) -> RunSnapshot:

@@ -5,12 +5,14 @@ It knows no store by name (only the :class:`~haltwise._store.Store` interface) a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any, final
 
@@ -35,7 +37,14 @@ from .._journal.owner import DEFAULT_LEASE, held_by_live_owner, new_owner
 from .._journal.shield import shielded
 from .._journal.store import ForkOf, NewRun, Store, open_store
 from .cancel_state import outside_any_task
-from .ending import call_task, fail_refused, finish, settle_takeover
+from .ending import (
+    call_task,
+    fail_refused,
+    final_write,
+    settle_takeover,
+    steps_to_stop,
+    stop_steps,
+)
 from .explain import needs_code
 from .fork import ForkPlan, plan_fork
 from .operator import registered_task, stand_in_task
@@ -125,6 +134,10 @@ class Runtime:
         #: steps running beside their run's own code (see count_concurrent_steps)
         self._side_steps = 0
         self._host = RuntimeHost(self)
+        #: told when a final write the runs' tasks did not wait for is done (see _drive)
+        self._on_written = self._written
+        #: the tasks handling final writes that failed (see _written)
+        self._handling: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> Runtime:
         await self.store.open()
@@ -819,6 +832,14 @@ class Runtime:
         )
 
     async def _drive(self, ctx: RunContext, inputs: dict[str, Any], deadline: float | None) -> None:
+        """Work the run: its task function, its steps settled, its final write.
+
+        A final transition the store can submit with a callback (``Store.transition_then``)
+        is not waited for here: this task ends at once, and the run's work here ends once the
+        write is committed (:meth:`_written`). 10,000 runs cancelled together then leave no
+        task, coroutine or context of theirs waiting for the commit, and none to wake up after.
+        """
+        ends_when_written = False
         try:
             if deadline is None:
                 ending = await call_task(ctx, inputs)
@@ -827,22 +848,58 @@ class Runtime:
                     timers.start_soon(self._deadline, ctx, deadline)
                     ending = await call_task(ctx, inputs)
                     timers.cancel_scope.cancel()
+            if steps_to_stop(ctx, ending):
+                with shielded():
+                    await stop_steps(ctx, ending)
+            written = final_write(ctx, ending, partial(self._on_written, ctx))
+            del ending  # not kept while the final write waits (see finish)
+            if written is None:
+                ends_when_written = True
+                return
             with shielded():
-                final_write = await finish(ctx, ending)
-                del ending  # not kept while the final write waits (see finish)
-                await final_write
-        except LostOwnershipError:
-            pass  # another process took the run over; it is theirs to finish
+                await written
         except StoreError as error:
-            # The journal could not be written (a full disk, a lost database). Its last
-            # durable state stands, exactly as after a crash: a later resume takes it over.
-            self._broken[ctx.run_id] = error
-            with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
-                await self.store.release(ctx.run_id, ctx.fence)
+            await self._write_failed(ctx, error)
         finally:
-            self._active.pop(ctx.run_id, None)
-            self.store.set_concurrency(len(self._active) + self._side_steps)
-            ctx.done.set()
+            if not ends_when_written:
+                self._stop_working(ctx)
+
+    def _written(self, ctx: RunContext, _record: object, error: BaseException | None) -> None:
+        """The final write :meth:`_drive` did not wait for is committed, or raised ``error``:
+        then it is handled as :meth:`_drive` handles a failed write, in a task of its own
+        (this is called from the store's commit, outside any task)."""
+        if error is None:
+            self._stop_working(ctx)
+            return
+        task = asyncio.get_running_loop().create_task(self._after_failed_write(ctx, error))
+        self._handling.add(task)  # (the loop keeps only a weak reference to a task)
+        task.add_done_callback(self._handling.discard)
+
+    async def _after_failed_write(self, ctx: RunContext, error: BaseException) -> None:
+        try:
+            if isinstance(error, StoreError):
+                await self._write_failed(ctx, error)
+            else:  # raised into the runtime's task group, as out of _drive
+                assert self._task_group is not None  # (__aexit__ waits for every run's end)
+                self._task_group.start_soon(_raise, error)
+        finally:
+            self._stop_working(ctx)
+
+    async def _write_failed(self, ctx: RunContext, error: StoreError) -> None:
+        """A write of the run raised ``error``: the run is another's (it was taken over), or
+        the journal could not be written (a full disk, a lost database). Then its last durable
+        state stands, exactly as after a crash: a later resume takes it over."""
+        if isinstance(error, LostOwnershipError):
+            return  # another process took the run over; it is theirs to finish
+        self._broken[ctx.run_id] = error
+        with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+            await self.store.release(ctx.run_id, ctx.fence)
+
+    def _stop_working(self, ctx: RunContext) -> None:
+        """The run is no longer worked here (its final write is committed, or it stopped)."""
+        self._active.pop(ctx.run_id, None)
+        self.store.set_concurrency(len(self._active) + self._side_steps)
+        ctx.done.set()
 
     async def _deadline(self, ctx: RunContext, seconds: float) -> None:
         await anyio.sleep(seconds)
@@ -1024,6 +1081,10 @@ class RuntimeHost:
 #: the statuses of a child step whose child run may still be active (in flight; interrupted by a
 #: hand-over, which hands the child over too; forced)
 _MAY_HOLD_A_CHILD = frozenset({StepStatus.RUNNING, StepStatus.INTERRUPTED, StepStatus.UNKNOWN})
+
+
+async def _raise(error: BaseException) -> None:
+    raise error
 
 
 def _check_deadline(deadline: float | None) -> None:

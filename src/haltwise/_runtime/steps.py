@@ -28,12 +28,11 @@ import inspect
 import json
 import time
 import zlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from enum import Enum, auto
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
-from anyio._backends._asyncio import _task_states as _anyio_task_states
 
 from .._core.exceptions import (
     Cancelled,
@@ -308,21 +307,22 @@ class _Flight:
         """Journal the start; a cancel that came first settles the step before its body runs."""
         run = self.run
         policy = self.spec.policy
+        # Positional, in the field order: keyword arguments are matched by name at every call.
         start = StepStart(
-            index=self.index,
-            tool=self.spec.name,
-            cancel=policy.cancel._value_ if policy.cancel else None,  # (.value: a property)
-            effect=policy.effect,
-            idempotent=policy.idempotent,
-            idempotency_key=key,
-            args=(
+            self.index,
+            self.spec.name,
+            policy.cancel._value_ if policy.cancel else None,  # cancel (.value: a property)
+            policy.effect,
+            policy.idempotent,
+            key,  # idempotency_key
+            (  # args
                 _args_json(self.spec, self.args, self.kwargs)
                 if self.policy is CancelPolicy.ROLLBACK
                 else None
             ),
-            cleanup=run.cancel.requested,
-            call_id=self.call_id,
-            fingerprint=print_,
+            run.cancel.requested,  # cleanup
+            self.call_id,
+            print_,  # fingerprint
         )
         if not self.in_body_task:
             # Beside the task function's own code: the store batches its writes with others.
@@ -671,6 +671,19 @@ async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
     task.result()
 
 
+def _anyio_task_states() -> Mapping[asyncio.Task[Any], Any] | None:
+    """anyio's record of each task's cancel scopes (a private module of anyio's asyncio
+    backend), or None if a later anyio moved it: a finish body then runs in a task of its own."""
+    try:
+        from anyio._backends._asyncio import _task_states
+    except ImportError:
+        return None
+    return _task_states
+
+
+_TASK_STATES = _anyio_task_states()
+
+
 def _no_scope_between(run: RunContext) -> bool:
     """Whether the task function awaits this call directly in the run's own cancel scope, with
     no cancel scope of its own in between (a ``move_on_after``, a ``shield``) that could cut a
@@ -678,7 +691,9 @@ def _no_scope_between(run: RunContext) -> bool:
     the backend); anything unexpected answers False, the safe way (a task of its own).
     """
     body = run.body_task
-    state = None if body is None else _anyio_task_states.get(body)
+    if body is None or _TASK_STATES is None:
+        return False
+    state = _TASK_STATES.get(body)
     return state is not None and state.cancel_scope is run.cancel.task_scope
 
 

@@ -1,0 +1,63 @@
+"""The step path's shielded cancel scope (``_journal/shield.py``): the very object
+``anyio.CancelScope(shield=True)`` makes on the asyncio backend, made without anyio's lookup of
+the running library, and a shield like it: a cancel of the scope around it waits until it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from haltwise._journal import shield
+from haltwise._journal.shield import shielded
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_shielded_is_the_scope_anyio_makes_and_not_the_fallback() -> None:
+    made, anyios = shielded(), anyio.CancelScope(shield=True)
+    assert type(made) is type(anyios)
+    assert made.shield and not made.cancel_called
+    # The fast path is in use: were anyio's private class gone, shielded() would still work
+    # (anyio's own constructor), but every step would pay its lookup again; this says so.
+    assert shield.shielded.func is not anyio.CancelScope  # type: ignore[attr-defined]
+
+
+async def test_a_cancel_of_the_scope_around_it_lands_after_the_shield() -> None:
+    entered, release = anyio.Event(), anyio.Event()
+    reached: list[str] = []
+
+    async def waiter() -> None:
+        with shielded():
+            entered.set()
+            await release.wait()  # the cancel comes while this waits
+            reached.append("end of the shielded wait")
+        await anyio.lowlevel.checkpoint()  # the cancel lands here
+        reached.append("after the shield")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(waiter)
+        await entered.wait()
+        group.cancel_scope.cancel()
+        release.set()
+    assert reached == ["end of the shielded wait"]
+
+
+async def test_a_native_cancel_still_reaches_the_shielded_wait() -> None:
+    """As in anyio's own shield: only cancel scopes are held off, not ``Task.cancel()``."""
+    entered = anyio.Event()
+
+    async def waiter() -> None:
+        with shielded():
+            entered.set()
+            await anyio.Event().wait()  # nothing sets it: only the native cancel ends this
+
+    task = asyncio.ensure_future(waiter())
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
