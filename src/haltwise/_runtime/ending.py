@@ -129,19 +129,16 @@ def _take_back(body: asyncio.Task[Any] | None, cancelling: int) -> None:
         body.uncancel()
 
 
-async def finish(
-    ctx: RunContext, ending: Ending, then: WriteDone | None = None
-) -> Awaitable[Any] | None:
+async def finish(ctx: RunContext, ending: Ending) -> Awaitable[Any] | None:
     """Settle every step still in flight (a run is final only once all have), then return the
     final write the contract's rules on delivered cancels and failures call for, not yet
     awaited: the caller awaits it once it has let go of ``ending``, so that 10,000 final
     transitions waiting for one group commit keep neither their endings nor this frame.
-
-    With ``then``, a final transition the store can submit with a callback is submitted so
-    (:meth:`Store.transition_then`): None is returned, and ``then`` learns how it went.
+    (``Runtime._drive`` makes the same two calls itself, submitting the final transition with a
+    callback where the store can: see :func:`final_write`.)
     """
     await stop_steps(ctx, ending)
-    return final_write(ctx, ending, then)
+    return final_write(ctx, ending)
 
 
 def steps_to_stop(ctx: RunContext, ending: Ending) -> bool:
