@@ -12,6 +12,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from types import TracebackType
 from typing import Any, final
@@ -381,8 +382,18 @@ class Runtime:
         done: Mapping[int, Any],
         again: frozenset[int],
     ) -> RunSnapshot:
-        """Own the run, settle what its last owner left, refuse on unresolved unknown steps."""
-        await self._take(snapshot)
+        """Own the run, settle what its last owner left, refuse on unresolved unknown steps.
+
+        What it left is read once the run is ours: a write of the last owner can commit between
+        ``snapshot`` and the claim (a statement a dead process sent before it died still
+        commits on the server; a stalled owner may come back just then), none after it (every
+        step write is fenced, atomically with its commit). The run's state stays as
+        ``snapshot`` read it: a cancel requested since is acted on once the run runs (see
+        :meth:`_continue`).
+        """
+        if await self._take(snapshot):
+            journal = await self.store.load(snapshot.run.id)
+            snapshot = replace(journal, run=snapshot.run)
         ctx = self._context(snapshot.run.id, task, snapshot, dict(done), again)
         try:
             snapshot = await settle_takeover(ctx, snapshot)
@@ -571,12 +582,13 @@ class Runtime:
             task = stand_in_task(snapshot.run.task)  # steps settle by their journaled policies
         with contextlib.suppress(RunOwnedError):  # another process took it first: it finishes
             await self._adopt(task_id, task)
-        for step in snapshot.steps:
-            if step.status in _MAY_HOLD_A_CHILD:
-                await self._cancel_child(
-                    task_id, f"{task_id}/{step.index}", force=snapshot.run.force
-                )
-        return (await self.store.load(task_id)).run
+        # Its steps as settled, read after the claim: one its last owner started after
+        # `snapshot` was read may hold a child too (see _take_over).
+        settled = await self.store.load(task_id)
+        children = [step.index for step in settled.steps if step.status in _MAY_HOLD_A_CHILD]
+        for index in children:
+            await self._cancel_child(task_id, f"{task_id}/{index}", force=settled.run.force)
+        return (await self.store.load(task_id)).run if children else settled.run
 
     async def _cancel_child(self, parent: str, child_id: str, *, force: bool) -> None:
         """Cancel ``child_id`` with reason ``"parent"`` if it is an active child run of
@@ -771,11 +783,12 @@ class Runtime:
         self._leased_at[run_id] = time.monotonic()
         return self._lease_until()
 
-    async def _take(self, snapshot: RunSnapshot) -> None:
+    async def _take(self, snapshot: RunSnapshot) -> bool:
+        """Claim the run from the owner ``snapshot`` shows; False if it was ours already."""
         run = snapshot.run
         owner = run.owner
         if owner is not None and owner.token == self.owner.token:
-            return  # claimed for us already (a worker's claim_pending)
+            return False  # claimed for us already (a worker's claim_pending)
         if owner is not None and held_by_live_owner(run):
             raise RunOwnedError(run.id, owner.describe())
         claimed = await self.store.claim(
@@ -786,6 +799,7 @@ class Runtime:
         )
         if not claimed:
             raise RunOwnedError(run.id, "another process that took it over first")
+        return True
 
     # -- driving a run --------------------------------------------------------------------------
 
