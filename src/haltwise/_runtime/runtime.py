@@ -40,10 +40,8 @@ from .cancel_state import outside_any_task
 from .ending import (
     call_task,
     fail_refused,
-    final_write,
+    finish,
     settle_takeover,
-    steps_to_stop,
-    stop_steps,
 )
 from .explain import needs_code
 from .fork import ForkPlan, plan_fork
@@ -848,10 +846,7 @@ class Runtime:
                     timers.start_soon(self._deadline, ctx, deadline)
                     ending = await call_task(ctx, inputs)
                     timers.cancel_scope.cancel()
-            if steps_to_stop(ctx, ending):
-                with shielded():
-                    await stop_steps(ctx, ending)
-            written = final_write(ctx, ending, partial(self._on_written, ctx))
+            written = await finish(ctx, ending, partial(self._on_written, ctx))
             del ending  # not kept while the final write waits (see finish)
             if written is None:
                 ends_when_written = True
