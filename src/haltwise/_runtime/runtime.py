@@ -41,10 +41,8 @@ from .cancel_state import outside_any_task
 from .ending import (
     call_task,
     fail_refused,
-    final_write,
+    finish,
     settle_takeover,
-    steps_to_stop,
-    stop_steps,
 )
 from .explain import needs_code
 from .fork import ForkPlan, plan_fork
@@ -283,7 +281,8 @@ class Runtime:
         the_task = self._task_of(run, task)
         _check_step_indexes(task_id, snapshot, done, again)
         snapshot = await self._take_over(snapshot, the_task, done, again)
-        return await self._continue(snapshot, the_task, done, again, deadline, probe)
+        await self._continue(snapshot, the_task, done, again, deadline, probe)
+        return TaskHandle(self, task_id)
 
     @staticmethod
     def _task_of(run: RunRecord, task: Task[..., Any] | None) -> Task[..., Any]:
@@ -373,7 +372,8 @@ class Runtime:
         if was_cancelling:
             await self.store.release(task_id, self.owner.token)
             return None
-        return await self._continue(snapshot, task, {}, frozenset(), None, None, unpause=False)
+        await self._continue(snapshot, task, {}, frozenset(), None, None, unpause=False)
+        return TaskHandle(self, task_id)
 
     async def _take_over(
         self,
@@ -413,8 +413,12 @@ class Runtime:
         probe: Probe | None,
         *,
         unpause: bool = True,
-    ) -> TaskHandle:
+    ) -> RunRecord:
         """Record the caller's word on unknown steps, go back to ``running`` and launch.
+
+        Returns the run as launched (owned here; ``running`` unless it stays paused or is
+        ``cancelling``), read before its code runs: what it does next may already have been
+        journaled by the time the caller looks again.
 
         A ``paused`` run goes back to ``running`` only if ``unpause``; otherwise (a worker taking
         it over) it stays paused, waiting at its first checkpoint, as a pause requested before
@@ -445,7 +449,7 @@ class Runtime:
         ctx = self._context(task_id, task, snapshot, done, again, probe)
         ctx.pause.restore(snapshot.run)
         self._launch(ctx, snapshot.run.inputs, deadline)
-        return TaskHandle(self, task_id)
+        return snapshot.run
 
     async def _hand_over(self) -> None:
         """Stop working every run here without cancelling it (a worker's SIGTERM).
@@ -706,15 +710,16 @@ class Runtime:
         A paused run whose owner is gone (it died, or a worker handed the run over) is taken over
         and continued here from its journal, as :meth:`resume` does (``task`` defaults to the
         task registered under the run's name). A pause requested but not yet in effect is
-        withdrawn. Any other run is left as it is. Returns the run as it is afterwards.
+        withdrawn. Any other run is left as it is. Returns the run as the unpause left it: a run
+        taken over is returned as launched here (``running``, owned here), not as its code,
+        already going on, may have changed it since.
         """
         snapshot = await self.store.load(task_id)
         run = snapshot.run
         if run.state is State.PAUSED and not (task_id in self._active or held_by_live_owner(run)):
             the_task = self._task_of(run, task)
             snapshot = await self._take_over(snapshot, the_task, {}, frozenset())
-            await self._continue(snapshot, the_task, {}, frozenset(), None, None)
-            return (await self.store.load(task_id)).run
+            return await self._continue(snapshot, the_task, {}, frozenset(), None, None)
         record = await self._seat.request_unpause(task_id)
         ctx = self._active.get(task_id)
         if ctx is not None and not record.pause:
@@ -862,10 +867,7 @@ class Runtime:
                     timers.start_soon(self._deadline, ctx, deadline)
                     ending = await call_task(ctx, inputs)
                     timers.cancel_scope.cancel()
-            if steps_to_stop(ctx, ending):
-                with shielded():
-                    await stop_steps(ctx, ending)
-            written = final_write(ctx, ending, partial(self._on_written, ctx))
+            written = await finish(ctx, ending, partial(self._on_written, ctx))
             del ending  # not kept while the final write waits (see finish)
             if written is None:
                 ends_when_written = True
