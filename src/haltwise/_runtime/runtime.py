@@ -12,6 +12,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar, final
@@ -40,10 +41,8 @@ from .cancel_state import outside_any_task
 from .ending import (
     call_task,
     fail_refused,
-    final_write,
+    finish,
     settle_takeover,
-    steps_to_stop,
-    stop_steps,
 )
 from .explain import needs_code
 from .fork import ForkPlan, plan_fork
@@ -285,7 +284,8 @@ class Runtime:
         the_task = self._task_of(run, task)
         _check_step_indexes(task_id, snapshot, done, again)
         snapshot = await self._take_over(snapshot, the_task, done, again)
-        return await self._continue(snapshot, the_task, done, again, deadline, probe)
+        await self._continue(snapshot, the_task, done, again, deadline, probe)
+        return TaskHandle(self, task_id)
 
     @staticmethod
     def _task_of(run: RunRecord, task: Task[..., Any] | None) -> Task[..., Any]:
@@ -375,7 +375,8 @@ class Runtime:
         if was_cancelling:
             await self.store.release(task_id, self.owner.token)
             return None
-        return await self._continue(snapshot, task, {}, frozenset(), None, None, unpause=False)
+        await self._continue(snapshot, task, {}, frozenset(), None, None, unpause=False)
+        return TaskHandle(self, task_id)
 
     async def _take_over(
         self,
@@ -384,8 +385,18 @@ class Runtime:
         done: Mapping[int, Any],
         again: frozenset[int],
     ) -> RunSnapshot:
-        """Own the run, settle what its last owner left, refuse on unresolved unknown steps."""
-        await self._take(snapshot)
+        """Own the run, settle what its last owner left, refuse on unresolved unknown steps.
+
+        What it left is read once the run is ours: a write of the last owner can commit between
+        ``snapshot`` and the claim (a statement a dead process sent before it died still
+        commits on the server; a stalled owner may come back just then), none after it (every
+        step write is fenced, atomically with its commit). The run's state stays as
+        ``snapshot`` read it: a cancel requested since is acted on once the run runs (see
+        :meth:`_continue`).
+        """
+        if await self._take(snapshot):
+            journal = await self.store.load(snapshot.run.id)
+            snapshot = replace(journal, run=snapshot.run)
         ctx = self._context(snapshot.run.id, task, snapshot, dict(done), again)
         try:
             snapshot = await settle_takeover(ctx, snapshot)
@@ -405,8 +416,12 @@ class Runtime:
         probe: Probe | None,
         *,
         unpause: bool = True,
-    ) -> TaskHandle:
+    ) -> RunRecord:
         """Record the caller's word on unknown steps, go back to ``running`` and launch.
+
+        Returns the run as launched (owned here; ``running`` unless it stays paused or is
+        ``cancelling``), read before its code runs: what it does next may already have been
+        journaled by the time the caller looks again.
 
         A ``paused`` run goes back to ``running`` only if ``unpause``; otherwise (a worker taking
         it over) it stays paused, waiting at its first checkpoint, as a pause requested before
@@ -437,7 +452,7 @@ class Runtime:
         ctx = self._context(task_id, task, snapshot, done, again, probe)
         ctx.pause.restore(snapshot.run)
         self._launch(ctx, snapshot.run.inputs, deadline)
-        return TaskHandle(self, task_id)
+        return snapshot.run
 
     async def _hand_over(self) -> None:
         """Stop working every run here without cancelling it (a worker's SIGTERM).
@@ -574,12 +589,13 @@ class Runtime:
             task = stand_in_task(snapshot.run.task)  # steps settle by their journaled policies
         with contextlib.suppress(RunOwnedError):  # another process took it first: it finishes
             await self._adopt(task_id, task)
-        for step in snapshot.steps:
-            if step.status in _MAY_HOLD_A_CHILD:
-                await self._cancel_child(
-                    task_id, f"{task_id}/{step.index}", force=snapshot.run.force
-                )
-        return (await self.store.load(task_id)).run
+        # Its steps as settled, read after the claim: one its last owner started after
+        # `snapshot` was read may hold a child too (see _take_over).
+        settled = await self.store.load(task_id)
+        children = [step.index for step in settled.steps if step.status in _MAY_HOLD_A_CHILD]
+        for index in children:
+            await self._cancel_child(task_id, f"{task_id}/{index}", force=settled.run.force)
+        return (await self.store.load(task_id)).run if children else settled.run
 
     async def _cancel_child(self, parent: str, child_id: str, *, force: bool) -> None:
         """Cancel ``child_id`` with reason ``"parent"`` if it is an active child run of
@@ -697,15 +713,16 @@ class Runtime:
         A paused run whose owner is gone (it died, or a worker handed the run over) is taken over
         and continued here from its journal, as :meth:`resume` does (``task`` defaults to the
         task registered under the run's name). A pause requested but not yet in effect is
-        withdrawn. Any other run is left as it is. Returns the run as it is afterwards.
+        withdrawn. Any other run is left as it is. Returns the run as the unpause left it: a run
+        taken over is returned as launched here (``running``, owned here), not as its code,
+        already going on, may have changed it since.
         """
         snapshot = await self.store.load(task_id)
         run = snapshot.run
         if run.state is State.PAUSED and not (task_id in self._active or held_by_live_owner(run)):
             the_task = self._task_of(run, task)
             snapshot = await self._take_over(snapshot, the_task, {}, frozenset())
-            await self._continue(snapshot, the_task, {}, frozenset(), None, None)
-            return (await self.store.load(task_id)).run
+            return await self._continue(snapshot, the_task, {}, frozenset(), None, None)
         record = await self._seat.request_unpause(task_id)
         ctx = self._active.get(task_id)
         if ctx is not None and not record.pause:
@@ -774,11 +791,12 @@ class Runtime:
         self._leased_at[run_id] = time.monotonic()
         return self._lease_until()
 
-    async def _take(self, snapshot: RunSnapshot) -> None:
+    async def _take(self, snapshot: RunSnapshot) -> bool:
+        """Claim the run from the owner ``snapshot`` shows; False if it was ours already."""
         run = snapshot.run
         owner = run.owner
         if owner is not None and owner.token == self.owner.token:
-            return  # claimed for us already (a worker's claim_pending)
+            return False  # claimed for us already (a worker's claim_pending)
         if owner is not None and held_by_live_owner(run):
             raise RunOwnedError(run.id, owner.describe())
         claimed = await self.store.claim(
@@ -789,6 +807,7 @@ class Runtime:
         )
         if not claimed:
             raise RunOwnedError(run.id, "another process that took it over first")
+        return True
 
     # -- driving a run --------------------------------------------------------------------------
 
@@ -851,10 +870,7 @@ class Runtime:
                     timers.start_soon(self._deadline, ctx, deadline)
                     ending = await call_task(ctx, inputs)
                     timers.cancel_scope.cancel()
-            if steps_to_stop(ctx, ending):
-                with shielded():
-                    await stop_steps(ctx, ending)
-            written = final_write(ctx, ending, partial(self._on_written, ctx))
+            written = await finish(ctx, ending, partial(self._on_written, ctx))
             del ending  # not kept while the final write waits (see finish)
             if written is None:
                 ends_when_written = True
