@@ -4,7 +4,7 @@ protocol a run needs of its runtime (``RunHost``).
 ``StoreHost`` is not a stand-in for the thing under test: it is a second, minimal implementation
 of that protocol (a cancel is recorded in the store and delivered to the run, as the Runtime
 does; one run, no children). The task body is run by ``ending.call_task`` and ended by
-``ending.finish``, exactly as the Runtime runs it; every step goes through ``steps.execute_step``
+``ending.finish``, the calls the Runtime makes; every step goes through ``steps.execute_step``
 and is checked in the journal the store wrote, then with ``haltwise check``'s own checker.
 """
 
@@ -149,10 +149,11 @@ def context(host: StoreHost, fn: Any, run_id: str, fence: str, snapshot: Any) ->
 
 
 async def drive(run: RunContext) -> haltwise.Outcome:
-    """Run the body and record how it ended, as the Runtime's _drive does."""
-    ending = await call_task(run, {})
-    with anyio.CancelScope(shield=True):
-        await (await finish(run, ending))  # the final write finish decides
+    """Run the body and end the run by the calls the Runtime's _drive makes (with no callback
+    for the final write, which is then always returned to be awaited)."""
+    written = await finish(run, await call_task(run, {}))
+    assert written is not None
+    await written
     return (await run.store.load(run.run_id)).outcome()
 
 

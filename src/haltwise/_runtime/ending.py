@@ -12,7 +12,7 @@ import asyncio
 import math
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import anyio
 
@@ -28,6 +28,7 @@ from .._core.outcome import ErrorInfo
 from .._core.policy import OnCancel
 from .._core.records import JSONText, RunSnapshot, dump_json
 from .._core.states import State
+from .._journal.shield import shielded
 from .._journal.store import UNSET, WriteDone
 from .run_context import CALL_ID, CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext
 from .takeover import run_saga, settle_orphans
@@ -129,19 +130,23 @@ def _take_back(body: asyncio.Task[Any] | None, cancelling: int) -> None:
         body.uncancel()
 
 
-async def finish(ctx: RunContext, ending: Ending) -> Awaitable[Any] | None:
-    """Settle every step still in flight (a run is final only once all have), then return the
-    final write the contract's rules on delivered cancels and failures call for, not yet
-    awaited: the caller awaits it once it has let go of ``ending``, so that 10,000 final
-    transitions waiting for one group commit keep neither their endings nor this frame.
-    (``Runtime._drive`` makes the same two calls itself, submitting the final transition with a
-    callback where the store can: see :func:`final_write`.)
+async def finish(
+    ctx: RunContext, ending: Ending, then: WriteDone | None = None
+) -> Awaitable[Any] | None:
+    """Settle every step still in flight (a run is final only once all have; shielded, and
+    with no shield nor wait when none is), then return the final write the contract's rules on
+    delivered cancels and failures call for, not yet awaited, or None: submitted with ``then``
+    (see :func:`final_write`). The caller awaits it once it has let go of ``ending``, so that
+    10,000 final transitions waiting for one group commit keep neither their endings nor this
+    frame.
     """
-    await stop_steps(ctx, ending)
-    return final_write(ctx, ending)
+    if _steps_to_stop(ctx, ending):
+        with shielded():
+            await stop_steps(ctx, ending)
+    return final_write(ctx, ending, then)
 
 
-def steps_to_stop(ctx: RunContext, ending: Ending) -> bool:
+def _steps_to_stop(ctx: RunContext, ending: Ending) -> bool:
     """Whether :func:`stop_steps` has anything to do (else :func:`finish` waits for nothing)."""
     return bool(ctx.flights) or _own_cancel_reason(ctx, ending) is not None
 
@@ -149,8 +154,8 @@ def steps_to_stop(ctx: RunContext, ending: Ending) -> bool:
 def final_write(
     ctx: RunContext, ending: Ending, then: WriteDone | None = None
 ) -> Awaitable[Any] | None:
-    """:func:`finish` once :func:`stop_steps` is done: the final write, not yet awaited (or
-    None: submitted with ``then``)."""
+    """The final write once :func:`stop_steps` is done: not yet awaited, or None: submitted
+    with ``then`` (where the store can, see ``Store.transition_then``)."""
     error = ctx.poison or ending.error
     if isinstance(error, StoreError):
         raise error  # the journal failed under the task, not the task: as after a crash
@@ -159,10 +164,7 @@ def final_write(
         return ctx.store.release(ctx.run_id, ctx.fence)
     cancel_like = isinstance(error, Cancelled | _CANCELLED)
     if cancel.delivered or cancel.forced or (cancel.reason is not None and error is not None):
-        cancel_error = None if cancel_like else error
-        if _has_saga(ctx):
-            return _saga_then_cancelled(ctx, cancel_error, release=True)
-        return _final_transition(ctx, then, State.CANCELLED, _cancelled(cancel_error))
+        return cancelled_write(ctx, None if cancel_like else error, then=then)
     if error is not None:
         return finish_failed(ctx, error)
     try:
@@ -175,11 +177,19 @@ def final_write(
         "owner": None,
         "lease_until": None,
     }
-    return _final_transition(ctx, then, State.COMPLETED, fields)
+    return _final_transition(ctx, State.COMPLETED, fields, then)
 
 
+@overload
 def _final_transition(
-    ctx: RunContext, then: WriteDone | None, target: State, fields: dict[str, Any]
+    ctx: RunContext, target: State, fields: dict[str, Any], then: None = None
+) -> Awaitable[Any]: ...
+@overload
+def _final_transition(
+    ctx: RunContext, target: State, fields: dict[str, Any], then: WriteDone | None
+) -> Awaitable[Any] | None: ...
+def _final_transition(
+    ctx: RunContext, target: State, fields: dict[str, Any], then: WriteDone | None = None
 ) -> Awaitable[Any] | None:
     """The run's transition to ``target`` (with ``fields``, fenced by its owner): submitted
     with ``then`` if given and the store can (None), else the store's write, not awaited."""
@@ -233,27 +243,33 @@ async def finish_failed(ctx: RunContext, error: BaseException) -> None:
         )
     except InvalidTransitionError:
         # A cancel was recorded meanwhile: a cancelling run never ends failed.
-        await finish_cancel(ctx, cancel_error=error)
+        await cancelled_write(ctx, cancel_error=error)
 
 
-async def finish_cancel(
-    ctx: RunContext, cancel_error: BaseException | None, *, release: bool = True
-) -> None:
-    """Run the saga if the task asks for one (not after a forced cancel), record ``cancelled``.
+@overload
+def cancelled_write(
+    ctx: RunContext, cancel_error: BaseException | None, *, release: bool = True, then: None = None
+) -> Awaitable[Any]: ...
+@overload
+def cancelled_write(
+    ctx: RunContext, cancel_error: BaseException | None, *, release: bool = True, then: WriteDone
+) -> Awaitable[Any] | None: ...
+def cancelled_write(
+    ctx: RunContext,
+    cancel_error: BaseException | None,
+    *,
+    release: bool = True,
+    then: WriteDone | None = None,
+) -> Awaitable[Any] | None:
+    """Run the saga if the task asks for one (not after a forced cancel), record ``cancelled``:
+    not yet awaited (with no saga to run, the store's own write: no frame of ours waits with it
+    for the group commit), or None: submitted with ``then`` (see :func:`_final_transition`).
 
     ``release=False`` keeps the run owned (a resume that finishes a cancel, then continues).
     """
-    await cancelled_write(ctx, cancel_error, release=release)
-
-
-def cancelled_write(
-    ctx: RunContext, cancel_error: BaseException | None, *, release: bool = True
-) -> Awaitable[Any]:
-    """:func:`finish_cancel`, not yet awaited: with no saga to run, the store's own write (no
-    frame of ours waits with it for the group commit)."""
     if _has_saga(ctx):
         return _saga_then_cancelled(ctx, cancel_error, release=release)
-    return _record_cancelled(ctx, cancel_error, release=release)
+    return _final_transition(ctx, State.CANCELLED, _cancelled(cancel_error, release), then)
 
 
 def _has_saga(ctx: RunContext) -> bool:
@@ -265,19 +281,10 @@ async def _saga_then_cancelled(
     ctx: RunContext, cancel_error: BaseException | None, *, release: bool
 ) -> None:
     await run_saga(ctx, (await ctx.store.load(ctx.run_id)).steps)
-    await _record_cancelled(ctx, cancel_error, release=release)
+    await _final_transition(ctx, State.CANCELLED, _cancelled(cancel_error, release))
 
 
-def _record_cancelled(
-    ctx: RunContext, cancel_error: BaseException | None, *, release: bool
-) -> Awaitable[Any]:
-    fields = _cancelled(cancel_error, release=release)
-    return ctx.store.transition(
-        ctx.run_id, State.CANCELLED, fence=ctx.fence, returning=False, **fields
-    )
-
-
-def _cancelled(cancel_error: BaseException | None, *, release: bool = True) -> dict[str, Any]:
+def _cancelled(cancel_error: BaseException | None, release: bool) -> dict[str, Any]:
     """The fields of the transition to ``cancelled`` (``release``: the run then has no owner)."""
     return {
         "expected": _CANCELLING,
@@ -293,7 +300,7 @@ async def settle_takeover(ctx: RunContext, snapshot: RunSnapshot) -> RunSnapshot
     if snapshot.run.state is State.CANCELLING:
         if snapshot.run.force:
             ctx.cancel.force()
-        await finish_cancel(ctx, cancel_error=None, release=False)
+        await cancelled_write(ctx, cancel_error=None, release=False)
     return await ctx.store.load(ctx.run_id)
 
 
