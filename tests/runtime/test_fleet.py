@@ -419,7 +419,11 @@ def check_fleet(
             assert run.state is State.CANCELLED, (run_id, snapshot)
             if snapshot.steps:
                 check_left_by_the_victim(run_id, snapshot, executions, record)
-            assert snapshot.outcome().retry is advice_when_cancelled(snapshot), (run_id, snapshot)
+            assert snapshot.outcome().retry is advice_when_cancelled(snapshot), (
+                run_id,
+                step_states(snapshot),
+                snapshot,
+            )
         elif cancelled_as is State.CANCELLING:  # it ran: cancelled, or returned before a checkpoint
             assert run.state in (State.CANCELLED, State.COMPLETED), (run_id, run)
         else:  # it was final already (completed, or failed by the kill and reconciled since)
@@ -442,6 +446,11 @@ def check_fleet(
         assert {i for (r, i) in starts if r == run_id} <= journaled, "a body ran unjournaled"
     assert len(record.returned) == scale.cancels, "a cancel request was lost"
     return tally
+
+
+def step_states(snapshot: RunSnapshot) -> list[tuple[int, str, str, int]]:
+    """Each step's (index, tool, status, attempts): what an assertion about advice prints."""
+    return [(s.index, s.tool, s.status.value, s.attempts) for s in snapshot.steps]
 
 
 def check_left_by_the_victim(

@@ -21,6 +21,7 @@ import haltwise
 from haltwise import State, StepStatus
 from haltwise._core.records import Owner
 from haltwise._journal.check import check_store
+from haltwise._journal.store import NewRun, StepStart, Store, open_store
 from toolkit import Gate
 
 pytestmark = pytest.mark.anyio
@@ -171,3 +172,71 @@ async def test_a_stale_attempt_cancelling_itself_does_not_cancel_the_run_taken_f
                     await anyio.sleep(0.02)
 
         await _take_over_while(store_url, stale, "r", let_the_stale_attempt_give_up)
+
+
+# -- a write of the last owner that lands while its run is being taken over ------------------
+
+
+class LandsBeforeTheClaim:
+    """A takeover reads the run, then claims it. A write of the last owner can commit between
+    the two: one it sent before it died (a dead client's statement still commits on the
+    server), or one of a stalled owner that comes back just then. This makes one land there: the
+    last owner's start of step ``index`` (a non-idempotent ``finish`` tool), written through a
+    store of its own, fenced by its token, just before the takeover's claim."""
+
+    def __init__(self, runtime: haltwise.Runtime, old: Store, run_id: str, owner: Owner) -> None:
+        self.landed = False
+        claim = runtime.store.claim
+
+        async def claim_after_the_write(*args: Any, **kwargs: Any) -> bool:
+            if not self.landed:
+                self.landed = True
+                start = StepStart(1, "record", "finish", haltwise.Effect.WRITE, False, "k1")
+                await old.start_step(run_id, start, fence=owner.token)
+            return await claim(*args, **kwargs)
+
+        runtime.store.claim = claim_after_the_write  # type: ignore[method-assign]
+
+
+async def _run_left_mid_step(store: Store, run_id: str, task: str) -> Owner:
+    """A ``running`` run of ``task`` whose owner is gone (another host, lease run out), with its
+    step 0 committed; that owner."""
+    gone = Owner(token=uuid.uuid4().hex, host="gone.invalid", pid=1, started=0.0)
+    inputs: dict[str, Any] = {"args": [], "kwargs": {}}
+    await store.create_run(
+        NewRun(id=run_id, task=task, inputs=inputs, state=State.RUNNING, owner=gone, lease_until=0)
+    )
+    start = StepStart(0, "look", "interruptible", haltwise.Effect.READ, False, "k0")
+    await store.start_step(run_id, start, fence=gone.token)
+    await store.settle_step(run_id, 0, StepStatus.COMMITTED, result=0, fence=gone.token)
+    return gone
+
+
+@pytest.mark.parametrize("how", ["cancel", "resume"])
+async def test_a_step_the_last_owner_journals_while_its_run_is_taken_over_is_settled(
+    store_url: str, how: str
+) -> None:
+    # The fleet test's run101 (CI, session 9): the canceller of a run nobody worked settled the
+    # steps it had read before its claim, and the step the dead victim's last statement started
+    # meanwhile stayed ``running`` in a ``cancelled`` run (advice restart, not reconcile).
+    old = open_store(store_url)
+    await old.open()
+    try:
+        async with haltwise.Runtime(store_url) as runtime:
+            gone = await _run_left_mid_step(old, "r", "stale_owner:not_loaded_here")
+            landed = LandsBeforeTheClaim(runtime, old, "r", gone)
+            if how == "cancel":
+                record = await runtime.cancel("r", reason="late")
+                assert record.state is State.CANCELLED, record
+            else:
+                with pytest.raises(haltwise.ResumeRefusedError):
+                    await runtime.resume("r", task=lookup)
+            assert landed.landed
+            snapshot = await runtime.store.load("r")
+    finally:
+        await old.close()
+    statuses = [(s.index, s.tool, s.status) for s in snapshot.steps]
+    assert statuses == [(0, "look", StepStatus.COMMITTED), (1, "record", StepStatus.UNKNOWN)]
+    assert snapshot.outcome().retry is haltwise.Retry.RECONCILE
+    assert snapshot.run.state is (State.CANCELLED if how == "cancel" else State.FAILED)
+    assert (await check_store(store_url)).ok

@@ -12,9 +12,10 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from types import TracebackType
-from typing import Any, final
+from typing import Any, TypeVar, final
 
 import anyio
 from anyio.abc import TaskGroup
@@ -33,9 +34,9 @@ from .._core.outcome import Outcome
 from .._core.records import RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .._core.views import CancelBatch, Change, RunDetail, RunPage
-from .._journal.owner import DEFAULT_LEASE, held_by_live_owner, new_owner
+from .._journal.owner import DEFAULT_LEASE, Leased, held_by_live_owner, new_owner
 from .._journal.shield import shielded
-from .._journal.store import ForkOf, NewRun, Store, open_store
+from .._journal.store import CancelledRun, ForkOf, NewRun, Store, open_store
 from .cancel_state import outside_any_task
 from .ending import (
     call_task,
@@ -52,6 +53,9 @@ from .seat import Seat, cancel_batch, nobody_works
 from .steps import execute_step
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
+
+#: a run as a cancel request returned it: one run's record, or one run of a bulk request
+_Cancelled = TypeVar("_Cancelled", RunRecord, CancelledRun)
 
 
 @final
@@ -381,8 +385,18 @@ class Runtime:
         done: Mapping[int, Any],
         again: frozenset[int],
     ) -> RunSnapshot:
-        """Own the run, settle what its last owner left, refuse on unresolved unknown steps."""
-        await self._take(snapshot)
+        """Own the run, settle what its last owner left, refuse on unresolved unknown steps.
+
+        What it left is read once the run is ours: a write of the last owner can commit between
+        ``snapshot`` and the claim (a statement a dead process sent before it died still
+        commits on the server; a stalled owner may come back just then), none after it (every
+        step write is fenced, atomically with its commit). The run's state stays as
+        ``snapshot`` read it: a cancel requested since is acted on once the run runs (see
+        :meth:`_continue`).
+        """
+        if await self._take(snapshot):
+            journal = await self.store.load(snapshot.run.id)
+            snapshot = replace(journal, run=snapshot.run)
         ctx = self._context(snapshot.run.id, task, snapshot, dict(done), again)
         try:
             snapshot = await settle_takeover(ctx, snapshot)
@@ -536,13 +550,13 @@ class Runtime:
             return None
         return await self._after_cancel(record)
 
-    async def _after_cancel(self, record: RunRecord) -> RunRecord:
+    async def _after_cancel(self, record: _Cancelled) -> _Cancelled | RunRecord:
         """Deliver a recorded cancel here, or settle the run if nobody works it."""
         if self._deliver(record) or not self._orphaned(record):
             return record
         return await self._settle_orphan(record.id)
 
-    def _deliver(self, record: RunRecord) -> bool:
+    def _deliver(self, record: RunRecord | CancelledRun) -> bool:
         """Deliver a recorded cancel to the run if it is worked here (False if it is not)."""
         ctx = self._active.get(record.id)
         if ctx is None:
@@ -553,7 +567,7 @@ class Runtime:
             ctx.request_cancel(record.reason or "user", force=record.force)
         return True
 
-    def _orphaned(self, run: RunRecord) -> bool:
+    def _orphaned(self, run: Leased) -> bool:
         """A ``cancelling`` run that nobody works: released, or its owner is gone (a run this
         runtime holds is worked: working it, or taking it over right now)."""
         return nobody_works(run, self.owner.token)
@@ -575,12 +589,13 @@ class Runtime:
             task = stand_in_task(snapshot.run.task)  # steps settle by their journaled policies
         with contextlib.suppress(RunOwnedError):  # another process took it first: it finishes
             await self._adopt(task_id, task)
-        for step in snapshot.steps:
-            if step.status in _MAY_HOLD_A_CHILD:
-                await self._cancel_child(
-                    task_id, f"{task_id}/{step.index}", force=snapshot.run.force
-                )
-        return (await self.store.load(task_id)).run
+        # Its steps as settled, read after the claim: one its last owner started after
+        # `snapshot` was read may hold a child too (see _take_over).
+        settled = await self.store.load(task_id)
+        children = [step.index for step in settled.steps if step.status in _MAY_HOLD_A_CHILD]
+        for index in children:
+            await self._cancel_child(task_id, f"{task_id}/{index}", force=settled.run.force)
+        return (await self.store.load(task_id)).run if children else settled.run
 
     async def _cancel_child(self, parent: str, child_id: str, *, force: bool) -> None:
         """Cancel ``child_id`` with reason ``"parent"`` if it is an active child run of
@@ -776,11 +791,12 @@ class Runtime:
         self._leased_at[run_id] = time.monotonic()
         return self._lease_until()
 
-    async def _take(self, snapshot: RunSnapshot) -> None:
+    async def _take(self, snapshot: RunSnapshot) -> bool:
+        """Claim the run from the owner ``snapshot`` shows; False if it was ours already."""
         run = snapshot.run
         owner = run.owner
         if owner is not None and owner.token == self.owner.token:
-            return  # claimed for us already (a worker's claim_pending)
+            return False  # claimed for us already (a worker's claim_pending)
         if owner is not None and held_by_live_owner(run):
             raise RunOwnedError(run.id, owner.describe())
         claimed = await self.store.claim(
@@ -791,6 +807,7 @@ class Runtime:
         )
         if not claimed:
             raise RunOwnedError(run.id, "another process that took it over first")
+        return True
 
     # -- driving a run --------------------------------------------------------------------------
 
