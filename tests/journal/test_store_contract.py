@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from haltwise._core.exceptions import (
+    CorruptRowError,
     InvalidTransitionError,
     LostOwnershipError,
     SchemaVersionError,
@@ -648,6 +649,46 @@ async def test_every_transition_is_one_change_in_order_whatever_wrote_it(store_u
     assert len(events) == 3 + 3 * 3 + 4 + 2 * 3 + 2
 
 
+async def on_the_database(url: str, statement: str) -> None:
+    """Run ``statement`` on the store's database directly, as a person with a SQL prompt could
+    ({t}: the tables' prefix)."""
+    if url.startswith("sqlite:"):
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn:
+            conn.execute(statement.format(t=""))
+            conn.commit()
+        return
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute(statement.format(t="haltwise.").encode())
+
+
+async def test_a_bulk_cancel_reads_only_what_a_cancel_is_planned_from(store_url: str) -> None:
+    # A bulk request reads each run's state, reason, force, settle_on_cancel, owner and lease
+    # (CancelledRun), not its inputs: a run whose inputs no longer parse is cancelled as any
+    # other; one whose state does not parse is named (run and column), and nothing is written.
+    async with opened(store_url) as store:
+        for run_id in ("sound", "inputs", "state"):
+            await reach(store, run_id, State.RUNNING)
+        await on_the_database(store_url, "UPDATE {t}runs SET inputs = '{{no' WHERE id = 'inputs'")
+        result = await store.request_cancels(
+            ids=["sound", "inputs"], states=(), tasks=None, reason="ops", force=False
+        )
+        assert [(run.id, run.state, run.reason) for run in result.reached] == [
+            ("sound", State.CANCELLING, "ops"),
+            ("inputs", State.CANCELLING, "ops"),
+        ]
+        await on_the_database(store_url, "UPDATE {t}runs SET state = 'bogus' WHERE id = 'state'")
+        events = len(await store.events())
+        with pytest.raises(CorruptRowError) as caught:
+            await store.request_cancels(
+                ids=["sound", "state"], states=(), tasks=None, reason="x", force=True
+            )
+        assert [(row.run_id, row.problem.split(":")[0]) for row in caught.value.rows] == [
+            ("state", "column state")
+        ]
+        assert len(await store.events()) == events
+        assert (await store.load("sound")).run.force is False
+
+
 async def test_prune_never_gives_a_change_number_out_twice(store_url: str) -> None:
     # The newest changes are a pruned run's. SQLite numbers a new change one above the largest
     # left, so prune leaves a high-water mark in the newest one's place (PostgreSQL's identity
@@ -1016,8 +1057,9 @@ async def test_a_bulk_cancel_writes_each_run_as_its_own_cancel_would(store_url: 
         assert result.unknown == ("nowhere",)
         assert [run.id for run in result.already_final] == ["completed"]
         assert {run.id for run in result.reached} == set(states) - {"completed"}
-        for run in result.reached:
-            assert run == (await store.load(run.id)).run
+        for run in result.reached:  # each as the request left it (its columns, not a record)
+            loaded = (await store.load(run.id)).run
+            assert run == tuple(getattr(loaded, name) for name in run._fields), run.id
         runs = {run.id: run for run in await store.list_runs()}
         for name in states:
             bulk, alone = runs[name], runs[f"{name}-alone"]

@@ -87,8 +87,10 @@ def cancel_command(
             )
             for record in result.already_final:
                 await seat.inspect(record.id)  # reported as it is: its journal must be readable
-        orphans = [] if dry_run else [run for run in result.reached if nobody_works(run)]
-        return result, orphans
+            # (a run the request reached is its columns only: an orphan is loaded whole, to
+            # load its task and say why it stays cancelling)
+            orphans = [] if dry_run else [r.id for r in result.reached if nobody_works(r)]
+            return result, [(await seat.inspect(run_id)).run for run_id in orphans]
 
     result, orphans = run_async(main)
     finished = _Finished()
@@ -137,9 +139,9 @@ async def _finish_here(
             elif after.state is State.CANCELLING and not runtime.is_active(run.id):
                 finished.left[run.id] = stays_cancelling(run, unloaded[run.id])
         if wait:
-            for run in result.reached:
-                if run.id not in finished.left:
-                    finished.waited.append(await runtime.outcome(run.id))
+            for reached in result.reached:
+                if reached.id not in finished.left:
+                    finished.waited.append(await runtime.outcome(reached.id))
     return finished
 
 

@@ -6,8 +6,10 @@ import os
 import socket
 import time
 import uuid
+from typing import Protocol
 
-from .._core.records import Owner, RunRecord
+from .._core.records import Owner
+from .._core.states import State
 
 #: Seconds a lease lasts without a heartbeat (CONTRACT.md: default 15 s).
 DEFAULT_LEASE = 15.0
@@ -61,7 +63,20 @@ def owner_alive(owner: Owner, lease_until: float | None, *, now: float | None = 
     return lease_until is not None and lease_until > (now if now is not None else time.time())
 
 
-def held_by_live_owner(run: RunRecord) -> bool:
+class Leased(Protocol):
+    """What says whether someone works a run (a ``RunRecord`` and a ``CancelledRun`` have it)."""
+
+    @property
+    def state(self) -> State: ...
+
+    @property
+    def owner(self) -> Owner | None: ...
+
+    @property
+    def lease_until(self) -> float | None: ...
+
+
+def held_by_live_owner(run: Leased) -> bool:
     """Whether someone is working ``run``: it is active (not final) and its owner is alive.
 
     A final run is never held (whatever its owner column says), and neither is an active run

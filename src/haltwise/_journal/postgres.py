@@ -77,9 +77,11 @@ from .operator_sql import (
 )
 from .postgres_steps import StepWriter, event_feed, feed_insert, write_deferred
 from .rows import (
+    CANCELLED_COLUMNS,
     PARTIAL_COLUMNS,
     RUN_COLUMNS,
     STEP_COLUMNS,
+    cancelled_from_row,
     error_to_text,
     event_from_row,
     journal_from_rows,
@@ -1084,14 +1086,21 @@ class PostgresStore:
         force: bool,
         dry_run: bool = False,
     ) -> CancelResult:
+        columns = ", ".join(CANCELLED_COLUMNS)
+        if ids is not None:
+            query = _OPS.runs_by_ids(lock=not dry_run, columns=columns)
+            params: Sequence[Any] = (_OPS.id_list(ids),)
+        else:
+            query, params = _OPS.active_runs(
+                states=states, tasks=tasks, lock=not dry_run, columns=columns
+            )
+
         async def op(conn: _Conn) -> CancelResult:
-            if ids is not None:
-                query = _OPS.runs_by_ids(lock=not dry_run)
-                cursor = await conn.execute(query, (_OPS.id_list(ids),))
-            else:
-                query, params = _OPS.active_runs(states=states, tasks=tasks, lock=not dry_run)
-                cursor = await conn.execute(query, params)
-            found = read_all(run_from_row, await cursor.fetchall())
+            async with conn.cursor(
+                row_factory=tuple_row
+            ) as rows:  # cancelled_from_row: by position
+                await rows.execute(query, params)
+                found = read_all(cancelled_from_row, await rows.fetchall())
             writes, result = plan_cancels(
                 _OPS, found, ids, reason=reason, force=force, now=time.time(), dry_run=dry_run
             )

@@ -15,7 +15,7 @@ from .._core.policy import CancelPolicy, Effect
 from .._core.records import Event, Owner, PartialKey, RunRecord, dump_json, load_json
 from .._core.states import State, StepStatus
 from .schema import TABLES
-from .store import UNSET, JournalRows
+from .store import UNSET, CancelledRun, JournalRows
 
 RUN_COLUMNS = (
     "id, task, state, inputs, reason, force, result, error, cancel_error, owner, lease_until, "
@@ -308,6 +308,42 @@ def _run_from_plain_row(row: Mapping[str, Any]) -> RunRecord:
         created,  # created_at
         updated,  # updated_at
     )
+
+
+#: the columns of a run a bulk cancel request reads (:class:`CancelledRun`'s fields, in order)
+CANCELLED_COLUMNS = CancelledRun._fields
+
+
+def cancelled_from_row(row: Sequence[Any]) -> CancelledRun:
+    """A :class:`CancelledRun` from a row of its columns (:data:`CANCELLED_COLUMNS`), by
+    position, each converted as :func:`run_from_row` converts it (:class:`CorruptRowError`
+    names the run and the column that does not parse)."""
+    run_id, state, reason, force, settle, owner, lease = row
+    try:  # the common case in one pass, as _run_from_plain_row
+        if (
+            type(run_id) is str
+            and (reason is None or type(reason) is str)
+            and force in (0, 1)
+            and settle in (0, 1)
+            and (lease is None or (type(lease) is float and lease == lease))
+        ):
+            return CancelledRun(
+                run_id, _STATES[state], reason, bool(force), bool(settle), _owner(owner), lease
+            )
+    except _BAD_VALUE:
+        pass  # the converters below say whether it parses, and if not where
+    return CancelledRun._make(run_columns(run_id, CANCELLED_COLUMNS, row))
+
+
+def cancelled_written(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a :class:`CancelledRun` that an update of its row with the column values
+    ``fields`` changes, each read back as :func:`run_from_row` reads its column (for
+    ``CancelledRun._replace``)."""
+    return {
+        name: _RUN_CONVERTERS[name](value)
+        for name, value in fields.items()
+        if name in CancelledRun._fields
+    }
 
 
 _STEP_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (

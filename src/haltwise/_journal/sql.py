@@ -24,6 +24,7 @@ from .._core.states import State
 from .rows import PARTIAL_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, STEP_COPY_COLUMNS
 from .schema import Dialect
 from .store import (
+    CancelHead,
     NewRun,
     PauseSignal,
     RunHead,
@@ -107,8 +108,9 @@ def plan_transition(
     )
 
 
-def plan_cancel_write(current: RunRecord, reason: str, force: bool, now: float) -> RunWrite | None:
-    """A cancel request on ``current`` (see :meth:`Store.request_cancel`); None: no change."""
+def plan_cancel_write(current: CancelHead, reason: str, force: bool, now: float) -> RunWrite | None:
+    """A cancel request on ``current`` (see :meth:`Store.request_cancel`); None: no change.
+    It reads only what :class:`CancelHead` has (a bulk request plans runs alike once)."""
     plan = plan_cancel(current.state, current.force, force, settles=current.settle_on_cancel)
     fields = plan.fields(reason)
     if not fields:

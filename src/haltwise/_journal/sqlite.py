@@ -37,7 +37,9 @@ from .operator_sql import (
     times_from_rows,
 )
 from .rows import (
+    CANCELLED_COLUMNS,
     RUN_COLUMNS,
+    cancelled_from_row,
     each_read,
     error_to_text,
     event_from_row,
@@ -776,12 +778,16 @@ class SQLiteStore:
         dry_run: bool = False,
     ) -> CancelResult:
         if ids is not None:
-            query, params = _RUNS_BY_IDS, [_OPS.id_list(ids)]
+            query, params = _CANCELLED_BY_IDS, [_OPS.id_list(ids)]
         else:
-            query, params = _OPS.active_runs(states=states, tasks=tasks, lock=False)
+            query, params = _OPS.active_runs(
+                states=states, tasks=tasks, lock=False, columns=_CANCELLED_COLUMNS
+            )
 
         def op(conn: sqlite3.Connection) -> CancelResult:
-            found = each_read(run_from_row, lambda: conn.execute(query, params))
+            rows = conn.cursor()
+            rows.row_factory = None  # plain tuples: cancelled_from_row reads them by position
+            found = each_read(cancelled_from_row, lambda: rows.execute(query, params))
             writes, result = plan_cancels(
                 _OPS, found, ids, reason=reason, force=force, now=time.time(), dry_run=dry_run
             )
@@ -978,6 +984,9 @@ class _Transition(GroupOp):
 
 #: every column of the runs whose ids are bound (one parameter: see OperatorSQL.id_list)
 _RUNS_BY_IDS = _OPS.runs_by_ids(lock=False)
+#: what a bulk cancel request reads of each run whose id is in the list bound (CancelledRun)
+_CANCELLED_COLUMNS = ", ".join(CANCELLED_COLUMNS)
+_CANCELLED_BY_IDS = _OPS.runs_by_ids(lock=False, columns=_CANCELLED_COLUMNS)
 #: what the rules of a transition read of each run whose id is in the list bound (RunHead)
 _HEAD_COLUMNS = ("id", "state", "reason", "pause", "owner")
 _HEADS_BY_IDS = f"SELECT {', '.join(_HEAD_COLUMNS)} FROM runs WHERE id {_OPS.in_ids}"

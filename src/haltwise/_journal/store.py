@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol, final
 
 from .._core.exceptions import BadRow, InvalidTransitionError, StoreError
 from .._core.outcome import ErrorInfo, StepRecord
@@ -153,13 +153,29 @@ class JournalRows:
     bad: tuple[BadRow, ...] = ()
 
 
+@final
+class CancelledRun(NamedTuple):
+    """A run as a bulk cancel request read it and left it: what the request planned its write
+    from and what its caller acts on (deliver the cancel to the run worked here, settle it if
+    nobody works it). A run's columns only, not a whole :class:`RunRecord`: a request on
+    10,000 runs reads no inputs and builds no record (a caller that needs one loads it)."""
+
+    id: str
+    state: State
+    reason: str | None
+    force: bool
+    settle_on_cancel: bool
+    owner: Owner | None
+    lease_until: float | None
+
+
 @dataclass(frozen=True, slots=True)
 class CancelResult:
     """What :meth:`Store.request_cancels` did: the runs it reached (as they are afterwards),
     the named runs that were already final, and the named ids the store does not hold."""
 
-    reached: tuple[RunRecord, ...]
-    already_final: tuple[RunRecord, ...] = ()
+    reached: tuple[CancelledRun, ...]
+    already_final: tuple[CancelledRun, ...] = ()
     unknown: tuple[str, ...] = ()
 
 
@@ -468,6 +484,20 @@ class RunHead(Protocol):
 
     @property
     def owner(self) -> Owner | None: ...
+
+
+class CancelHead(Protocol):
+    """What the plan of a cancel request reads of a run (:func:`.sql.plan_cancel_write`), and
+    nothing more: runs alike in these share one plan (:func:`.operator_sql.plan_cancels`)."""
+
+    @property
+    def state(self) -> State: ...
+
+    @property
+    def force(self) -> bool: ...
+
+    @property
+    def settle_on_cancel(self) -> bool: ...
 
 
 def check_transition(

@@ -17,7 +17,7 @@ from .._core.records import RunRecord
 from .._core.states import State
 from .._core.views import Change, RunDetail, RunPage, StepWait
 from .._journal.operator_sql import decode_cursor, encode_cursor, is_high_water
-from .._journal.owner import held_by_live_owner, owner_alive
+from .._journal.owner import Leased, held_by_live_owner, owner_alive
 from .._journal.store import Store
 from .explain import (
     cancel_requested_at,
@@ -143,7 +143,7 @@ async def inspect_run(store: Store, run_id: str) -> RunDetail:
     )
 
 
-def nobody_works(run: RunRecord, own_token: str | None = None) -> bool:
+def nobody_works(run: Leased, own_token: str | None = None) -> bool:
     """A ``cancelling`` run that nobody works (released, or its owner is gone): its cancel
     completes only when someone settles it (CONTRACT.md, ``cancel``). ``own_token`` is the
     asking runtime's owner token: a run it holds is worked, whatever its lease says."""

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from types import TracebackType
-from typing import Any, final
+from typing import Any, TypeVar, final
 
 import anyio
 from anyio.abc import TaskGroup
@@ -34,9 +34,9 @@ from .._core.outcome import Outcome
 from .._core.records import RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .._core.views import CancelBatch, Change, RunDetail, RunPage
-from .._journal.owner import DEFAULT_LEASE, held_by_live_owner, new_owner
+from .._journal.owner import DEFAULT_LEASE, Leased, held_by_live_owner, new_owner
 from .._journal.shield import shielded
-from .._journal.store import ForkOf, NewRun, Store, open_store
+from .._journal.store import CancelledRun, ForkOf, NewRun, Store, open_store
 from .cancel_state import outside_any_task
 from .ending import (
     call_task,
@@ -53,6 +53,9 @@ from .seat import Seat, cancel_batch, nobody_works
 from .steps import execute_step
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
+
+#: a run as a cancel request returned it: one run's record, or one run of a bulk request
+_Cancelled = TypeVar("_Cancelled", RunRecord, CancelledRun)
 
 
 @final
@@ -570,13 +573,13 @@ class Runtime:
             return None
         return await self._after_cancel(record)
 
-    async def _after_cancel(self, record: RunRecord) -> RunRecord:
+    async def _after_cancel(self, record: _Cancelled) -> _Cancelled | RunRecord:
         """Deliver a recorded cancel here, or settle the run if nobody works it."""
         if self._deliver(record) or not self._orphaned(record):
             return record
         return await self._settle_orphan(record.id)
 
-    def _deliver(self, record: RunRecord) -> bool:
+    def _deliver(self, record: RunRecord | CancelledRun) -> bool:
         """Deliver a recorded cancel to the run if it is worked here (False if it is not)."""
         ctx = self._active.get(record.id)
         if ctx is None:
@@ -587,7 +590,7 @@ class Runtime:
             ctx.request_cancel(record.reason or "user", force=record.force)
         return True
 
-    def _orphaned(self, run: RunRecord) -> bool:
+    def _orphaned(self, run: Leased) -> bool:
         """A ``cancelling`` run that nobody works: released, or its owner is gone (a run this
         runtime holds is worked: working it, or taking it over right now)."""
         return nobody_works(run, self.owner.token)
