@@ -20,7 +20,14 @@
    command line alone.
 
 usage: python bench/bench_operator.py [bulk|api|pages|sse|command|all] [--runs N] [--trials N]
+       python bench/bench_operator.py bulk --runs N --against REV [--against REV2] [--rounds N]
        (PostgreSQL cases need HALTWISE_PG_BIN or a local PostgreSQL; skipped otherwise)
+
+``bulk --against REV`` measures the ``Runtime.cancel_many`` case only, side by side: the working
+tree and each earlier revision (its own tree and its own bench script, extracted with
+``git archive``, imported through ``PYTHONPATH``), alternating round after round, a fresh
+process each, so that the machine's slow and fast spells fall on all alike; one row per
+measurement, then the median, lowest and highest of each.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
-from _report import header, percentile, table
+from _report import header, median, percentile, table
 from bench_cross_process import read_event, spawn_target
 
 import haltwise
@@ -202,6 +209,77 @@ def fresh_process_bulk_case(runs: int, bulk: bool, freeze: bool) -> dict[str, fl
     done = subprocess.run(argv, check=True, capture_output=True)
     result: dict[str, float] = json.loads(done.stdout.decode().splitlines()[-1])
     return result
+
+
+def run_bulk_against(runs: int, revisions: list[str], rounds: int) -> None:
+    """The ``cancel_many`` case of the working tree beside each of ``revisions`` (see the
+    module docstring)."""
+    print(header(f"{runs:,} runs waiting in a tool: cancel_many, side by side with {revisions}"))
+    here = f"working tree ({_describe('HEAD')})"
+    with tempfile.TemporaryDirectory() as scratch:
+        trees = {here: ROOT}
+        for revision in revisions:
+            tree = Path(scratch) / revision
+            tree.mkdir()
+            archive = subprocess.run(
+                ["git", "archive", revision], cwd=ROOT, check=True, capture_output=True
+            )
+            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+            short = _describe(revision)
+            trees[revision if short == revision else f"{revision} ({short})"] = tree
+        results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+        rows = []
+        for round_ in range(1, rounds + 1):
+            for name, tree in trees.items():
+                result = _bulk_case_of(tree, runs)
+                results[name].append(result)
+                rows.append([f"{name} #{round_}", *_bulk_cells(result)])
+    print(
+        table(
+            ["revision", "requests recorded", "all cancelled", "CPU meanwhile", "collector (CPU)"],
+            rows,
+        )
+    )
+    print()
+    summary = []
+    for name, measured in results.items():
+        done = [result["done"] * 1000 for result in measured]
+        cpu = [result["cpu"] * 1000 for result in measured]
+        summary.append(
+            [
+                name,
+                f"{median(done):,.0f} ms ({min(done):,.0f}-{max(done):,.0f})",
+                f"{median(cpu):,.0f} ms ({min(cpu):,.0f}-{max(cpu):,.0f})",
+            ]
+        )
+    print(table(["revision", "all cancelled: median (min-max)", "CPU: median (min-max)"], summary))
+
+
+def _describe(revision: str) -> str:
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", revision], cwd=ROOT, check=True, capture_output=True
+    )
+    return done.stdout.decode().strip()
+
+
+def _bulk_case_of(tree: Path, runs: int) -> dict[str, float]:
+    """The ``cancel_many`` case measured by ``tree``'s own bench script on ``tree``'s source."""
+    argv = [sys.executable, str(tree / "bench" / "bench_operator.py"), "_bulk_case"]
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+    done = subprocess.run(
+        [*argv, "--runs", str(runs), "--bulk"], check=True, capture_output=True, env=env
+    )
+    result: dict[str, float] = json.loads(done.stdout.decode().splitlines()[-1])
+    return result
+
+
+def _bulk_cells(result: dict[str, float]) -> list[str]:
+    return [
+        f"{result['requested'] * 1000:,.0f} ms",
+        f"{result['done'] * 1000:,.0f} ms",
+        f"{result['cpu'] * 1000:,.0f} ms",
+        f"{result['gc'] * 1000:,.0f} ms ({result['full']:.0f} full)",
+    ]
 
 
 def bulk_case_here(runs: int, bulk: bool, freeze: bool) -> None:
@@ -536,6 +614,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10_000, help="runs for bulk")
     parser.add_argument("--page-runs", type=int, default=100_000, help="runs for pages")
     parser.add_argument("--trials", type=int, default=60)
+    parser.add_argument(
+        "--against",
+        action="append",
+        metavar="REV",
+        help="bulk: the cancel_many case side by side with this revision (repeatable)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="bulk --against: rounds")
     args = parser.parse_args()
     resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
     # As installed (pip byte-compiles a wheel): with PYTHONDONTWRITEBYTECODE set, an editable
@@ -546,7 +631,9 @@ def main() -> None:
     if args.what == "_bulk_case":
         bulk_case_here(args.runs, args.bulk, args.freeze)
         return
-    if args.what in ("bulk", "all"):
+    if args.what == "bulk" and args.against:
+        run_bulk_against(args.runs, args.against, args.rounds)
+    elif args.what in ("bulk", "all"):
         run_bulk(args.runs)
     if args.what in ("api", "all"):
         run_api(args.trials)

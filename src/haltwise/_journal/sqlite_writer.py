@@ -601,9 +601,13 @@ class Writer:
         """Run ``item`` here and now if the store is idle, else add it to the loop's batch or
         hand it to the writer thread (see the module docstring).
 
-        Returns ``(True, value, error)`` when it ran here. The fast path needs the writer idle
-        with nothing queued, so operations still commit in the order they were submitted; it
-        never waits for another process's lock (then the writer thread waits instead).
+        Returns ``(True, value, error)`` when it ran here. Operations commit in the order they
+        were submitted, whichever way each goes: the fast path needs the writer idle, with
+        nothing queued and the loop's batch empty (an operation submitted while that batch holds
+        operations joins it, even once the store is back to one run: a read made right after a
+        write whose caller stopped waiting for it, a cancelled one, then sees it), and an
+        operation handed to the writer thread takes the loop's batch along ahead of it. The fast
+        path never waits for another process's lock (then the writer thread waits instead).
         """
         if self._thread is None:
             raise StoreError(f"store {self.path} is not open")
@@ -613,19 +617,27 @@ class Writer:
             error, self._deferred_error = self._deferred_error, None
             if error is not None:
                 raise error
-            if not self.fast_path and item.loop is not None and not item.bulk:
+            loop = item.loop
+            batching = self._batch_loop is loop and bool(self._loop_batch)
+            if (not self.fast_path or batching) and loop is not None and not item.bulk:
                 if self._batch_loop is None:
-                    self._batch_loop = item.loop
+                    self._batch_loop = loop
                     self._schedule_loop_batch()
-                if self._batch_loop is item.loop:
+                if self._batch_loop is loop:
                     item.awaitable()
                     self._loop_batch.append(item)
                     return False, None, None
-            batch, self._deferred = [*self._deferred, item], []
+            if batching:  # (a bulk operation) after the loop's batch, on the writer thread
+                batch = [*self._deferred, *self._loop_batch, item]
+                self._loop_batch = []
+            else:
+                batch = [*self._deferred, item]
+            self._deferred = []
             inline = (
                 self.fast_path
                 and not item.bulk
                 and self._pending == 0
+                and not self._loop_batch
                 and self.conn_lock.acquire(blocking=False)
             )
             if not inline:
