@@ -37,6 +37,8 @@ inside = anyio.Event()
 wanted = [1]
 #: what the first attempt of ``writes_then_fail`` raises at its end (None: nothing)
 failure: list[Exception] = []
+#: the task each ``charge`` body ran in
+charged_in: list[asyncio.Task[Any] | None] = []
 
 
 @pytest.fixture(autouse=True)
@@ -44,6 +46,7 @@ def _fresh() -> None:
     global inside
     calls.clear()
     failure.clear()
+    charged_in.clear()
     wanted[:] = [1]
     inside = anyio.Event()
 
@@ -98,6 +101,7 @@ async def wait_forever() -> None:
 @haltwise.tool(cancel="finish", effect="external")
 async def charge(amount: int) -> int:
     enter("charge")
+    charged_in.append(asyncio.current_task())
     await anyio.sleep(0.05)  # the cancel arrives meanwhile: a finish step runs to its end
     return amount
 
@@ -201,14 +205,14 @@ async def test_steps_are_journaled_and_replayed_without_a_runtime(tmp_path: Path
 
 async def drive_cancelled_inside(host: StoreHost, run: RunContext) -> haltwise.Outcome:
     """Drive the run; cancel it (reason ``enough``) once a tool body says it is inside."""
-    async with anyio.create_task_group() as group:
 
-        async def cancel_when_inside() -> None:
-            await inside.wait()
-            await host.cancel(run.run_id, reason="enough")
+    async def cancel_when_inside() -> None:
+        await inside.wait()
+        await host.cancel(run.run_id, reason="enough")
 
-        group.start_soon(cancel_when_inside)
-        with anyio.fail_after(20):
+    with anyio.fail_after(20):  # (a run that ends before a body is inside fails, not hangs)
+        async with anyio.create_task_group() as group:
+            group.start_soon(cancel_when_inside)
             return await drive(run)
 
 
@@ -225,7 +229,17 @@ async def test_a_cancel_interrupts_the_step_in_flight(tmp_path: Path) -> None:
     await checked(host.store, tmp_path)
 
 
-async def test_a_finish_step_runs_to_its_end_through_a_cancel(tmp_path: Path) -> None:
+@pytest.mark.parametrize("task_states", ["anyio's", "gone"])
+async def test_a_finish_step_runs_to_its_end_through_a_cancel(
+    tmp_path: Path, task_states: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With anyio's record of each task's cancel scopes, a finish body the task function awaits
+    runs in the task function's own task; were a later anyio to move it (``gone``: what
+    ``steps._anyio_task_states`` then answers), in a task of its own, with the same outcome."""
+    from haltwise._runtime import steps
+
+    if task_states == "gone":
+        monkeypatch.setattr(steps, "_TASK_STATES", None)
     host, run = await open_run(tmp_path, charged)
     outcome = await drive_cancelled_inside(host, run)
     assert outcome.state is State.CANCELLED
@@ -233,6 +247,7 @@ async def test_a_finish_step_runs_to_its_end_through_a_cancel(tmp_path: Path) ->
         ("charge", StepStatus.COMMITTED, 5)
     ]
     assert calls["charge"] == 1
+    assert (charged_in == [asyncio.current_task()]) is (task_states == "anyio's")
     await checked(host.store, tmp_path)
 
 
@@ -273,10 +288,17 @@ async def test_a_tool_outside_a_run_just_runs() -> None:
     assert calls["write"] == 1
 
 
-def test_the_step_path_reads_anyios_record_of_cancel_scopes() -> None:
+def test_the_step_path_reads_anyios_record_of_cancel_scopes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """``steps`` reads anyio's private record of each task's cancel scopes to run a ``finish``
     body in the task function's own task; were it moved by a later anyio, such bodies would
-    still work, silently in a task of their own (slower): this says so."""
+    still work, silently in a task of their own (slower; the test above runs both): this says
+    so, and that the moved record is answered None."""
+    import anyio._backends._asyncio as backend
+
     from haltwise._runtime import steps
 
-    assert steps._TASK_STATES is not None
+    assert steps._TASK_STATES is backend._task_states
+    monkeypatch.delattr(backend, "_task_states")
+    assert steps._anyio_task_states() is None
