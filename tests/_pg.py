@@ -176,16 +176,23 @@ def backends_in_transaction(url: str, application: str, deadline: float = 60.0) 
     client comes back. So does a connection stopped in the middle of an extended-protocol
     exchange (its statement executed, its ``Sync`` not sent): it stays ``active``, waiting to
     read from the client; one sending a result the client does not read waits likewise. Both
-    are counted as in a transaction. (A ``BEGIN`` still unread by the server when this looks
-    opens one later, which takes no lock.)"""
+    are counted as in a transaction. So is a statement waiting for a lock that another of the
+    client's own connections holds (its transaction left open by the stop): it cannot end
+    before the client comes back, as a killed client's cannot before the kernel closes its
+    sockets, which ends both. (A ``BEGIN`` still unread by the server when this looks opens one
+    later, which takes no lock.)"""
     import psycopg
 
     where = "WHERE application_name = %s AND datname = current_database()"
-    running = f"{where} AND state = 'active' AND wait_event_type IS DISTINCT FROM 'Client'"
+    own = f"ARRAY(SELECT pid FROM pg_stat_activity {where})"
+    running = (
+        f"{where} AND state = 'active' AND wait_event_type IS DISTINCT FROM 'Client' "
+        f"AND NOT (pg_blocking_pids(pid) && {own})"
+    )
     end = time.monotonic() + deadline
     with psycopg.connect(url, autocommit=True) as admin:
         while busy := admin.execute(
-            f"SELECT wait_event, query FROM pg_stat_activity {running}", (application,)
+            f"SELECT wait_event, query FROM pg_stat_activity {running}", (application, application)
         ).fetchall():
             assert time.monotonic() < end, f"statements of {application} did not end: {busy}"
         rows = admin.execute(

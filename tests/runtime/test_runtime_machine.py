@@ -545,3 +545,43 @@ def test_runtime_machine(stores: tuple[str, Stores]) -> None:
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
+
+
+def test_a_frozen_clients_statement_waiting_on_its_own_lock_counts_as_in_a_transaction(
+    pg_url: str,
+) -> None:
+    """The crash rule's kill on PostgreSQL (``backends_in_transaction``) waits until none of the
+    frozen process's statements runs. One may wait for a row lock that the process's own open
+    transaction holds (a claim frozen between its UPDATE and its COMMIT, a transition of the
+    same run queued behind it): it ends only with that transaction, so waiting for it hung
+    test_runtime_machine[postgres] for good (session 10). It is counted in, and ended with it."""
+    name = "frozen-client"
+    with psycopg.connect(pg_url, autocommit=True) as setup:
+        setup.execute("CREATE TABLE held (id integer PRIMARY KEY)")
+        setup.execute("INSERT INTO held VALUES (1)")
+    own = f"{pg_url}?application_name={name}"
+    with psycopg.connect(own) as holder, psycopg.connect(own, autocommit=True) as waiter:
+        holder.execute("SELECT id FROM held WHERE id = 1 FOR UPDATE")  # its transaction stays open
+        blocked = threading.Thread(
+            target=_ignore_errors, args=(waiter, "SELECT id FROM held WHERE id = 1 FOR UPDATE")
+        )
+        blocked.start()
+        try:
+            with psycopg.connect(pg_url, autocommit=True) as admin:
+                end = time.monotonic() + DEADLINE
+                while not admin.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                    (waiter.info.backend_pid,),
+                ).fetchall():
+                    assert time.monotonic() < end, "the second statement never waited"
+                    time.sleep(0.01)
+            found = backends_in_transaction(pg_url, name, deadline=5.0)
+            assert sorted(found) == sorted([holder.info.backend_pid, waiter.info.backend_pid])
+        finally:
+            holder.rollback()
+            blocked.join(DEADLINE)
+
+
+def _ignore_errors(conn: psycopg.Connection[Any], statement: str) -> None:
+    with contextlib.suppress(psycopg.Error):
+        conn.execute(statement)
