@@ -1,10 +1,12 @@
-"""Shared helpers for the benchmarks: percentiles, a Markdown table, the environment line."""
+"""Shared helpers for the benchmarks: percentiles, a Markdown table, the environment line, a
+child process's event lines."""
 
 from __future__ import annotations
 
 import platform
 import sqlite3
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -85,3 +87,16 @@ def throughput_plot(
     figure.savefig(path)
     plt.close(figure)
     return f"plot written to {path}"
+
+
+def read_event(proc: subprocess.Popen[str], kind: str) -> list[str]:
+    """The fields of the next line ``proc`` prints that begins with ``kind`` (lines before it
+    are passed over); RuntimeError if ``proc`` ends first."""
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the process ended before a {kind!r} line")
+        fields = line.split()
+        if fields and fields[0] == kind:
+            return fields

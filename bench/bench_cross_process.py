@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import anyio
-from _report import header, percentile, table
+from _report import header, percentile, read_event, table
 from bench_core import cancel_latencies
 
 import haltwise
@@ -38,17 +38,6 @@ def spawn_target(url: str, trials: int) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         text=True,
     )
-
-
-def read_event(proc: subprocess.Popen[str], kind: str) -> list[str]:
-    assert proc.stdout is not None
-    while True:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the target process ended early")
-        fields = line.split()
-        if fields[0] == kind:
-            return fields
 
 
 async def cross_process(url: str, trials: int) -> tuple[list[float], list[float]]:

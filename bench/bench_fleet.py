@@ -32,7 +32,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 from _cancel_target import wait_for_cancel
-from _report import header, median, percentile, table
+from _report import header, median, percentile, read_event, table
 
 import haltwise
 from haltwise._journal.store import NewRun
@@ -161,17 +161,6 @@ def throughput(url: str, workers: int, runs: int) -> float:
 
 
 # -- cancel latency -----------------------------------------------------------------------------
-
-
-def read_event(proc: subprocess.Popen[str], kind: str) -> list[str]:
-    assert proc.stdout is not None
-    while True:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the worker ended early")
-        fields = line.split()
-        if fields and fields[0] == kind:
-            return fields
 
 
 async def cancel_latencies(url: str, trials: int) -> tuple[list[float], list[float]]:

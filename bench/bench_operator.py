@@ -49,8 +49,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
-from _report import header, median, percentile, table
-from bench_cross_process import read_event, spawn_target
+from _report import header, median, percentile, read_event, table
+from bench_cross_process import spawn_target
 
 import haltwise
 

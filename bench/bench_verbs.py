@@ -40,8 +40,7 @@ import time
 from pathlib import Path
 
 import anyio
-from _report import header, percentile, table
-from bench_cross_process import read_event
+from _report import header, percentile, read_event, table
 
 import haltwise
 import haltwise._journal.sqlite as sqlite_store

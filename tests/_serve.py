@@ -170,6 +170,12 @@ class Served:
     def release(self, name: str) -> None:
         (self.root / f"release-{name}").touch()
 
+    def __enter__(self) -> Served:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
     def stop(self) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)

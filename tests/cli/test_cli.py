@@ -240,6 +240,16 @@ def test_a_run_held_by_a_live_owner_cannot_be_run_or_resumed(env: Env) -> None:
 # -- status --------------------------------------------------------------------------------
 
 
+def resume_completes(env: Env) -> None:
+    """``resume r1`` (its think step let go) completes the run: the interrupted step runs again,
+    the committed ones do not."""
+    env.release("think")
+    resumed = env.hw("resume", "r1", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["state"] == "completed"
+    assert env.effects() == ["search", "record:cats", "think", "record:done"]
+
+
 def test_status_of_an_active_and_of_a_final_run(env: Env) -> None:
     process = env.start_flow("r1", "interruptible", "--json")
     active = env.hw("status", "r1")
@@ -263,12 +273,7 @@ def test_status_shows_a_dead_owner(env: Env) -> None:
     assert "is gone" in done.stdout and "haltwise resume r1" in done.stdout
     again = error_line(env.hw("run", "agent.py:flow", "--input", '{"policy": "x"}', "--id", "r1"))
     assert "haltwise resume r1" in again
-    # resume takes it over: the interrupted step runs again, committed ones do not
-    env.release("think")
-    resumed = env.hw("resume", "r1", "--json")
-    assert resumed.returncode == 0, resumed.stderr
-    assert json.loads(resumed.stdout)["state"] == "completed"
-    assert env.effects() == ["search", "record:cats", "think", "record:done"]
+    resume_completes(env)  # resume takes it over
 
 
 def test_cancel_of_a_run_whose_owner_died_settles_it_there(env: Env) -> None:
@@ -283,12 +288,7 @@ def test_cancel_of_a_run_whose_owner_died_settles_it_there(env: Env) -> None:
     assert settled is not None
     assert (settled["state"], settled["reason"]) == ("cancelled", "user")
     assert statuses(settled) == ["committed", "committed", "interrupted"]
-    # resume continues the cancelled run: the interrupted step runs again, nothing else
-    env.release("think")
-    resumed = env.hw("resume", "r1", "--json")
-    assert resumed.returncode == 0, resumed.stderr
-    assert json.loads(resumed.stdout)["state"] == "completed"
-    assert env.effects() == ["search", "record:cats", "think", "record:done"]
+    resume_completes(env)  # resume continues the cancelled run
 
 
 # -- resume --------------------------------------------------------------------------------

@@ -229,7 +229,9 @@ def test_read_only_commands_do_not_wait_behind_another_writer(env: Env) -> None:
 
 def test_a_postgres_outage_prints_one_line_and_no_driver_log_noise(tmp_path: Path) -> None:
     """The server of a run in flight goes down: the run stops with the one clear line (its last
-    durable state standing), without the pool's twenty lines of reconnection logs before it."""
+    durable state standing), without the pool's twenty lines of reconnection logs before it.
+    Whichever meets the outage first, the run's write or the command's read of the run just
+    after its start (the order is the machine's here: test_foreground_outage.py makes each)."""
     server = PostgresServer()
     server.start()
     try:

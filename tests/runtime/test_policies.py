@@ -44,6 +44,18 @@ async def wait_for_status(
             await anyio.sleep(0.001)
 
 
+async def cancelled_between(
+    rt: haltwise.Runtime, task: Any, run_id: str, **cancel: Any
+) -> haltwise.Outcome:
+    """Start ``task`` as ``run_id``, cancel it (``cancel``: the keywords) once it waits for
+    ``toolkit.go_on``, let it go on, and return how it ended."""
+    handle = await rt.start(task, task_id=run_id)
+    await toolkit.between.wait()
+    await handle.cancel(**cancel)
+    toolkit.go_on.set()
+    return await handle.outcome()
+
+
 async def start_one_step(rt: haltwise.Runtime, tool: str) -> haltwise.TaskHandle:
     handle = await rt.start(toolkit.one_step, tool, task_id="r1")
     await toolkit.between.wait()
@@ -178,11 +190,7 @@ async def test_deadline_is_a_cancellation_with_reason_deadline(store_url: str) -
 
 async def test_saga_compensates_committed_rollback_steps_in_reverse(store_url: str) -> None:
     async with haltwise.Runtime(store_url) as rt:
-        handle = await rt.start(toolkit.saga, task_id="s1")
-        await toolkit.between.wait()
-        await handle.cancel()
-        toolkit.go_on.set()
-        outcome = await handle.outcome()
+        outcome = await cancelled_between(rt, toolkit.saga, "s1")
     assert outcome.state is State.CANCELLED
     assert toolkit.compensations == [("quick_write", ("second",)), ("quick_write", ("first",))]
     assert [s.status for s in outcome.steps] == [
@@ -220,11 +228,7 @@ async def test_shield_lets_cleanup_call_tools_after_a_cancel(store_url: str) -> 
         return "not cancelled"
 
     async with haltwise.Runtime(store_url) as rt:
-        handle = await rt.start(cleans_up, task_id="c1")
-        await toolkit.between.wait()
-        await handle.cancel()
-        toolkit.go_on.set()
-        outcome = await handle.outcome()
+        outcome = await cancelled_between(rt, cleans_up, "c1")
     assert seen == ["cleanup"]
     assert outcome.state is State.CANCELLED
     assert [s.status for s in outcome.steps] == [StepStatus.COMMITTED]
@@ -246,11 +250,7 @@ async def test_cleanup_steps_are_not_replayed_on_resume(store_url: str) -> None:
             raise
 
     async with haltwise.Runtime(store_url) as rt:
-        handle = await rt.start(tidy, task_id="t")
-        await toolkit.between.wait()
-        await handle.cancel()
-        toolkit.go_on.set()
-        cancelled = await handle.outcome()
+        cancelled = await cancelled_between(rt, tidy, "t")
         assert [(s.index, s.tool, s.cleanup) for s in cancelled.steps] == [
             (0, "quick", False),
             (1, "quick_external", True),
@@ -283,11 +283,7 @@ async def test_cancel_is_level_triggered_and_cannot_be_undone(store_url: str) ->
         return "pretends nothing happened"
 
     async with haltwise.Runtime(store_url) as rt:
-        handle = await rt.start(swallows, task_id="l1")
-        await toolkit.between.wait()
-        await handle.cancel(reason="operator said so")
-        toolkit.go_on.set()
-        outcome = await handle.outcome()
+        outcome = await cancelled_between(rt, swallows, "l1", reason="operator said so")
     assert raised == 3
     assert outcome.state is State.CANCELLED
     assert outcome.reason == "operator said so"
@@ -307,11 +303,7 @@ async def test_error_raised_while_cancelling_is_kept_as_cancel_error(store_url: 
         return "x"
 
     async with haltwise.Runtime(store_url) as rt:
-        handle = await rt.start(breaks_on_cancel, task_id="e1")
-        await toolkit.between.wait()
-        await handle.cancel()
-        toolkit.go_on.set()
-        outcome = await handle.outcome()
+        outcome = await cancelled_between(rt, breaks_on_cancel, "e1")
     assert outcome.state is State.CANCELLED
     assert outcome.error is None
     assert outcome.cancel_error == haltwise.ErrorInfo("RuntimeError", "cleanup failed")

@@ -29,12 +29,11 @@ from haltwise import State
 
 @pytest.fixture
 def served(tmp_path: Path, sqlite_url: str) -> Iterator[Served]:
-    server = start_server(tmp_path, sqlite_url)
-    try:
-        yield server
-    finally:
-        server.release("think")
-        server.stop()
+    with start_server(tmp_path, sqlite_url) as server:
+        try:
+            yield server
+        finally:
+            server.release("think")
 
 
 @pytest.fixture

@@ -24,11 +24,8 @@ from _serve import AGENT, PATIENCE, Served, events, start_server
 
 @pytest.fixture
 def served(tmp_path: Path, store_url: str) -> Iterator[Served]:
-    server = start_server(tmp_path, store_url, env={"HALTWISE_READ_TOKEN": "reader-token"})
-    try:
+    with start_server(tmp_path, store_url, env={"HALTWISE_READ_TOKEN": "reader-token"}) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def finished(served: Served, run_id: str) -> dict[str, object]:
@@ -72,11 +69,8 @@ def test_tokens_and_the_session_cookie(served: Served) -> None:
 def test_a_configured_token_is_never_printed_and_a_public_bind_needs_one(
     tmp_path: Path, sqlite_url: str
 ) -> None:
-    server = start_server(tmp_path, sqlite_url, env={"HALTWISE_TOKEN": "op-secret-123"})
-    try:
+    with start_server(tmp_path, sqlite_url, env={"HALTWISE_TOKEN": "op-secret-123"}) as server:
         assert server.get("/api/runs").status == 200
-    finally:
-        server.stop()
     assert server.process.stdout is not None and server.process.stderr is not None
     printed = server.process.stdout.read() + server.process.stderr.read()
     assert "op-secret-123" not in printed
@@ -271,11 +265,8 @@ def test_pause_and_unpause_through_the_api(served: Served) -> None:
 @pytest.fixture
 def served_verbs(tmp_path: Path, store_url: str) -> Iterator[Served]:
     """The server with the verbs' tasks too (a retried step, a timed-out one)."""
-    server = start_server(tmp_path, store_url, agent=AGENT + PATIENT)
-    try:
+    with start_server(tmp_path, store_url, agent=AGENT + PATIENT) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_a_retried_and_a_timed_out_step_through_the_api(served_verbs: Served) -> None:

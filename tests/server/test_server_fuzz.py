@@ -23,11 +23,8 @@ from _serve import Served, start_server
 
 @pytest.fixture
 def served(tmp_path: Path, store_url: str) -> Iterator[Served]:
-    server = start_server(tmp_path, store_url)
-    try:
+    with start_server(tmp_path, store_url) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_no_generated_request_crashes_the_server_or_the_journal(served: Served) -> None:

@@ -15,11 +15,8 @@ from haltwise.server._app import _ACTIONS
 
 @pytest.fixture
 def served(tmp_path: Path, sqlite_url: str) -> Iterator[Served]:
-    server = start_server(tmp_path, sqlite_url)
-    try:
+    with start_server(tmp_path, sqlite_url) as server:
         yield server
-    finally:
-        server.stop()
 
 
 BODIES = {
@@ -41,11 +38,8 @@ def test_a_body_the_journal_cannot_hold_is_a_400(served: Served, body: bytes) ->
 
 @pytest.fixture
 def served_on(tmp_path: Path, store_url: str) -> Iterator[Served]:
-    server = start_server(tmp_path, store_url)
-    try:
+    with start_server(tmp_path, store_url) as server:
         yield server
-    finally:
-        server.stop()
 
 
 #: Every endpoint that takes a run id in its path (CONTRACT.md, "HTTP API and dashboard"): the

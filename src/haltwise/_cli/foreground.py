@@ -14,13 +14,19 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from .._core.exceptions import HaltwiseError, InputError, RunOwnedError, UnknownRunError
+from .._core.exceptions import (
+    HaltwiseError,
+    InputError,
+    RunOwnedError,
+    StoreError,
+    UnknownRunError,
+)
 from .._core.outcome import Outcome
 from .._core.records import RunRecord, RunSnapshot, parse_json_text
 from .._runtime.runtime import Runtime
@@ -92,8 +98,10 @@ class Foreground:
 
     async def _refresh(self, run_id: str, view: LiveView) -> None:
         while True:
-            detail = await self._runtime.inspect(run_id)
-            view.show(RunSnapshot(detail.run, detail.outcome.steps, detail.outcome.partials))
+            # A store error here is the run's to report (see check_ours): the view waits.
+            with suppress(StoreError):
+                detail = await self._runtime.inspect(run_id)
+                view.show(RunSnapshot(detail.run, detail.outcome.steps, detail.outcome.partials))
             await anyio.sleep(_REFRESH)
 
 
@@ -192,8 +200,18 @@ async def existing_run(runtime: Runtime, task_id: str) -> Outcome | None:
 
 
 async def check_ours(runtime: Runtime, task_id: str) -> None:
-    """After ``start``: refuse to follow a run another process created meanwhile (same id)."""
-    run = (await runtime.inspect(task_id)).run
+    """After ``start``: refuse to follow a run another process created meanwhile (same id).
+
+    A store that fails this read while the run is worked here is left for the run to meet: its
+    own writes go to the same store, and its outcome then says in one line that its journal
+    could not be written (:meth:`Runtime.outcome`), whichever of the two met the failure first.
+    """
+    try:
+        run = (await runtime.inspect(task_id)).run
+    except StoreError:
+        if runtime._worked_here(task_id):
+            return
+        raise
     if run.owner is not None and run.owner.token != runtime.owner.token:
         raise RunOwnedError(task_id, run.owner.describe())
 

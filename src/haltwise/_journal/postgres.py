@@ -52,7 +52,7 @@ import psycopg
 from psycopg import errors
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row, tuple_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .._core.exceptions import HaltwiseError, NoStoreError, StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
@@ -517,7 +517,15 @@ class PostgresStore:
             await conn.execute(POSTGRES.set_version(), (str(SCHEMA_VERSION),))
 
     def _error(self, error: psycopg.Error, *, connecting: bool = False) -> StoreError:
-        text = _one_line(error, self.url)
+        """The store's one-line error for a driver's ``error`` (every operation's is made here)."""
+        if isinstance(error, PoolTimeout):
+            # The pool's own words ("couldn't get a connection after 10.00 sec") say neither
+            # which store nor why: the server is down or unreachable (or every connection
+            # stayed busy that long).
+            connecting = True
+            text = f"no connection could be made or freed within {_CONNECT_TIMEOUT} s"
+        else:
+            text = _one_line(error, self.url)
         if connecting:
             return StoreError(f"cannot connect to the PostgreSQL store {self._where}: {text}")
         return StoreError(f"store {self._where}: {text}")

@@ -158,18 +158,42 @@ class Runtime:
         assert task_group is not None, "Runtime used without async with"
         try:
             with anyio.CancelScope(shield=True):
-                for run_id in list(self._active):
-                    await self._cancel_own(run_id, reason="shutdown")
+                unrecorded = await self._shut_down_runs()
                 for run in list(self._active.values()):
                     await run.done.wait()
             task_group.cancel_scope.cancel()
             # The block's own exception propagates as it is, not wrapped in an ExceptionGroup.
             await task_group.__aexit__(None, None, None)
+            if unrecorded is not None and exc is None:
+                raise unrecorded
             return None
         finally:
             self._task_group = None
             with anyio.CancelScope(shield=True):
                 await self.store.close()
+
+    async def _shut_down_runs(self) -> StoreError | None:
+        """Cancel every run worked here with reason ``"shutdown"`` (the block's end).
+
+        Once the store fails to record one (it is unreachable), that run and every one left
+        are handed over instead, without asking the store again (see :meth:`_hand_over`): each
+        one's last durable state stands, as after a crash, and a later resume or worker takes
+        it over. Returns that store error (None: every cancel was recorded); ``__aexit__``
+        raises it only if the block raised nothing, never in place of the block's own
+        exception.
+        """
+        failed: StoreError | None = None
+        for run_id in list(self._active):
+            if failed is None:
+                try:
+                    await self._cancel_own(run_id, reason="shutdown")
+                    continue
+                except StoreError as error:
+                    failed = error
+            ctx = self._active.get(run_id)
+            if ctx is not None:
+                _hand_over_here(ctx)
+        return failed
 
     # -- public operations ---------------------------------------------------------------------
 
@@ -483,8 +507,7 @@ class Runtime:
     def _begin_hand_over(self) -> int:
         """The first half of :meth:`hand_over`: tell every run here to stop; return how many."""
         for ctx in self._active.values():
-            ctx.cancel.begin_hand_over()
-            ctx.request_cancel("handover", force=False)
+            _hand_over_here(ctx)
         return len(self._active)
 
     async def submit(
@@ -775,6 +798,11 @@ class Runtime:
     def is_active(self, task_id: str) -> bool:
         """Whether this runtime is working run ``task_id`` right now."""
         return task_id in self._active
+
+    def _worked_here(self, task_id: str) -> bool:
+        """Whether this runtime works run ``task_id``, or stopped working it because its journal
+        could not be written (:meth:`outcome` says so then)."""
+        return task_id in self._active or task_id in self._broken
 
     def handle(self, task_id: str) -> TaskHandle:
         """A handle on run ``task_id`` (not checked until used)."""
@@ -1099,6 +1127,13 @@ class RuntimeHost:
 
 #: the statuses of a child step whose child run may still be active (in flight; interrupted by a
 #: hand-over, which hands the child over too; forced)
+def _hand_over_here(ctx: RunContext) -> None:
+    """Tell the run to stop here without being cancelled: its steps in flight settle by their
+    policies, then it is released (see :meth:`Runtime._hand_over`)."""
+    ctx.cancel.begin_hand_over()
+    ctx.request_cancel("handover", force=False)
+
+
 _MAY_HOLD_A_CHILD = frozenset({StepStatus.RUNNING, StepStatus.INTERRUPTED, StepStatus.UNKNOWN})
 
 

@@ -54,8 +54,3 @@ def start_thread(
     name = f"haltwise-tool-{getattr(fn, '__name__', 'call')}"
     threading.Thread(target=target, name=name, daemon=True).start()
     return call
-
-
-async def run_in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run a plain function in a daemon thread; a cancel abandons it."""
-    return await start_thread(fn, args, kwargs).result
