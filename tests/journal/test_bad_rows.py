@@ -237,27 +237,62 @@ def test_a_run_row_reads_alike_on_the_fast_path_and_column_by_column() -> None:
         assert getattr(fast, field.name) != field.default, field.name
 
 
-@pytest.mark.parametrize(
-    ("column", "value"),
-    [
-        ("id", None),
-        ("task", 3),
-        ("state", "bogus"),
-        ("reason", 5),
-        ("force", 2),
-        ("pause", None),
-        ("settle_on_cancel", "yes"),
-        ("created_at", math.nan),
-        ("updated_at", "late"),
-        ("lease_until", math.nan),
-        ("parent", 7),
-        ("inputs", "[]"),
-        ("result", b"1"),
-        ("error", '{"message":"x"}'),
-        ("owner", "garbage"),
-    ],
-)
+#: a value of each run column that its converter refuses
+REFUSED = [
+    ("id", None),
+    ("task", 3),
+    ("state", "bogus"),
+    ("reason", 5),
+    ("force", 2),
+    ("pause", None),
+    ("settle_on_cancel", "yes"),
+    ("created_at", math.nan),
+    ("updated_at", "late"),
+    ("lease_until", math.nan),
+    ("parent", 7),
+    ("inputs", "[]"),
+    ("result", b"1"),
+    ("error", '{"message":"x"}'),
+    ("owner", "garbage"),
+]
+
+
+@pytest.mark.parametrize(("column", "value"), REFUSED)
 def test_a_run_value_the_converters_refuse_is_never_read(column: str, value: object) -> None:
     row = {**SOUND_RUN_ROW, column: value}
     with pytest.raises(CorruptRowError, match=f"column {column}"):
         rows.run_from_row(row)
+
+
+#: the readers of some of a run's columns, by position (a bulk cancel's, a transition group's)
+PART_READERS = {
+    "cancelled_from_row": (rows.cancelled_from_row, rows.CANCELLED_COLUMNS),
+    "head_from_row": (rows.head_from_row, rows.HEAD_COLUMNS),
+}
+
+
+@pytest.mark.parametrize("reader", PART_READERS)
+def test_some_columns_of_a_run_read_as_the_whole_row_reads_them(reader: str) -> None:
+    read, columns = PART_READERS[reader]
+    whole = rows.run_from_row(SOUND_RUN_ROW)
+    expected = tuple(getattr(whole, column) for column in columns)
+    assert read(tuple(SOUND_RUN_ROW[column] for column in columns)) == expected
+    slow = {**SOUND_RUN_ROW, "lease_until": 5, "id": "r1"}  # an integer time: column by column
+    if "lease_until" in columns:
+        assert read(tuple(slow[column] for column in columns)).lease_until == 5.0
+
+
+@pytest.mark.parametrize(
+    ("reader", "column", "value"),
+    [
+        (reader, column, value)
+        for reader, (_, columns) in PART_READERS.items()
+        for column, value in REFUSED
+        if column in columns
+    ],
+)
+def test_a_value_some_columns_refuse_is_never_read(reader: str, column: str, value: object) -> None:
+    read, columns = PART_READERS[reader]
+    row = tuple(value if name == column else SOUND_RUN_ROW[name] for name in columns)
+    with pytest.raises(CorruptRowError, match=f"column {column}"):
+        read(row)

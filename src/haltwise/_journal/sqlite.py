@@ -18,7 +18,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Collection, Iterable, Sequence
 from functools import partial
-from typing import Any, NamedTuple, final
+from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
 import anyio
@@ -38,16 +38,17 @@ from .operator_sql import (
 )
 from .rows import (
     CANCELLED_COLUMNS,
+    HEAD_COLUMNS,
     RUN_COLUMNS,
     cancelled_from_row,
     each_read,
     error_to_text,
     event_from_row,
+    head_from_row,
     journal_from_rows,
     partial_key,
     partials_from_rows,
     read_all,
-    run_columns,
     run_from_row,
     run_written,
     steps_from_rows,
@@ -953,7 +954,7 @@ class _Transition(GroupOp):
         else:
             heads = conn.cursor()
             heads.row_factory = None
-            runs = map(_head_from_row, heads.execute(_HEADS_BY_IDS, bound))
+            runs = map(head_from_row, heads.execute(_HEADS_BY_IDS, bound))
         now = time.time()
         outcomes: list[Outcome] = [(None, None)] * len(ops)
         found = [False] * len(ops)
@@ -987,25 +988,7 @@ _RUNS_BY_IDS = _OPS.runs_by_ids(lock=False)
 _CANCELLED_COLUMNS = ", ".join(CANCELLED_COLUMNS)
 _CANCELLED_BY_IDS = _OPS.runs_by_ids(lock=False, columns=_CANCELLED_COLUMNS)
 #: what the rules of a transition read of each run whose id is in the list bound (RunHead)
-_HEAD_COLUMNS = ("id", "state", "reason", "pause", "owner")
-_HEADS_BY_IDS = f"SELECT {', '.join(_HEAD_COLUMNS)} FROM runs WHERE id {_OPS.in_ids}"
-
-
-@final
-class _Head(NamedTuple):
-    """A :class:`RunHead` read by ``_HEADS_BY_IDS``."""
-
-    id: str
-    state: State
-    reason: str | None
-    pause: bool
-    owner: Owner | None
-
-
-def _head_from_row(row: Sequence[Any]) -> _Head:
-    """A row of ``_HEADS_BY_IDS``, each column converted as :func:`run_from_row` converts it
-    (:class:`CorruptRowError` names the run and the column that does not parse)."""
-    return _Head._make(run_columns(row[0], _HEAD_COLUMNS, row))
+_HEADS_BY_IDS = f"SELECT {', '.join(HEAD_COLUMNS)} FROM runs WHERE id {_OPS.in_ids}"
 
 
 def _check_fence(conn: sqlite3.Connection, run_id: str, fence: str) -> sqlite3.Row:
