@@ -90,8 +90,7 @@ async def _once(path: str, runs: int, counting: bool) -> dict[str, dict[str, flo
     if counting:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         conn.execute("PRAGMA wal_autocheckpoint = 0")
-        store._writer._set_checkpoint = lambda conn, operations: None  # (before 2026-12-02)
-        store._writer._checkpoint_due = lambda operations: False
+        store._writer._set_checkpoint = lambda conn, operations: None
 
         def count(_: str) -> None:
             statements[0] += 1

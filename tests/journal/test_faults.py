@@ -3,7 +3,6 @@ that closed the connections."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sqlite3
@@ -150,63 +149,29 @@ async def test_many_runs_share_their_commits(sqlite_url: str) -> None:
     assert len(commits) < runs, f"{len(commits)} commits for {runs * steps} steps"
 
 
-async def test_the_wal_is_checkpointed_after_a_commit_at_the_limit_of_its_batch(
+async def test_a_big_batch_checkpoints_at_4096_pages_and_one_run_at_the_stores_limit(
     sqlite_url: str,
 ) -> None:
-    # At FULL a commit makes a checkpoint due once the WAL holds 1,000 frames; the commit of a
-    # batch of 400 runs (a start and the previous step's settlement each: 800 operations) at
-    # 4,096, so that not every such commit checkpoints. The checkpoint runs on the writer thread
-    # after the commit (the writer's connection runs none inside a commit, where the loop's
-    # batch would wait for it), and its frames are then in the database file.
-    wal = Path(sqlite_url.removeprefix("sqlite:///") + "-wal")
+    # At FULL the store checkpoints its WAL at 1,000 pages; the batch of 400 runs (a start and
+    # the previous step's settlement each: 800 operations) raises that to 4,096 pages for its
+    # commit, so that not every such commit checkpoints; smaller commits (the batch's tail, one
+    # run's) put it back.
     async with haltwise.Runtime(sqlite_url) as rt:
-        seen: list[tuple[str, int]] = []  # (thread, frames in the WAL) at each checkpoint
+        settings: list[str] = []
         rt.store._writer.conn.set_trace_callback(  # type: ignore[attr-defined]
-            lambda sql: (
-                seen.append((threading.current_thread().name, wal_frames(wal)[0]))
-                if "wal_checkpoint" in sql
-                else None
-            )
+            lambda sql: settings.append(sql) if "wal_autocheckpoint" in sql else None
         )
 
-        async def one(k: int, steps: int = 12) -> None:
-            handle = await rt.start(bumps, steps, task_id=f"b{k}")
+        async def one(k: int) -> None:
+            handle = await rt.start(bumps, 3, task_id=f"b{k}")
             assert (await handle.outcome()).state is State.COMPLETED
 
         async with anyio.create_task_group() as group:
             for k in range(400):
                 group.start_soon(one, k)
-        batches = list(seen)
-        await one(400, steps=600)  # one run: a commit per write, a few frames each
-        alone = seen[len(batches) :]
-        room = wal_frames(wal)[1]
-    assert batches and max(frames for _, frames in batches) >= 4096, batches
-    assert len(alone) >= 2 and all(1000 <= frames < 4096 for _, frames in alone), alone
-    assert {thread for thread, _ in seen} == {"haltwise-sqlite-writer"}, seen
-    assert room < 2 * 4096, room  # the WAL's room: it started again after each checkpoint
-
-
-async def test_the_wal_stays_bounded_and_the_database_file_gets_the_writes(
-    sqlite_url: str, tmp_path: Path
-) -> None:
-    # A write loop of one run (a commit per write, the store's limit of 1,000 frames): the WAL
-    # file never grows past twice its room (it starts again from the top after each
-    # checkpoint), and the database file itself, without its WAL, holds what was checkpointed.
-    path = Path(sqlite_url.removeprefix("sqlite:///"))
-    wal = path.with_name(path.name + "-wal")
-    async with haltwise.Runtime(sqlite_url) as rt:
-        rooms = []
-        for k in range(4):
-            handle = await rt.start(bumps, 250, task_id=f"loop{k}")
-            assert (await handle.outcome()).state is State.COMPLETED
-            rooms.append(wal_frames(wal)[1])
-        alone = tmp_path / "alone.db"  # the database file as a checkpoint left it, no WAL
-        alone.write_bytes(path.read_bytes())
-    assert max(rooms) < 2000, rooms
-    with contextlib.closing(sqlite3.connect(alone)) as conn:
-        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        steps = conn.execute("SELECT count(*) FROM steps").fetchone()[0]
-    assert steps >= 500, steps  # of 1,000 (what the last checkpoints left is in the WAL)
+        assert settings[0] == "PRAGMA wal_autocheckpoint = 4096", settings
+        await one(400)
+    assert settings[-1] == "PRAGMA wal_autocheckpoint = 1000", settings
 
 
 @haltwise.task(name="test_faults:chatty")

@@ -109,8 +109,7 @@ _SYNCED = ("FULL", "EXTRA")
 
 
 def _checkpoint_pages(synchronous: str) -> int:
-    """The WAL's size, in pages, at which a commit makes a checkpoint due (the writer runs it
-    after the commit: see ``sqlite_writer``).
+    """The WAL's size, in pages, at which a commit checkpoints it into the database file.
 
     SQLite's default is 1,000 pages (4 MiB of its default 4 KiB pages, 1 MiB of this store's
     1 KiB pages). A checkpoint costs two syncs and copies every page the WAL holds a frame of;
@@ -402,9 +401,11 @@ class SQLiteStore:
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
             conn.execute(f"PRAGMA temp_store = {_TEMP_STORE}")
+            pages = _checkpoint_pages(self.synchronous)
+            conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
             conn.execute("BEGIN IMMEDIATE")
             if self.synchronous in _SYNCED:
-                _preallocate_wal(conn, self.path, _checkpoint_pages(self.synchronous))
+                _preallocate_wal(conn, self.path, pages)
             self._upgrade(conn, "haltwise_meta" in tables)
             conn.execute("COMMIT")
         except sqlite3.Error as error:

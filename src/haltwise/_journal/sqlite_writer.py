@@ -28,27 +28,13 @@ give it up (up to the interpreter's switch interval, 5 ms) whenever the loop is 
 other runs, which it is exactly when there is a batch to commit. Several processes may share the
 file: ``BEGIN IMMEDIATE``, retried until the busy timeout, serialises writers, and WAL lets
 readers go on meanwhile.
-
-The WAL is checkpointed after the commit that makes it due, not in it. SQLite's own automatic
-checkpoint runs inside the ``COMMIT`` that crosses ``wal_autocheckpoint`` pages, so the caller
-(the event loop, for the loop's batch) waited for it: copying every page the WAL holds back into
-the database file, with two syncs (~30 ms for the 4,000 frames of a bulk cancel's request).
-The writer's connection has it off; after a commit, the writer reads the WAL's length from the
-WAL-index header (the ``-shm`` file: SQLite's file format) and, at the same limit, hands a
-``PASSIVE`` checkpoint to the writer thread, after the batch's callers were told. Writes
-submitted meanwhile wait for it (it holds the connection), as the next commit would have before,
-so it catches up with the whole WAL and SQLite starts the WAL again from the top at the next
-write: the WAL stays as bounded as before. Durability is the same: a commit syncs the WAL (at
-``FULL``) before it returns either way; a checkpoint only copies what is durable already.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import queue
 import sqlite3
-import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -62,9 +48,8 @@ Op = Callable[[sqlite3.Connection], Any]
 _Deliver = Callable[[Any, BaseException | None], None]
 Outcome = tuple[Any, BaseException | None]
 _MAX_BATCH = 512
-#: A commit of at least this many operations (the loop's batch of many runs) makes a checkpoint
-#: due at
-#: :data:`_BIG_BATCH_CHECKPOINT` pages of WAL at the least, not at the store's own limit: the
+#: A commit of at least this many operations (the loop's batch of many runs) checkpoints the
+#: WAL at :data:`_BIG_BATCH_CHECKPOINT` pages at the least, not at the store's own limit: the
 #: batch of a thousand runs (a step's start and the previous one's settlement each) writes
 #: ~1,300 WAL frames, so at ``FULL``'s 1,000 pages every such commit checkpointed, copying every
 #: frame it wrote into the database file once more, with two more syncs (measured: 24% fewer
@@ -72,34 +57,6 @@ _MAX_BATCH = 512
 #: operations puts the store's own limit back (it commits a few frames: the WAL cycles sooner).
 _BIG_BATCH = 512
 _BIG_BATCH_CHECKPOINT = 4096
-
-#: The writer thread's cue to checkpoint the WAL (see the module docstring).
-_CHECKPOINT: Any = object()
-#: The WAL-index header at the start of the ``-shm`` file (SQLite's "WAL-index format", native
-#: byte order): two copies of 48 bytes, each starting with its format version; the frames the
-#: WAL holds (``mxFrame``) are at byte 16, whether the header is set up (``isInit``) at byte 12.
-_WAL_INDEX_HEADER = 48
-_WAL_INDEX_VERSION = 3007000
-_U32 = struct.Struct("=I")
-
-
-def wal_frames(fd: int) -> int | None:
-    """The frames the WAL holds, read from the WAL-index header of the ``-shm`` file open at
-    ``fd``; None if it cannot be read as SQLite writes it (the two copies differ while a
-    writer changes it, say): then a checkpoint is due, to be safe."""
-    try:
-        header = os.pread(fd, 2 * _WAL_INDEX_HEADER, 0)
-    except OSError:
-        return None
-    if (
-        len(header) < 2 * _WAL_INDEX_HEADER
-        or header[:_WAL_INDEX_HEADER] != header[_WAL_INDEX_HEADER:]
-        or _U32.unpack_from(header, 0)[0] != _WAL_INDEX_VERSION
-        or header[12] != 1
-    ):
-        return None
-    frames: int = _U32.unpack_from(header, 16)[0]
-    return frames
 
 
 class GroupOp:
@@ -297,14 +254,9 @@ class Writer:
         # The connection's busy timeout as last set (ms): the fast path needs 0, the writer
         # thread the full timeout, and a PRAGMA is paid only on a switch between the two.
         self._busy_ms = int(busy_timeout * 1000)
-        #: the WAL size (pages) at which a commit makes a checkpoint due (see _BIG_BATCH)
-        self._checkpoint_pages = checkpoint_pages
-        #: the ``-shm`` file, open to read the WAL's length (None: unreadable, always due)
-        self._wal_index: int | None = None
-        #: the last commit made a checkpoint due (guarded by conn_lock)
-        self._due = False
-        #: a checkpoint is queued for the writer thread (guarded by _lock)
-        self._checkpoint_queued = False
+        #: the WAL size (pages) at which a commit checkpoints, as ``prepare`` set it, and as the
+        #: connection has it now (a PRAGMA is paid only on a switch: see _BIG_BATCH)
+        self._checkpoint_pages = self._checkpoint_now = checkpoint_pages
         #: Whether an idle writer may run an operation on the caller's thread. Off while many
         #: runs share the store: a commit done inline blocks the event loop, so the other runs
         #: could not queue their writes to share it; they go to the loop's batch instead.
@@ -363,50 +315,35 @@ class Writer:
         try:
             conn = self._connect_fn()
             self._prepare_fn(conn)
-            # No checkpoint inside a commit: the writer runs them after (see the module).
-            conn.execute("PRAGMA wal_autocheckpoint = 0")
             self.conn = conn
         except BaseException as error:
             ready.send(error)
             return
-        try:
-            self._wal_index = os.open(self.path + "-shm", os.O_RDONLY)
-        except OSError:
-            self._wal_index = None
         ready.send(None)
         try:
             while (item := self._queue.get()) is not None:
-                batch, stop, checkpoint = self._drain(item)
-                if batch:
-                    with self.conn_lock:
-                        outcomes = self._execute(batch, wait=True)
-                        self._checkpoint_if_due()
-                    self._done(len(batch))
-                    assert outcomes is not None
-                    _deliver_all(batch, outcomes)
-                if checkpoint:
-                    with self.conn_lock:
-                        self._checkpoint(conn)
-                    self._done(1)
+                batch, stop = self._drain(item)
+                with self.conn_lock:
+                    outcomes = self._execute(batch, wait=True)
+                with self._lock:
+                    self._pending -= len(batch)
+                    if not self._pending and self._batch_waits:
+                        self._batch_waits = False
+                        self._schedule_loop_batch()
+                assert outcomes is not None
+                _deliver_all(batch, outcomes)
                 if stop:
                     break
         finally:
             self.conn = None
             conn.close()
-            if self._wal_index is not None:
-                os.close(self._wal_index)
-                self._wal_index = None
             with self._lock:
                 self._finished = True
                 ended = self._ended
             if ended is not None:
                 ended.send(None)
 
-    def _drain(self, first: _Item) -> tuple[list[_Item], bool, bool]:
-        """The operations queued from ``first`` on, up to a checkpoint's cue or the stop;
-        whether the stop came, whether a checkpoint is to run after them."""
-        if first is _CHECKPOINT:
-            return [], False, True
+    def _drain(self, first: _Item) -> tuple[list[_Item], bool]:
         batch = [first]
         while len(batch) < _MAX_BATCH:
             try:
@@ -414,20 +351,9 @@ class Writer:
             except queue.Empty:
                 break
             if more is None:
-                return batch, True, False
-            if more is _CHECKPOINT:
-                return batch, False, True
+                return batch, True
             batch.append(more)
-        return batch, False, False
-
-    def _done(self, count: int) -> None:
-        """``count`` queued operations (or a checkpoint) are done: the loop's batch that waits
-        for the writer thread's queue to empty (see _flush_loop_batch) goes, if it is empty."""
-        with self._lock:
-            self._pending -= count
-            if not self._pending and self._batch_waits:
-                self._batch_waits = False
-                self._schedule_loop_batch()
+        return batch, False
 
     def _execute(
         self, batch: list[_Item], *, wait: bool
@@ -463,6 +389,8 @@ class Writer:
     def _transaction(
         self, conn: sqlite3.Connection, batch: list[_Item], *, wait: bool, grouped: bool
     ) -> list[Outcome] | None:
+        if len(batch) >= _BIG_BATCH or self._checkpoint_now != self._checkpoint_pages:
+            self._set_checkpoint(conn, len(batch))
         write = False
         for item in batch:  # not any(...): a generator per commit costs more than this
             if item.write:
@@ -475,11 +403,9 @@ class Writer:
             # alone, it needs none, its failure undoes the whole transaction.
             outcome = self._apply(conn, batch[0], savepoint=False)
             conn.execute("COMMIT" if outcome[1] is None else "ROLLBACK")
-            self._due = write and outcome[1] is None and self._checkpoint_due(1)
             return [outcome]
         outcomes = self._apply_all(conn, batch, grouped=grouped)
         conn.execute("COMMIT")
-        self._due = write and self._checkpoint_due(len(batch))
         return outcomes
 
     def _apply_all(
@@ -559,38 +485,14 @@ class Writer:
                 f"{self.busy_timeout:g} s"
             ) from None
 
-    def _checkpoint_due(self, operations: int) -> bool:
-        """Whether the commit of ``operations`` operations, just made, makes a checkpoint due:
-        the WAL holds as many frames as SQLite's automatic checkpoint would have run at."""
+    def _set_checkpoint(self, conn: sqlite3.Connection, operations: int) -> None:
+        """Set the WAL size at which the commit of ``operations`` operations checkpoints."""
         pages = self._checkpoint_pages
         if operations >= _BIG_BATCH:
             pages = max(pages, _BIG_BATCH_CHECKPOINT)
-        frames = None if self._wal_index is None else wal_frames(self._wal_index)
-        return frames is None or frames >= pages
-
-    def _checkpoint_if_due(self) -> None:
-        """Queue a checkpoint for the writer thread if the batch just run made one due (the
-        caller holds conn_lock). It is queued before the batch's callers are told, and counts as
-        pending, so that the loop's next batch waits for it instead of blocking on the
-        connection (see _flush_loop_batch)."""
-        if not self._due:
-            return
-        self._due = False
-        with self._lock:
-            if not self._checkpoint_queued:
-                self._checkpoint_queued = True
-                self._pending += 1
-                self._queue.put(_CHECKPOINT)
-
-    def _checkpoint(self, conn: sqlite3.Connection) -> None:
-        """Checkpoint the WAL (on the writer thread, holding conn_lock): ``PASSIVE``, as SQLite's
-        automatic checkpoint, so another process's readers and writers are never waited for."""
-        with self._lock:
-            self._checkpoint_queued = False
-        try:
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-        except sqlite3.Error:
-            pass  # as SQLite's own after a commit: the WAL stays; the next one due tries again
+        if pages != self._checkpoint_now:
+            conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
+            self._checkpoint_now = pages
 
     def _set_busy_timeout(self, conn: sqlite3.Connection, milliseconds: int) -> None:
         if self._busy_ms != milliseconds:
@@ -648,7 +550,6 @@ class Writer:
                 return False, None, None
         try:
             outcomes = self._execute(batch, wait=False)
-            self._checkpoint_if_due()
         finally:
             self.conn_lock.release()
         if outcomes is None:
@@ -706,7 +607,6 @@ class Writer:
                 return  # stop() handed what was left to the writer thread
         with self.conn_lock:
             outcomes = self._execute(batch, wait=False)
-            self._checkpoint_if_due()
         if outcomes is None:
             with self._lock:
                 self._enqueue(batch)
