@@ -622,6 +622,8 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3, help="bulk --against: rounds")
     args = parser.parse_args()
+    if args.against and args.what != "bulk":
+        parser.error("--against measures the bulk case only: use it with 'bulk'")
     resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
     # As installed (pip byte-compiles a wheel): with PYTHONDONTWRITEBYTECODE set, an editable
     # checkout would otherwise compile every module changed since its last .pyc in every

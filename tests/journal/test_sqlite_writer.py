@@ -1,6 +1,7 @@
-"""The SQLite writer's order: every operation commits in the order it was submitted, whichever way
-it goes (at once on the caller's thread, in the event loop's batch, on the writer thread), so a
-read made after a write sees it even when the write's caller stopped waiting for it."""
+"""The SQLite writer's order: every operation submitted from the event loop commits in the order it
+was submitted, whichever way it goes (at once on the caller's thread, in the event loop's batch, on
+the writer thread), so a read made after a write sees it even when the write's caller stopped
+waiting for it."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from .._core.states import State
 from .._core.views import Change, ChangeKind, RunSummary, StepTimes
 from .rows import RUN_COLUMNS, cancelled_written, run_columns
 from .schema import HIGH_WATER_RUN, Dialect
-from .sql import RunWrite, plan_cancel_write
+from .sql import RunWrite, cancel_plan_key, plan_cancel_write
 from .store import CancelledRun, CancelResult
 
 __all__ = [
@@ -362,9 +362,8 @@ def plan_cancels(
     :class:`CancelledRun`), each run planned as :func:`plan_cancel_write` says, then dropped
     (only the run as the writes leave it is kept).
 
-    A cancel's write depends on the run only through its state, ``force`` and
-    ``settle_on_cancel``: it is planned once for each distinct three of them, and the runs
-    alike share it (one plan, not 10,000 alike, for 10,000 runs waiting in tools).
+    A cancel's write is planned once for each :func:`cancel_plan_key`, and the runs alike share
+    it (one plan, not 10,000 alike, for 10,000 runs waiting in tools).
 
     Returns the statements with their parameters (:class:`RunWrites`; none with ``dry_run``)
     and what the request did: the runs it reached (every one not final as read) as the
@@ -373,13 +372,13 @@ def plan_cancels(
     """
     after: dict[str, CancelledRun] = {}
     was_final: set[str] = set()
-    #: (state, force, settle_on_cancel) -> the write, the runs it is for, what it changes
+    #: cancel_plan_key -> the write, the runs it is for, what it changes
     plans: dict[tuple[State, bool, bool], tuple[RunWrite, list[str], dict[str, Any]] | None] = {}
     for run in found:
         if run.state.is_final:
             was_final.add(run.id)
         elif not dry_run:
-            key = (run.state, run.force, run.settle_on_cancel)
+            key = cancel_plan_key(run)
             if key not in plans:
                 write = plan_cancel_write(run, reason, force, now)
                 plans[key] = None if write is None else (write, [], cancelled_written(write.fields))

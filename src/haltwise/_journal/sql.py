@@ -108,6 +108,12 @@ def plan_transition(
     )
 
 
+def cancel_plan_key(current: CancelHead) -> tuple[State, bool, bool]:
+    """All that :func:`plan_cancel_write` reads of a run: runs with the same key get the same
+    write (a bulk request plans each key once). A field read there is added here too."""
+    return (current.state, current.force, current.settle_on_cancel)
+
+
 def plan_cancel_write(current: CancelHead, reason: str, force: bool, now: float) -> RunWrite | None:
     """A cancel request on ``current`` (see :meth:`Store.request_cancel`); None: no change.
     It reads only what :class:`CancelHead` has (a bulk request plans runs alike once)."""

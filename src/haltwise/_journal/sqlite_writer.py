@@ -505,8 +505,10 @@ class Writer:
         """Run ``item`` here and now if the store is idle, else add it to the loop's batch or
         hand it to the writer thread (see the module docstring).
 
-        Returns ``(True, value, error)`` when it ran here. Operations commit in the order they
-        were submitted, whichever way each goes: the fast path needs the writer idle, with
+        Returns ``(True, value, error)`` when it ran here. Operations submitted from the event
+        loop commit in the order they were submitted, whichever way each goes (one submitted from
+        another thread, by ``call_blocking``, goes to the writer thread without the loop's batch
+        and may commit ahead of it): the fast path needs the writer idle, with
         nothing queued and the loop's batch empty (an operation submitted while that batch holds
         operations joins it, even once the store is back to one run: a read made right after a
         write whose caller stopped waiting for it, a cancelled one, then sees it), and an

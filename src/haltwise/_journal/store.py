@@ -488,7 +488,7 @@ class RunHead(Protocol):
 
 class CancelHead(Protocol):
     """What the plan of a cancel request reads of a run (:func:`.sql.plan_cancel_write`), and
-    nothing more: runs alike in these share one plan (:func:`.operator_sql.plan_cancels`)."""
+    nothing more: runs with the same :func:`.sql.cancel_plan_key` share one plan."""
 
     @property
     def state(self) -> State: ...

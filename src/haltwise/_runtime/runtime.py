@@ -176,9 +176,9 @@ class Runtime:
         """Cancel every run worked here with reason ``"shutdown"`` (the block's end).
 
         Once the store fails to record one (it is unreachable), that run and every one left
-        are handed over instead, without asking the store again (see :meth:`_hand_over`): each
-        one's last durable state stands, as after a crash, and a later resume or worker takes
-        it over. Returns that store error (None: every cancel was recorded); ``__aexit__``
+        are handed over instead, without recording more cancels (see :meth:`_hand_over`; each
+        run's release is still tried, and a failed one leaves the run to its lease): each one's
+        last durable state stands, as after a crash, and a later resume or worker takes it over. Returns that store error (None: every cancel was recorded); ``__aexit__``
         raises it only if the block raised nothing, never in place of the block's own
         exception.
         """
@@ -1125,8 +1125,6 @@ class RuntimeHost:
         return await runtime.resume(child_id, task=task)
 
 
-#: the statuses of a child step whose child run may still be active (in flight; interrupted by a
-#: hand-over, which hands the child over too; forced)
 def _hand_over_here(ctx: RunContext) -> None:
     """Tell the run to stop here without being cancelled: its steps in flight settle by their
     policies, then it is released (see :meth:`Runtime._hand_over`)."""
@@ -1134,6 +1132,8 @@ def _hand_over_here(ctx: RunContext) -> None:
     ctx.request_cancel("handover", force=False)
 
 
+#: the statuses of a child step whose child run may still be active (in flight; interrupted by a
+#: hand-over, which hands the child over too; forced)
 _MAY_HOLD_A_CHILD = frozenset({StepStatus.RUNNING, StepStatus.INTERRUPTED, StepStatus.UNKNOWN})
 
 
