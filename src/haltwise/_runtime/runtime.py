@@ -178,9 +178,9 @@ class Runtime:
         Once the store fails to record one (it is unreachable), that run and every one left
         are handed over instead, without recording more cancels (see :meth:`_hand_over`; each
         run's release is still tried, and a failed one leaves the run to its lease): each one's
-        last durable state stands, as after a crash, and a later resume or worker takes it over. Returns that store error (None: every cancel was recorded); ``__aexit__``
-        raises it only if the block raised nothing, never in place of the block's own
-        exception.
+        last durable state stands, as after a crash, and a later resume or worker takes it over.
+        Returns that store error (None: every cancel was recorded); ``__aexit__`` raises it
+        only if the block raised nothing, never in place of the block's own exception.
         """
         failed: StoreError | None = None
         for run_id in list(self._active):
