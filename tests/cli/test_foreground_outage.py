@@ -1,8 +1,9 @@
 """A PostgreSQL server that goes down under a run ``haltwise run`` follows: whatever meets the
 outage first (the run's own next write, or the foreground's read of the run just after its
 start), the command ends with the run's one line: its journal could not be written, its last
-durable state stands. And leaving a runtime's block while the store is down never replaces the
-block's own error with the shutdown's (the landing CI's flake of
+durable state stands. And leaving a runtime's block while the store is down raises the store's
+error if the block raised nothing, and never replaces the block's own error with it (the landing
+CI's flake of
 test_cli_hardening::test_a_postgres_outage_prints_one_line_and_no_driver_log_noise: the
 foreground's ``check_ours`` met the outage first, and the shutdown cancel's pool timeout was
 printed instead).
@@ -92,3 +93,13 @@ async def test_leaving_the_block_while_the_store_is_down_raises_the_blocks_own_e
     message = str(raised.value)
     assert message.startswith("cannot connect to the PostgreSQL store 127.0.0.1:"), message
     assert "\n" not in message and "couldn't get a connection" not in message
+
+
+async def test_leaving_the_block_normally_while_the_store_is_down_raises_the_store_error() -> None:
+    with pytest.raises(haltwise.StoreError) as raised:
+        async with a_run_in_flight() as (server, runtime, run_id):
+            stop_now(server)  # __aexit__'s shutdown cancel of the run in flight is not recorded
+    assert not runtime.is_active(run_id)  # stopped here all the same (handed over)
+    message = str(raised.value)
+    assert message.startswith("cannot connect to the PostgreSQL store 127.0.0.1:"), message
+    assert "\n" not in message
