@@ -77,7 +77,7 @@ from .operator_sql import (
 )
 from .postgres_steps import StepWriter, event_feed, feed_insert, write_deferred
 from .rows import (
-    CANCELLED_COLUMNS,
+    CANCELLED_SELECT,
     PARTIAL_COLUMNS,
     RUN_COLUMNS,
     STEP_COLUMNS,
@@ -1086,19 +1086,17 @@ class PostgresStore:
         force: bool,
         dry_run: bool = False,
     ) -> CancelResult:
-        columns = ", ".join(CANCELLED_COLUMNS)
         if ids is not None:
-            query = _OPS.runs_by_ids(lock=not dry_run, columns=columns)
+            query = _OPS.runs_by_ids(lock=not dry_run, columns=CANCELLED_SELECT)
             params: Sequence[Any] = (_OPS.id_list(ids),)
         else:
             query, params = _OPS.active_runs(
-                states=states, tasks=tasks, lock=not dry_run, columns=columns
+                states=states, tasks=tasks, lock=not dry_run, columns=CANCELLED_SELECT
             )
 
         async def op(conn: _Conn) -> CancelResult:
-            async with conn.cursor(
-                row_factory=tuple_row
-            ) as rows:  # cancelled_from_row: by position
+            # plain tuples: cancelled_from_row reads them by position
+            async with conn.cursor(row_factory=tuple_row) as rows:
                 await rows.execute(query, params)
                 found = read_all(cancelled_from_row, await rows.fetchall())
             writes, result = plan_cancels(

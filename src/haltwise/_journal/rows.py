@@ -312,6 +312,8 @@ def _run_from_plain_row(row: Mapping[str, Any]) -> RunRecord:
 
 #: the columns of a run a bulk cancel request reads (:class:`CancelledRun`'s fields, in order)
 CANCELLED_COLUMNS = CancelledRun._fields
+#: the same, as a SELECT list (as :data:`RUN_COLUMNS`)
+CANCELLED_SELECT = ", ".join(CANCELLED_COLUMNS)
 
 
 def cancelled_from_row(row: Sequence[Any]) -> CancelledRun:

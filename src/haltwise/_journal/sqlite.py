@@ -37,7 +37,7 @@ from .operator_sql import (
     times_from_rows,
 )
 from .rows import (
-    CANCELLED_COLUMNS,
+    CANCELLED_SELECT,
     HEAD_COLUMNS,
     RUN_COLUMNS,
     cancelled_from_row,
@@ -782,7 +782,7 @@ class SQLiteStore:
             query, params = _CANCELLED_BY_IDS, [_OPS.id_list(ids)]
         else:
             query, params = _OPS.active_runs(
-                states=states, tasks=tasks, lock=False, columns=_CANCELLED_COLUMNS
+                states=states, tasks=tasks, lock=False, columns=CANCELLED_SELECT
             )
 
         def op(conn: sqlite3.Connection) -> CancelResult:
@@ -986,8 +986,7 @@ class _Transition(GroupOp):
 #: every column of the runs whose ids are bound (one parameter: see OperatorSQL.id_list)
 _RUNS_BY_IDS = _OPS.runs_by_ids(lock=False)
 #: what a bulk cancel request reads of each run whose id is in the list bound (CancelledRun)
-_CANCELLED_COLUMNS = ", ".join(CANCELLED_COLUMNS)
-_CANCELLED_BY_IDS = _OPS.runs_by_ids(lock=False, columns=_CANCELLED_COLUMNS)
+_CANCELLED_BY_IDS = _OPS.runs_by_ids(lock=False, columns=CANCELLED_SELECT)
 #: what the rules of a transition read of each run whose id is in the list bound (RunHead)
 _HEADS_BY_IDS = f"SELECT {', '.join(HEAD_COLUMNS)} FROM runs WHERE id {_OPS.in_ids}"
 

@@ -508,12 +508,12 @@ class Writer:
         Returns ``(True, value, error)`` when it ran here. Operations submitted from the event
         loop commit in the order they were submitted, whichever way each goes (one submitted from
         another thread, by ``call_blocking``, goes to the writer thread without the loop's batch
-        and may commit ahead of it): the fast path needs the writer idle, with
-        nothing queued and the loop's batch empty (an operation submitted while that batch holds
-        operations joins it, even once the store is back to one run: a read made right after a
-        write whose caller stopped waiting for it, a cancelled one, then sees it), and an
-        operation handed to the writer thread takes the loop's batch along ahead of it. The fast
-        path never waits for another process's lock (then the writer thread waits instead).
+        and may commit ahead of it): the fast path needs the writer idle, with nothing queued
+        and the loop's batch empty (an operation submitted while that batch holds operations
+        joins it, even once the store is back to one run: a read made right after a write whose
+        caller stopped waiting for it, a cancelled one, then sees it), and an operation handed
+        to the writer thread takes the loop's batch along ahead of it. The fast path never waits
+        for another process's lock (then the writer thread waits instead).
         """
         if self._thread is None:
             raise StoreError(f"store {self.path} is not open")
