@@ -389,3 +389,26 @@ async def test_a_postgres_store_with_the_step_trigger_records_each_step_change_o
     shape = await pg_shape(url)
     assert shape["version"] == (str(SCHEMA_VERSION),)
     assert "changes_on_step" not in {trigger[1] for trigger in shape["triggers"]}
+
+
+async def test_every_query_of_runs_by_state_searches_an_index_on_sqlite(tmp_path: Path) -> None:
+    # Since version 11 runs_by_state_created (state, created_at) is the only index by state
+    # (runs_by_state, its prefix, dropped): each of these still searches it, none scans runs.
+    from haltwise._journal import sqlite as sqlite_store
+
+    store = open_store(f"sqlite:///{tmp_path / 'plans.db'}")
+    await store.open()
+    await store.close()
+    ops, sql = sqlite_store._OPS, sqlite_store._SQL
+    queries: list[tuple[str, Any]] = [
+        (sqlite_store._CANCELLING, ()),
+        sql.list_runs(State.RUNNING),
+        ops.active_runs(states=(), tasks=None, lock=False),
+        ops.active_runs(states=(State.RUNNING,), tasks=["t"], lock=False),
+        ops.run_page(states=(State.RUNNING,), tasks=None, limit=10, before=None),
+        (ops.prunable((), lock=False)[0], [*ops.prunable((), lock=False)[1], 1.0]),
+    ]
+    with contextlib.closing(sqlite3.connect(tmp_path / "plans.db")) as conn:
+        for query, parameters in queries:
+            plan = [row[-1] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", parameters)]
+            assert plan[0].endswith("USING INDEX runs_by_state_created (state=?)"), (query, plan)
