@@ -727,14 +727,9 @@ class SQLiteStore:
         wanted = set(run_ids)
         if not wanted or self._watch is None:
             return {}
-        query, params = (
-            (_CANCELLING_NEWS, (_OPS.id_list(delivered),))
-            if delivered
-            else (
-                _CANCELLING,
-                (),
-            )
-        )
+        query, params = _CANCELLING, []
+        if delivered:
+            query, params = _CANCELLING_NEWS, [_OPS.id_list(list(delivered))]
         rows = self._watch.cursor()
         rows.row_factory = None
         try:
