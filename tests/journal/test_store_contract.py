@@ -299,6 +299,23 @@ async def test_cancel_requests_lists_cancelling_runs(store_url: str) -> None:
         assert await store.cancel_requests([]) == {}
 
 
+async def test_cancel_requests_of_delivered_runs_lists_forced_ones_only(store_url: str) -> None:
+    async with opened(store_url) as store:
+        await reach(store, "a", State.RUNNING)
+        await reach(store, "b", State.RUNNING)
+        await reach(store, "c", State.RUNNING)
+        await store.request_cancel("a", "deadline", force=True)
+        await store.request_cancel("b", "user", force=False)
+        await store.request_cancel("c", "user", force=False)
+        everything = {"a": ("deadline", True), "b": ("user", False), "c": ("user", False)}
+        assert await store.cancel_requests(["a", "b", "c"]) == everything
+        assert await store.cancel_requests(["a", "b", "c"], delivered=["a", "b"]) == {
+            "a": ("deadline", True),
+            "c": ("user", False),
+        }
+        assert await store.cancel_requests(["b"], delivered=["b", "missing"]) == {}
+
+
 async def test_a_cancelled_caller_does_not_undo_its_write(store_url: str) -> None:
     async with opened(store_url) as store:
         await reach(store, "r", State.RUNNING)

@@ -19,12 +19,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any, final
 
 from .._core.exceptions import InputError
 from .._core.outcome import advice
-from .._core.states import State
+from .._core.states import FINAL_STATES, State
 from .._core.views import Change, ChangeKind, RunSummary, StepTimes
 from .rows import RUN_COLUMNS, cancelled_written, run_columns
 from .schema import HIGH_WATER_RUN, Dialect
@@ -348,6 +349,31 @@ class RunWrites:
 # -- bulk cancel: the writes, from the rule of one cancel ----------------------------------------
 
 
+#: a run as a cancel's write leaves it, from the run as read (see :func:`_rewriter`)
+_Rewrite = Callable[[CancelledRun], CancelledRun]
+
+_CANCELLED_SIZE = len(CancelledRun._fields)
+
+
+def _rewriter(fields: Mapping[str, Any]) -> _Rewrite:
+    """``run._replace(**cancelled_written(fields))`` for any run, as one function built once per
+    plan: the run's values and the written ones in one tuple, picked in field order (two calls
+    into C per run, where ``_replace`` costs a dict and a generator: 10,000 runs share a plan)."""
+    written = cancelled_written(fields)
+    picks = [
+        _CANCELLED_SIZE + list(written).index(name) if name in written else position
+        for position, name in enumerate(CancelledRun._fields)
+    ]
+    values = tuple(written.values())
+    pick = itemgetter(*picks)
+    make = CancelledRun._make
+
+    def rewrite(run: CancelledRun) -> CancelledRun:
+        return make(pick(run + values))
+
+    return rewrite
+
+
 def plan_cancels(
     ops: OperatorSQL,
     found: Iterable[CancelledRun],
@@ -372,19 +398,19 @@ def plan_cancels(
     """
     after: dict[str, CancelledRun] = {}
     was_final: set[str] = set()
-    #: cancel_plan_key -> the write, the runs it is for, what it changes
-    plans: dict[tuple[State, bool, bool], tuple[RunWrite, list[str], dict[str, Any]] | None] = {}
+    #: cancel_plan_key -> the write, the runs it is for, how it leaves each (see _rewriter)
+    plans: dict[tuple[State, bool, bool], tuple[RunWrite, list[str], _Rewrite] | None] = {}
     for run in found:
-        if run.state.is_final:
+        if run.state in FINAL_STATES:
             was_final.add(run.id)
         elif not dry_run:
             key = cancel_plan_key(run)
             if key not in plans:
                 write = plan_cancel_write(run, reason, force, now)
-                plans[key] = None if write is None else (write, [], cancelled_written(write.fields))
+                plans[key] = None if write is None else (write, [], _rewriter(write.fields))
             if (plan := plans[key]) is not None:
                 plan[1].append(run.id)
-                run = run._replace(**plan[2])
+                run = plan[2](run)
         after[run.id] = run
     writes = RunWrites(ops)
     for plan in plans.values():

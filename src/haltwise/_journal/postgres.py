@@ -1020,7 +1020,9 @@ class PostgresStore:
 
         return await self._run(op, read_only=True, single=True)
 
-    async def cancel_requests(self, run_ids: Collection[str]) -> dict[str, tuple[str, bool]]:
+    async def cancel_requests(
+        self, run_ids: Collection[str], *, delivered: Collection[str] = ()
+    ) -> dict[str, tuple[str, bool]]:
         ids = list(run_ids)
         if not ids:
             return {}
@@ -1028,8 +1030,8 @@ class PostgresStore:
         async def op(conn: _Conn) -> dict[str, tuple[str, bool]]:
             cursor = await conn.execute(
                 "SELECT id, reason, force FROM haltwise.runs "
-                "WHERE state = 'cancelling' AND id = ANY(%s)",
-                (ids,),
+                "WHERE state = 'cancelling' AND id = ANY(%s) AND (force OR id <> ALL(%s))",
+                (ids, list(delivered)),
             )
             return {
                 row["id"]: (row["reason"] or "user", bool(row["force"]))

@@ -323,8 +323,12 @@ class Store(Protocol):
     async def events(self, run_id: str | None = None) -> list[Event]:
         """Recorded transitions, of one run or all, in order."""
 
-    async def cancel_requests(self, run_ids: Collection[str]) -> dict[str, tuple[str, bool]]:
-        """Among ``run_ids``, those in ``cancelling``: ``{id: (reason, force)}``."""
+    async def cancel_requests(
+        self, run_ids: Collection[str], *, delivered: Collection[str] = ()
+    ) -> dict[str, tuple[str, bool]]:
+        """Among ``run_ids``, those in ``cancelling``: ``{id: (reason, force)}``; of those also
+        in ``delivered`` (runs whose cancel the caller acts on already), only the ones whose
+        request is forced (the one request that may still be news to the caller)."""
 
     async def request_pause(self, run_id: str) -> RunRecord:
         """Record a pause request atomically and return the run as it is afterwards.
