@@ -149,11 +149,11 @@ async def test_many_runs_share_their_commits(sqlite_url: str) -> None:
     assert len(commits) < runs, f"{len(commits)} commits for {runs * steps} steps"
 
 
-async def test_a_big_batch_checkpoints_at_4096_pages_and_one_run_at_the_stores_limit(
+async def test_a_big_batch_checkpoints_at_16384_pages_and_one_run_at_the_stores_limit(
     sqlite_url: str,
 ) -> None:
     # At FULL the store checkpoints its WAL at 1,000 pages; the batch of 400 runs (a start and
-    # the previous step's settlement each: 800 operations) raises that to 4,096 pages for its
+    # the previous step's settlement each: 800 operations) raises that to 16,384 pages for its
     # commit, so that not every such commit checkpoints; smaller commits (the batch's tail, one
     # run's) put it back.
     async with haltwise.Runtime(sqlite_url) as rt:
@@ -169,9 +169,32 @@ async def test_a_big_batch_checkpoints_at_4096_pages_and_one_run_at_the_stores_l
         async with anyio.create_task_group() as group:
             for k in range(400):
                 group.start_soon(one, k)
-        assert settings[0] == "PRAGMA wal_autocheckpoint = 4096", settings
+        assert settings[0] == "PRAGMA wal_autocheckpoint = 16384", settings
         await one(400)
     assert settings[-1] == "PRAGMA wal_autocheckpoint = 1000", settings
+
+
+async def test_every_commit_checkpoints_at_16384_pages_while_many_runs_share_the_store(
+    sqlite_url: str,
+) -> None:
+    # A bulk request is one operation that writes as many runs as a big batch (a cancel of
+    # 10,000 runs: ~4,000 WAL frames): while 512 runs or more share the store, even a commit
+    # of one operation checkpoints at the big batch's limit; with fewer, at the store's own.
+    from haltwise._journal.store import NewRun, open_store
+
+    store = open_store(sqlite_url)
+    await store.open()
+    try:
+        settings: list[str] = []
+        store._writer.conn.set_trace_callback(  # type: ignore[attr-defined]
+            lambda sql: settings.append(sql) if "wal_autocheckpoint" in sql else None
+        )
+        for active_runs, pages in ((600, 16384), (2, 1000)):
+            store.set_concurrency(active_runs)
+            await store.create_run(NewRun(id=f"r{active_runs}", task="t", inputs={}))
+            assert settings[-1] == f"PRAGMA wal_autocheckpoint = {pages}", settings
+    finally:
+        await store.close()
 
 
 @haltwise.task(name="test_faults:chatty")

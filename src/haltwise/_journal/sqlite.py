@@ -841,8 +841,8 @@ class SQLiteStore:
 
     def set_concurrency(self, active_runs: int) -> None:
         # One run: commit each write at once (no wait). Several: group commit, batched per
-        # iteration of the event loop (see _sqlite_writer).
-        self._writer.fast_path = active_runs <= 1
+        # iteration of the event loop (see sqlite_writer).
+        self._writer.set_active_runs(active_runs)
 
     async def wait_for_change(self, timeout: float, since: int | None = None) -> int:
         # PRAGMA data_version changes when any other connection commits. Polling it on a

@@ -48,15 +48,21 @@ Op = Callable[[sqlite3.Connection], Any]
 _Deliver = Callable[[Any, BaseException | None], None]
 Outcome = tuple[Any, BaseException | None]
 _MAX_BATCH = 512
-#: A commit of at least this many operations (the loop's batch of many runs) checkpoints the
-#: WAL at :data:`_BIG_BATCH_CHECKPOINT` pages at the least, not at the store's own limit: the
-#: batch of a thousand runs (a step's start and the previous one's settlement each) writes
-#: ~1,300 WAL frames, so at ``FULL``'s 1,000 pages every such commit checkpointed, copying every
-#: frame it wrote into the database file once more, with two more syncs (measured: 24% fewer
-#: bytes written per step at 1,000 runs; docs/benchmarks.md, issue 13). A commit of fewer
-#: operations puts the store's own limit back (it commits a few frames: the WAL cycles sooner).
+#: A commit of at least this many operations (the loop's batch of many runs), and any commit
+#: while at least this many runs share the store (:meth:`Writer.set_active_runs`: a bulk
+#: request's one transaction writes as many runs as their batch), checkpoints the WAL at
+#: :data:`_BIG_BATCH_CHECKPOINT` pages at the least, not at the store's own limit. The batch of
+#: a thousand runs (a step's start and the previous one's settlement each) writes ~1,300 WAL
+#: frames, so at ``FULL``'s 1,000 pages every such commit checkpointed, copying every frame it
+#: wrote into the database file once more, with two more syncs (measured: 24% fewer bytes
+#: written per step at 1,000 runs at 4,096 pages; docs/benchmarks.md, issue 13). A bulk cancel
+#: of 10,000 runs writes ~4,000 frames to request it and ~5,700 to end the runs: at 4,096 pages
+#: each of those commits checkpointed (~15 ms of CPU and two syncs each, on the event loop's
+#: thread); at 16,384 (16 MiB of 1 KiB pages) neither does, and the next commit past the limit
+#: copies their pages once. A smaller commit with few runs active puts the store's own limit
+#: back (it commits a few frames: the WAL cycles sooner).
 _BIG_BATCH = 512
-_BIG_BATCH_CHECKPOINT = 4096
+_BIG_BATCH_CHECKPOINT = 16384
 
 
 class GroupOp:
@@ -261,6 +267,8 @@ class Writer:
         #: runs share the store: a commit done inline blocks the event loop, so the other runs
         #: could not queue their writes to share it; they go to the loop's batch instead.
         self.fast_path = True
+        #: whether many runs share the store (see _BIG_BATCH)
+        self._many_runs = False
         # The loop's batch: operations submitted from _batch_loop since its last flush, which
         # is scheduled on that loop (or, while the writer thread has operations queued, waits
         # for it to finish them: _batch_waits; the writer then schedules it).
@@ -389,8 +397,9 @@ class Writer:
     def _transaction(
         self, conn: sqlite3.Connection, batch: list[_Item], *, wait: bool, grouped: bool
     ) -> list[Outcome] | None:
-        if len(batch) >= _BIG_BATCH or self._checkpoint_now != self._checkpoint_pages:
-            self._set_checkpoint(conn, len(batch))
+        big = self._many_runs or len(batch) >= _BIG_BATCH
+        if big or self._checkpoint_now != self._checkpoint_pages:
+            self._set_checkpoint(conn, big)
         write = False
         for item in batch:  # not any(...): a generator per commit costs more than this
             if item.write:
@@ -485,14 +494,22 @@ class Writer:
                 f"{self.busy_timeout:g} s"
             ) from None
 
-    def _set_checkpoint(self, conn: sqlite3.Connection, operations: int) -> None:
-        """Set the WAL size at which the commit of ``operations`` operations checkpoints."""
+    def _set_checkpoint(self, conn: sqlite3.Connection, big: bool) -> None:
+        """Set the WAL size at which the commit about to run checkpoints (``big``: see
+        _BIG_BATCH)."""
         pages = self._checkpoint_pages
-        if operations >= _BIG_BATCH:
+        if big:
             pages = max(pages, _BIG_BATCH_CHECKPOINT)
         if pages != self._checkpoint_now:
             conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
             self._checkpoint_now = pages
+
+    def set_active_runs(self, active_runs: int) -> None:
+        """How many runs share the store now: one commits each write at once, on the caller's
+        thread (the fast path); several share the loop's batch; many (see _BIG_BATCH) commit
+        at the larger checkpoint limit."""
+        self.fast_path = active_runs <= 1
+        self._many_runs = active_runs >= _BIG_BATCH
 
     def _set_busy_timeout(self, conn: sqlite3.Connection, milliseconds: int) -> None:
         if self._busy_ms != milliseconds:
