@@ -111,13 +111,7 @@ class CancelState:
             scope.cancel()
 
     def leave_task_scope(self) -> None:
-        """The task function's scope has been left. A cancel of it left a re-delivery pending
-        (anyio's, for the next turn of the loop, to cancel again a task still inside): with the
-        task gone from the scope it would reach nothing, and it is dropped (10,000 callbacks
-        fewer after a bulk cancel, whose tasks leave their scopes as soon as they are woken)."""
-        scope, self.task_scope = self.task_scope, None
-        if scope is not None:
-            _drop_redelivery(scope)
+        self.task_scope = None
 
     def hold_task_scope(self, delta: int) -> None:
         """A finish body began (+1) or ended (-1) in the task function's own task.
@@ -142,18 +136,6 @@ class CancelState:
             yield
         finally:
             self._shields.remove(scope)
-
-
-def _drop_redelivery(scope: anyio.CancelScope) -> None:
-    """Cancel the pending re-delivery of a left scope's cancel (anyio's asyncio backend keeps it
-    as ``_cancel_handle``; with none, or a later anyio without it, nothing is done).
-
-    Left, the scope holds no task and no inner scope (each removed itself as it was left), so
-    the re-delivery would find nothing to cancel and schedule nothing further."""
-    handle = getattr(scope, "_cancel_handle", None)
-    if isinstance(handle, asyncio.Handle) and not getattr(scope, "_active", True):
-        handle.cancel()
-        scope._cancel_handle = None  # type: ignore[attr-defined]  # (as the re-delivery would)
 
 
 async def outside_any_task(callback: Callable[[], Any]) -> None:
