@@ -1382,6 +1382,66 @@ async def test_sqlite_a_group_that_fails_half_written_leaves_each_write_as_alone
         ]
 
 
+async def test_sqlite_transitions_alike_in_a_batch_share_one_plan_each_written_as_alone(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A batch's transitions are planned once per transition_plan_key: the runs alike (same
+    # state, reason, pause and owner, the same transition asked) share one plan; a run of a
+    # different reason, or asked with another fence, or refused, is planned on its own, and
+    # each ends as it would alone (a refusal names its own run).
+    from haltwise._journal import sqlite as sqlite_store
+
+    planned: list[str] = []
+    plan = sqlite_store.plan_transition
+
+    def counted(current: Any, *args: Any, **kwargs: Any) -> Any:
+        planned.append(current.id)
+        return plan(current, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite_store, "plan_transition", counted)
+    async with opened(sqlite_url) as store:
+        for run_id in ("a", "b", "c", "lost", "whole"):
+            await reach(store, run_id, State.CANCELLING)
+        await reach(store, "done", State.COMPLETED)
+        await reach(store, "why", State.RUNNING)
+        await store.request_cancel("why", reason="deadline", force=False)
+        await store.claim("lost", OTHER, lease_until=50.0, expected_owner=OWNER.token)
+        planned.clear()
+        store.set_concurrency(10)
+        cancelled = {"expected": {State.CANCELLING}, "cancel_error": None, "owner": None}
+        outcomes = await together(
+            {
+                run_id: store.transition(
+                    run_id, State.CANCELLED, **cancelled, lease_until=None, fence=OWNER.token,
+                    returning=run_id == "whole",
+                )
+                for run_id in ("a", "b", "why", "c", "lost", "done", "whole")
+            }
+        )  # fmt: skip
+    assert outcomes.pop("lost") is LostOwnershipError
+    assert outcomes.pop("done") is InvalidTransitionError
+    whole = outcomes.pop("whole")
+    assert outcomes == {"a": None, "b": None, "why": None, "c": None}
+    assert (whole.id, whole.state, whole.owner) == ("whole", State.CANCELLED, None)
+    # a (b, c and whole share its plan), why (another reason), lost and done (refused)
+    assert sorted(planned) == ["a", "done", "lost", "why"]
+    async with opened(sqlite_url) as store:
+        runs = {run.id: run for run in await store.list_runs()}
+        assert {run_id: run.state for run_id, run in runs.items()} == {
+            **{run_id: State.CANCELLED for run_id in ("a", "b", "c", "why", "whole")},
+            "lost": State.CANCELLING,
+            "done": State.COMPLETED,
+        }
+        assert runs["whole"] == whole
+        assert (runs["why"].reason, runs["a"].reason) == ("deadline", None)
+        assert {runs[run_id].owner for run_id in "abc"} == {None}
+        ended = [e for e in await store.events() if e.target is State.CANCELLED]
+        assert sorted((e.run_id, e.source, e.reason) for e in ended) == [
+            (run_id, State.CANCELLING, "deadline" if run_id == "why" else None)
+            for run_id in ("a", "b", "c", "whole", "why")
+        ]
+
+
 # -- PostgreSQL specifics ------------------------------------------------------------------------
 
 

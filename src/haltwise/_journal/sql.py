@@ -47,6 +47,7 @@ __all__ = [
     "plan_pause_write",
     "plan_transition",
     "plan_unpause_write",
+    "transition_plan_key",
 ]
 
 
@@ -105,6 +106,31 @@ def plan_transition(
         fields={**fields, **implied, "updated_at": now},
         events=((current.state, target, reason),),
         at=now,
+    )
+
+
+def transition_plan_key(
+    current: RunHead,
+    target: State,
+    expected: Collection[State],
+    fields: dict[str, Any],
+    fence: str | None,
+) -> tuple[Any, ...]:
+    """All that :func:`plan_transition` reads, but the run's id (which only what it raises
+    names): transitions with the same key get the same write (a group of final transitions
+    plans each key once). A field read there is added here too. The values of ``fields`` are
+    those of columns (see ``RunWrites``): one that does not hash raises :class:`TypeError`
+    where the key is looked up."""
+    owner = current.owner
+    return (
+        target,
+        frozenset(expected),
+        fence,
+        tuple(fields.items()),
+        current.state,
+        current.reason,
+        current.pause,
+        owner.token if owner else None,
     )
 
 

@@ -69,6 +69,7 @@ from .sql import (
     plan_pause_write,
     plan_transition,
     plan_unpause_write,
+    transition_plan_key,
 )
 from .sqlite_writer import GroupOp, Op, Outcome, Writer, store_error
 from .store import (
@@ -938,9 +939,11 @@ class _Transition(GroupOp):
 
     Transitions side by side in a batch (many runs ending together) read their runs in one
     query and write them in as few statements as their shapes allow (:class:`RunWrites`), each
-    planned exactly as alone (:func:`plan_transition`, against the run as read). When none of
-    them returns the run as written (``returning`` False), the query reads only what the rules
-    read of a run (:class:`RunHead`), not whole runs."""
+    write as :func:`plan_transition` plans it alone, against the run as read: planned once for
+    each :func:`transition_plan_key`, the runs alike sharing it (10,000 runs cancelled
+    together: one plan, not 10,000 alike). When none of them returns the run as written
+    (``returning`` False), the query reads only what the rules read of a run
+    (:class:`RunHead`), not whole runs."""
 
     __slots__ = ("expected", "fence", "fields", "returning", "run_id", "target")
 
@@ -982,25 +985,36 @@ class _Transition(GroupOp):
         now = time.time()
         outcomes: list[Outcome] = [(None, None)] * len(ops)
         found = [False] * len(ops)
-        writes = RunWrites(_OPS)
+        #: transition_plan_key -> the write planned for the first run of the key, the runs of it
+        plans: dict[Any, tuple[RunWrite, list[str]]] = {}
         # Each run planned as it is read, so that the run as read is dropped at once (a bad
         # row raises: the batch runs again, one write at a time).
         for current in runs:
             index = position[current.id]
             found[index] = True
             op = ops[index]
+            key: Any = transition_plan_key(current, op.target, op.expected, op.fields, op.fence)
             try:
-                write = op._plan(current, now)
+                plan = plans.get(key)
+            except TypeError:  # a value that does not hash: planned on its own
+                key, plan = index, None
+            try:
+                if plan is None:
+                    plan = plans[key] = (op._plan(current, now), [])
                 if op.returning:  # (else its outcome stays the shared (None, None))
                     assert isinstance(current, RunRecord)  # (read whole: see above)
-                    outcomes[index] = (run_written(current, write.fields), None)
+                    outcomes[index] = (run_written(current, plan[0].fields), None)
             except Exception as error:  # as alone: this one fails, nothing of it written
                 outcomes[index] = (None, error)
                 continue
-            writes.add(op.run_id, write)
+            plan[1].append(op.run_id)
         for index, op in enumerate(ops):
             if not found[index]:
                 outcomes[index] = (None, UnknownRunError(op.run_id))
+        writes = RunWrites(_OPS)
+        for write, run_ids in plans.values():
+            if run_ids:
+                writes.add_all(run_ids, write)
         for statement, parameters in writes.statements():
             conn.execute(statement, parameters)
         return outcomes
