@@ -83,8 +83,8 @@ class OperatorSQL:
         rendered = text.format(**names, true=self._true, false=self._false, clock=self._clock)
         return rendered.replace("?", self.dialect.param)
 
-    def id_list(self, ids: Sequence[str | int]) -> Any:
-        """The value bound for :attr:`in_ids` (run ids, or on SQLite rowids)."""
+    def id_list(self, ids: Sequence[str]) -> Any:
+        """The value bound for :attr:`in_ids`."""
         return json.dumps(list(ids)) if self.dialect.name == "sqlite" else list(ids)
 
     # -- a page of runs ------------------------------------------------------------------------
@@ -150,12 +150,11 @@ class OperatorSQL:
         text += " ORDER BY created_at, id" + (" FOR UPDATE" if lock else "")
         return self.sql(text), params
 
-    def update_ids(self, names: Sequence[str], key: str = "id") -> str:
-        """``UPDATE`` of the columns ``names`` of every run whose ``key`` (its id, or on SQLite
-        its ``rowid``) is in the list bound last (parameters: the columns' values, then the
-        list, see :meth:`id_list`)."""
+    def update_ids(self, names: Sequence[str]) -> str:
+        """``UPDATE`` of the columns ``names`` of every run whose id is in the list bound
+        last (parameters: the columns' values, then the id list, see :meth:`id_list`)."""
         assignments = ", ".join(f"{name} = ?" for name in names)
-        return self.sql(f"UPDATE {{runs}} SET {assignments} WHERE {key} {self.in_ids}")
+        return self.sql(f"UPDATE {{runs}} SET {assignments} WHERE id {self.in_ids}")
 
     def record_events_of_ids(self) -> str:
         """One event of one shape for each run of an id list, recorded in the list's order,
@@ -330,24 +329,13 @@ class RunWrites:
             shape = (position, source.value if source else None, target.value, reason, write.at)
             self._events.setdefault(shape, []).extend(run_ids)
 
-    def statements(
-        self, rowids: Mapping[str, int] | None = None
-    ) -> list[tuple[str, tuple[Any, ...]]]:
-        """The statements and their parameters, in the order to run them.
-
-        With ``rowids`` (SQLite: each run's ``rowid``, read in the same transaction), an
-        ``UPDATE`` names its rows by rowid: one search of the table per row, where by id it is
-        two (the id's index, then the table).
-        """
+    def statements(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """The statements and their parameters, in the order to run them."""
         ops = self._ops
-        key = "id" if rowids is None else "rowid"
         updates = [
             (
-                ops.update_ids([name for name, _ in items], key),
-                (
-                    *(value for _, value in items),
-                    ops.id_list(ids if rowids is None else [rowids[i] for i in ids]),
-                ),
+                ops.update_ids([name for name, _ in items]),
+                (*(value for _, value in items), ops.id_list(ids)),
             )
             for items, ids in self._updates.items()
         ]
@@ -395,7 +383,6 @@ def plan_cancels(
     force: bool,
     now: float,
     dry_run: bool,
-    rowids: Mapping[str, int] | None = None,
 ) -> tuple[list[tuple[str, tuple[Any, ...]]], CancelResult]:
     """A bulk cancel request on the runs ``found`` (read in its transaction: the columns of
     :class:`CancelledRun`), each run planned as :func:`plan_cancel_write` says, then dropped
@@ -404,10 +391,10 @@ def plan_cancels(
     A cancel's write is planned once for each :func:`cancel_plan_key`, and the runs alike share
     it (one plan, not 10,000 alike, for 10,000 runs waiting in tools).
 
-    Returns the statements with their parameters (:class:`RunWrites`, by ``rowids`` if given;
-    none with ``dry_run``) and what the request did: the runs it reached (every one not final
-    as read) as the writes leave them, in the order of ``ids`` (else as found); the named runs
-    already final; the named ids the store does not hold.
+    Returns the statements with their parameters (:class:`RunWrites`; none with ``dry_run``)
+    and what the request did: the runs it reached (every one not final as read) as the
+    writes leave them, in the order of ``ids`` (else as found); the named runs already final;
+    the named ids the store does not hold.
     """
     after: dict[str, CancelledRun] = {}
     was_final: set[str] = set()
@@ -431,7 +418,7 @@ def plan_cancels(
             writes.add_all(plan[1], plan[0])
     named = ids or ()
     order = after if ids is None else dict.fromkeys(ids)
-    return writes.statements(rowids), CancelResult(
+    return writes.statements(), CancelResult(
         reached=tuple(after[i] for i in order if i in after and i not in was_final),
         already_final=tuple(after[i] for i in named if i in was_final),
         unknown=tuple(i for i in named if i not in after),

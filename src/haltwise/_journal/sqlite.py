@@ -74,7 +74,6 @@ from .sql import (
 from .sqlite_writer import GroupOp, Op, Outcome, Writer, store_error
 from .store import (
     UNSET,
-    CancelledRun,
     CancelResult,
     JournalRows,
     NewRun,
@@ -792,29 +791,15 @@ class SQLiteStore:
             query, params = _CANCELLED_BY_IDS, [_OPS.id_list(ids)]
         else:
             query, params = _OPS.active_runs(
-                states=states, tasks=tasks, lock=False, columns=_ROWID_CANCELLED
+                states=states, tasks=tasks, lock=False, columns=CANCELLED_SELECT
             )
 
         def op(conn: sqlite3.Connection) -> CancelResult:
-            # Each run's rowid too: the UPDATEs name the rows by it (see RunWrites.statements)
-            rowids: dict[str, int] = {}
-
-            def parse(row: tuple[Any, ...]) -> CancelledRun:
-                rowids[row[1]] = row[0]
-                return cancelled_from_row(row[1:])
-
             rows = conn.cursor()
             rows.row_factory = None  # plain tuples: cancelled_from_row reads them by position
-            found = each_read(parse, lambda: rows.execute(query, params))
+            found = each_read(cancelled_from_row, lambda: rows.execute(query, params))
             writes, result = plan_cancels(
-                _OPS,
-                found,
-                ids,
-                reason=reason,
-                force=force,
-                now=time.time(),
-                dry_run=dry_run,
-                rowids=rowids,
+                _OPS, found, ids, reason=reason, force=force, now=time.time(), dry_run=dry_run
             )
             for statement, parameters in writes:
                 conn.execute(statement, parameters)
@@ -1022,10 +1007,8 @@ class _Transition(GroupOp):
 
 #: every column of the runs whose ids are bound (one parameter: see OperatorSQL.id_list)
 _RUNS_BY_IDS = _OPS.runs_by_ids(lock=False)
-#: what a bulk cancel request reads of a run: its rowid, then CancelledRun's columns
-_ROWID_CANCELLED = f"rowid, {CANCELLED_SELECT}"
-#: the same, of each run whose id is in the list bound
-_CANCELLED_BY_IDS = _OPS.runs_by_ids(lock=False, columns=_ROWID_CANCELLED)
+#: what a bulk cancel request reads of each run whose id is in the list bound (CancelledRun)
+_CANCELLED_BY_IDS = _OPS.runs_by_ids(lock=False, columns=CANCELLED_SELECT)
 #: what the rules of a transition read of each run whose id is in the list bound (RunHead)
 _HEADS_BY_IDS = f"SELECT {', '.join(HEAD_COLUMNS)} FROM runs WHERE id {_OPS.in_ids}"
 

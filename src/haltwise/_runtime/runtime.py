@@ -651,18 +651,13 @@ class Runtime:
         )
         states: dict[str, State] = {}
         settled = []
-        active = self._active
-        here = [] if dry_run else [record for record in result.reached if record.id in active]
+        here = [] if dry_run else [record for record in result.reached if self.is_active(record.id)]
         if here:  # one callback of the event loop delivers them all (see outside_any_task)
             await outside_any_task(lambda: [self._deliver(record) for record in here])
         worked = {record.id for record in here}
-        # A run delivered here (or a dry run's) stays as the request left it, which
-        # cancel_batch reports by itself; and it is not settled here: an orphan is
-        # ``cancelling``, not final. Only the others are looked at (10,000 runs worked here).
         for record in result.reached:
-            if dry_run or record.id in worked:
-                continue
-            after = await self._after_cancel(record)
+            done = dry_run or record.id in worked
+            after = record if done else await self._after_cancel(record)
             states[record.id] = after.state
             if self._orphaned(record) and after.state.is_final:
                 settled.append(record.id)
