@@ -299,7 +299,7 @@ async def test_cancel_requests_lists_cancelling_runs(store_url: str) -> None:
         assert await store.cancel_requests([]) == {}
 
 
-async def test_cancel_requests_of_delivered_runs_lists_forced_ones_only(store_url: str) -> None:
+async def test_cancel_requests_of_runs_acted_on_lists_forced_ones_only(store_url: str) -> None:
     async with opened(store_url) as store:
         await reach(store, "a", State.RUNNING)
         await reach(store, "b", State.RUNNING)
@@ -309,11 +309,11 @@ async def test_cancel_requests_of_delivered_runs_lists_forced_ones_only(store_ur
         await store.request_cancel("c", "user", force=False)
         everything = {"a": ("deadline", True), "b": ("user", False), "c": ("user", False)}
         assert await store.cancel_requests(["a", "b", "c"]) == everything
-        assert await store.cancel_requests(["a", "b", "c"], delivered=["a", "b"]) == {
+        assert await store.cancel_requests(["a", "b", "c"], acting=["a", "b"]) == {
             "a": ("deadline", True),
             "c": ("user", False),
         }
-        assert await store.cancel_requests(["b"], delivered=["b", "missing"]) == {}
+        assert await store.cancel_requests(["b"], acting=["b", "missing"]) == {}
 
 
 async def test_a_cancelled_caller_does_not_undo_its_write(store_url: str) -> None:

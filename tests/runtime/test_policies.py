@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 import anyio
@@ -175,6 +176,41 @@ async def test_force_after_plain_cancel_cuts_the_grace(store_url: str) -> None:
     assert outcome.state is State.CANCELLED
     assert status_of(outcome, 1) is StepStatus.UNKNOWN
     assert outcome.reason == "user"
+
+
+@haltwise.tool(cancel="finish", effect="external", grace=120.0)
+async def charge_for_long(value: Any) -> Any:
+    """A ``finish`` call whose grace outlasts the test: only a forced cancel ends it early."""
+    toolkit.entered.set()
+    await anyio.sleep(120)
+    return value
+
+
+@haltwise.task(name="policies:charge_for_long")
+async def charge_for_long_task() -> None:
+    await charge_for_long("x")
+
+
+async def test_a_forced_cancel_from_another_process_cuts_the_grace_of_a_cancel_acted_on(
+    store_url: str,
+) -> None:
+    """The watcher asks the store only for the news of a run whose cancel it acts on already
+    (``cancel_requests(acting=...)``): a forced request recorded by another process is news,
+    and must reach the run through the watcher and cut its grace."""
+    async with haltwise.Runtime(store_url) as rt:
+        handle = await rt.start(charge_for_long_task, task_id="r1")
+        await toolkit.entered.wait()
+        await handle.cancel()  # plain, delivered here: the call goes on in its grace
+        assert (await rt.status("r1")).state is State.CANCELLING
+        done = await anyio.run_process(
+            [sys.executable, "-m", "haltwise", "cancel", "r1", "--force", "--store", store_url],
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        with anyio.fail_after(60):
+            outcome = await handle.outcome()
+    assert outcome.state is State.CANCELLED
+    assert [step.status for step in outcome.steps] == [StepStatus.UNKNOWN]
 
 
 async def test_deadline_is_a_cancellation_with_reason_deadline(store_url: str) -> None:

@@ -1021,7 +1021,7 @@ class PostgresStore:
         return await self._run(op, read_only=True, single=True)
 
     async def cancel_requests(
-        self, run_ids: Collection[str], *, delivered: Collection[str] = ()
+        self, run_ids: Collection[str], *, acting: Sequence[str] = ()
     ) -> dict[str, tuple[str, bool]]:
         ids = list(run_ids)
         if not ids:
@@ -1031,7 +1031,7 @@ class PostgresStore:
             cursor = await conn.execute(
                 "SELECT id, reason, force FROM haltwise.runs "
                 "WHERE state = 'cancelling' AND id = ANY(%s) AND (force OR id <> ALL(%s))",
-                (ids, list(delivered)),
+                (ids, list(acting)),
             )
             return {
                 row["id"]: (row["reason"] or "user", bool(row["force"]))

@@ -201,8 +201,9 @@ WHERE run_id = ? AND idx = ? AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND own
 _HELD = f"SELECT count(*) FROM runs WHERE id {_OPS.in_ids} AND owner_token = ?"
 #: the cancel requests: the runs in ``cancelling`` (read through the state index)
 _CANCELLING = "SELECT id, reason, force FROM runs WHERE state = 'cancelling'"
-#: the same, but of the runs whose ids are bound (their cancel delivered), only forced ones
-_CANCELLING_NEWS = f"{_CANCELLING} AND (force OR id NOT {_OPS.in_ids})"
+#: the same, but of the runs whose ids are bound (a JSON array: their cancel acted on by the
+#: caller), only forced ones
+_CANCELLING_NEWS = f"{_CANCELLING} AND (force OR id NOT IN (SELECT value FROM json_each(?)))"
 
 # Step writes are partials of these, not closures: fewer objects for the garbage collector to
 # track per step while it waits for its batch (measurable with a thousand runs waiting).
@@ -718,19 +719,19 @@ class SQLiteStore:
         return events
 
     async def cancel_requests(
-        self, run_ids: Collection[str], *, delivered: Collection[str] = ()
+        self, run_ids: Collection[str], *, acting: Sequence[str] = ()
     ) -> dict[str, tuple[str, bool]]:
         # Read on the watch connection, not through the writer: it must not wait behind a queue
         # of writes, and with the state index it costs as much as there are cancelling runs.
-        # Plain tuples, read one at a time; the runs `delivered` are passed by in the query
+        # Plain tuples, read one at a time; the runs in `acting` are passed by in the query
         # (after a bulk cancel of 10,000 runs worked here the watcher reads 10,000 cancelling
         # runs, none news: SQLite skips them for a fraction of what a row in Python costs).
         wanted = set(run_ids)
         if not wanted or self._watch is None:
             return {}
         query, params = _CANCELLING, []
-        if delivered:
-            query, params = _CANCELLING_NEWS, [_OPS.id_list(list(delivered))]
+        if acting:
+            query, params = _CANCELLING_NEWS, [_OPS.id_list(acting)]
         rows = self._watch.cursor()
         rows.row_factory = None
         try:

@@ -324,11 +324,13 @@ class Store(Protocol):
         """Recorded transitions, of one run or all, in order."""
 
     async def cancel_requests(
-        self, run_ids: Collection[str], *, delivered: Collection[str] = ()
+        self, run_ids: Collection[str], *, acting: Sequence[str] = ()
     ) -> dict[str, tuple[str, bool]]:
         """Among ``run_ids``, those in ``cancelling``: ``{id: (reason, force)}``; of those also
-        in ``delivered`` (runs whose cancel the caller acts on already), only the ones whose
-        request is forced (the one request that may still be news to the caller)."""
+        in ``acting`` (runs whose cancel the caller acts on already: it has recorded a reason
+        for them), only the ones whose request is forced (for such a run only a forced request
+        may still change what the caller does). An id in ``acting`` but not in ``run_ids`` is
+        not listed."""
 
     async def request_pause(self, run_id: str) -> RunRecord:
         """Record a pause request atomically and return the run as it is afterwards.

@@ -1008,12 +1008,11 @@ class Runtime:
         idle process with many runs waiting reads nothing per tick. The cancels are delivered
         from one callback of the event loop (see :func:`~.cancel_state.outside_any_task`).
         """
-        # The runs whose cancel is delivered already: only a forced request of theirs may be
-        # news, and the store passes the others by (10,000 just cancelled here, none news).
-        delivered = [
-            run_id for run_id, ctx in self._active.items() if ctx.cancel.reason is not None
-        ]
-        requests = await self.store.cancel_requests(self._active.keys(), delivered=delivered)
+        # The runs whose cancel is acted on here already (a reason recorded): only a forced
+        # request of theirs may be news, and the store passes the others by (10,000 just
+        # cancelled here, none news).
+        acting = [run_id for run_id, ctx in self._active.items() if ctx.cancel.reason is not None]
+        requests = await self.store.cancel_requests(self._active.keys(), acting=acting)
         due = [
             (ctx, reason, force)
             for run_id, (reason, force) in requests.items()
