@@ -1388,7 +1388,8 @@ async def test_sqlite_transitions_alike_in_a_batch_share_one_plan_each_written_a
     # A batch's transitions are planned once per transition_plan_key: the runs alike (same
     # state, reason, pause and owner, the same transition asked) share one plan; a run of a
     # different reason, or asked with another fence, or refused, is planned on its own, and
-    # each ends as it would alone (a refusal names its own run).
+    # each ends as it would alone (a refusal is not shared: two refused runs of one key, lost
+    # and lost2, each get an error naming their own run).
     from haltwise._journal import sqlite as sqlite_store
 
     planned: list[str] = []
@@ -1400,36 +1401,52 @@ async def test_sqlite_transitions_alike_in_a_batch_share_one_plan_each_written_a
 
     monkeypatch.setattr(sqlite_store, "plan_transition", counted)
     async with opened(sqlite_url) as store:
-        for run_id in ("a", "b", "c", "lost", "whole"):
+        for run_id in ("a", "b", "c", "lost", "lost2", "fenced", "whole"):
             await reach(store, run_id, State.CANCELLING)
         await reach(store, "done", State.COMPLETED)
         await reach(store, "why", State.RUNNING)
         await store.request_cancel("why", reason="deadline", force=False)
-        await store.claim("lost", OTHER, lease_until=50.0, expected_owner=OWNER.token)
+        for run_id in ("lost", "lost2"):
+            await store.claim(run_id, OTHER, lease_until=50.0, expected_owner=OWNER.token)
         planned.clear()
         store.set_concurrency(10)
         cancelled = {"expected": {State.CANCELLING}, "cancel_error": None, "owner": None}
+
+        async def caught(write: Any) -> Any:  # the error itself, not its type (as `together`)
+            try:
+                return await write
+            except Exception as error:
+                return error
+
         outcomes = await together(
             {
-                run_id: store.transition(
-                    run_id, State.CANCELLED, **cancelled, lease_until=None, fence=OWNER.token,
+                run_id: caught(store.transition(
+                    run_id, State.CANCELLED, **cancelled, lease_until=None,
+                    fence=OTHER.token if run_id == "fenced" else OWNER.token,
                     returning=run_id == "whole",
-                )
-                for run_id in ("a", "b", "why", "c", "lost", "done", "whole")
+                ))
+                for run_id in ("a", "b", "why", "c", "lost", "fenced", "lost2", "done", "whole")
             }
         )  # fmt: skip
-    assert outcomes.pop("lost") is LostOwnershipError
-    assert outcomes.pop("done") is InvalidTransitionError
+    for run_id, error_type in [
+        ("lost", LostOwnershipError),
+        ("lost2", LostOwnershipError),
+        ("fenced", LostOwnershipError),
+        ("done", InvalidTransitionError),
+    ]:
+        error = outcomes.pop(run_id)
+        assert (type(error), error.task_id) == (error_type, run_id)
     whole = outcomes.pop("whole")
     assert outcomes == {"a": None, "b": None, "why": None, "c": None}
     assert (whole.id, whole.state, whole.owner) == ("whole", State.CANCELLED, None)
-    # a (b, c and whole share its plan), why (another reason), lost and done (refused)
-    assert sorted(planned) == ["a", "done", "lost", "why"]
+    # a (b, c and whole share its plan), why (another reason), fenced (another fence), lost,
+    # lost2 and done (refused: a failed plan is not shared)
+    assert sorted(planned) == ["a", "done", "fenced", "lost", "lost2", "why"]
     async with opened(sqlite_url) as store:
         runs = {run.id: run for run in await store.list_runs()}
         assert {run_id: run.state for run_id, run in runs.items()} == {
             **{run_id: State.CANCELLED for run_id in ("a", "b", "c", "why", "whole")},
-            "lost": State.CANCELLING,
+            **{run_id: State.CANCELLING for run_id in ("lost", "lost2", "fenced")},
             "done": State.COMPLETED,
         }
         assert runs["whole"] == whole
