@@ -149,14 +149,31 @@ async def test_many_runs_share_their_commits(sqlite_url: str) -> None:
     assert len(commits) < runs, f"{len(commits)} commits for {runs * steps} steps"
 
 
-async def test_a_big_batch_checkpoints_at_16384_pages_and_one_run_at_the_stores_limit(
-    sqlite_url: str,
+def store_with_pages(tmp_path: Path, page_size: int) -> str:
+    """The URL of a new store whose file has pages of ``page_size`` bytes: a new store gets
+    1 KiB pages, one made by an older haltwise has 4 KiB pages."""
+    path = tmp_path / "haltwise.db"
+    if page_size != 1024:
+        conn = sqlite3.connect(path)
+        conn.execute(f"PRAGMA page_size = {page_size}")
+        conn.execute("VACUUM")
+        conn.close()
+    return f"sqlite:///{path}"
+
+
+#: a store's page size and the WAL size, in pages, at which its big commits checkpoint: 16 MiB
+BIG_CHECKPOINTS = pytest.mark.parametrize(("page_size", "big_pages"), [(1024, 16384), (4096, 4096)])
+
+
+@BIG_CHECKPOINTS
+async def test_a_big_batch_checkpoints_at_16_mib_of_pages_and_one_run_at_the_stores_limit(
+    tmp_path: Path, page_size: int, big_pages: int
 ) -> None:
     # At FULL the store checkpoints its WAL at 1,000 pages; the batch of 400 runs (a start and
-    # the previous step's settlement each: 800 operations) raises that to 16,384 pages for its
-    # commit, so that not every such commit checkpoints; smaller commits (the batch's tail, one
-    # run's) put it back.
-    async with haltwise.Runtime(sqlite_url) as rt:
+    # the previous step's settlement each: 800 operations) raises that to 16 MiB of the file's
+    # pages for its commit, so that not every such commit checkpoints; smaller commits (the
+    # batch's tail, one run's) put it back.
+    async with haltwise.Runtime(store_with_pages(tmp_path, page_size)) as rt:
         settings: list[str] = []
         rt.store._writer.conn.set_trace_callback(  # type: ignore[attr-defined]
             lambda sql: settings.append(sql) if "wal_autocheckpoint" in sql else None
@@ -169,27 +186,30 @@ async def test_a_big_batch_checkpoints_at_16384_pages_and_one_run_at_the_stores_
         async with anyio.create_task_group() as group:
             for k in range(400):
                 group.start_soon(one, k)
-        assert settings[0] == "PRAGMA wal_autocheckpoint = 16384", settings
+        assert settings[0] == f"PRAGMA wal_autocheckpoint = {big_pages}", settings
         await one(400)
     assert settings[-1] == "PRAGMA wal_autocheckpoint = 1000", settings
 
 
-async def test_every_commit_checkpoints_at_16384_pages_while_many_runs_share_the_store(
-    sqlite_url: str,
+@BIG_CHECKPOINTS
+async def test_every_commit_checkpoints_at_16_mib_of_pages_while_the_process_works_many_runs(
+    tmp_path: Path, page_size: int, big_pages: int
 ) -> None:
     # A bulk request is one operation that writes as many runs as a big batch (a cancel of
-    # 10,000 runs: ~4,000 WAL frames): while 512 runs or more share the store, even a commit
-    # of one operation checkpoints at the big batch's limit; with fewer, at the store's own.
+    # 10,000 runs: ~4,000 WAL frames): while the process works 512 runs or more, even a commit
+    # of one operation checkpoints at the big batch's limit, 16 MiB of the file's own pages (a
+    # store made by an older haltwise has 4 KiB pages: 4,096 of them, not 16,384); with fewer
+    # runs, at the store's own 1,000 pages.
     from haltwise._journal.store import NewRun, open_store
 
-    store = open_store(sqlite_url)
+    store = open_store(store_with_pages(tmp_path, page_size))
     await store.open()
     try:
         settings: list[str] = []
         store._writer.conn.set_trace_callback(  # type: ignore[attr-defined]
             lambda sql: settings.append(sql) if "wal_autocheckpoint" in sql else None
         )
-        for active_runs, pages in ((600, 16384), (2, 1000)):
+        for active_runs, pages in ((600, big_pages), (2, 1000)):
             store.set_concurrency(active_runs)
             await store.create_run(NewRun(id=f"r{active_runs}", task="t", inputs={}))
             assert settings[-1] == f"PRAGMA wal_autocheckpoint = {pages}", settings

@@ -120,7 +120,8 @@ def _checkpoint_pages(synchronous: str) -> int:
     the default stays (measured before the WAL was given its room, when a WAL that cycled
     sooner stopped growing sooner: docs/benchmarks.md, "The change feed's cost"); the WAL is
     given the room of this many frames as the store opens (:func:`_preallocate_wal`). The writer
-    raises the limit for the commit of a big batch (``sqlite_writer._BIG_BATCH``).
+    raises the limit for the commit of a big batch (``sqlite_writer._BIG_BATCH``) and for
+    every commit while the process works many runs (``sqlite_writer._MANY_RUNS``).
     """
     return 1000 if synchronous in _SYNCED else 4096
 

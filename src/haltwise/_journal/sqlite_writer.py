@@ -48,21 +48,19 @@ Op = Callable[[sqlite3.Connection], Any]
 _Deliver = Callable[[Any, BaseException | None], None]
 Outcome = tuple[Any, BaseException | None]
 _MAX_BATCH = 512
-#: A commit of at least this many operations (the loop's batch of many runs), and any commit
-#: while at least this many runs share the store (:meth:`Writer.set_active_runs`: a bulk
-#: request's one transaction writes as many runs as their batch), checkpoints the WAL at
-#: :data:`_BIG_BATCH_CHECKPOINT` pages at the least, not at the store's own limit. The batch of
-#: a thousand runs (a step's start and the previous one's settlement each) writes ~1,300 WAL
-#: frames, so at ``FULL``'s 1,000 pages every such commit checkpointed, copying every frame it
-#: wrote into the database file once more, with two more syncs (measured: 24% fewer bytes
-#: written per step at 1,000 runs at 4,096 pages; docs/benchmarks.md, issue 13). A bulk cancel
-#: of 10,000 runs writes ~4,000 frames to request it and ~5,700 to end the runs: at 4,096 pages
-#: each of those commits checkpointed (~15 ms of CPU and two syncs each, on the event loop's
-#: thread); at 16,384 (16 MiB of 1 KiB pages) neither does, and the next commit past the limit
-#: copies their pages once. A smaller commit with few runs active puts the store's own limit
-#: back (it commits a few frames: the WAL cycles sooner).
+#: A commit of at least this many operations (the loop's batch of many runs) checkpoints the
+#: WAL at :data:`_BIG_BATCH_CHECKPOINT_BYTES` at the least, not at the store's own limit (why,
+#: and what it bounds: docs/design.md, "What one step costs on SQLite").
 _BIG_BATCH = 512
-_BIG_BATCH_CHECKPOINT = 16384
+#: While a process works at least this many runs (:meth:`Writer.set_active_runs`), every commit
+#: checkpoints as a big batch's does: a bulk request is one operation that writes as many runs
+#: as a big batch does. A count of runs, not of operations: it equals _BIG_BATCH because so
+#: many runs at work commit in batches of at least that many operations (each run's step
+#: start, with its previous settlement), not because the two must stay equal.
+_MANY_RUNS = 512
+#: The WAL's size at which a big commit checkpoints, in bytes of pages: 16,384 pages of this
+#: store's 1 KiB pages, 4,096 of the 4 KiB pages of a store an older haltwise made.
+_BIG_BATCH_CHECKPOINT_BYTES = 16 * 1024 * 1024
 
 
 class GroupOp:
@@ -263,11 +261,14 @@ class Writer:
         #: the WAL size (pages) at which a commit checkpoints, as ``prepare`` set it, and as the
         #: connection has it now (a PRAGMA is paid only on a switch: see _BIG_BATCH)
         self._checkpoint_pages = self._checkpoint_now = checkpoint_pages
+        #: the WAL size (pages) at which a big commit checkpoints: _BIG_BATCH_CHECKPOINT_BYTES
+        #: of the store's pages, known once the connection is open
+        self._big_checkpoint_pages = checkpoint_pages
         #: Whether an idle writer may run an operation on the caller's thread. Off while many
         #: runs share the store: a commit done inline blocks the event loop, so the other runs
         #: could not queue their writes to share it; they go to the loop's batch instead.
         self.fast_path = True
-        #: whether many runs share the store (see _BIG_BATCH)
+        #: whether this process works many runs (see _MANY_RUNS)
         self._many_runs = False
         # The loop's batch: operations submitted from _batch_loop since its last flush, which
         # is scheduled on that loop (or, while the writer thread has operations queued, waits
@@ -323,6 +324,9 @@ class Writer:
         try:
             conn = self._connect_fn()
             self._prepare_fn(conn)
+            # The file's own page size: a store made by an older haltwise has 4 KiB pages.
+            page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+            self._big_checkpoint_pages = _BIG_BATCH_CHECKPOINT_BYTES // page_size
             self.conn = conn
         except BaseException as error:
             ready.send(error)
@@ -496,20 +500,20 @@ class Writer:
 
     def _set_checkpoint(self, conn: sqlite3.Connection, big: bool) -> None:
         """Set the WAL size at which the commit about to run checkpoints (``big``: see
-        _BIG_BATCH)."""
+        _BIG_BATCH and _MANY_RUNS)."""
         pages = self._checkpoint_pages
         if big:
-            pages = max(pages, _BIG_BATCH_CHECKPOINT)
+            pages = max(pages, self._big_checkpoint_pages)
         if pages != self._checkpoint_now:
             conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
             self._checkpoint_now = pages
 
     def set_active_runs(self, active_runs: int) -> None:
-        """How many runs share the store now: one commits each write at once, on the caller's
-        thread (the fast path); several share the loop's batch; many (see _BIG_BATCH) commit
+        """How many runs this process works now: one commits each write at once, on the caller's
+        thread (the fast path); several share the loop's batch; many (see _MANY_RUNS) commit
         at the larger checkpoint limit."""
         self.fast_path = active_runs <= 1
-        self._many_runs = active_runs >= _BIG_BATCH
+        self._many_runs = active_runs >= _MANY_RUNS
 
     def _set_busy_timeout(self, conn: sqlite3.Connection, milliseconds: int) -> None:
         if self._busy_ms != milliseconds:
