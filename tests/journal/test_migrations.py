@@ -393,7 +393,8 @@ async def test_a_postgres_store_with_the_step_trigger_records_each_step_change_o
 
 async def test_every_query_of_runs_by_state_searches_an_index_on_sqlite(tmp_path: Path) -> None:
     # Since version 11 runs_by_state_created (state, created_at) is the only index by state
-    # (runs_by_state, its prefix, dropped): each of these still searches it, none scans runs.
+    # (runs_by_state, its prefix, dropped): each of these still searches it, none scans runs
+    # (the watcher's read after a bulk cancel, _CANCELLING_NEWS, and the claim among them).
     from haltwise._journal import sqlite as sqlite_store
 
     store = open_store(f"sqlite:///{tmp_path / 'plans.db'}")
@@ -402,6 +403,7 @@ async def test_every_query_of_runs_by_state_searches_an_index_on_sqlite(tmp_path
     ops, sql = sqlite_store._OPS, sqlite_store._SQL
     queries: list[tuple[str, Any]] = [
         (sqlite_store._CANCELLING, ()),
+        (sqlite_store._CANCELLING_NEWS, (ops.id_list(["a", "b"]),)),
         sql.list_runs(State.RUNNING),
         ops.active_runs(states=(), tasks=None, lock=False),
         ops.active_runs(states=(State.RUNNING,), tasks=["t"], lock=False),
@@ -412,3 +414,14 @@ async def test_every_query_of_runs_by_state_searches_an_index_on_sqlite(tmp_path
         for query, parameters in queries:
             plan = [row[-1] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", parameters)]
             assert plan[0].endswith("USING INDEX runs_by_state_created (state=?)"), (query, plan)
+        # the claim updates its runs by id, picked by a subquery that searches the state index
+        claim = sqlite_store._claim_query(2)
+        plan = [
+            row[-1]
+            for row in conn.execute(f"EXPLAIN QUERY PLAN {claim}", ("o", "t", 1.0, "a", "b", 5))
+        ]
+        assert plan[0].endswith("(id=?)"), plan
+        assert any(line.endswith("USING INDEX runs_by_state_created (state=?)") for line in plan), (
+            plan
+        )
+        assert not any(line.startswith("SCAN runs") for line in plan), plan

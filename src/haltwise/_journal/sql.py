@@ -118,9 +118,7 @@ def transition_plan_key(
 ) -> tuple[Any, ...]:
     """All that :func:`plan_transition` reads, but the run's id (which only what it raises
     names): transitions with the same key get the same write (a group of final transitions
-    plans each key once). A field read there is added here too. The values of ``fields`` are
-    those of columns (see ``RunWrites``): one that does not hash raises :class:`TypeError`
-    where the key is looked up."""
+    plans each key once). A field read there is added here too."""
     owner = current.owner
     return (
         target,

@@ -200,6 +200,21 @@ WHERE run_id = ? AND idx = ? AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND own
 #: how many of the runs whose ids are in the list bound (see OperatorSQL.id_list) the owner
 #: token bound holds
 _HELD = f"SELECT count(*) FROM runs WHERE id {_OPS.in_ids} AND owner_token = ?"
+
+
+def _claim_query(task_count: int) -> str:
+    """The claim: up to ``limit`` pending runs nobody owns, of the ``task_count`` tasks bound,
+    oldest first, take the owner and lease bound (parameters: owner, owner token, lease_until,
+    the tasks, limit), every column of each returned. One statement, as on PostgreSQL: the
+    writer holds the lock, so no claimer races it."""
+    marks = ", ".join("?" * task_count)
+    return (
+        "UPDATE runs SET owner = ?, owner_token = ?, lease_until = ? WHERE id IN "
+        f"(SELECT id FROM runs WHERE state = 'pending' AND owner_token IS NULL "
+        f"AND task IN ({marks}) ORDER BY created_at, id LIMIT ?) RETURNING {RUN_COLUMNS}"
+    )
+
+
 #: the cancel requests: the runs in ``cancelling`` (read through the state index)
 _CANCELLING = "SELECT id, reason, force FROM runs WHERE state = 'cancelling'"
 #: the same, but of the runs whose ids are bound (a JSON array: their cancel acted on by the
@@ -600,12 +615,8 @@ class SQLiteStore:
         def op(conn: sqlite3.Connection) -> list[sqlite3.Row]:
             if not task_list or limit <= 0:
                 return []
-            marks = ", ".join("?" for _ in task_list)
-            # One statement, as on PostgreSQL: the writer holds the lock, so no claimer races it.
             return conn.execute(
-                "UPDATE runs SET owner = ?, owner_token = ?, lease_until = ? WHERE id IN "
-                f"(SELECT id FROM runs WHERE state = 'pending' AND owner_token IS NULL "
-                f"AND task IN ({marks}) ORDER BY created_at, id LIMIT ?) RETURNING {RUN_COLUMNS}",
+                _claim_query(len(task_list)),
                 (owner.to_json(), owner.token, lease_until, *task_list, limit),
             ).fetchall()
 
@@ -973,18 +984,17 @@ class _Transition(GroupOp):
         outcomes: list[Outcome] = [(None, None)] * len(ops)
         found = [False] * len(ops)
         #: transition_plan_key -> the write planned for the first run of the key, the runs of it
-        plans: dict[Any, tuple[RunWrite, list[str]]] = {}
+        plans: dict[tuple[Any, ...], tuple[RunWrite, list[str]]] = {}
         # Each run planned as it is read, so that the run as read is dropped at once (a bad
         # row raises: the batch runs again, one write at a time).
         for current in runs:
             index = position[current.id]
             found[index] = True
             op = ops[index]
-            key: Any = transition_plan_key(current, op.target, op.expected, op.fields, op.fence)
-            try:
-                plan = plans.get(key)
-            except TypeError:  # a value that does not hash: planned on its own
-                key, plan = index, None
+            key = transition_plan_key(current, op.target, op.expected, op.fields, op.fence)
+            # (A field value that does not hash raises here, and RunWrites would raise on it
+            # anyway: the group fails and its batch runs again, one write at a time.)
+            plan = plans.get(key)
             try:
                 if plan is None:
                     plan = plans[key] = (op._plan(current, now), [])
