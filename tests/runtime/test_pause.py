@@ -36,6 +36,12 @@ async def paused_after_a_step(rt: haltwise.Runtime) -> haltwise.TaskHandle:
     await handle.pause()
     toolkit.release.set()
     await wait_for_state(rt, "p1", State.PAUSED)
+    # The journal says paused once the write commits; the runtime marks the run paused when
+    # that write's await returns, which may come later (on PostgreSQL another connection sees
+    # the commit first).
+    with anyio.fail_after(60):
+        while not rt.is_paused("p1"):
+            await anyio.sleep(0.002)
     return handle
 
 
