@@ -203,6 +203,22 @@ _CHANGES_BY_RUN = Index("changes_by_run", "changes", ("run_id", "seq"), only="po
 #: "type", "message"}``), kept when the step runs again (a retry, a resume)
 _ATTEMPT_ERRORS = _text("errors")
 
+#: Version 12: what a reconcile found out about an ``unknown`` step (JSON ``{"by", "answer",
+#: "at"}``), or ``_core.reconcile.HOOK_NOT_ASKED`` while its tool's hook has not been asked
+_RECONCILED = _text("reconciled")
+
+#: Version 12: cancels pressed before their run exists (``cancel --before-start``): a run created
+#: with such an id before ``expires_at`` (epoch seconds) is recorded ``cancelled`` with ``reason``
+_EARLY_CANCELS = Table(
+    "early_cancels",
+    (
+        _text("id", not_null=True),
+        _text("reason", not_null=True),
+        Column("expires_at", Kind.REAL, not_null=True),
+    ),
+    primary_key=("id",),
+)
+
 TABLES: tuple[Table, ...] = (
     Table(
         "haltwise_meta",
@@ -254,6 +270,7 @@ TABLES: tuple[Table, ...] = (
             Column("settled_at", Kind.REAL),
             *_STEP_IDENTITY,
             _ATTEMPT_ERRORS,
+            _RECONCILED,
         ),
         primary_key=("run_id", "idx"),
         without_rowid=True,
@@ -281,6 +298,7 @@ TABLES: tuple[Table, ...] = (
         ),
     ),
     _CHANGES,
+    _EARLY_CANCELS,
 )
 
 INDEXES: tuple[Index, ...] = (
@@ -448,6 +466,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         11,
         "no index runs_by_state: runs_by_state_created serves every query by state",
         (DropIndex("runs_by_state"),),
+    ),
+    Migration(
+        12,
+        "reconcile answers of steps, cancels pressed before their run exists (issue 32)",
+        (AddColumn("steps", _RECONCILED), _EARLY_CANCELS),
     ),
 )
 

@@ -48,6 +48,7 @@ from .explain import needs_code
 from .fork import ForkPlan, plan_fork
 from .operator import registered_task, stand_in_task
 from .pause import PauseGate, deliver_pause_signals, relay_to_children
+from .reconcile import ask_hooks, record_operator_answers
 from .run_context import Probe, RunContext
 from .seat import Seat, cancel_batch, nobody_works
 from .steps import execute_step
@@ -321,6 +322,23 @@ class Runtime:
             )
         return the_task
 
+    async def reconcile(self, task_id: str, *, task: Task[..., Any] | None = None) -> Outcome:
+        """Ask the ``reconcile`` hooks of run ``task_id``'s ``unknown`` steps what happened and
+        journal the answers (``haltwise reconcile ID``); the run's outcome afterwards.
+
+        A hook is asked for each ``unknown`` step of a non-idempotent tool loaded in this
+        process that declares one; an answer is written only into a run that is ``cancelled``
+        or ``failed`` (a run being worked asks its hooks itself when it is resumed or taken
+        over). ``task`` defaults to the task registered under the run's name. Raises
+        :class:`~haltwise.UnknownRunError` for an unknown id, and
+        :class:`~haltwise.HaltwiseError` if the run's task is not loaded here.
+        """
+        self._require_entered()
+        snapshot = await self.store.load(task_id)
+        ctx = self._context(task_id, self._task_of(snapshot.run, task), snapshot, {}, frozenset())
+        snapshot = await ask_hooks(ctx, snapshot, ())
+        return snapshot.outcome()
+
     async def fork_plan(
         self, task_id: str, *, from_step: int, new_id: str | None = None
     ) -> ForkPlan:
@@ -424,6 +442,7 @@ class Runtime:
         ctx = self._context(snapshot.run.id, task, snapshot, dict(done), again)
         try:
             snapshot = await settle_takeover(ctx, snapshot)
+            snapshot = await ask_hooks(ctx, snapshot, {*done, *again})
             refuse_unknown(snapshot, done, again)
         except ResumeRefusedError as refused:
             await fail_refused(ctx, snapshot, refused)
@@ -457,10 +476,9 @@ class Runtime:
         """
         task_id = snapshot.run.id
         fence = self.owner.token
-        for index, result in done.items():
-            await self.store.settle_step(
-                task_id, index, StepStatus.COMMITTED, result=result, fence=fence
-            )
+        if done or again:
+            answering = self._context(task_id, task, snapshot, done, again)
+            await record_operator_answers(answering, snapshot, done, again)
         state = snapshot.run.state
         if state not in (State.RUNNING, State.CANCELLING) and (
             unpause or state is not State.PAUSED

@@ -66,7 +66,17 @@ class ToolSpec:
     for a counting wrapper while it runs, which is why the tool function looks it up per call.
     """
 
-    __slots__ = ("defer_settle", "effective_cancel", "fn", "is_async", "key", "name", "policy")
+    __slots__ = (
+        "defer_settle",
+        "effective_cancel",
+        "fn",
+        "hooked",
+        "is_async",
+        "keeps_args",
+        "key",
+        "name",
+        "policy",
+    )
 
     def __init__(
         self, fn: Callable[..., Any], policy: ToolPolicy, name: str, *, register: bool = True
@@ -79,6 +89,11 @@ class ToolSpec:
         #: next write: read at every step, so worked out once here
         self.effective_cancel = policy.effective_cancel
         self.defer_settle = policy.may_defer_settle
+        #: a step left ``unknown`` has a ``reconcile`` hook to ask (an idempotent tool's simply
+        #: runs again), which is called with the call's arguments: they are journaled, as a
+        #: rollback tool's are (for its compensation after a crash)
+        self.hooked = policy.reconcile is not None and not policy.idempotent
+        self.keeps_args = self.effective_cancel is CancelPolicy.ROLLBACK or self.hooked
         #: ``name@module:qualname``: what tells this tool from others of the same name
         self.key = f"{name}@{qualified_name(fn)}"
         if register:
@@ -290,6 +305,7 @@ def tool(
     timeout: float | None = None,
     retries: int = 0,
     backoff: tuple[float, float, float] | None = None,
+    reconcile: Callable[..., Any] | None = None,
     name: str | None = None,
 ) -> Callable[[Callable[P, Any]], Tool[P, Any]]: ...
 
@@ -306,6 +322,7 @@ def tool(
     timeout: float | None = None,
     retries: int = 0,
     backoff: tuple[float, float, float] | None = None,
+    reconcile: Callable[..., Any] | None = None,
     name: str | None = None,
 ) -> Any:
     """Declare a tool and its cancel policy (CONTRACT.md, "Tool policies").
@@ -326,8 +343,16 @@ def tool(
     (first_s, factor, max_s)`` (default ``(1, 2, 30)``: 1 s, 2 s, 4 s ... at most 30 s; no
     jitter). A rollback call's failed attempt is compensated before the next; a cancel is never
     retried, and one that arrives during the wait lands at once; an attempt whose compensation
-    failed (``unknown``) is not retried. Bad declarations raise :class:`~haltwise.PolicyError`
-    here, at once.
+    failed (``unknown``) is not retried.
+
+    ``reconcile`` finds out what happened to a step left ``unknown`` (grace ran out, a forced
+    cancel, a crash mid-call): called with the same arguments as the tool (plain or async;
+    :func:`haltwise.idempotency_key` inside it gives the step's key), it returns
+    :class:`~haltwise.Happened` ``(result)`` (the step becomes ``committed`` with that
+    result), :class:`~haltwise.NotHappened` ``()`` (``interrupted``: it runs again on resume)
+    or None when it cannot tell (an exception counts as None: the step stays ``unknown``).
+    Resume, a worker's takeover, ``haltwise reconcile`` and the API ask it before they refuse.
+    Bad declarations raise :class:`~haltwise.PolicyError` here, at once.
     """
 
     def decorate(function: Callable[..., Any]) -> Tool[..., Any]:
@@ -344,6 +369,7 @@ def tool(
             timeout=timeout,
             retries=retries,
             backoff=backoff,
+            reconcile=reconcile,
         )
         return tool_function(ToolSpec(function, policy, tool_name))
 
@@ -361,6 +387,7 @@ def _policy(
     timeout: float | None,
     retries: int,
     backoff: tuple[float, float, float] | None,
+    reconcile: Callable[..., Any] | None = None,
 ) -> ToolPolicy:
     """The policy the keywords of :func:`tool` (and :func:`step`) declare, validated."""
     return ToolPolicy.declare(
@@ -373,6 +400,7 @@ def _policy(
         timeout=timeout,
         retries=retries,
         backoff=backoff,
+        reconcile=reconcile,
     )
 
 

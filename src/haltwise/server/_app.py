@@ -292,6 +292,15 @@ async def _resume(request: Request, served: Served, run_id: str) -> Response:
     return JSONResponse({"id": run_id, "state": state.value}, status_code=status)
 
 
+async def _reconcile(request: Request, served: Served, run_id: str) -> Response:
+    """As ``haltwise reconcile`` (with FILE.py only): the hooks of the run's ``unknown`` steps
+    asked and their answers journaled; 200 with the run's outcome (its steps among it)."""
+    await read_body(request, EmptyBody)
+    task = await _served_task(served, run_id)
+    outcome = await served.runtime.reconcile(run_id, task=task)
+    return JSONResponse(outcome.to_json())
+
+
 def _step_results(assume_done: dict[str, Any]) -> dict[int, Any]:
     results = {}
     for key, value in assume_done.items():
@@ -324,6 +333,7 @@ _ACTIONS = {
     "pause": _pause,
     "unpause": _unpause,
     "resume": _resume,
+    "reconcile": _reconcile,
     "fork": _fork,
 }
 
