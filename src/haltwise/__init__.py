@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ._core.exceptions import Cancelled as Cancelled
     from ._core.exceptions import ChildRunError as ChildRunError
     from ._core.exceptions import CorruptRowError as CorruptRowError
+    from ._core.exceptions import DeliveryGoneError as DeliveryGoneError
     from ._core.exceptions import HaltwiseError as HaltwiseError
     from ._core.exceptions import InputError as InputError
     from ._core.exceptions import InvalidTransitionError as InvalidTransitionError
@@ -80,6 +81,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "Cancelled",
         "ChildRunError",
         "CorruptRowError",
+        "DeliveryGoneError",
         "HaltwiseError",
         "InputError",
         "InvalidTransitionError",
@@ -142,6 +144,7 @@ __all__ = [
     "CheckReport",
     "ChildRunError",
     "CorruptRowError",
+    "DeliveryGoneError",
     "Effect",
     "ErrorInfo",
     "Event",
