@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ._core.exceptions import Cancelled as Cancelled
     from ._core.exceptions import ChildRunError as ChildRunError
     from ._core.exceptions import CorruptRowError as CorruptRowError
+    from ._core.exceptions import DeliveryGoneError as DeliveryGoneError
     from ._core.exceptions import HaltwiseError as HaltwiseError
     from ._core.exceptions import InputError as InputError
     from ._core.exceptions import InvalidTransitionError as InvalidTransitionError
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from ._runtime.run_context import current_task_id as current_task_id
     from ._runtime.runtime import Runtime as Runtime
     from ._runtime.runtime import TaskHandle as TaskHandle
+    from ._runtime.spec import Tool as Tool
     from ._runtime.task_api import aemit as aemit
     from ._runtime.task_api import cancel_requested as cancel_requested
     from ._runtime.task_api import checkpoint as checkpoint
@@ -69,7 +71,6 @@ if TYPE_CHECKING:
     from ._runtime.task_api import idempotency_key as idempotency_key
     from ._runtime.task_api import shield as shield
     from ._runtime.tool import Task as Task
-    from ._runtime.tool import Tool as Tool
     from ._runtime.tool import step as step
     from ._runtime.tool import task as task
     from ._runtime.tool import tool as tool
@@ -83,6 +84,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "Cancelled",
         "ChildRunError",
         "CorruptRowError",
+        "DeliveryGoneError",
         "HaltwiseError",
         "InputError",
         "InvalidTransitionError",
@@ -128,7 +130,8 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "idempotency_key",
         "shield",
     ),
-    "._runtime.tool": ("Task", "Tool", "step", "task", "tool"),
+    "._runtime.spec": ("Tool",),
+    "._runtime.tool": ("Task", "step", "task", "tool"),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}
 
@@ -146,6 +149,7 @@ __all__ = [
     "CheckReport",
     "ChildRunError",
     "CorruptRowError",
+    "DeliveryGoneError",
     "Effect",
     "ErrorInfo",
     "Event",

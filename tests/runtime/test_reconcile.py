@@ -96,7 +96,11 @@ async def test_happened_resumes_with_no_second_charge(
     step = outcome.steps[0]
     assert step.status is StepStatus.COMMITTED and step.attempts == 1
     assert step.reconciled is not None
-    assert step.to_json()["reconciled"] == {"by": "hook", "answer": "happened", "at": step.reconciled.at}
+    assert step.to_json()["reconciled"] == {
+        "by": "hook",
+        "answer": "happened",
+        "at": step.reconciled.at,
+    }
 
 
 @pytest.mark.parametrize("crash", ["forced", "kill"])

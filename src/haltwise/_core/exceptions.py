@@ -25,7 +25,8 @@ Cancellation is not an error, so it stands outside the error tree::
         │   └── CorruptRowError   a journal row does not parse (.rows: which, .readable: the rest)
         ├── NotInTaskError        emit()/checkpoint()/idempotency_key() outside a task or tool
         ├── LoadError             a FILE.py or module cannot be loaded, or has no such task
-        └── SchemaError           a tool's parameters cannot be described as JSON schema
+        ├── SchemaError           a tool's parameters cannot be described as JSON schema
+        └── DeliveryGoneError     an events receiver answered 410 Gone: delivery stopped
 
 A failed run's outcome carries the task's *own* exception type and text, not these.
 """
@@ -303,3 +304,8 @@ class SchemaError(HaltwiseError):
     def __init__(self, message: str, *, tool: str) -> None:
         super().__init__(message)
         self.tool = tool
+
+
+class DeliveryGoneError(HaltwiseError):
+    """The receiver of ``haltwise events`` answered ``410 Gone``: it wants no more events, and
+    the sender stops (the command exits 1). Its position stays before the refused change."""

@@ -195,6 +195,18 @@ _CHANGES = Table(
     ),
 )
 
+#: Version 12: where ``haltwise events`` got to for each destination URL: every change numbered
+#: up to ``position`` was acknowledged by the receiver (CONTRACT.md, "Telling the world").
+_DELIVERIES = Table(
+    "deliveries",
+    (
+        _text("destination", not_null=True),
+        Column("position", Kind.INTEGER, not_null=True),
+        Column("updated_at", Kind.REAL, not_null=True),
+    ),
+    primary_key=("destination",),
+)
+
 #: PostgreSQL's index of a run's changes, for prune. SQLite has none since version 9: it cost a
 #: step ~1.5 WAL pages and ~4 us (docs/benchmarks.md), and SQLite's prune scans the table once.
 _CHANGES_BY_RUN = Index("changes_by_run", "changes", ("run_id", "seq"), only="postgresql")
@@ -203,11 +215,11 @@ _CHANGES_BY_RUN = Index("changes_by_run", "changes", ("run_id", "seq"), only="po
 #: "type", "message"}``), kept when the step runs again (a retry, a resume)
 _ATTEMPT_ERRORS = _text("errors")
 
-#: Version 12: what a reconcile found out about an ``unknown`` step (JSON ``{"by", "answer",
+#: Version 13: what a reconcile found out about an ``unknown`` step (JSON ``{"by", "answer",
 #: "at"}``), or ``_core.reconcile.HOOK_NOT_ASKED`` while its tool's hook has not been asked
 _RECONCILED = _text("reconciled")
 
-#: Version 12: cancels pressed before their run exists (``cancel --before-start``): a run created
+#: Version 13: cancels pressed before their run exists (``cancel --before-start``): a run created
 #: with such an id before ``expires_at`` (epoch seconds) is recorded ``cancelled`` with ``reason``
 _EARLY_CANCELS = Table(
     "early_cancels",
@@ -298,6 +310,7 @@ TABLES: tuple[Table, ...] = (
         ),
     ),
     _CHANGES,
+    _DELIVERIES,
     _EARLY_CANCELS,
 )
 
@@ -467,8 +480,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         "no index runs_by_state: runs_by_state_created serves every query by state",
         (DropIndex("runs_by_state"),),
     ),
+    Migration(12, "the events sender's delivery position per destination", (_DELIVERIES,)),
     Migration(
-        12,
+        13,
         "reconcile answers of steps, cancels pressed before their run exists (issue 32)",
         (AddColumn("steps", _RECONCILED), _EARLY_CANCELS),
     ),

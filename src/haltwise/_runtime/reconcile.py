@@ -20,8 +20,8 @@ from .._core.reconcile import Answer, By, Happened, NotHappened, Reconciled
 from .._core.records import RunSnapshot, dump_json
 from .._core.states import StepStatus
 from .run_context import CURRENT_STEP, RunContext, StepContext
+from .spec import TOOLS, ToolSpec
 from .threads import start_thread
-from .tool import TOOLS, ToolSpec
 
 __all__ = ["ask_hooks", "hook_of", "record_operator_answers"]
 

@@ -12,8 +12,8 @@ from .._core.records import RunSnapshot
 from .._core.states import StepStatus
 from .reconcile import hook_of
 from .run_context import RunContext
+from .spec import TOOLS
 from .steps import compensate, settle
-from .tool import TOOLS
 
 
 def step_policy(step: StepRecord) -> CancelPolicy:
