@@ -7,7 +7,8 @@ not idempotent; its ``reconcile`` hook asks the ledger by the step's idempotency
 hook does is read from ``WORLD/hook`` (``ledger``: answer from the ledger, the default;
 ``none``: return None; ``raise``: raise). ``WORLD/hold-before`` holds the charge before it
 reaches the provider, ``WORLD/hold-after`` after it did (the body waits while the file exists);
-``WORLD/paying`` is written once the body has begun.
+``WORLD/paying`` is written once the body has begun, ``WORLD/charged`` once the charge is in
+the ledger.
 
 usage: python reconcile_agent.py STORE_URL RUN_ID WORLD_DIR
 """
@@ -64,6 +65,7 @@ async def pay_for_order(amount: int) -> str:
         await anyio.sleep(0.005)
     with open(world() / "ledger", "a") as ledger:
         ledger.write(f"{haltwise.idempotency_key()} {amount}\n")
+    (world() / "charged").write_text("1")
     while (world() / "hold-after").exists():
         await anyio.sleep(0.005)
     return f"receipt-{amount}"

@@ -47,7 +47,8 @@ async def forced_cancel_mid_call(rt: haltwise.Runtime, world: Path, hold: str) -
     while it is in flight; the step is then ``unknown``."""
     (world / hold).write_text("1")
     handle = await rt.start(agent.order, 42, task_id="o1")
-    await until(lambda: (world / "paying").exists(), "the charge to begin")
+    begun = world / ("charged" if hold == "hold-after" else "paying")
+    await until(begun.exists, "the charge to begin")
     await handle.cancel(force=True)
     outcome = await handle.outcome()
     (world / hold).unlink()
@@ -65,9 +66,11 @@ def kill_mid_call(store_url: str, world: Path, hold: str) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
+    # held after the charge: wait until the provider has it; before: until the call began
+    begun = world / ("charged" if hold == "hold-after" else "paying")
     try:
         deadline = time.monotonic() + 60
-        while not (world / "paying").exists():
+        while not begun.exists():
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the agent never began its charge"
             time.sleep(0.01)

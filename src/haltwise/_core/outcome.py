@@ -108,6 +108,8 @@ class StepRecord:
             data["earlier_errors"] = [item.to_json() for item in self.earlier_errors]
         if self.reconciled is not None:
             data["reconciled"] = self.reconciled.to_json()
+        if self.hook_pending or (self.reconciled is not None and self.reconciled.by == "hook"):
+            data["reconcile_hook"] = True  # its tool has one (the dashboard offers to ask it)
         return data
 
 

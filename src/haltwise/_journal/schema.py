@@ -566,7 +566,11 @@ class Dialect:
             return list(change.sqlite if self.name == "sqlite" else change.postgresql)
         if isinstance(change, Rebuild):
             return self.rebuild(change)
-        return [f"ALTER TABLE {self.qualify(change.table)} ADD COLUMN {self.column(change.column)}"]
+        # PostgreSQL adds a column only once (a store upgraded again from an older version mark
+        # meets columns a later migration added); SQLite has no such clause, nor the need.
+        once = "" if self.name == "sqlite" else "IF NOT EXISTS "
+        table = self.qualify(change.table)
+        return [f"ALTER TABLE {table} ADD COLUMN {once}{self.column(change.column)}"]
 
     def set_version(self) -> str:
         """The statement that records the schema version (one parameter: the version)."""
