@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from ._core.exceptions import ChildRunError as ChildRunError
     from ._core.exceptions import CorruptRowError as CorruptRowError
     from ._core.exceptions import HaltwiseError as HaltwiseError
+    from ._core.exceptions import IdempotencyConflictError as IdempotencyConflictError
     from ._core.exceptions import InputError as InputError
     from ._core.exceptions import InvalidTransitionError as InvalidTransitionError
     from ._core.exceptions import LoadError as LoadError
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from ._core.exceptions import NonDeterminismError as NonDeterminismError
     from ._core.exceptions import NotInTaskError as NotInTaskError
     from ._core.exceptions import PolicyError as PolicyError
+    from ._core.exceptions import ReplayedError as ReplayedError
     from ._core.exceptions import ResumeRefusedError as ResumeRefusedError
     from ._core.exceptions import RunOwnedError as RunOwnedError
     from ._core.exceptions import SchemaError as SchemaError
@@ -81,6 +83,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "ChildRunError",
         "CorruptRowError",
         "HaltwiseError",
+        "IdempotencyConflictError",
         "InputError",
         "InvalidTransitionError",
         "LoadError",
@@ -88,6 +91,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "NonDeterminismError",
         "NotInTaskError",
         "PolicyError",
+        "ReplayedError",
         "ResumeRefusedError",
         "RunOwnedError",
         "SchemaError",
@@ -148,6 +152,7 @@ __all__ = [
     "Finding",
     "ForkPlan",
     "HaltwiseError",
+    "IdempotencyConflictError",
     "InputError",
     "InvalidTransitionError",
     "LoadError",
@@ -158,6 +163,7 @@ __all__ = [
     "Outcome",
     "Owner",
     "PolicyError",
+    "ReplayedError",
     "ResumeRefusedError",
     "Retry",
     "RunDetail",

@@ -10,6 +10,7 @@ queued, not lost, one that arrives after it ended is absorbed, and none turns in
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -182,16 +183,24 @@ def task_of(run: RunRecord, file: str | None = None, *, moved: bool = False) -> 
     return task
 
 
-async def existing_run(runtime: Runtime, task_id: str) -> Outcome | None:
+async def existing_run(
+    runtime: Runtime, task_id: str, task: str, kwargs: dict[str, Any]
+) -> Outcome | None:
     """For ``run --id``: the outcome of a final run with that id, None if there is no such run.
 
-    Raises :class:`HaltwiseError` (exit 2) if the run exists and is not final, naming its owner.
+    Raises :class:`~haltwise.IdempotencyConflictError` (exit 2) if the run is of another task
+    (``task``, the name the run records) or other inputs (``kwargs``), and
+    :class:`HaltwiseError` (exit 2) if it exists and is not final, naming its owner.
     """
+    from .._core.records import dump_json
+    from .._runtime.runtime import same_call
+
     try:
         detail = await runtime.inspect(task_id)
     except UnknownRunError:
         return None
     run = detail.run
+    same_call(run, task, {"args": [], "kwargs": json.loads(dump_json(kwargs, "the input"))})
     if run.state.is_final:
         return detail.outcome
     if run.owner is not None and held_by_live_owner(run):
