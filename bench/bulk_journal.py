@@ -65,7 +65,8 @@ async def _once(path: str, runs: int, counting: bool) -> dict[str, dict[str, flo
     from haltwise._core.policy import Effect
     from haltwise._core.records import Owner
     from haltwise._core.states import State, StepStatus
-    from haltwise._journal.store import NewRun, StepStart, open_store
+    from haltwise._journal import open_store
+    from haltwise._journal.store import NewRun, StepStart
 
     owner = Owner(token="bench-owner", host=os.uname().nodename, pid=os.getpid(), started=1.0)
     step = StepStart(0, "wait_in_tool", "interruptible", Effect.READ, False, "wait-0")

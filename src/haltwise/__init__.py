@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from ._runtime.run_context import current_task_id as current_task_id
     from ._runtime.runtime import Runtime as Runtime
     from ._runtime.runtime import TaskHandle as TaskHandle
+    from ._runtime.spec import Tool as Tool
     from ._runtime.task_api import aemit as aemit
     from ._runtime.task_api import cancel_requested as cancel_requested
     from ._runtime.task_api import checkpoint as checkpoint
@@ -68,7 +69,6 @@ if TYPE_CHECKING:
     from ._runtime.task_api import idempotency_key as idempotency_key
     from ._runtime.task_api import shield as shield
     from ._runtime.tool import Task as Task
-    from ._runtime.tool import Tool as Tool
     from ._runtime.tool import step as step
     from ._runtime.tool import task as task
     from ._runtime.tool import tool as tool
@@ -128,7 +128,8 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "idempotency_key",
         "shield",
     ),
-    "._runtime.tool": ("Task", "Tool", "step", "task", "tool"),
+    "._runtime.spec": ("Tool",),
+    "._runtime.tool": ("Task", "step", "task", "tool"),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}
 

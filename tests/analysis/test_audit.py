@@ -21,7 +21,8 @@ from haltwise import Tool
 from haltwise._analysis.audit import AuditReport, FindingCode, audit_tools
 from haltwise._core.policy import ToolPolicy
 from haltwise._runtime.loader import load_tools
-from haltwise._runtime.tool import ToolSpec, tool_function
+from haltwise._runtime.spec import ToolSpec
+from haltwise._runtime.tool import tool_function
 
 
 def delete_note(text: str) -> None:

@@ -31,7 +31,7 @@ from _explore_kit import (
 from haltwise import Effect, Outcome, Retry, State, StepRecord, StepStatus
 from haltwise._analysis.explore_checks import Baseline, Point, Trial, after_resume
 from haltwise._analysis.explore_render import render_rich
-from haltwise._runtime.tool import as_spec
+from haltwise._runtime.spec import as_spec
 from haltwise.testing import (
     Execution,
     Recorder,

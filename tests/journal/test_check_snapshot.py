@@ -17,8 +17,9 @@ import anyio
 
 from haltwise._core.records import JSONText, Owner
 from haltwise._core.states import State
+from haltwise._journal import open_store
 from haltwise._journal.check import verify
-from haltwise._journal.store import NewRun, open_store
+from haltwise._journal.store import NewRun
 
 OWNER = Owner(token="live", host="here", pid=1, started=0.0)
 

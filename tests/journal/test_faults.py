@@ -200,7 +200,8 @@ async def test_every_commit_checkpoints_at_16_mib_of_pages_while_the_process_wor
     # of one operation checkpoints at the big batch's limit, 16 MiB of the file's own pages (a
     # store made by an older haltwise has 4 KiB pages: 4,096 of them, not 16,384); with fewer
     # runs, at the store's own 1,000 pages.
-    from haltwise._journal.store import NewRun, open_store
+    from haltwise._journal import open_store
+    from haltwise._journal.store import NewRun
 
     store = open_store(store_with_pages(tmp_path, page_size))
     await store.open()

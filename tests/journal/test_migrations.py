@@ -27,9 +27,8 @@ import haltwise
 from _paths import TESTS
 from haltwise._core.exceptions import StoreError
 from haltwise._core.states import State, StepStatus
-from haltwise._journal import schema
+from haltwise._journal import open_store, schema
 from haltwise._journal.schema import SCHEMA_VERSION
-from haltwise._journal.store import open_store
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,9 @@ import pytest
 from haltwise._core.policy import Effect
 from haltwise._core.records import Owner
 from haltwise._core.states import State, StepStatus
+from haltwise._journal import open_store
 from haltwise._journal.sqlite import SQLiteStore
-from haltwise._journal.store import NewRun, StepStart, open_store
+from haltwise._journal.store import NewRun, StepStart
 
 pytestmark = pytest.mark.anyio
 

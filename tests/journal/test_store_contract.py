@@ -43,9 +43,10 @@ from haltwise._core.policy import Effect
 from haltwise._core.records import Event, Owner
 from haltwise._core.states import TRANSITIONS, State, StepStatus, is_allowed
 from haltwise._core.views import Change, ChangeKind
+from haltwise._journal import open_store
 from haltwise._journal.check import verify
 from haltwise._journal.schema import SCHEMA_VERSION
-from haltwise._journal.store import UNSET, ForkOf, NewRun, StepStart, StepStarted, Store, open_store
+from haltwise._journal.store import UNSET, ForkOf, NewRun, StepStart, StepStarted, Store
 from haltwise._runtime.operator import feed
 
 pytestmark = pytest.mark.anyio

@@ -19,7 +19,7 @@ import pytest
 
 import haltwise
 from haltwise._runtime.cancel_state import CancelState
-from haltwise._runtime.pause import PauseGate
+from haltwise._runtime.pause_state import PauseGate
 from haltwise._runtime.run_context import RunContext
 
 SRC = Path(haltwise.__file__).parent

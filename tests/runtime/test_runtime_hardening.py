@@ -20,7 +20,8 @@ import toolkit
 from _cli_kit import AGENT, PATIENCE, Env, error_line
 from haltwise import State, StepStatus
 from haltwise._core.records import Owner
-from haltwise._journal.store import NewRun, StepStart, open_store
+from haltwise._journal import open_store
+from haltwise._journal.store import NewRun, StepStart
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fresh_toolkit")]
 

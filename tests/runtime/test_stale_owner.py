@@ -20,8 +20,9 @@ import pytest
 import haltwise
 from haltwise import State, StepStatus
 from haltwise._core.records import Owner
+from haltwise._journal import open_store
 from haltwise._journal.check import check_store
-from haltwise._journal.store import NewRun, StepStart, Store, open_store
+from haltwise._journal.store import NewRun, StepStart, Store
 from toolkit import Gate
 
 pytestmark = pytest.mark.anyio

@@ -21,8 +21,9 @@ import pytest
 
 import haltwise
 from haltwise import State, StepStatus
+from haltwise._journal import open_store
 from haltwise._journal.owner import new_owner
-from haltwise._journal.store import NewRun, Store, open_store
+from haltwise._journal.store import NewRun, Store
 from haltwise._runtime.ending import call_task, finish
 from haltwise._runtime.run_context import ChildHandle, RunContext
 from haltwise._runtime.steps import execute_step

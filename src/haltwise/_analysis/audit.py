@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, final
 from .._core.exceptions import InputError
 from .._core.policy import CancelPolicy, Effect
 from .._runtime.describe import callable_name, cancel_leaves
-from .._runtime.tool import ToolSpec, as_spec
+from .._runtime.spec import ToolSpec, as_spec
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -24,7 +24,7 @@ import anyio
 
 from .._core.exceptions import HaltwiseError
 from .._runtime.run_context import CURRENT_STEP, current_run
-from .._runtime.tool import TOOLS, ToolSpec, as_spec
+from .._runtime.spec import TOOLS, ToolSpec, as_spec
 
 __all__ = ["EffectRecord", "Execution", "Recorder", "record_effect", "tagged"]
 

@@ -13,8 +13,9 @@ from .._core.exceptions import CorruptRowError, NoStoreError
 from .._core.outcome import StepRecord
 from .._core.records import Event, RunRecord
 from .._core.states import State, StepStatus, is_allowed
+from . import open_store
 from .owner import held_by_live_owner
-from .store import JournalRows, Store, open_store
+from .store import JournalRows, Store
 
 
 @final

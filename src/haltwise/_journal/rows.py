@@ -337,13 +337,13 @@ def cancelled_from_row(row: Sequence[Any]) -> CancelledRun:
     return CancelledRun._make(run_columns(run_id, CANCELLED_COLUMNS, row))
 
 
-#: what the rules of a transition read of a run (a :class:`~.store.RunHead`), in order
+#: what the rules of a transition read of a run (a :class:`~haltwise._core.rules.RunHead`), in order
 HEAD_COLUMNS = ("id", "state", "reason", "pause", "owner")
 
 
 @final
 class HeadRow(NamedTuple):
-    """A :class:`~.store.RunHead` read from its columns (:data:`HEAD_COLUMNS`)."""
+    """A :class:`~haltwise._core.rules.RunHead` read from its columns (:data:`HEAD_COLUMNS`)."""
 
     id: str
     state: State

@@ -20,19 +20,18 @@ from typing import Any
 
 from .._core.exceptions import LostOwnershipError
 from .._core.records import RunRecord
-from .._core.states import State
-from .rows import PARTIAL_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, STEP_COPY_COLUMNS
-from .schema import Dialect
-from .store import (
+from .._core.rules import (
     CancelHead,
-    NewRun,
-    PauseSignal,
     RunHead,
     check_transition,
     plan_cancel,
     plan_pause,
     plan_unpause,
 )
+from .._core.states import State
+from .rows import PARTIAL_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, STEP_COPY_COLUMNS
+from .schema import Dialect
+from .store import NewRun, PauseSignal
 
 __all__ = [
     "Plan",

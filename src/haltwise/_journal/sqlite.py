@@ -26,6 +26,7 @@ import anyio
 from .._core.exceptions import NoStoreError, StoreError, StoreGoneError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot, dump_json
+from .._core.rules import RunHead
 from .._core.states import State, StepStatus
 from .._core.views import Change, RunSummary
 from .operator_sql import (
@@ -78,7 +79,6 @@ from .store import (
     JournalRows,
     NewRun,
     PauseSignal,
-    RunHead,
     RunJournal,
     StepStart,
     StepStarted,

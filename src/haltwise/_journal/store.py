@@ -1,4 +1,6 @@
-"""The journal interface: the few operations a store must offer, and the URL -> store factory.
+"""The journal interface: the few operations a store must offer, and the values they exchange.
+
+The URL -> store factory is the package's entry (:func:`haltwise._journal.open_store`).
 
 The runtime talks only to :class:`Store`; it never writes SQL. Every write is durable when its
 coroutine returns (committed with the store's durable setting). Writes that concern a run being
@@ -16,22 +18,16 @@ Two rules every store keeps, because the runtime relies on them:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, final
 
-from .._core.exceptions import BadRow, InvalidTransitionError, StoreError
+from .._core.exceptions import BadRow
 from .._core.outcome import ErrorInfo, StepRecord
 from .._core.policy import Effect
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot
-from .._core.states import PAUSABLE_STATES, State, StepStatus, is_allowed
+from .._core.states import State, StepStatus
 from .._core.views import Change, RunSummary, StepTimes
-from .secrets import remember, safe_url
-
-DEFAULT_STORE_URL = "sqlite:///.haltwise/haltwise.db"
-#: Environment variable naming the store when none is given.
-STORE_ENV = "HALTWISE_STORE"
 
 
 class _Unset:
@@ -426,169 +422,3 @@ class Store(Protocol):
         its listener) moves it at every return, so an unchanged count means nothing was
         committed meanwhile (the runtime's watcher reads the requests only when it moved).
         """
-
-
-def store_url_from(url: str | None) -> str:
-    """The store URL to use: ``url``, else ``$HALTWISE_STORE``, else the default SQLite file."""
-    return url or os.environ.get(STORE_ENV) or DEFAULT_STORE_URL
-
-
-def open_store(
-    url: str | None = None, *, read_only: bool = False, works_runs: bool = True
-) -> Store:
-    """Build (not yet open) the store for ``url`` (see :func:`store_url_from`).
-
-    ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db`` and ``postgresql://...``
-    (or ``postgres://``) are understood; anything else raises :class:`StoreError`. The URL's
-    secrets are remembered, so that no message this process prints shows them
-    (:mod:`.secrets`).
-
-    ``read_only=True`` is for commands that only look: opening then never creates, migrates or
-    locks anything, waits for no other process's write lock, and raises
-    :class:`~haltwise._core.exceptions.NoStoreError` if there is no store there. Only the
-    reading operations may be used.
-
-    ``works_runs=False`` is for a process that works no run (a seat: ``haltwise cancel``,
-    ``status``): the store may put off what only working runs needs. PostgreSQL then opens one
-    connection (its pool's), connects the step writer at a first step write, and listens for
-    other connections' changes from the first :meth:`Store.wait_for_change` on; SQLite opens
-    as always.
-    """
-    resolved = store_url_from(url)
-    remember(resolved)
-    if resolved.startswith("sqlite://"):
-        from .sqlite import SQLiteStore
-
-        return SQLiteStore(resolved, read_only=read_only)
-    if resolved.startswith(("postgresql://", "postgres://")):
-        try:
-            from .postgres import PostgresStore
-        except ImportError as error:
-            raise StoreError(
-                f"the PostgreSQL store needs psycopg: pip install 'haltwise[postgres]' ({error})"
-            ) from None
-        return PostgresStore(resolved, read_only=read_only, works_runs=works_runs)
-    raise StoreError(
-        f"unusable store URL {safe_url(resolved)!r}: expected sqlite:///PATH.db or postgresql://..."
-    )
-
-
-class RunHead(Protocol):
-    """What the rules of a transition read of a run (a :class:`RunRecord` is one)."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def state(self) -> State: ...
-
-    @property
-    def reason(self) -> str | None: ...
-
-    @property
-    def pause(self) -> bool: ...
-
-    @property
-    def owner(self) -> Owner | None: ...
-
-
-class CancelHead(Protocol):
-    """What the plan of a cancel request reads of a run (:func:`.sql.plan_cancel_write`), and
-    nothing more: runs with the same :func:`.sql.cancel_plan_key` share one plan."""
-
-    @property
-    def state(self) -> State: ...
-
-    @property
-    def force(self) -> bool: ...
-
-    @property
-    def settle_on_cancel(self) -> bool: ...
-
-
-def check_transition(
-    run_id: str, current: RunHead, target: State, expected: Collection[State]
-) -> dict[str, Any]:
-    """Raise :class:`InvalidTransitionError` unless ``current -> target`` may happen now;
-    return the columns the transition writes besides the caller's (the pause request's rule).
-
-    A run enters ``paused`` only while a pause is requested (an unpause or a cancel recorded
-    first wins). The request (and ``settle_on_cancel``) is cleared when the run leaves
-    ``paused`` (an unpause, a cancel) and when it ends; a ``pending`` run starting keeps it (it
-    pauses at its first checkpoint).
-    """
-    state = current.state
-    if (
-        state not in expected
-        or not is_allowed(state, target)
-        or (target is State.PAUSED and not current.pause)
-    ):
-        raise InvalidTransitionError(run_id, state.value, target.value)
-    if target.is_final or state is State.PAUSED:
-        return {"pause": False, "settle_on_cancel": False}
-    return {}
-
-
-@dataclass(frozen=True, slots=True)
-class CancelPlan:
-    """What a cancel request does to a run in a given state (see :meth:`Store.request_cancel`)."""
-
-    target: State | None  # the state to move to, None to stay
-    set_reason: bool
-    set_force: bool
-
-    @property
-    def release(self) -> bool:
-        """A run cancelled before it began, or while paused, has no owner any more (final
-        runs are unowned)."""
-        return self.target is not None and self.target.is_final
-
-    def fields(self, reason: str) -> dict[str, Any]:
-        """The run columns to write; empty when the request changes nothing."""
-        fields: dict[str, Any] = {}
-        if self.set_reason:
-            fields["reason"] = reason
-        if self.set_force:
-            fields["force"] = True
-        if self.target is not None:
-            fields["state"] = self.target.value
-            fields["pause"] = False  # a cancel overrides a pause request
-            fields["settle_on_cancel"] = False
-        if self.release:
-            fields.update(owner=None, owner_token=None, lease_until=None)
-        return fields
-
-
-def plan_cancel(current: State, current_force: bool, force: bool, *, settles: bool) -> CancelPlan:
-    """``pending`` runs, and ``paused`` ones with nothing to settle (``settles`` False: no step in
-    flight, no saga to run), end ``cancelled`` at once; a ``paused`` run with something to settle
-    goes ``cancelling`` like a running one, for its owner (or the canceller, if nobody works it)
-    to settle it and record ``cancelled``."""
-    if current is State.PENDING or (current is State.PAUSED and not settles):
-        return CancelPlan(State.CANCELLED, set_reason=True, set_force=force)
-    if current in (State.RUNNING, State.PAUSED):
-        return CancelPlan(State.CANCELLING, set_reason=True, set_force=force)
-    if current is State.CANCELLING and force and not current_force:
-        return CancelPlan(None, set_reason=False, set_force=True)
-    return CancelPlan(None, set_reason=False, set_force=False)
-
-
-def plan_pause(current: RunRecord) -> dict[str, Any]:
-    """The run columns a pause request writes (see :meth:`Store.request_pause`)."""
-    if current.state in PAUSABLE_STATES and not current.pause:
-        return {"pause": True}
-    return {}
-
-
-def plan_unpause(current: RunRecord) -> tuple[State | None, dict[str, Any]]:
-    """The state an unpause moves the run to (None: stays) and the columns it writes."""
-    if current.state is State.PAUSED:
-        # leaving paused clears the request and settle_on_cancel (see check_transition)
-        return State.RUNNING, {
-            "state": State.RUNNING.value,
-            "pause": False,
-            "settle_on_cancel": False,
-        }
-    if current.pause:
-        return None, {"pause": False}
-    return None, {}

@@ -11,6 +11,7 @@ pause and unpause are relayed to the child: a paused parent's child is paused to
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -23,28 +24,28 @@ from .run_context import CURRENT_STEP
 
 if TYPE_CHECKING:
     from .._core.outcome import Outcome
-    from .run_context import ChildHandle, RunContext
-    from .tool import Task, Tool
+    from .run_context import ChildHandle, RunContext, RunTask
 
-_CHILD_POLICY = ToolPolicy(
+#: the policy of a child step (see the module docstring)
+CHILD_POLICY = ToolPolicy(
     cancel=CancelPolicy.INTERRUPTIBLE,
     effect=Effect.EXTERNAL,
     effect_declared=True,
 )
 
 
-def child_step(task: Task[..., Any]) -> Tool[..., Any]:
-    """The tool that stands for ``task`` as a step of its parent (not registered in TOOLS)."""
-    from .tool import ToolSpec, tool_function
+def child_body(task: RunTask) -> Callable[..., Awaitable[Any]]:
+    """The body of the step that stands for ``task`` in its parent (``tool.Task`` makes it a
+    tool of :data:`CHILD_POLICY`, not registered in TOOLS)."""
 
     async def run_child(*args: Any, **kwargs: Any) -> Any:
         return await _run_child(task, args, kwargs)
 
     run_child.__name__ = task.name
-    return tool_function(ToolSpec(run_child, _CHILD_POLICY, task.name, register=False))
+    return run_child
 
 
-async def _run_child(task: Task[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+async def _run_child(task: RunTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     step = CURRENT_STEP.get()
     assert step is not None, "a child step runs inside its parent's step"
     parent = step.run

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .._core.exceptions import InputError, SchemaError
 from .._core.policy import CancelPolicy, Effect, ToolPolicy
-from .tool import ToolSpec, as_spec, spec_of
+from .spec import ToolSpec, as_spec, spec_of
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo

@@ -71,7 +71,7 @@ def waiting_for(
     left is ``None`` without those times). The grace is known only for tools loaded in this
     process; a forced cancel leaves no grace at all.
     """
-    from .tool import TOOLS  # here, not at load: a read-only command needs no tool machinery
+    from .spec import TOOLS  # here, not at load: a read-only command needs no tool machinery
 
     waits = []
     for step in steps:

@@ -23,7 +23,8 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from .._core.exceptions import LoadError
-from .tool import Task, ToolSpec, spec_of
+from .spec import ToolSpec, spec_of
+from .tool import Task
 
 __all__ = [
     "LoadError",

@@ -1,9 +1,12 @@
-"""Pausing a run being worked here: the gate its checkpoints wait at, and delivering requests.
+"""Pausing a run being worked here: its checkpoints' wait, recording it paused, and delivering
+the requests other processes recorded. The gate itself (a run's pause in memory) is
+:class:`~.pause_state.PauseGate`, as a run's cancel in memory is
+:class:`~.cancel_state.CancelState`.
 
 A pause asks a run to stop at its next checkpoint without cancelling anything (CONTRACT.md,
 "Stopping verbs beyond cancel"). The request is recorded in the store first (the run stays
 ``running``, with ``pause`` set); the runtime working the run learns of it at once when it is
-in this process (:meth:`PauseGate.request`) and through its watcher otherwise
+in this process (:meth:`~.pause_state.PauseGate.request`) and through its watcher otherwise
 (:func:`deliver_pause_signals`). Steps in flight run to their end, whatever their policy. The
 first checkpoint reached with no step in flight records ``running -> paused`` and every
 checkpoint then waits on an event (no polling, no busy wait) until an unpause or a cancel.
@@ -16,7 +19,6 @@ too (see ``children.py``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
@@ -27,84 +29,8 @@ from .._core.policy import OnCancel
 from .._core.states import State
 
 if TYPE_CHECKING:
-    from .._core.records import RunRecord
     from .._journal.store import PauseSignal, Store
     from .run_context import RunContext
-
-
-@dataclass(eq=False)
-class PauseGate:
-    """The pause request of one run worked in this process, and the event its waiters watch.
-
-    ``requested``: a pause was requested and not undone. ``paused``: the run is recorded
-    ``paused`` (by one of its checkpoints, or it was found so when this process took it over).
-    Set from the event-loop thread only.
-    """
-
-    requested: bool = False
-    paused: bool = False
-    #: a checkpoint is recording ``paused`` right now (the others wait for it)
-    entering: bool = False
-    #: counts what this process learnt or did about the pause: the watcher drops what it read
-    #: from the store while this changed (it may be older than what the process knows)
-    generation: int = 0
-    #: the gate of the parent run whose step this run is (a child run worked in the same
-    #: process): woken with this one, so that the parent sees its child pause or go on
-    parent: PauseGate | None = None
-    #: this run's pause was asked for by its parent's (see :func:`relay_to_children`): the
-    #: parent's unpause undoes it
-    by_parent: bool = False
-    #: the event the next wake sets, made only when someone waits for it (most runs never do)
-    _changed: anyio.Event | None = None
-
-    def restore(self, run: RunRecord) -> None:
-        """Take the pause as the journal holds it for ``run``, which this process begins to
-        work: requested if the run has a pause request, paused if it is recorded ``paused``."""
-        self.requested = run.pause
-        self.paused = run.state is State.PAUSED
-
-    def follow(self, parent: PauseGate) -> None:
-        """This run is a child step of the run whose gate is ``parent``, worked here: each
-        :meth:`wake` of this gate wakes ``parent`` too, until :meth:`unfollow`."""
-        self.parent = parent
-
-    def unfollow(self) -> None:
-        """The child step has ended: stop waking the parent's gate."""
-        self.parent = None
-
-    def request(self) -> None:
-        """A pause request was recorded: stop at the next checkpoint with nothing in flight."""
-        self.requested = True
-        self.generation += 1
-        self.wake()
-
-    def lift(self) -> None:
-        """The pause was undone (an unpause, or a cancel that overrides it): go on. Nothing
-        changes for a run with no pause requested nor in effect."""
-        if not (self.requested or self.paused):
-            return
-        self.requested = False
-        self.paused = False
-        self.generation += 1
-        self.wake()
-
-    def wake(self) -> None:
-        """Let every waiting checkpoint look again (a step ended, a request changed)."""
-        changed, self._changed = self._changed, None
-        if changed is not None:
-            changed.set()
-        if self.parent is not None:
-            self.parent.wake()
-
-    async def changed(self) -> None:
-        """Wait until :meth:`wake` is called next."""
-        await self.next_change().wait()
-
-    def next_change(self) -> anyio.Event:
-        """The event the next :meth:`wake` sets (taken before acting, so as to miss none)."""
-        if self._changed is None:
-            self._changed = anyio.Event()
-        return self._changed
 
 
 async def pause_point(run: RunContext) -> None:

@@ -27,15 +27,16 @@ import anyio
 
 from .._core.exceptions import InputError, NonDeterminismError
 from .._core.outcome import Outcome, StepRecord
+from .._core.policy import OnCancel
 from .._core.records import PartialKey, RunSnapshot
 from .._core.states import StepStatus
 from .cancel_state import CancelState
-from .pause import PauseGate
+from .pause_state import PauseGate
 from .progress import Pulse
 
 if TYPE_CHECKING:
     from .._journal.store import Store
-    from .tool import Task, ToolSpec
+    from .spec import ToolSpec
 
 
 Probe = Callable[[str, int], Awaitable[None]]
@@ -60,6 +61,26 @@ class ChildHandle(Protocol):
     async def outcome(self) -> Outcome:
         """Wait until the child run is final; return its outcome."""
         ...  # pragma: no cover - a protocol
+
+
+class RunTask(Protocol):
+    """What a run needs of its task, and nothing more: a :class:`~haltwise.Task` is one (this
+    module does not import ``tool``, which imports it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def on_cancel(self) -> OnCancel: ...
+
+    @property
+    def source(self) -> str | None: ...
+
+    @property
+    def fn(self) -> Callable[..., Awaitable[Any]]: ...
+
+    def bind_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Raise :class:`~haltwise.InputError` if the arguments do not fit the task."""
 
 
 class RunHost(Protocol):
@@ -87,7 +108,7 @@ class RunHost(Protocol):
 
     async def start_child(
         self,
-        task: Task[..., Any],
+        task: RunTask,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         child_id: str,
@@ -217,7 +238,7 @@ class RunContext:
     """
 
     run_id: str
-    task: Task[..., Any]
+    task: RunTask
     host: RunHost
     execute: StepExecutor
     store: Store

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from types import TracebackType
-from typing import Any, TypeVar, final
+from typing import Any, TypeVar, cast, final
 
 import anyio
 from anyio.abc import TaskGroup
@@ -35,9 +35,10 @@ from .._core.outcome import Outcome, ended_by
 from .._core.records import RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .._core.views import CancelBatch, Change, RunDetail, RunPage
+from .._journal import open_store
 from .._journal.owner import DEFAULT_LEASE, Leased, held_by_live_owner, new_owner
 from .._journal.shield import shielded
-from .._journal.store import CancelledRun, ForkOf, NewRun, Store, open_store
+from .._journal.store import CancelledRun, ForkOf, NewRun, Store
 from .cancel_state import outside_any_task
 from .ending import (
     call_task,
@@ -48,8 +49,9 @@ from .ending import (
 from .explain import needs_code
 from .fork import ForkPlan, plan_fork
 from .operator import registered_task, stand_in_task
-from .pause import PauseGate, deliver_pause_signals, relay_to_children
-from .run_context import Probe, RunContext
+from .pause import deliver_pause_signals, relay_to_children
+from .pause_state import PauseGate
+from .run_context import Probe, RunContext, RunTask
 from .seat import Seat, cancel_batch, nobody_works
 from .steps import execute_step
 from .takeover import refuse_unknown
@@ -1114,7 +1116,7 @@ class RuntimeHost:
 
     async def start_child(
         self,
-        task: Task[..., Any],
+        task: RunTask,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         child_id: str,
@@ -1126,6 +1128,7 @@ class RuntimeHost:
         else (a user-given id such as ``p2/0``) raises :class:`~haltwise.HaltwiseError`.
         """
         runtime = self._runtime
+        task = cast("Task[..., Any]", task)  # a child step's task is a Task (see tool.Task)
         try:
             snapshot = await runtime.store.load(child_id)
         except UnknownRunError:

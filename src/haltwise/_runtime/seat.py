@@ -26,9 +26,10 @@ from .._core.exceptions import InputError, NoStoreError
 from .._core.records import RunRecord
 from .._core.states import State
 from .._core.views import CancelBatch, Change, RunDetail, RunPage
+from .._journal import open_store, store_url_from
 from .._journal.owner import held_by_live_owner
 from .._journal.secrets import safe_url, scrub
-from .._journal.store import CancelResult, Store, open_store, store_url_from
+from .._journal.store import CancelResult, Store
 from .operator import feed, inspect_run, nobody_works, page_of_runs, parse_state, resolve_task
 
 if TYPE_CHECKING:

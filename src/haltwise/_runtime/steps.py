@@ -54,7 +54,7 @@ from .run_context import CALL_ID, CURRENT_STEP, SHIELDED, RunContext, StepContex
 from .threads import ThreadCall, start_thread
 
 if TYPE_CHECKING:
-    from .tool import ToolSpec
+    from .spec import ToolSpec
 
 _RUN_AGAIN = object()
 #: results of these types read back from JSON as the very same value: no need to re-parse

@@ -11,8 +11,8 @@ from .._core.policy import CancelPolicy, effective_cancel
 from .._core.records import RunSnapshot
 from .._core.states import StepStatus
 from .run_context import RunContext
+from .spec import TOOLS
 from .steps import compensate, settle
-from .tool import TOOLS
 
 
 def step_policy(step: StepRecord) -> CancelPolicy:

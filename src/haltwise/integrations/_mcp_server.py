@@ -36,7 +36,7 @@ from .._core.outcome import Outcome
 from .._core.states import State
 from .._runtime.describe import mcp_annotations, parameters_schema
 from .._runtime.runtime import Runtime, TaskHandle
-from .._runtime.tool import Tool, ToolSpec
+from .._runtime.spec import Tool, ToolSpec
 from ._mcp_tasks import ServedTask, served_tasks
 
 __all__ = ["IDEMPOTENCY_KEY", "OUTCOME_KEY", "serve", "served_tasks"]

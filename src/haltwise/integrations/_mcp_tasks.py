@@ -10,7 +10,8 @@ from typing import Any
 
 from .._core.exceptions import InputError
 from .._runtime.loader import find_tools, load_module
-from .._runtime.tool import Task, ToolSpec
+from .._runtime.spec import ToolSpec
+from .._runtime.tool import Task
 
 __all__ = ["ServedTask", "served_tasks"]
 

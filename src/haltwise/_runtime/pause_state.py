@@ -1,0 +1,92 @@
+"""A run's pause in memory: :class:`PauseGate`, the request and the event its checkpoints wait on.
+
+It knows neither the run nor the journal (as :class:`~.cancel_state.CancelState` for a cancel):
+what reads and writes the journal for a pause is :mod:`.pause`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import anyio
+
+from .._core.states import State
+
+if TYPE_CHECKING:
+    from .._core.records import RunRecord
+
+
+@dataclass(eq=False)
+class PauseGate:
+    """The pause request of one run worked in this process, and the event its waiters watch.
+
+    ``requested``: a pause was requested and not undone. ``paused``: the run is recorded
+    ``paused`` (by one of its checkpoints, or it was found so when this process took it over).
+    Set from the event-loop thread only.
+    """
+
+    requested: bool = False
+    paused: bool = False
+    #: a checkpoint is recording ``paused`` right now (the others wait for it)
+    entering: bool = False
+    #: counts what this process learnt or did about the pause: the watcher drops what it read
+    #: from the store while this changed (it may be older than what the process knows)
+    generation: int = 0
+    #: the gate of the parent run whose step this run is (a child run worked in the same
+    #: process): woken with this one, so that the parent sees its child pause or go on
+    parent: PauseGate | None = None
+    #: this run's pause was asked for by its parent's (see :func:`.pause.relay_to_children`): the
+    #: parent's unpause undoes it
+    by_parent: bool = False
+    #: the event the next wake sets, made only when someone waits for it (most runs never do)
+    _changed: anyio.Event | None = None
+
+    def restore(self, run: RunRecord) -> None:
+        """Take the pause as the journal holds it for ``run``, which this process begins to
+        work: requested if the run has a pause request, paused if it is recorded ``paused``."""
+        self.requested = run.pause
+        self.paused = run.state is State.PAUSED
+
+    def follow(self, parent: PauseGate) -> None:
+        """This run is a child step of the run whose gate is ``parent``, worked here: each
+        :meth:`wake` of this gate wakes ``parent`` too, until :meth:`unfollow`."""
+        self.parent = parent
+
+    def unfollow(self) -> None:
+        """The child step has ended: stop waking the parent's gate."""
+        self.parent = None
+
+    def request(self) -> None:
+        """A pause request was recorded: stop at the next checkpoint with nothing in flight."""
+        self.requested = True
+        self.generation += 1
+        self.wake()
+
+    def lift(self) -> None:
+        """The pause was undone (an unpause, or a cancel that overrides it): go on. Nothing
+        changes for a run with no pause requested nor in effect."""
+        if not (self.requested or self.paused):
+            return
+        self.requested = False
+        self.paused = False
+        self.generation += 1
+        self.wake()
+
+    def wake(self) -> None:
+        """Let every waiting checkpoint look again (a step ended, a request changed)."""
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+        if self.parent is not None:
+            self.parent.wake()
+
+    async def changed(self) -> None:
+        """Wait until :meth:`wake` is called next."""
+        await self.next_change().wait()
+
+    def next_change(self) -> anyio.Event:
+        """The event the next :meth:`wake` sets (taken before acting, so as to miss none)."""
+        if self._changed is None:
+            self._changed = anyio.Event()
+        return self._changed
