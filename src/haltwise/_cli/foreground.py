@@ -188,9 +188,9 @@ async def existing_run(
 ) -> Outcome | None:
     """For ``run --id``: the outcome of a final run with that id, None if there is no such run.
 
-    Raises :class:`~haltwise.IdempotencyConflictError` (exit 2) if the run is of another task
-    (``task``, the name the run records) or other inputs (``kwargs``), and
-    :class:`HaltwiseError` (exit 2) if it exists and is not final, naming its owner.
+    Raises :class:`HaltwiseError` (exit 2) if the run exists and is not final, naming its owner,
+    and :class:`~haltwise.IdempotencyConflictError` (exit 2) if it is final and of another task
+    (``task``, the name the run records) or other inputs (``kwargs``).
     """
     from .._core.records import dump_json
     from .._runtime.runtime import same_call
@@ -200,8 +200,8 @@ async def existing_run(
     except UnknownRunError:
         return None
     run = detail.run
-    same_call(run, task, {"args": [], "kwargs": json.loads(dump_json(kwargs, "the input"))})
     if run.state.is_final:
+        same_call(run, task, {"args": [], "kwargs": json.loads(dump_json(kwargs, "the input"))})
         return detail.outcome
     if run.owner is not None and held_by_live_owner(run):
         raise RunOwnedError(task_id, run.owner.describe())
