@@ -18,7 +18,7 @@ import pytest
 import haltwise
 
 SRC = Path(haltwise.__file__).parent
-FACES = ("_cli", "server", "integrations")
+FACES = ("_cli", "server", "integrations", "_events")
 JOURNAL = "haltwise._journal"
 
 

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ._core.exceptions import Cancelled as Cancelled
     from ._core.exceptions import ChildRunError as ChildRunError
     from ._core.exceptions import CorruptRowError as CorruptRowError
+    from ._core.exceptions import DeliveryGoneError as DeliveryGoneError
     from ._core.exceptions import HaltwiseError as HaltwiseError
     from ._core.exceptions import IdempotencyConflictError as IdempotencyConflictError
     from ._core.exceptions import InputError as InputError
@@ -82,6 +83,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "Cancelled",
         "ChildRunError",
         "CorruptRowError",
+        "DeliveryGoneError",
         "HaltwiseError",
         "IdempotencyConflictError",
         "InputError",
@@ -147,6 +149,7 @@ __all__ = [
     "CheckReport",
     "ChildRunError",
     "CorruptRowError",
+    "DeliveryGoneError",
     "Effect",
     "ErrorInfo",
     "Event",

@@ -27,8 +27,9 @@ Cancellation is not an error, so it stands outside the error tree::
         ├── NotInTaskError        emit()/checkpoint()/idempotency_key() outside a task or tool
         ├── LoadError             a FILE.py or module cannot be loaded, or has no such task
         ├── SchemaError           a tool's parameters cannot be described as JSON schema
-        └── ReplayedError         a failed step's error replayed on resume, its own type not
-                                  found here (.type: that type's name; its text: the error's)
+        ├── ReplayedError         a failed step's error replayed on resume, its own type not
+        │                         found here (.type: that type's name; its text: the error's)
+        └── DeliveryGoneError     an events receiver answered 410 Gone: delivery stopped
 
 A failed run's outcome carries the task's *own* exception type and text, not these.
 """
@@ -328,3 +329,8 @@ class ReplayedError(HaltwiseError):
     def __init__(self, type_name: str, message: str) -> None:
         super().__init__(message)
         self.type = type_name
+
+
+class DeliveryGoneError(HaltwiseError):
+    """The receiver of ``haltwise events`` answered ``410 Gone``: it wants no more events, and
+    the sender stops (the command exits 1). Its position stays before the refused change."""
