@@ -21,7 +21,7 @@ import haltwise
 
 SRC = Path(haltwise.__file__).parent
 ROOT = SRC.parent.parent
-FACES = ("_cli", "server", "integrations")
+FACES = ("_cli", "server", "integrations", "_events")
 JOURNAL = "haltwise._journal"
 
 

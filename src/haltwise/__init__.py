@@ -12,7 +12,9 @@ if TYPE_CHECKING:
     from ._core.exceptions import Cancelled as Cancelled
     from ._core.exceptions import ChildRunError as ChildRunError
     from ._core.exceptions import CorruptRowError as CorruptRowError
+    from ._core.exceptions import DeliveryGoneError as DeliveryGoneError
     from ._core.exceptions import HaltwiseError as HaltwiseError
+    from ._core.exceptions import IdempotencyConflictError as IdempotencyConflictError
     from ._core.exceptions import InputError as InputError
     from ._core.exceptions import InvalidTransitionError as InvalidTransitionError
     from ._core.exceptions import LoadError as LoadError
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
     from ._core.exceptions import NonDeterminismError as NonDeterminismError
     from ._core.exceptions import NotInTaskError as NotInTaskError
     from ._core.exceptions import PolicyError as PolicyError
+    from ._core.exceptions import ReplayedError as ReplayedError
     from ._core.exceptions import ResumeRefusedError as ResumeRefusedError
     from ._core.exceptions import RunOwnedError as RunOwnedError
     from ._core.exceptions import SchemaError as SchemaError
@@ -80,7 +83,9 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "Cancelled",
         "ChildRunError",
         "CorruptRowError",
+        "DeliveryGoneError",
         "HaltwiseError",
+        "IdempotencyConflictError",
         "InputError",
         "InvalidTransitionError",
         "LoadError",
@@ -88,6 +93,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "NonDeterminismError",
         "NotInTaskError",
         "PolicyError",
+        "ReplayedError",
         "ResumeRefusedError",
         "RunOwnedError",
         "SchemaError",
@@ -143,12 +149,14 @@ __all__ = [
     "CheckReport",
     "ChildRunError",
     "CorruptRowError",
+    "DeliveryGoneError",
     "Effect",
     "ErrorInfo",
     "Event",
     "Finding",
     "ForkPlan",
     "HaltwiseError",
+    "IdempotencyConflictError",
     "InputError",
     "InvalidTransitionError",
     "LoadError",
@@ -159,6 +167,7 @@ __all__ = [
     "Outcome",
     "Owner",
     "PolicyError",
+    "ReplayedError",
     "ResumeRefusedError",
     "Retry",
     "RunDetail",

@@ -72,7 +72,7 @@ def run_command(
     async def main() -> int:
         async with Runtime(store) as runtime:
             if task_id is not None:
-                existing = await existing_run(runtime, task_id)
+                existing = await existing_run(runtime, task_id, run_name(target), kwargs)
                 if existing is not None:
                     return _report(existing, as_json)
             check_fits(task, kwargs, target)

@@ -195,6 +195,18 @@ _CHANGES = Table(
     ),
 )
 
+#: Version 12: where ``haltwise events`` got to for each destination URL: every change numbered
+#: up to ``position`` was acknowledged by the receiver (CONTRACT.md, "Telling the world").
+_DELIVERIES = Table(
+    "deliveries",
+    (
+        _text("destination", not_null=True),
+        Column("position", Kind.INTEGER, not_null=True),
+        Column("updated_at", Kind.REAL, not_null=True),
+    ),
+    primary_key=("destination",),
+)
+
 #: PostgreSQL's index of a run's changes, for prune. SQLite has none since version 9: it cost a
 #: step ~1.5 WAL pages and ~4 us (docs/benchmarks.md), and SQLite's prune scans the table once.
 _CHANGES_BY_RUN = Index("changes_by_run", "changes", ("run_id", "seq"), only="postgresql")
@@ -281,6 +293,7 @@ TABLES: tuple[Table, ...] = (
         ),
     ),
     _CHANGES,
+    _DELIVERIES,
 )
 
 INDEXES: tuple[Index, ...] = (
@@ -449,6 +462,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         "no index runs_by_state: runs_by_state_created serves every query by state",
         (DropIndex("runs_by_state"),),
     ),
+    Migration(12, "the events sender's delivery position per destination", (_DELIVERIES,)),
 )
 
 #: The version of :data:`TABLES`: 1 for the first schema, then the newest migration's.
