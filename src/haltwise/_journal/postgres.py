@@ -237,7 +237,6 @@ def _event_rows(write: RunWrite) -> list[list[str | None]]:
 #: transaction that wrote it: any later write of the row changes it)
 _VERSION = ", xmin::text AS version_"
 #: a run created, its events recorded and notified: one statement (no fork)
-_CREATE = _recording(_SQL.insert_run + _VERSION)
 _LOCK_RUN = f"SELECT {RUN_COLUMNS}{_VERSION} FROM haltwise.runs WHERE id = %s FOR UPDATE"
 #: a lease renewed: each run's row version before and after (see PostgresStore.heartbeat)
 _HEARTBEAT = (
@@ -269,6 +268,18 @@ _NEW_RUN = [
     "created_at",
     "updated_at",
 ]
+
+
+#: one run created, with its events (see :func:`_recording`); not written while its id has a
+#: cancel remembered before the run existed (parameters: ``insert_run_parameters``, the id and
+#: the time): such a run is created apart, cancelled (``_taken_or_cancelled``)
+_CREATE = _recording(
+    f"INSERT INTO haltwise.runs ({', '.join(_NEW_RUN)}) "
+    f"SELECT {', '.join(f'%s::{_RUN_TYPES[c]}' for c in _NEW_RUN)} "
+    "WHERE NOT EXISTS (SELECT 1 FROM haltwise.early_cancels x "
+    "WHERE x.id = %s AND x.expires_at > %s::double precision) "
+    f"ON CONFLICT (id) DO NOTHING RETURNING {RUN_COLUMNS}{_VERSION}"
+)
 
 
 def _recording_many(columns: Sequence[str], write: str) -> str:
@@ -653,8 +664,11 @@ class PostgresStore:
             now = time.time()
             parameters = insert_run_parameters(run, inputs, now)
             if run.fork is None:  # one statement: the row, its events, the notification
-                write = _recorded(parameters, plan_create(run, now))
+                guarded = (*parameters, run.id, now)
+                write = _recorded(guarded, plan_create(run, now))
                 inserted = await (await conn.execute(_CREATE, write, prepare=True)).fetchone()
+                if inserted is None:
+                    return await _taken_or_cancelled(conn, run, inputs, now)
             else:
                 inserted = await (await conn.execute(_SQL.insert_run, parameters)).fetchone()
             if inserted is None:

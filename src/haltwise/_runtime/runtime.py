@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from types import TracebackType
-from typing import Any, TypeVar, cast, final
+from typing import Any, Literal, TypeVar, cast, final, overload
 
 import anyio
 from anyio.abc import TaskGroup
@@ -53,7 +53,7 @@ from .pause import deliver_pause_signals, relay_to_children
 from .pause_state import PauseGate
 from .reconcile import ask_hooks, record_operator_answers
 from .run_context import Probe, RunContext, RunTask
-from .seat import Seat, cancel_batch, nobody_works
+from .seat import DEFAULT_BEFORE_START_TTL, Seat, cancel_batch, check_ttl, nobody_works
 from .steps import execute_step
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
@@ -267,10 +267,11 @@ class Runtime:
             parent=parent,
         )
         existing, created = await self.store.create_run(new)
-        if not created:
+        if not created or existing.state is State.CANCELLED:
             self._leased_at.pop(run_id, None)
-            same_call(existing, new.task, inputs, parent=parent)
-            return TaskHandle(self, run_id)
+            if not created:
+                same_call(existing, new.task, inputs, parent=parent)
+            return TaskHandle(self, run_id)  # (created cancelled: a cancel pressed before it)
         ctx = self._context(run_id, task, None, {}, frozenset(), probe)
         self._launch(ctx, inputs, deadline)
         return TaskHandle(self, run_id)
@@ -570,17 +571,60 @@ class Runtime:
             same_call(record, name or task.name, json.loads(dump_json(inputs, "the inputs")))
         return record.id, created
 
-    async def cancel(self, task_id: str, *, reason: str = "user", force: bool = False) -> RunRecord:
+    @overload
+    async def cancel(
+        self,
+        task_id: str,
+        *,
+        reason: str = ...,
+        force: bool = ...,
+        before_start: Literal[False] = ...,
+    ) -> RunRecord: ...
+    @overload
+    async def cancel(
+        self,
+        task_id: str,
+        *,
+        reason: str = ...,
+        force: bool = ...,
+        before_start: bool,
+        ttl: float = ...,
+    ) -> RunRecord | None: ...
+    async def cancel(
+        self,
+        task_id: str,
+        *,
+        reason: str = "user",
+        force: bool = False,
+        before_start: bool = False,
+        ttl: float = DEFAULT_BEFORE_START_TTL,
+    ) -> RunRecord | None:
         """Record a cancel request for ``task_id`` (any process may hold the run).
 
         Returns the run as it is right after the request: ``cancelled`` for a ``pending`` run,
         ``cancelling`` for a running one, unchanged for a final one. A run nobody works (its
         owner is gone, or it was released) is settled here by its policies and returned
         ``cancelled``; if that needs a compensation from a task not loaded in this process, it
-        is returned ``cancelling``, left for a process that has the code. Raises
-        :class:`~haltwise.UnknownRunError` for an unknown id.
+        is returned ``cancelling``, left for a process that has the code.
+        Raises :class:`~haltwise.UnknownRunError` for an unknown id.
+
+        ``before_start=True`` is a stop pressed before the run exists: for an id no run has
+        yet, the cancel is remembered for ``ttl`` seconds (default 600) and None is returned; a
+        run started or submitted with that id within that time is recorded ``cancelled`` at
+        once (``pending -> cancelled``, this reason, nothing run), and :meth:`start` returns
+        its handle. An id that exists is cancelled as usual. Raises
+        :class:`~haltwise.InputError` for a ``ttl`` that is not a finite number of seconds > 0.
         """
-        record = await self._seat.request_cancel(task_id, reason, force=force)
+        if not before_start:
+            record = await self._seat.request_cancel(task_id, reason, force=force)
+            return await self._after_cancel(record)
+        check_ttl(ttl)
+        try:
+            record = await self._seat.request_cancel(task_id, reason, force=force)
+        except UnknownRunError:
+            if await self._seat.remember_cancel(task_id, reason, ttl):
+                return None
+            record = await self._seat.request_cancel(task_id, reason, force=force)  # it began
         return await self._after_cancel(record)
 
     async def _cancel_own(
