@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from ._journal.check import CheckReport as CheckReport
     from ._journal.check import Finding as Finding
     from ._journal.check import verify_store as verify_store
+    from ._runtime.cancel_state import register_host_cancel as register_host_cancel
     from ._runtime.fork import ForkPlan as ForkPlan
     from ._runtime.run_api import run as run
     from ._runtime.run_context import call_id as call_id
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     from ._runtime.runtime import TaskHandle as TaskHandle
     from ._runtime.spec import Tool as Tool
     from ._runtime.task_api import aemit as aemit
+    from ._runtime.task_api import cancel_current_run as cancel_current_run
     from ._runtime.task_api import cancel_requested as cancel_requested
     from ._runtime.task_api import checkpoint as checkpoint
     from ._runtime.task_api import emit as emit
@@ -122,8 +124,10 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "._runtime.run_context": ("call_id", "current_task_id"),
     "._runtime.run_api": ("run",),
     "._runtime.runtime": ("Runtime", "TaskHandle"),
+    "._runtime.cancel_state": ("register_host_cancel",),
     "._runtime.task_api": (
         "aemit",
+        "cancel_current_run",
         "cancel_requested",
         "checkpoint",
         "emit",
@@ -193,11 +197,13 @@ __all__ = [
     "UnknownStepError",
     "aemit",
     "call_id",
+    "cancel_current_run",
     "cancel_requested",
     "checkpoint",
     "current_task_id",
     "emit",
     "idempotency_key",
+    "register_host_cancel",
     "run",
     "shield",
     "step",

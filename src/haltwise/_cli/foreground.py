@@ -30,6 +30,7 @@ from .._core.exceptions import (
 )
 from .._core.outcome import Outcome
 from .._core.records import RunRecord, RunSnapshot, parse_json_text
+from .._runtime import lowlevel
 from .._runtime.runtime import Runtime
 from .._runtime.seat import held_by_live_owner
 from .._runtime.tool import Task
@@ -218,7 +219,7 @@ async def check_ours(runtime: Runtime, task_id: str) -> None:
     try:
         run = (await runtime.inspect(task_id)).run
     except StoreError:
-        if runtime._worked_here(task_id):
+        if lowlevel.worked_here(runtime, task_id):
             return
         raise
     if run.owner is not None and run.owner.token != runtime.owner.token:

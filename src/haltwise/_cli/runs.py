@@ -14,6 +14,7 @@ import click
 from .._core.exceptions import InputError
 from .._core.outcome import Outcome
 from .._core.states import State
+from .._runtime import lowlevel
 from .._runtime.runtime import Runtime
 from .base import (
     deadline_option,
@@ -76,7 +77,8 @@ def run_command(
                     return _report(existing, as_json)
             check_fits(task, kwargs, target)
             async with signals_as_cancels(runtime, quiet=as_json) as foreground:
-                handle = await runtime._start_named(
+                handle = await lowlevel.launch(
+                    runtime,
                     task,
                     (),
                     kwargs,

@@ -31,6 +31,7 @@ from .._core.records import JSONText, RunSnapshot, dump_json
 from .._core.states import State
 from .._journal.shield import shielded
 from .._journal.store import UNSET, WriteDone
+from .cancel_state import HOST_CANCEL_ERRORS
 from .run_context import CALL_ID, CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext
 from .takeover import run_saga, settle_orphans
 
@@ -44,10 +45,6 @@ TIMEOUT_REASON = "timeout"
 _RUNNING = frozenset({State.RUNNING})
 _CANCELLING = frozenset({State.CANCELLING})
 _RUNNING_OR_CANCELLING = frozenset({State.RUNNING, State.CANCELLING})
-#: Exception types by which a framework says that *it* cancelled the agent (Pydantic AI's
-#: ``RunCancelled``): such an error reaching the task function is a host cancel of the run,
-#: wherever the framework's cancel landed. The integrations add their framework's types.
-HOST_CANCEL_ERRORS: list[type[BaseException]] = []
 
 
 @dataclass(frozen=True, slots=True)

@@ -727,7 +727,7 @@ async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
     task.result()
 
 
-def _anyio_task_states() -> Mapping[asyncio.Task[Any], Any] | None:
+def anyio_task_states() -> Mapping[asyncio.Task[Any], Any] | None:
     """anyio's record of each task's cancel scopes (a private module of anyio's asyncio
     backend), or None if a later anyio moved it: a finish body then runs in a task of its own."""
     try:
@@ -737,7 +737,7 @@ def _anyio_task_states() -> Mapping[asyncio.Task[Any], Any] | None:
     return _task_states
 
 
-_TASK_STATES = _anyio_task_states()
+ANYIO_TASK_STATES = anyio_task_states()
 
 
 def _no_scope_between(run: RunContext) -> bool:
@@ -747,9 +747,9 @@ def _no_scope_between(run: RunContext) -> bool:
     the backend); anything unexpected answers False, the safe way (a task of its own).
     """
     body = run.body_task
-    if body is None or _TASK_STATES is None:
+    if body is None or ANYIO_TASK_STATES is None:
         return False
-    state = _TASK_STATES.get(body)
+    state = ANYIO_TASK_STATES.get(body)
     return state is not None and state.cancel_scope is run.cancel.task_scope
 
 

@@ -82,7 +82,6 @@ from pydantic_ai.usage import RequestUsage  # noqa: E402
 
 import haltwise  # noqa: E402
 
-from .._runtime.ending import HOST_CANCEL_ERRORS  # noqa: E402
 from .._runtime.steps import REPLAYABLE_ERRORS  # noqa: E402
 from ._common import MODEL_STEP, cancel_run_for_host, model_request  # noqa: E402
 from ._common import call_id as call_id_scope  # noqa: E402
@@ -99,8 +98,7 @@ __all__ = ["JournaledModel", "close_dangling", "tool"]
 
 # Pydantic AI's own cancel, wherever it landed (in a step or between two), ends the run
 # ``cancelled`` with reason "host" when its RunCancelled (RunTimedOut) reaches the task.
-if RunCancelled not in HOST_CANCEL_ERRORS:
-    HOST_CANCEL_ERRORS.append(RunCancelled)
+haltwise.register_host_cancel(RunCancelled)
 # A tool's ModelRetry the model saw replays as a ModelRetry on resume (a failed step the task
 # went past replays its error): Pydantic AI hands the model the same retry prompt again.
 REPLAYABLE_ERRORS.setdefault(ModelRetry.__name__, ModelRetry)
