@@ -853,6 +853,15 @@ class SQLiteStore:
         seq: int = await self._writer.call(op, write=False)
         return seq
 
+    async def swap_trace(self, run_id: str, traceparent: str) -> str | None:
+        def op(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(_OPS.trace_of(), (run_id,)).fetchone()
+            conn.execute(_OPS.save_trace(), (traceparent, run_id))
+            return None if row is None else row[0]
+
+        earlier: str | None = await self._writer.call(op, write=True)
+        return earlier
+
     async def delivery_position(self, destination: str) -> int | None:
         def op(conn: sqlite3.Connection) -> int | None:
             row = conn.execute(_OPS.delivery_position(), (destination,)).fetchone()
