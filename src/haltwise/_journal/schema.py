@@ -170,6 +170,10 @@ _PAUSING = Index("runs_pausing", "runs", ("id",), where="pause")
 #: something to settle (a step still in flight: a child run paused with it; a saga to run), so it
 #: goes ``cancelling`` instead of ending ``cancelled`` at once (see ``plan_cancel``)
 _SETTLE_ON_CANCEL = Column("settle_on_cancel", Kind.BOOLEAN, not_null=True, default=False)
+#: Version 13: the W3C ``traceparent`` of the span of the run's latest attempt, kept while spans
+#: are recorded, so that the next attempt's span links to it, in whatever process it runs.
+_TRACE = _text("trace")
+
 #: Version 5: how a replayed call is matched to its journaled step (the framework's call id, and a
 #: fingerprint of its arguments checked on replay).
 _STEP_IDENTITY = (_text("call_id"), _text("fingerprint"))
@@ -215,11 +219,11 @@ _CHANGES_BY_RUN = Index("changes_by_run", "changes", ("run_id", "seq"), only="po
 #: "type", "message"}``), kept when the step runs again (a retry, a resume)
 _ATTEMPT_ERRORS = _text("errors")
 
-#: Version 13: what a reconcile found out about an ``unknown`` step (JSON ``{"by", "answer",
+#: Version 14: what a reconcile found out about an ``unknown`` step (JSON ``{"by", "answer",
 #: "at"}``), or ``_core.reconcile.HOOK_NOT_ASKED`` while its tool's hook has not been asked
 _RECONCILED = _text("reconciled")
 
-#: Version 13: cancels pressed before their run exists (``cancel --before-start``): a run created
+#: Version 14: cancels pressed before their run exists (``cancel --before-start``): a run created
 #: with such an id before ``expires_at`` (epoch seconds) is recorded ``cancelled`` with ``reason``
 _EARLY_CANCELS = Table(
     "early_cancels",
@@ -259,6 +263,7 @@ TABLES: tuple[Table, ...] = (
             Column("updated_at", Kind.REAL, not_null=True),
             _PAUSE,
             _SETTLE_ON_CANCEL,
+            _TRACE,
         ),
         primary_key=("id",),
     ),
@@ -481,8 +486,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         (DropIndex("runs_by_state"),),
     ),
     Migration(12, "the events sender's delivery position per destination", (_DELIVERIES,)),
+    Migration(13, "the span context of a run's latest attempt", (AddColumn("runs", _TRACE),)),
     Migration(
-        13,
+        14,
         "reconcile answers of steps, cancels pressed before their run exists (issue 32)",
         (AddColumn("steps", _RECONCILED), _EARLY_CANCELS),
     ),
@@ -566,11 +572,11 @@ class Dialect:
             return list(change.sqlite if self.name == "sqlite" else change.postgresql)
         if isinstance(change, Rebuild):
             return self.rebuild(change)
-        # PostgreSQL adds a column only once (a store upgraded again from an older version mark
-        # meets columns a later migration added); SQLite has no such clause, nor the need.
-        once = "" if self.name == "sqlite" else "IF NOT EXISTS "
+        # PostgreSQL: IF NOT EXISTS, so that a migration applied again (a version recorded lower
+        # than the tables are) is no error; SQLite has no such clause and is never asked that.
+        exists = "" if self.name == "sqlite" else "IF NOT EXISTS "
         table = self.qualify(change.table)
-        return [f"ALTER TABLE {table} ADD COLUMN {once}{self.column(change.column)}"]
+        return [f"ALTER TABLE {table} ADD COLUMN {exists}{self.column(change.column)}"]
 
     def set_version(self) -> str:
         """The statement that records the schema version (one parameter: the version)."""
