@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from .._core.outcome import StepRecord, blocks_resume
+from .._core.outcome import StepRecord
 from .._core.reconcile import Answer, By, Happened, NotHappened, Reconciled
 from .._core.records import RunSnapshot, dump_json
 from .._core.states import StepStatus
@@ -44,9 +44,10 @@ def hook_of(step: StepRecord) -> ToolSpec | None:
 
 
 async def ask_hooks(run: RunContext, snapshot: RunSnapshot, skip: Container[int]) -> RunSnapshot:
-    """Ask the hook of every step that blocks a resume (``unknown``, not idempotent, not in
-    ``skip``: the steps the caller answered for) and journal each answer; the run's journal
-    afterwards (``snapshot`` itself when no hook was asked).
+    """Ask the hook of every ``unknown`` step (not in ``skip``: the steps the caller answered
+    for) whose tool has one, and journal each answer; the run's journal afterwards
+    (``snapshot`` itself when no hook was asked). An idempotent tool's step is asked too: a
+    ``Happened`` spares the call that a resume would otherwise make again with its key.
 
     ``Happened(result)`` makes the step ``committed`` with that result, ``NotHappened()``
     ``interrupted``; ``None``, an exception, a result that is not JSON, or a hook still running
@@ -56,7 +57,8 @@ async def ask_hooks(run: RunContext, snapshot: RunSnapshot, skip: Container[int]
     """
     asked = False
     for step in snapshot.steps:
-        tool = hook_of(step) if blocks_resume(step, skip) else None
+        asking = step.status is StepStatus.UNKNOWN and step.index not in skip
+        tool = hook_of(step) if asking else None
         if tool is None:
             continue
         answer, result = await _ask(run, tool, step)

@@ -84,10 +84,10 @@ class ToolSpec:
         #: next write: read at every step, so worked out once here
         self.effective_cancel = policy.effective_cancel
         self.defer_settle = policy.may_defer_settle
-        #: a step left ``unknown`` has a ``reconcile`` hook to ask (an idempotent tool's simply
-        #: runs again), which is called with the call's arguments: they are journaled, as a
-        #: rollback tool's are (for its compensation after a crash)
-        self.hooked = policy.reconcile is not None and not policy.idempotent
+        #: a step left ``unknown`` has a ``reconcile`` hook to ask (an idempotent one's too: a
+        #: ``Happened`` saves the call), which is called with the call's arguments: they are
+        #: journaled, as a rollback tool's are (for its compensation after a crash)
+        self.hooked = policy.reconcile is not None
         self.keeps_args = self.effective_cancel is CancelPolicy.ROLLBACK or self.hooked
         #: ``name@module:qualname``: what tells this tool from others of the same name
         self.key = f"{name}@{qualified_name(fn)}"
