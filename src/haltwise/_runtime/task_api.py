@@ -12,6 +12,7 @@ import anyio
 from .._core.exceptions import InputError, NotInTaskError
 from .._core.outcome import Outcome
 from .._core.records import JSONText, PartialKey, dump_json
+from .cancel_state import NATIVE_CANCEL
 from .pause import pause_point
 from .run_context import CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext, current_run
 
@@ -212,7 +213,7 @@ async def remote_call(
         try:
             with scope:
                 return await call()
-        except anyio.get_cancelled_exc_class():
+        except NATIVE_CANCEL:
             await _flush_within(bound, flush)  # a cancel of this task (a host's, a gather's)
             raise
         await _flush_within(bound, flush)

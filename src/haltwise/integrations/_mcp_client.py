@@ -43,6 +43,7 @@ from mcp.shared.exceptions import MCPError
 
 import haltwise
 
+from .._core.exceptions import McpToolError
 from .._runtime.task_api import remote_call
 from ._mcp_server import IDEMPOTENCY_KEY
 
@@ -56,14 +57,6 @@ _JSON_TYPES: dict[str, Any] = {
     "array": list,
     "object": dict,
 }
-
-
-class McpToolError(Exception):
-    """A remote MCP tool answered with an error result, or the call failed on the protocol."""
-
-    def __init__(self, tool: str, message: str) -> None:
-        super().__init__(f"MCP tool {tool!r}: {message}")
-        self.tool = tool
 
 
 async def remote_tools(
