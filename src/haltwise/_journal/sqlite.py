@@ -1,8 +1,8 @@
 """The embedded default store: one SQLite file in WAL mode.
 
-The SQL of every :class:`~haltwise._store.Store` operation lives here; how operations reach the
+The SQL of every :class:`~.store.Store` operation lives here; how operations reach the
 database (group commit, the fast path, the writer thread, deferred settlements) lives in
-:mod:`haltwise._sqlite_writer`. Each write is durable (``synchronous=FULL`` by default) when its
+:mod:`.sqlite_writer`. Each write is durable (``synchronous=FULL`` by default) when its
 coroutine returns. Other processes' commits are noticed through ``PRAGMA data_version``, polled
 every 15 ms on a dedicated connection.
 

@@ -30,7 +30,7 @@ from .._core.outcome import ErrorInfo, Outcome, StepRecord
 from .._core.policy import OnCancel
 from .._core.records import PartialKey, RunSnapshot
 from .._core.states import State, StepStatus
-from .cancel_state import CancelState
+from .cancel_state import NATIVE_CANCEL, CancelState
 from .pause_state import PauseGate
 from .progress import Pulse
 from .spans import RunTrace, run_event
@@ -48,7 +48,6 @@ StepExecutor = Callable[
 
 #: the least time between two schedule points between steps (see RunContext.between_steps)
 _YIELD_INTERVAL = 0.001
-_CANCELLED = asyncio.CancelledError  # the runtime is asyncio-only
 
 #: Idempotency keys need to be unique, not secret: one generator seeded from the OS is enough
 #: (os.urandom per key costs a system call each time).
@@ -363,7 +362,7 @@ class RunContext:
         self.next_yield = time.monotonic() + _YIELD_INTERVAL
         try:
             await anyio.lowlevel.checkpoint()
-        except _CANCELLED:
+        except NATIVE_CANCEL:
             self.raise_if_cancelled()
             raise
 

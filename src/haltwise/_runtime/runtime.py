@@ -1,6 +1,7 @@
 """The runtime: starts, drives, cancels and resumes runs against a store.
 
-It knows no store by name (only the :class:`~haltwise._store.Store` interface) and no terminal.
+It knows no store by name (only the :class:`~haltwise._journal.store.Store` interface) and no
+terminal.
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ from .._core.policy import CancelPolicy
 from .._core.records import JSONText, dump_json, load_json
 from .._core.states import StepStatus
 from .._journal.store import StepStart
+from .cancel_state import NATIVE_CANCEL
 from .pause import pause_point
 from .retries import may_retry
 from .run_context import CALL_ID, CURRENT_STEP, SHIELDED, RunContext, StepContext
@@ -60,7 +61,6 @@ if TYPE_CHECKING:
 _RUN_AGAIN = object()
 #: results of these types read back from JSON as the very same value: no need to re-parse
 _SAME_AFTER_JSON = frozenset({int, str, bool, float, type(None)})
-_CANCELLED = asyncio.CancelledError  # the runtime is asyncio-only (see the module docstring)
 #: the fingerprint of a call without arguments (the common case, computed once)
 _NO_ARGUMENTS = "00000000"
 #: argument types whose repr is their value, the same in every process
@@ -358,7 +358,7 @@ class _Flight:
         self.phase = _Phase.WAIT
         try:
             await anyio.sleep(self.spec.policy.backoff.delay(retry))
-        except _CANCELLED as cancel:
+        except NATIVE_CANCEL as cancel:
             self.phase = _Phase.AFTER
             self._propagate(cancel)
         self.phase = _Phase.BEFORE
@@ -391,7 +391,7 @@ class _Flight:
             run.host.count_side_steps(+1)
         try:
             started = await run.store.start_step(run.run_id, start, fence=run.fence)
-        except _CANCELLED:
+        except NATIVE_CANCEL:
             # Cancelled while waiting for the write, which happens anyway: the body never ran.
             await _to_the_end(settle(run, self.index, StepStatus.INTERRUPTED))
             raise
@@ -429,7 +429,7 @@ class _Flight:
         except Cancelled as cancel:
             self.phase = _Phase.AFTER
             await self._tool_cancelled(cancel)
-        except _CANCELLED as cancel:
+        except NATIVE_CANCEL as cancel:
             self.phase = _Phase.AFTER
             # Raised into the task as Cancelled (see _propagate), the CancelledError is not
             # needed any more: dropped here, it does not keep the frames its traceback holds
@@ -525,7 +525,7 @@ class _Flight:
         with anyio.move_on_after(self.spec.policy.grace, shield=True) as scope:
             with self.run.cancel.shielding(scope):  # a forced cancel still cuts it
                 return await self.spec.fn(*self.args, **self.kwargs)
-        raise _CANCELLED("the grace of a finish step ran out, or the cancel was forced")
+        raise NATIVE_CANCEL("the grace of a finish step ran out, or the cancel was forced")
 
     def _cut(self) -> None:
         """Stop a finish body running in the caller's task: cancel that task (taken back later)."""
@@ -737,7 +737,7 @@ async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
         try:
             with anyio.CancelScope(shield=True):
                 await _wait_done(task)
-        except _CANCELLED:
+        except NATIVE_CANCEL:
             continue  # the caller will see the cancel it was already given
     task.result()
 
