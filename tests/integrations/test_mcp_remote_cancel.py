@@ -14,10 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import anyio
 import pytest
 
 import haltwise
+from _wait import until
 
 pytestmark = pytest.mark.anyio
 
@@ -123,12 +123,6 @@ def lines(path: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
-async def until(condition: object) -> None:
-    with anyio.fail_after(PATIENCE):
-        while not condition():  # type: ignore[operator]
-            await anyio.sleep(0.02)
-
-
 async def test_a_cancel_from_another_process_reaches_the_remote_server_first(
     tmp_path: Path,
 ) -> None:
@@ -139,7 +133,7 @@ async def test_a_cancel_from_another_process_reaches_the_remote_server_first(
         [sys.executable, str(tmp_path / "agent.py"), store], cwd=tmp_path, env=os.environ.copy()
     )
     try:
-        await until(lambda: "start" in lines(tmp_path / "remote.log"))
+        await until(lambda: "start" in lines(tmp_path / "remote.log"), "the remote call")
         cancel = subprocess.run(
             [sys.executable, "-m", "haltwise", "cancel", "r1", "--store", store],
             capture_output=True,
@@ -152,7 +146,7 @@ async def test_a_cancel_from_another_process_reaches_the_remote_server_first(
         if client.poll() is None:
             client.kill()
     assert lines(tmp_path / "client.log") == ["cancelled"]
-    await until(lambda: "eof" in lines(tmp_path / "remote.log"))
+    await until(lambda: "eof" in lines(tmp_path / "remote.log"), "the server's end")
     assert lines(tmp_path / "remote.log") == ["start", "notifications/cancelled", "eof"]
     async with haltwise.Runtime(store) as runtime:
         outcome = await runtime.status("r1")
