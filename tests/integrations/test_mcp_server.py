@@ -21,6 +21,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 import haltwise
+from _wait import until
 from haltwise.integrations._mcp_server import TaskServer, served_tasks
 
 pytestmark = pytest.mark.anyio
@@ -339,11 +340,6 @@ async def test_a_call_for_a_run_another_runtime_works_follows_it_through_the_cha
         answers[name] = await client.call_tool(
             "report", {"topic": "cats"}, progress_callback=on_progress, meta=key("k1")
         )
-
-    async def until(condition: Any) -> None:
-        with anyio.fail_after(PATIENCE):
-            while not condition():
-                await anyio.sleep(0.005)
 
     async with haltwise.Runtime(store) as one, haltwise.Runtime(store) as other:
         first, second = TaskServer(one, served, tools), TaskServer(other, served, tools)

@@ -170,6 +170,10 @@ _PAUSING = Index("runs_pausing", "runs", ("id",), where="pause")
 #: something to settle (a step still in flight: a child run paused with it; a saga to run), so it
 #: goes ``cancelling`` instead of ending ``cancelled`` at once (see ``plan_cancel``)
 _SETTLE_ON_CANCEL = Column("settle_on_cancel", Kind.BOOLEAN, not_null=True, default=False)
+#: Version 13: the W3C ``traceparent`` of the span of the run's latest attempt, kept while spans
+#: are recorded, so that the next attempt's span links to it, in whatever process it runs.
+_TRACE = _text("trace")
+
 #: Version 5: how a replayed call is matched to its journaled step (the framework's call id, and a
 #: fingerprint of its arguments checked on replay).
 _STEP_IDENTITY = (_text("call_id"), _text("fingerprint"))
@@ -243,6 +247,7 @@ TABLES: tuple[Table, ...] = (
             Column("updated_at", Kind.REAL, not_null=True),
             _PAUSE,
             _SETTLE_ON_CANCEL,
+            _TRACE,
         ),
         primary_key=("id",),
     ),
@@ -463,6 +468,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         (DropIndex("runs_by_state"),),
     ),
     Migration(12, "the events sender's delivery position per destination", (_DELIVERIES,)),
+    Migration(13, "the span context of a run's latest attempt", (AddColumn("runs", _TRACE),)),
 )
 
 #: The version of :data:`TABLES`: 1 for the first schema, then the newest migration's.
@@ -543,7 +549,11 @@ class Dialect:
             return list(change.sqlite if self.name == "sqlite" else change.postgresql)
         if isinstance(change, Rebuild):
             return self.rebuild(change)
-        return [f"ALTER TABLE {self.qualify(change.table)} ADD COLUMN {self.column(change.column)}"]
+        # PostgreSQL: IF NOT EXISTS, so that a migration applied again (a version recorded lower
+        # than the tables are) is no error; SQLite has no such clause and is never asked that.
+        exists = "" if self.name == "sqlite" else "IF NOT EXISTS "
+        table = self.qualify(change.table)
+        return [f"ALTER TABLE {table} ADD COLUMN {exists}{self.column(change.column)}"]
 
     def set_version(self) -> str:
         """The statement that records the schema version (one parameter: the version)."""
