@@ -66,8 +66,8 @@ def haltwise_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def check_clean(store: str) -> None:
-    checked = haltwise_cli("check", "--store", store)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
+    report = haltwise.verify_store(store)
+    assert report.ok, report.findings
 
 
 @pytest.mark.parametrize("how", ["capture", "token"])

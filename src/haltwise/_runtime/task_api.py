@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -23,10 +24,13 @@ __all__ = [
     "checkpoint",
     "current_run",
     "emit",
+    "end_turn",
     "idempotency_key",
     "journaled_outcome",
     "remote_call",
     "shield",
+    "steps_settled",
+    "turn_begins",
 ]
 
 T = TypeVar("T")
@@ -34,6 +38,8 @@ T = TypeVar("T")
 #: How long a remote cancel may take to be sent under a forced cancel (CONTRACT.md, "A cancel
 #: reaches remote work").
 FORCED_REMOTE_CANCEL = 1.0
+#: the runs whose framework turn holds back the cancel of the task's scope (see turn_begins)
+_TURNS: weakref.WeakSet[RunContext] = weakref.WeakSet()
 
 
 def emit(value: Any) -> None:
@@ -232,3 +238,39 @@ async def _flush_within(bound: anyio.CancelScope, flush: Callable[[], Awaitable[
             await flush()
         except Exception:  # a broken connection: the cancel could not be sent
             pass
+
+
+def turn_begins() -> None:
+    """A framework's turn of tool calls begins in the current run: until :func:`end_turn`, a
+    (not forced) cancel request settles the turn's steps by their policies but does not cancel
+    the task function's own scope, so the framework completes the turn and writes it where it
+    keeps the conversation (the OpenAI Agents SDK's session) before the cancel lands.
+
+    For an integration whose model wrapper sees a response with tool calls; its next model
+    request calls :func:`end_turn`, then lands the cancel at its checkpoint. Nothing outside a
+    task, or while the run's turn is already held.
+    """
+    run = current_run()
+    if run is None or run in _TURNS:
+        return
+    _TURNS.add(run)
+    run.cancel.hold_task_scope(+1)
+
+
+def end_turn() -> None:
+    """The current run's framework turn (see :func:`turn_begins`) has ended: a cancel held back
+    meanwhile cancels the task's scope now (it lands at the task's next await)."""
+    run = current_run()
+    if run is None or run not in _TURNS:
+        return
+    _TURNS.discard(run)
+    run.cancel.hold_task_scope(-1)
+
+
+async def steps_settled() -> None:
+    """Wait until no step of the current run is in flight (each settled by its policy); at once
+    outside a task. For an integration that closes the framework's state from the journal once
+    a cancel stopped the framework (the OpenAI Agents SDK's streamed ``cancel()``)."""
+    run = current_run()
+    if run is not None:
+        await run.all_settled()
