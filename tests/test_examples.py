@@ -35,6 +35,7 @@ PROMISES = {
     "mcp_agent.py": [
         "local: cancelled (reason user): report:interrupted",
         "remote: cancelled (reason client)",
+        "remote: completed (reason None)",
         "local: completed (reason None): report:committed",
         "result: {'result': 'published 81 characters'}",
     ],

@@ -66,8 +66,8 @@ def haltwise_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def check_clean(store: str) -> None:
-    checked = haltwise_cli("check", "--store", store)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
+    report = haltwise.verify_store(store)
+    assert report.ok, report.findings
 
 
 @pytest.mark.parametrize("how", ["capture", "token"])
@@ -144,3 +144,29 @@ async def test_a_replayed_request_that_differs_fails_the_run_naming_the_step(
     assert diverged.error is not None
     assert diverged.error.type == "NonDeterminismError"
     assert "step 0 (model)" in diverged.error.message
+
+
+async def test_pydantic_ais_timeout_ends_the_run_cancelled_with_reason_timeout(
+    sqlite_url: str,
+) -> None:
+    """Item 7: a framework's ``timeout=`` is a host timeout: ``cancelled`` / ``timeout``."""
+    import asyncio
+
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage, ModelResponse
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    async def never(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    @haltwise.task
+    async def slow() -> str:
+        result = await Agent(JournaledModel(FunctionModel(never))).run("hi", timeout=0.05)
+        return result.output
+
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        outcome = await (await runtime.start(slow, task_id="slow")).outcome()
+    assert outcome.state is haltwise.State.CANCELLED, outcome
+    assert outcome.reason == "timeout"
+    assert [(s.tool, s.status.value) for s in outcome.steps] == [("model", "interrupted")]
