@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from ._core.exceptions import BadRow as BadRow
     from ._core.exceptions import Cancelled as Cancelled
     from ._core.exceptions import ChildRunError as ChildRunError
+    from ._core.exceptions import CodeChangedError as CodeChangedError
     from ._core.exceptions import CorruptRowError as CorruptRowError
     from ._core.exceptions import DeliveryGoneError as DeliveryGoneError
     from ._core.exceptions import HaltwiseError as HaltwiseError
@@ -90,6 +91,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "BadRow",
         "Cancelled",
         "ChildRunError",
+        "CodeChangedError",
         "CorruptRowError",
         "DeliveryGoneError",
         "HaltwiseError",
@@ -104,6 +106,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "PolicyError",
         "ReplayedError",
         "ResumeRefusedError",
+        "CodeChangedError",
         "RunOwnedError",
         "SchemaError",
         "SchemaVersionError",

@@ -172,13 +172,37 @@ def source_of(target: str, module_file: str | None) -> str | None:
     return str(Path(module_file).resolve())
 
 
-def task_of(run: RunRecord, file: str | None = None, *, moved: bool = False) -> Task[..., Any]:
+def task_of(
+    run: RunRecord,
+    file: str | None = None,
+    *,
+    moved: bool = False,
+    allow_code_change: bool = False,
+) -> Task[..., Any]:
     """Load the task of a journaled run: from ``file`` if the caller named one, else from the
     file the journal names if it lies in the current project, else from its module name (see
-    :mod:`.sources` for what is refused)."""
+    :mod:`.sources` for what is refused).
+
+    A file is imported only if its digest is the one the run recorded when it started
+    (:class:`~haltwise.CodeChangedError`, exit 2, names the file and both digests), so a path
+    rewritten into the journal never imports another file; with ``allow_code_change`` a
+    changed file is imported, but only the recorded one (or ``file``)."""
+    from .._core.code import CodeVersion
+    from .._runtime.code import check_code
     from .._runtime.loader import load_target
 
-    _, task = load_target(trusted_spec(run, file, moved=moved))
+    spec = trusted_spec(run, file, moved=moved)
+    target, colon, _ = spec.rpartition(":")
+    code = CodeVersion.from_inputs(run.inputs)
+    if colon and code is not None and (target.endswith(".py") or os.sep in target):
+        recorded = Path(code.file).resolve()
+        if allow_code_change and file is None and Path(target).resolve() != recorded:
+            raise InputError(
+                f"run {run.id!r} names {target} but recorded its code in {recorded}; name the "
+                f"file to load: haltwise resume {run.id} FILE.py --allow-code-change"
+            )
+        check_code(run, allow_code_change=allow_code_change, file=target)
+    _, task = load_target(spec)
     if task is None:
         raise InputError(f"run {run.id!r}: cannot tell its task from {run.task!r}")
     return task

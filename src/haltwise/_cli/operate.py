@@ -365,6 +365,10 @@ def where() -> str:
 def _source_words(detail: RunDetail) -> str | None:
     """The line ``status`` shows about the file ``resume`` would load the task from."""
     named = journaled_file(detail.run)
+    code = detail.outcome.code
+    if code is not None:
+        changed = " (changed since the run started: resume refuses it)" if code.changed else ""
+        return f"source: {code.file}, sha256 {code.digest[:12]}{changed}"
     return f"source: {named}" if named is not None else None
 
 

@@ -117,6 +117,11 @@ def run_command(
     metavar="STEP",
     help="Run an unknown step again. Repeatable.",
 )
+@click.option(
+    "--allow-code-change",
+    is_flag=True,
+    help="Resume although the task's file changed since the run started (recorded in its events).",
+)
 @deadline_option
 @json_option
 @store_option
@@ -126,6 +131,7 @@ def resume_command(
     moved: bool,
     assume_done: dict[int, Any],
     rerun: Sequence[int],
+    allow_code_change: bool,
     deadline: float | None,
     as_json: bool,
     store: str | None,
@@ -134,7 +140,9 @@ def resume_command(
 
     The task is loaded from the file the journal names if that lies in the current project;
     a file outside it runs only if named as FILE.py (the journal alone never decides what
-    runs), and a FILE.py other than the journal's only with --moved.
+    runs), and a FILE.py other than the journal's only with --moved. A file whose content
+    is not the one the run recorded when it started is refused (exit 2, naming the file and
+    both digests) unless --allow-code-change.
     """
     RELAY.install()  # from now on a signal is queued for the run, never a KeyboardInterrupt
 
@@ -143,7 +151,7 @@ def resume_command(
             detail = await runtime.inspect(task_id)
             if detail.run.state is State.COMPLETED:
                 return _report(detail.outcome, as_json)
-            task = task_of(detail.run, file, moved=moved)
+            task = task_of(detail.run, file, moved=moved, allow_code_change=allow_code_change)
             async with signals_as_cancels(runtime, quiet=as_json) as foreground:
                 handle = await runtime.resume(
                     task_id,
@@ -151,6 +159,7 @@ def resume_command(
                     assume_done=assume_done,
                     rerun=set(rerun),
                     task=task,
+                    allow_code_change=allow_code_change,
                 )
                 outcome = await foreground.follow(handle.id, Screen())
         return _report(outcome, as_json)

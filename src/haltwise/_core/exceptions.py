@@ -17,6 +17,7 @@ Cancellation is not an error, so it stands outside the error tree::
         ├── NonDeterminismError   the task asked for another tool than the journal holds
         ├── StepTimeoutError      a step ran longer than its tool's timeout= (.task_id, .index)
         ├── UnknownStepError      a run taken over has an unknown step it may not run again
+        ├── CodeChangedError      resume refused: the task's file is not the recorded one (.file)
         ├── ChildRunError         a child task's run failed or was cancelled on its own (.task_id)
         ├── StoreError            the store is unusable: bad URL, not a haltwise store, I/O error
         │   ├── SchemaVersionError  the store was written by a newer haltwise
@@ -196,6 +197,28 @@ class UnknownStepError(HaltwiseError):
         )
         self.index = index
         self.tool = tool
+
+
+class CodeChangedError(HaltwiseError):
+    """Resume (or a worker's takeover) refused: the file run ``task_id``'s task was loaded from
+    is not the one the run recorded when it started (CONTRACT.md, "Resume and determinism").
+
+    ``file`` is the file, ``recorded`` and ``current`` its SHA-256 digests (hex) then and now
+    (``current`` is None if the file is gone). Resume with ``allow_code_change=True``
+    (``--allow-code-change``) to run it with the code as it is now.
+    """
+
+    def __init__(self, task_id: str, file: str, recorded: str, current: str | None) -> None:
+        now = current if current is not None else "gone (it cannot be read)"
+        super().__init__(
+            f"run {task_id!r}: its task's file {file} changed since the run started (recorded "
+            f"sha256 {recorded}, now {now}); resume it with allow_code_change to run the code "
+            "as it is now",
+            task_id=task_id,
+        )
+        self.file = file
+        self.recorded = recorded
+        self.current = current
 
 
 class ChildRunError(HaltwiseError):

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, final
 
+from .code import CodeVersion
 from .policy import CancelPolicy, Effect, effective_cancel
 from .reconcile import Reconciled
 from .states import State, StepStatus
@@ -216,6 +217,8 @@ class Outcome:
     cancel_error: ErrorInfo | None = None
     partials: tuple[Any, ...] = ()
     steps: tuple[StepRecord, ...] = field(default=())
+    #: the version of its code the run recorded when it started (None: recorded without one)
+    code: CodeVersion | None = None
 
     @property
     def retry(self) -> Retry:
@@ -237,4 +240,6 @@ class Outcome:
         }
         if self.cancel_error is not None:
             data["cancel_error"] = self.cancel_error.to_json()
+        if self.code is not None:
+            data["code"] = self.code.to_json()
         return data

@@ -699,6 +699,7 @@ class PostgresStore:
         settle_on_cancel: bool = UNSET,
         fence: str | None = None,
         returning: bool = True,
+        note: str | None = None,
     ) -> RunRecord | None:
         fields = transition_fields(
             target,
@@ -709,6 +710,7 @@ class PostgresStore:
             owner=owner,
             lease_until=lease_until,
             settle_on_cancel=settle_on_cancel,
+            note=note,
         )
 
         def plan(current: RunRecord, now: float) -> RunWrite:

@@ -138,7 +138,7 @@ def _inputs(text: Any) -> dict[str, Any]:
     data = load_json(_text(text))
     if not isinstance(data, dict):
         raise ValueError(f"the inputs are a JSON object, not {type(data).__name__}")
-    expected = {"args": list, "kwargs": dict, "source": str}
+    expected = {"args": list, "kwargs": dict, "source": str, "code": dict}
     for key, kind in expected.items():
         if key in data and not isinstance(data[key], kind):
             raise ValueError(f"the inputs' {key!r} is not a {kind.__name__}")
@@ -599,6 +599,10 @@ def read_all(parse: Callable[[Any], _T], rows: Iterable[Any]) -> list[_T]:
     return good
 
 
+#: a transition's field that only its event records, as the event's reason (``note=``)
+EVENT_NOTE = "_event_note"
+
+
 def transition_fields(
     target: State,
     *,
@@ -609,10 +613,13 @@ def transition_fields(
     owner: Any = UNSET,
     lease_until: Any = UNSET,
     settle_on_cancel: Any = UNSET,
+    note: str | None = None,
 ) -> dict[str, Any]:
     """The run columns a :meth:`Store.transition` writes (arguments left ``UNSET`` are kept).
 
     Entering ``running`` clears ``force``: a resumed run starts with no cancel pending.
+    ``note``: the reason the transition's event records instead of the run's (what a resume
+    allowed: ``allow_code_change``); the run's ``reason`` column is not changed by it.
     """
     fields: dict[str, Any] = {"state": target.value}
     if reason is not UNSET:
@@ -630,6 +637,8 @@ def transition_fields(
         fields["lease_until"] = lease_until
     if settle_on_cancel is not UNSET:
         fields["settle_on_cancel"] = settle_on_cancel
+    if note is not None:
+        fields[EVENT_NOTE] = note
     if target is State.RUNNING:
         fields["force"] = False
     return fields

@@ -29,7 +29,7 @@ from .._core.rules import (
     plan_unpause,
 )
 from .._core.states import State
-from .rows import PARTIAL_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, STEP_COPY_COLUMNS
+from .rows import EVENT_NOTE, PARTIAL_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, STEP_COPY_COLUMNS
 from .schema import Dialect
 from .store import NewRun, PauseSignal
 
@@ -109,6 +109,10 @@ def plan_transition(
     check_fence(current.id, current.owner.token if current.owner else None, fence)
     implied = check_transition(current.id, current, target, expected)
     reason = fields.get("reason", current.reason)
+    note = fields.get(EVENT_NOTE)
+    if note is not None:  # said by the event alone, not kept as the run's reason
+        fields = {name: value for name, value in fields.items() if name != EVENT_NOTE}
+        reason = note
     return RunWrite(
         fields={**fields, **implied, "updated_at": now},
         events=((current.state, target, reason),),

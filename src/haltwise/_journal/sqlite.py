@@ -522,6 +522,7 @@ class SQLiteStore:
         settle_on_cancel: bool = UNSET,
         fence: str | None = None,
         returning: bool = True,
+        note: str | None = None,
     ) -> Awaitable[RunRecord | None]:
         # What the writer hands back itself (in a batch: the operation's future), not a
         # coroutine of ours awaiting it: one frame fewer for each of 10,000 runs whose final
@@ -535,6 +536,7 @@ class SQLiteStore:
             owner=owner,
             lease_until=lease_until,
             settle_on_cancel=settle_on_cancel,
+            note=note,
         )
         return self._writer.call(_Transition(run_id, target, expected, fields, fence, returning))
 

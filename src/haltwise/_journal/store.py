@@ -211,6 +211,7 @@ class Store(Protocol):
         settle_on_cancel: bool = UNSET,
         fence: str | None = None,
         returning: bool = True,
+        note: str | None = None,
     ) -> Awaitable[RunRecord | None]:
         """Compare-and-set the run's state to ``target`` and record the event, in one transaction.
 
@@ -223,6 +224,8 @@ class Store(Protocol):
         ``current -> target``; otherwise raises :class:`~haltwise.InvalidTransitionError` and
         changes nothing. Fields left ``UNSET`` keep their value. ``settle_on_cancel`` goes with
         entering ``paused`` (see :attr:`RunRecord.settle_on_cancel`); leaving ``paused`` clears it.
+        ``note``: the reason the event records in place of the run's (the run's ``reason`` is
+        not set by it; see ``rows.transition_fields``).
         """
 
     def transition_then(self, then: WriteDone, run_id: str, target: State, **fields: Any) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Collection
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .._core.exceptions import InputError
@@ -19,6 +20,7 @@ from .._core.views import Change, RunDetail, RunPage, StepWait
 from .._journal.operator_sql import decode_cursor, encode_cursor, is_high_water
 from .._journal.owner import Leased, held_by_live_owner, owner_alive
 from .._journal.store import Store
+from .code import changed_now
 from .explain import (
     cancel_requested_at,
     needs_code,
@@ -113,6 +115,8 @@ async def inspect_run(store: Store, run_id: str) -> RunDetail:
     journal = await store.inspect(run_id)
     run = journal.snapshot.run
     outcome = journal.snapshot.outcome()
+    if outcome.code is not None:  # whether the file is still the one the run recorded
+        outcome = replace(outcome, code=replace(outcome.code, changed=changed_now(outcome.code)))
     now = time.time()
     waiting: tuple[StepWait, ...] = ()
     stays = None

@@ -22,6 +22,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._core.exceptions import (
+    CodeChangedError,
     HaltwiseError,
     IdempotencyConflictError,
     InputError,
@@ -42,6 +43,7 @@ from .._journal.shield import shielded
 from .._journal.store import CancelledRun, ForkOf, NewRun, Store
 from . import spans
 from .cancel_state import outside_any_task
+from .code import check_code, version_of
 from .ending import (
     call_task,
     fail_refused,
@@ -250,6 +252,9 @@ class Runtime:
         source = source or task.source
         if source is not None:
             inputs["source"] = source
+        code = version_of(task)
+        if code is not None:
+            inputs["code"] = code
         # The task sees its inputs as they come back from the journal, from the first attempt
         # on: a tuple is a list, a dict's int keys are strings, on every attempt alike
         # (issue 15, item 5), so a resume cannot take another path than the first attempt.
@@ -290,6 +295,7 @@ class Runtime:
         rerun: Collection[int] | None = None,
         task: Task[..., Any] | None = None,
         probe: Probe | None = None,
+        allow_code_change: bool = False,
     ) -> TaskHandle:
         """Continue run ``task_id`` from its journal; return its handle once it is running again.
 
@@ -303,6 +309,11 @@ class Runtime:
         is not covered by ``assume_done`` (``{index: result}``: it happened, replay this result)
         or ``rerun`` (indexes to run again). ``task`` defaults to the task registered under the
         run's recorded name.
+
+        Refuses with :class:`~haltwise.CodeChangedError` when the file the run's task was loaded
+        from differs now from the version the run recorded when it started (it names the file
+        and both digests), unless ``allow_code_change``: the run then goes on with the code as
+        it is now, and the event of its resume says so.
         """
         self._require_entered()
         _check_deadline(deadline)
@@ -321,8 +332,9 @@ class Runtime:
                 return TaskHandle(self, task_id)
             the_task = self._task_of(run, task)
             _check_step_indexes(task_id, snapshot, done, again)
+            note = check_code(run, allow_code_change=allow_code_change)
             snapshot = await self._take_over(snapshot, the_task, done, again)
-            await self._continue(snapshot, the_task, done, again, deadline, probe)
+            await self._continue(snapshot, the_task, done, again, deadline, probe, note=note)
         return TaskHandle(self, task_id)
 
     @contextlib.contextmanager
@@ -432,7 +444,9 @@ class Runtime:
 
         Unlike :meth:`resume`, a ``cancelling`` run is only finished (recorded ``cancelled``),
         and a run with an ``unknown`` step that may not run again is recorded ``failed`` with
-        error type ``UnknownStepError``; both return None. A run cancelled while it is being
+        error type ``UnknownStepError``; both return None, as does a run whose task's file is not
+        the recorded one (:class:`~haltwise.CodeChangedError`: it is left for a worker of that
+        code, or ``resume`` with ``allow_code_change``). A run cancelled while it is being
         taken over is launched, and ends as a run cancelled while it runs (see
         :meth:`_continue`). A final run returns None too.
         Raises :class:`~haltwise.RunOwnedError` if a live owner holds it or another process
@@ -445,8 +459,10 @@ class Runtime:
                 return None
             was_cancelling = snapshot.run.state is State.CANCELLING
             try:
+                if not was_cancelling:  # (finishing a cancel is not resuming)
+                    check_code(snapshot.run, allow_code_change=False)
                 snapshot = await self._take_over(snapshot, task, {}, frozenset())
-            except ResumeRefusedError:
+            except (ResumeRefusedError, CodeChangedError):
                 return None
             if was_cancelling:
                 await self.store.release(task_id, self.owner.token)
@@ -493,6 +509,7 @@ class Runtime:
         probe: Probe | None,
         *,
         unpause: bool = True,
+        note: str | None = None,
     ) -> RunRecord:
         """Record the caller's word on unknown steps, go back to ``running`` and launch.
 
@@ -530,6 +547,7 @@ class Runtime:
                 reason=None,
                 cancel_error=None,  # of the attempt that ended: not this one's
                 fence=fence,
+                note=note,  # the resume allowed a code change: its event says so
             )
         snapshot = await self.store.load(task_id)
         ctx = self._context(task_id, task, snapshot, done, again, probe, ended)
@@ -589,6 +607,9 @@ class Runtime:
         source = source or task.source
         if source is not None:
             inputs["source"] = source
+        code = version_of(task)
+        if code is not None:
+            inputs["code"] = code
         run_id = task_id if task_id is not None else uuid.uuid4().hex
         if not run_id:
             raise InputError("task_id must be a non-empty string")

@@ -302,7 +302,12 @@ async def _resume(request: Request, served: Served, run_id: str) -> Response:
     task = await _served_task(served, run_id)
     assume_done = _step_results(body.assume_done)
     handle = await served.runtime.resume(
-        run_id, assume_done=assume_done, rerun=set(body.rerun), deadline=body.deadline, task=task
+        run_id,
+        assume_done=assume_done,
+        rerun=set(body.rerun),
+        deadline=body.deadline,
+        task=task,
+        allow_code_change=body.allow_code_change,
     )
     state = (await served.runtime.inspect(handle.id)).outcome.state
     status = 200 if state is State.COMPLETED else 202

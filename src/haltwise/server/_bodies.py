@@ -83,6 +83,8 @@ class ResumeBody(_Body):
     assume_done: dict[str, Any] = Field(default_factory=dict)
     rerun: list[StrictInt] = Field(default_factory=list)
     deadline: float | None = Field(None, gt=0, allow_inf_nan=False)
+    #: resume although the task's file changed since the run started
+    allow_code_change: StrictBool = False
 
 
 class ForkBody(_Body):

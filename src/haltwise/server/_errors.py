@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .._core.exceptions import (
+    CodeChangedError,
     HaltwiseError,
     IdempotencyConflictError,
     InputError,
@@ -52,6 +53,8 @@ def from_haltwise(error: HaltwiseError, *, input_status: int = 422) -> ApiError:
         return ApiError(409, "run_owned", text)
     if isinstance(error, ResumeRefusedError):
         return ApiError(409, "resume_refused", text)
+    if isinstance(error, CodeChangedError):
+        return ApiError(409, "code_changed", text)
     if isinstance(error, IdempotencyConflictError):
         return ApiError(409, "idempotency_conflict", text)
     if isinstance(error, StoreError):
