@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._core.code import CodeVersion as CodeVersion
     from ._core.exceptions import BadRow as BadRow
     from ._core.exceptions import Cancelled as Cancelled
     from ._core.exceptions import ChildRunError as ChildRunError
@@ -106,7 +107,6 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "PolicyError",
         "ReplayedError",
         "ResumeRefusedError",
-        "CodeChangedError",
         "RunOwnedError",
         "SchemaError",
         "SchemaVersionError",
@@ -117,6 +117,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "UnknownStepError",
     ),
     "._core.outcome": ("AttemptError", "ErrorInfo", "Outcome", "Retry", "StepRecord"),
+    "._core.code": ("CodeVersion",),
     "._core.policy": ("CancelPolicy", "Effect", "OnCancel"),
     "._core.reconcile": ("Happened", "NotHappened", "Reconciled"),
     "._core.records": ("Event", "Owner", "RunRecord", "RunSnapshot"),
@@ -165,6 +166,8 @@ __all__ = [
     "ChangeKind",
     "CheckReport",
     "ChildRunError",
+    "CodeChangedError",
+    "CodeVersion",
     "CorruptRowError",
     "DeliveryGoneError",
     "Effect",

@@ -8,6 +8,7 @@ as it needs (it polls ``status --json`` with a deadline instead of sleeping).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pty
@@ -40,7 +41,11 @@ def test_run_to_completion_prints_the_contract_json(env: Env) -> None:
     env.release("send_email")
     done = env.hw("run", "agent.py:flow", "--input", '{"policy": "finish"}', "--id", "t1", "--json")
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {
+    shown = json.loads(done.stdout)
+    code = shown.pop("code")  # the run's code version (CONTRACT.md, "Resume and determinism")
+    assert code["file"] == str((env.root / "agent.py").resolve())
+    assert code["digest"] == hashlib.sha256((env.root / "agent.py").read_bytes()).hexdigest()
+    assert shown == {
         "id": "t1",
         "task": "agent.py:flow",
         "state": "completed",

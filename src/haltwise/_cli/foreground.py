@@ -194,7 +194,8 @@ def task_of(
     spec = trusted_spec(run, file, moved=moved)
     target, colon, _ = spec.rpartition(":")
     code = CodeVersion.from_inputs(run.inputs)
-    if colon and code is not None and (target.endswith(".py") or os.sep in target):
+    looks_like_file = target.endswith(".py") or os.sep in target
+    if colon and code is not None and looks_like_file and Path(target).exists():
         recorded = Path(code.file).resolve()
         if allow_code_change and file is None and Path(target).resolve() != recorded:
             raise InputError(

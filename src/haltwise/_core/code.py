@@ -28,12 +28,9 @@ class CodeVersion:
     changed: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The ``"code"`` object of ``status --json``: ``{"file", "digest", "tools"}``, and
-        ``"changed"`` when it was looked at."""
-        data: dict[str, Any] = {"file": self.file, "digest": self.digest, "tools": dict(self.tools)}
-        if self.changed is not None:
-            data["changed"] = self.changed
-        return data
+        """The ``"code"`` object of ``status --json``: ``{"file", "digest", "tools"}`` (the
+        API's run adds ``"changed"``: see ``RunDetail.to_json``)."""
+        return {"file": self.file, "digest": self.digest, "tools": dict(self.tools)}
 
     @classmethod
     def from_inputs(cls, inputs: Mapping[str, Any]) -> CodeVersion | None:

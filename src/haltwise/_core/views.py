@@ -150,6 +150,9 @@ class RunDetail:
         """The ``status --json`` object plus ``owner``, ``events``, ``waiting``,
         ``stays_cancelling`` and timings."""
         data = self.outcome.to_json()
+        code = self.outcome.code
+        if code is not None and code.changed is not None:
+            data["code"]["changed"] = code.changed  # the file on disk is not the recorded one
         data["steps"] = [self._step_json(step) for step in self.outcome.steps]
         data["owner"] = (
             None
