@@ -6,7 +6,9 @@
   ``ToolCall``'s ``id`` (injected as LangChain's ``InjectedToolCallId``).
 - :class:`HaltwiseMiddleware` for ``langchain.agents.create_agent(..., middleware=[...])``:
   every model call is one ``interruptible``, ``read`` step whose ``AIMessage`` is journaled (a
-  resume replays it instead of asking the model again); every tool call runs under
+  resume replays it instead of asking the model again; the step's fingerprint is a digest of the
+  request: messages, system message, tools offered, tool choice, settings, so a replay whose
+  request differs fails with ``NonDeterminismError``); every tool call runs under
   ``haltwise.call_id(tool_call["id"])``, and a tool that is not a haltwise tool becomes a step
   of its own (undeclared policy: it behaves as ``finish``); before each model call, a tool call
   of the conversation that has no ``ToolMessage`` gets one from the journal (a committed call
@@ -156,7 +158,7 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
             return [message_to_dict(message) for message in response.result]
 
         try:
-            data = await model_request(ask, name=self.step_name)
+            data = await model_request(ask, name=self.step_name, request=_request_view(request))
         except (haltwise.Cancelled, asyncio.CancelledError):
             if _draining(request.runtime):
                 # the model's answer is not needed: the graph stops at this superstep's start
@@ -234,6 +236,31 @@ class _StepTool(BaseTool):
         data = await journaled(call, name=inner.name)
         (message,) = messages_from_dict([data])
         return message
+
+
+def _request_view(request: ModelRequest[Any]) -> dict[str, Any]:
+    """What the model is asked, for the request's fingerprint: each message's kind, content,
+    tool calls and call id (not the ids LangGraph gives messages afresh in every run), the
+    system message, the tools offered, the tool choice and the model settings."""
+
+    def seen(message: BaseMessage) -> dict[str, Any]:
+        view: dict[str, Any] = {"type": message.type, "content": message.content}
+        if isinstance(message, AIMessage) and message.tool_calls:
+            view["calls"] = [(c.get("id"), c["name"], c["args"]) for c in message.tool_calls]
+        if isinstance(message, ToolMessage):
+            view["call"] = message.tool_call_id
+        return view
+
+    system = request.system_message
+    return {
+        "messages": [seen(m) for m in request.messages],
+        "system": None if system is None else system.content,
+        "tools": sorted(
+            t.name if isinstance(t, BaseTool) else str(t.get("name")) for t in request.tools
+        ),
+        "tool_choice": request.tool_choice,
+        "settings": request.model_settings,
+    }
 
 
 def _graph_runtime() -> Runtime[Any] | None:
