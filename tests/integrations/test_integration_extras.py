@@ -20,6 +20,10 @@ INTEGRATIONS = {
 }
 
 
+#: the checkout haltwise runs from: the message says to install from it (issue 29, item 14)
+CHECKOUT = Path(haltwise.__file__).resolve().parents[2]
+
+
 def test_require_names_the_extra() -> None:
     with pytest.raises(MissingExtraError) as caught:
         require("demo", "no_such_framework_for_haltwise", "demo-extra")
@@ -28,7 +32,7 @@ def test_require_names_the_extra() -> None:
     assert isinstance(error, haltwise.HaltwiseError)
     assert str(error) == (
         "haltwise.integrations.demo needs the 'no_such_framework_for_haltwise' package: "
-        "pip install 'haltwise[demo-extra]'"
+        f"pip install -e '{CHECKOUT}[demo-extra]' (haltwise is not on PyPI yet)"
     )
 
 
@@ -59,7 +63,7 @@ def test_importing_without_the_framework_raises_missing_extra(name: str) -> None
     )
     assert done.stdout.strip() == (
         f"MissingExtraError haltwise.integrations.{name} needs the {framework!r} package: "
-        f"pip install 'haltwise[{extra}]'"
+        f"pip install -e '{CHECKOUT}[{extra}]' (haltwise is not on PyPI yet)"
     )
 
 

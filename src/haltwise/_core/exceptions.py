@@ -352,3 +352,15 @@ class McpToolError(Exception):
     def __init__(self, tool: str, message: str) -> None:
         super().__init__(f"MCP tool {tool!r}: {message}")
         self.tool = tool
+
+
+def install_hint(extra: str) -> str:
+    """How to install haltwise with ``extra``: haltwise is not published on PyPI yet, so from
+    the checkout this haltwise runs from (``pip install -e '/path/to/haltwise[mcp]'``); from
+    an installed wheel, by name."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]  # src/haltwise/_core/exceptions.py
+    if (root / "pyproject.toml").is_file():
+        return f"pip install -e '{root}[{extra}]' (haltwise is not on PyPI yet)"
+    return f"pip install 'haltwise[{extra}]'"
