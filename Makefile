@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+#: the demo's own install: haltwise and what it needs to run, none of the test tools
+CORE_STAMP := $(VENV)/.installed-core
 # Directories ruff checks (those that exist: git does not keep empty ones).
 LINT_DIRS := $(wildcard src tests examples bench)
 # A hung test is interrupted (SIGINT: pytest prints where it hung) after TEST_TIMEOUT seconds,
@@ -23,12 +25,10 @@ $(STAMP): pyproject.toml | $(VENV)
 	$(BIN)/python -m pip install -e '.[dev]'
 	touch $@ $(CORE_STAMP)
 
-# `make demo` needs haltwise and its core dependencies only (no extra, no test tools): a cold
-# checkout runs it after one small install; `make test` (above) installs the rest.
-CORE_STAMP := $(VENV)/.installed-core
-
+# `make demo` installs haltwise alone (its runtime dependencies): no linters, type checker,
+# browser driver or agent frameworks, which only `make test` needs.
 $(CORE_STAMP): pyproject.toml | $(VENV)
-	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -e .
 	touch $@
 
 test: install

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
     from ._core.policy import CancelPolicy as CancelPolicy
     from ._core.policy import Effect as Effect
     from ._core.policy import OnCancel as OnCancel
+    from ._core.reconcile import Happened as Happened
+    from ._core.reconcile import NotHappened as NotHappened
+    from ._core.reconcile import Reconciled as Reconciled
     from ._core.records import Event as Event
     from ._core.records import Owner as Owner
     from ._core.records import RunRecord as RunRecord
@@ -66,6 +69,7 @@ if TYPE_CHECKING:
     from ._runtime.runtime import Runtime as Runtime
     from ._runtime.runtime import TaskHandle as TaskHandle
     from ._runtime.spec import Tool as Tool
+    from ._runtime.steps import register_replayable_error as register_replayable_error
     from ._runtime.task_api import aemit as aemit
     from ._runtime.task_api import cancel_current_run as cancel_current_run
     from ._runtime.task_api import cancel_requested as cancel_requested
@@ -111,6 +115,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     ),
     "._core.outcome": ("AttemptError", "ErrorInfo", "Outcome", "Retry", "StepRecord"),
     "._core.policy": ("CancelPolicy", "Effect", "OnCancel"),
+    "._core.reconcile": ("Happened", "NotHappened", "Reconciled"),
     "._core.records": ("Event", "Owner", "RunRecord", "RunSnapshot"),
     "._core.states": ("State", "StepStatus"),
     "._core.views": (
@@ -129,6 +134,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "._runtime.run_api": ("run",),
     "._runtime.runtime": ("Runtime", "TaskHandle"),
     "._runtime.cancel_state": ("register_host_cancel",),
+    "._runtime.steps": ("register_replayable_error",),
     "._runtime.task_api": (
         "aemit",
         "cancel_current_run",
@@ -164,6 +170,7 @@ __all__ = [
     "Finding",
     "ForkPlan",
     "HaltwiseError",
+    "Happened",
     "IdempotencyConflictError",
     "InputError",
     "InvalidTransitionError",
@@ -171,11 +178,13 @@ __all__ = [
     "LostOwnershipError",
     "NoStoreError",
     "NonDeterminismError",
+    "NotHappened",
     "NotInTaskError",
     "OnCancel",
     "Outcome",
     "Owner",
     "PolicyError",
+    "Reconciled",
     "ReplayedError",
     "ResumeRefusedError",
     "Retry",
@@ -210,6 +219,7 @@ __all__ = [
     "emit",
     "idempotency_key",
     "register_host_cancel",
+    "register_replayable_error",
     "run",
     "shield",
     "step",

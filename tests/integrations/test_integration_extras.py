@@ -20,10 +20,6 @@ INTEGRATIONS = {
 }
 
 
-#: the checkout haltwise runs from: the message says to install from it (issue 29, item 14)
-CHECKOUT = Path(haltwise.__file__).resolve().parents[2]
-
-
 def test_require_names_the_extra() -> None:
     with pytest.raises(MissingExtraError) as caught:
         require("demo", "no_such_framework_for_haltwise", "demo-extra")
@@ -32,7 +28,8 @@ def test_require_names_the_extra() -> None:
     assert isinstance(error, haltwise.HaltwiseError)
     assert str(error) == (
         "haltwise.integrations.demo needs the 'no_such_framework_for_haltwise' package: "
-        f"pip install -e '{CHECKOUT}[demo-extra]' (haltwise is not on PyPI yet)"
+        "pip install 'haltwise[demo-extra]' (from a checkout of haltwise: "
+        "pip install -e '.[demo-extra]')"
     )
 
 
@@ -63,7 +60,8 @@ def test_importing_without_the_framework_raises_missing_extra(name: str) -> None
     )
     assert done.stdout.strip() == (
         f"MissingExtraError haltwise.integrations.{name} needs the {framework!r} package: "
-        f"pip install -e '{CHECKOUT}[{extra}]' (haltwise is not on PyPI yet)"
+        f"pip install 'haltwise[{extra}]' (from a checkout of haltwise: "
+        f"pip install -e '.[{extra}]')"
     )
 
 

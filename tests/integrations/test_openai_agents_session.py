@@ -14,13 +14,13 @@ import json
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import haltwise
+from _wait import wait_until
 
 APP = Path(__file__).with_name("openai_app.py")
 PATIENCE = 60.0
@@ -43,10 +43,7 @@ def outcome_of(process: subprocess.Popen[str]) -> dict[str, Any]:
 
 
 def wait_for(path: Path) -> None:
-    deadline = time.monotonic() + PATIENCE
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.01)
+    wait_until(path.exists, f"{path} appearing", timeout=PATIENCE)
 
 
 def ledger(where: Path, effect: str) -> list[str]:
@@ -128,3 +125,31 @@ def test_a_failed_call_the_model_went_past_is_not_called_again_on_resume(tmp_pat
     assert len(ledger(tmp_path, "email")) == 1, "one e-mail, not two"
     report = haltwise.verify_store(store)
     assert report.ok, report.findings
+
+
+@pytest.mark.anyio
+async def test_a_wait_for_timeout_around_runner_run_cancels_the_run(sqlite_url: str) -> None:
+    """Item 7: a host's timeout around ``Runner.run`` ends the run ``cancelled`` / ``timeout``
+    (it was ``failed`` with ``TimeoutError``); a model request in flight is interrupted."""
+    import asyncio
+
+    from agents import Agent, RunConfig, Runner
+    from agents.testing import ModelCall, ModelStep, ScriptedModel
+
+    from haltwise.integrations.openai_agents import JournaledModel
+
+    async def never(call: ModelCall) -> list[Any]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    @haltwise.task
+    async def bounded() -> Any:
+        agent = Agent(name="slow", model=JournaledModel(ScriptedModel([ModelStep.respond(never)])))
+        run = Runner.run(agent, "hi", run_config=RunConfig(tracing_disabled=True))
+        return (await asyncio.wait_for(run, timeout=0.05)).final_output
+
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        outcome = await (await runtime.start(bounded, task_id="bounded")).outcome()
+    assert outcome.state is haltwise.State.CANCELLED, outcome
+    assert outcome.reason == "timeout"
+    assert all(step.status.value == "interrupted" for step in outcome.steps)

@@ -355,12 +355,9 @@ class McpToolError(Exception):
 
 
 def install_hint(extra: str) -> str:
-    """How to install haltwise with ``extra``: haltwise is not published on PyPI yet, so from
-    the checkout this haltwise runs from (``pip install -e '/path/to/haltwise[mcp]'``); from
-    an installed wheel, by name."""
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[3]  # src/haltwise/_core/exceptions.py
-    if (root / "pyproject.toml").is_file():
-        return f"pip install -e '{root}[{extra}]' (haltwise is not on PyPI yet)"
-    return f"pip install 'haltwise[{extra}]'"
+    """How to install the optional extra ``extra``, as an error message says it: haltwise is
+    not on PyPI yet, so the line also says how from a checkout."""
+    return (
+        f"pip install 'haltwise[{extra}]' (from a checkout of haltwise: "
+        f"pip install -e '.[{extra}]')"
+    )

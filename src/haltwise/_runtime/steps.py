@@ -45,6 +45,7 @@ from .._core.exceptions import (
 )
 from .._core.outcome import ErrorInfo, StepRecord, blocks_resume
 from .._core.policy import CancelPolicy
+from .._core.reconcile import HOOK_NOT_ASKED
 from .._core.records import JSONText, dump_json, load_json
 from .._core.states import StepStatus
 from .._journal.store import StepStart
@@ -162,8 +163,26 @@ def _went_past(run: RunContext, journaled: StepRecord) -> bool:
 
 
 #: Exception types a failed step's error may be rebuilt as, by type name, beyond the builtins
-#: and the tool's own module: the integrations add their framework's (Pydantic AI's ModelRetry).
+#: and the tool's own module. Added to only by :func:`register_replayable_error`.
 REPLAYABLE_ERRORS: dict[str, type[BaseException]] = {}
+
+
+def register_replayable_error(*error_types: type[BaseException]) -> None:
+    """Declare exception types a failed step's journaled error may be rebuilt as on resume.
+
+    A step that failed, and that the task went past, replays its error on resume: as its own
+    type when that type is found by name (a builtin, a name in the tool's module, or a type
+    registered here) and its text comes back the same from its message alone, otherwise as
+    :class:`~haltwise.ReplayedError`. For an integration whose framework raises its own types
+    from tools (the Pydantic AI adapter registers ``ModelRetry``, so that the model is handed
+    the same retry prompt again). The first type registered under a name keeps it. Raises
+    :class:`TypeError` for anything but an exception class.
+    """
+    for error_type in error_types:
+        if not (isinstance(error_type, type) and issubclass(error_type, BaseException)):
+            raise TypeError(f"{error_type!r} is not an exception class")
+    for error_type in error_types:
+        REPLAYABLE_ERRORS.setdefault(error_type.__name__, error_type)
 
 
 def rebuilt_error(error: ErrorInfo, spec: ToolSpec) -> BaseException:
@@ -194,10 +213,12 @@ def _named_exception(name: str, spec: ToolSpec) -> type[BaseException] | None:
 
 
 def _args_json(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """The arguments a ``rollback`` tool's step journals (to compensate after a crash)."""
+    """The arguments a ``rollback`` tool's step journals (to compensate after a crash), and a
+    tool's with a ``reconcile`` hook (to ask it after a crash)."""
+    kept = "to compensate" if spec.effective_cancel is CancelPolicy.ROLLBACK else "to reconcile"
     return dump_json(
         {"args": list(args), "kwargs": kwargs, "tool": spec.key},
-        f"the arguments of rollback tool {spec.name!r} (kept to compensate after a crash)",
+        f"the arguments of tool {spec.name!r} (kept {kept} after a crash)",
     )
 
 
@@ -209,14 +230,22 @@ async def settle(
     result: Any = None,
     error: ErrorInfo | None = None,
     durable: bool = True,
+    hooked: bool = False,
 ) -> None:
     """Journal how a step ended; the store completes it even if a cancel arrives meanwhile.
 
     ``durable=False`` lets the store commit it with the next write (see ``may_defer_settle``).
+    ``hooked``: the step's tool has a ``reconcile`` hook (:attr:`ToolSpec.hooked`); a step it
+    leaves ``unknown`` is marked as waiting for that hook (the retry advice is then
+    ``resume``, which asks it).
     """
     await run.store.settle_step(
         run.run_id, index, status, result=result, error=error, fence=run.fence, durable=durable
     )
+    if hooked and status is StepStatus.UNKNOWN:
+        await run.store.reconcile_step(
+            run.run_id, index, status, reconciled=HOOK_NOT_ASKED, fence=run.fence
+        )
     if run.trace is not None:
         end_step(run.trace, index, status, error)
 
@@ -377,9 +406,7 @@ class _Flight:
             policy.idempotent,
             key,  # idempotency_key
             (  # args
-                _args_json(self.spec, self.args, self.kwargs)
-                if self.policy is CancelPolicy.ROLLBACK
-                else None
+                _args_json(self.spec, self.args, self.kwargs) if self.spec.keeps_args else None
             ),
             run.cancel.requested,  # cleanup
             self.call_id,
@@ -591,7 +618,9 @@ class _Flight:
         self.failed_as = status
         if isinstance(error, TimeoutError):
             self.run.note_step_error(error)
-        await settle(self.run, self.index, status, error=ErrorInfo.of(error))
+        await settle(
+            self.run, self.index, status, error=ErrorInfo.of(error), hooked=self.spec.hooked
+        )
 
     async def _tool_cancelled(self, cancel: Cancelled) -> NoReturn:
         """The body raised :class:`Cancelled`: a cooperating stop, or the tool cancelling its
@@ -635,7 +664,7 @@ class _Flight:
 
     async def _settle_by_policy(self) -> None:
         status, result = await self._cancelled_status()
-        await settle(self.run, self.index, status, result=result)
+        await settle(self.run, self.index, status, result=result, hooked=self.spec.hooked)
 
     async def _cancelled_status(self) -> tuple[StepStatus, JSONText | None]:
         """The status a cancel leaves (and the result, for a body that finished anyway)."""

@@ -49,7 +49,7 @@ class MissingExtraError(HaltwiseError, ImportError):
     def __init__(self, integration: str, module: str, extra: str) -> None:
         super().__init__(
             f"haltwise.integrations.{integration} needs the {module!r} package: "
-            f"{install_hint(extra)}"
+            + install_hint(extra)
         )
         self.module = module
         self.extra = extra

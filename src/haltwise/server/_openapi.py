@@ -168,10 +168,15 @@ _RESPONSES: dict[str, Any] = {
         },
     },
     "RunState": {
-        "description": "the run and its state once the request was made",
+        "description": "the run and its state once the request was made (null, and the id in "
+        "`remembered`, for a cancel before start of an id no run has yet)",
         "type": "object",
         "required": ["id", "state"],
-        "properties": {"id": {"type": "string"}, "state": _STATE},
+        "properties": {
+            "id": {"type": "string"},
+            "state": {"oneOf": [{"type": "null"}, _STATE]},
+            "remembered": {"type": "array", "items": {"type": "string"}},
+        },
     },
     "Submitted": {
         "type": "object",
@@ -357,6 +362,13 @@ def openapi_document() -> dict[str, Any]:
             "resume the run in the server (with FILE.py only)",
             ResumeBody,
             {"202": "resumed:RunState", "200": "resumed, and completed already:RunState"},
+            "409",
+        ),
+        "/api/runs/{id}/reconcile": _post(
+            "ask the reconcile hooks of the run's unknown steps, journal the answers "
+            "(with FILE.py only): 200 with the run's outcome and steps",
+            EmptyBody,
+            {"200": "the run's outcome, its steps among it:Run"},
             "409",
         ),
         "/api/runs/{id}/fork": _post(
