@@ -380,7 +380,9 @@ def refuse_missing_folder(store: str | None) -> None:
         return
     folder = Path(urlsplit(named).path[1:]).parent
     if not folder.is_dir():
-        raise InputError(f"--store {safe_url(named)}: there is no folder {str(folder)!r}")
+        raise InputError(
+            f"--store {safe_url(named)}: there is no store there (no folder {str(folder)!r})"
+        )
 
 
 def where() -> str:

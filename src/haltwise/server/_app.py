@@ -119,10 +119,13 @@ def _index(served: Served) -> Callable[[Request], Awaitable[Response]]:
         if token is not None:
             return _log_in(served.tokens, token)
         try:
-            authorise(request, served.tokens, change=False)
+            role = authorise(request, served.tokens, change=False)
         except ApiError:
             return _page(401, "Open the address that 'haltwise serve' printed (with ?token=).")
-        response = HTMLResponse(_asset("index.html").replace(_STATES_MARK, _states_json()))
+        page = _asset("index.html").replace(_STATES_MARK, _states_json())
+        # what the session may do, so a read-only page shows no button it would be refused
+        page = page.replace(_SESSION_MARK, json.dumps({"role": role.value}))
+        response = HTMLResponse(page)
         response.headers.update(_HEADERS)
         return response
 
@@ -136,6 +139,8 @@ SESSION_MAX_AGE = 12 * 3600
 #: Where index.html takes the run states, inside ``<script id="states" type="application/json">``
 #: (a data block: the page's script reads it, and the content security policy allows it).
 _STATES_MARK = "{{states}}"
+#: Where index.html takes the session's role (``{"role": "operator" | "read"}``).
+_SESSION_MARK = "{{session}}"
 
 
 def _states_json() -> str:
