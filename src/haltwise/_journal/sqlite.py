@@ -530,10 +530,12 @@ class SQLiteStore:
             lease_until=lease_until,
             settle_on_cancel=settle_on_cancel,
         )
+        self._writer.raise_deferred(run_id, fence)
         return self._writer.call(_Transition(run_id, target, expected, fields, fence, returning))
 
     def transition_then(self, then: WriteDone, run_id: str, target: State, **fields: Any) -> bool:
         expected, fence = fields.pop("expected"), fields.pop("fence", None)
+        self._writer.raise_deferred(run_id, fence)
         written = transition_fields(target, **fields)
         self._writer.call_then(_Transition(run_id, target, expected, written, fence, False), then)
         return True
@@ -592,6 +594,8 @@ class SQLiteStore:
             return cursor.rowcount == 1
 
         claimed: bool = await self._writer.call(op)
+        if claimed and expected_owner != owner.token:  # changed hands (not a renewal)
+            self._writer.forget_errors(run_id)
         return claimed
 
     async def release(self, run_id: str, owner_token: str) -> None:
@@ -599,6 +603,7 @@ class SQLiteStore:
             conn.execute(_SQL.release, (run_id, owner_token))
 
         await self._writer.call(op)
+        self._writer.forget_errors(run_id)
 
     async def heartbeat(self, owner_token: str, lease_until: float) -> int:
         def op(conn: sqlite3.Connection) -> int:
@@ -642,6 +647,7 @@ class SQLiteStore:
             run_id,
             fence,
         )
+        self._writer.raise_deferred(run_id, fence)
         started: StepStarted = await self._writer.call(
             partial(_start_step, parameters), atomic=True, shield=True
         )
@@ -670,19 +676,22 @@ class SQLiteStore:
             fence,
         )
         op = _SettleStep(parameters)
+        self._writer.raise_deferred(run_id, fence)
         if durable:
             await self._writer.call(op, atomic=True, shield=True)
         else:
-            self._writer.defer(op)
+            self._writer.defer(op, run_id, fence)
 
     async def append_partial(
         self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
     ) -> None:
+        self._writer.raise_deferred(run_id, fence)
         await self._writer.call(self._partial_op(run_id, seq, value, fence, origin), atomic=True)
 
     def append_partial_blocking(
         self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
     ) -> None:
+        self._writer.raise_deferred(run_id, fence)
         self._writer.call_blocking(self._partial_op(run_id, seq, value, fence, origin), atomic=True)
 
     def _partial_op(
