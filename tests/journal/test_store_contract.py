@@ -1989,3 +1989,16 @@ async def test_a_refused_deferred_settlement_is_its_own_runs_error_alone(store_u
             await store.transition(
                 "lost", State.COMPLETED, expected={State.RUNNING}, fence=OWNER.token
             )
+
+
+async def test_check_finds_a_final_run_with_a_running_step(store_url: str) -> None:
+    # Issue 28: the state a lost settlement used to leave (the run's final transition committed
+    # after it). Nothing takes a final run over, so check must say so and what to do, not
+    # "resume or a worker will settle it".
+    async with opened(store_url) as store:
+        await reach(store, "ended", State.RUNNING)
+        await store.start_step("ended", step(0), fence=OWNER.token)
+        await store.transition("ended", State.COMPLETED, expected={State.RUNNING}, owner=None)
+        findings = (await verify(store)).findings
+    assert [(f.run, f.code) for f in findings] == [("ended", "step-running-in-final-run")]
+    assert "by hand" in findings[0].message

@@ -73,6 +73,29 @@ async def test_a_deleted_store_stops_the_run_and_outcome_says_so_every_time(
     assert toolkit.calls["quick"] == 1, "the run went on after its store was gone"
 
 
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+async def test_a_deleted_or_replaced_wal_stops_the_run_and_outcome_says_so(
+    sqlite_url: str, how: str
+) -> None:
+    """Issue 28: the store's write-ahead log deleted (or replaced) under a running process:
+    SQLite commits on into a file nobody will read, and runs were reported ``completed`` on
+    writes that were not durable. The run stops with a clear error instead."""
+    wal = sqlite_url.removeprefix("sqlite:///") + "-wal"
+    async with haltwise.Runtime(sqlite_url) as rt:
+        handle = await rt.start(toolkit.one_step, "read_async", task_id="walless")
+        await toolkit.between.wait()
+        toolkit.go_on.set()
+        await toolkit.entered.wait()
+        assert os.path.exists(wal)
+        os.unlink(wal)
+        if how == "replaced":
+            Path(wal).write_bytes(b"")
+        for _ in range(2):
+            with anyio.fail_after(PATIENCE), pytest.raises(haltwise.StoreError, match="-wal"):
+                await handle.outcome()
+    assert toolkit.calls["quick"] == 1, "the run went on after its log was gone"
+
+
 def test_a_deleted_store_makes_run_exit_2_with_one_line(tmp_path: Path) -> None:
     """Item 4 from the command line: the gated step is in flight when the file goes."""
     (tmp_path / "agent.py").write_text(AGENT)

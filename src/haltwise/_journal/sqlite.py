@@ -335,6 +335,8 @@ class SQLiteStore:
         self._data_version = 0
         self._changes = 0  # changes of data_version seen by any waiter
         self._identity: tuple[int, int] | None = None  # (device, inode) of the file as opened
+        #: (device, inode) of its write-ahead log, once there is one (see _check_file)
+        self._wal_identity: tuple[int, int] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -350,6 +352,7 @@ class SQLiteStore:
         self._watch = self._connect()
         self._data_version = self._read_data_version()
         self._identity = _file_identity(self.path)
+        self._wal_identity = _file_identity(self.path + "-wal")
 
     def _make_directory(self) -> None:
         try:
@@ -916,6 +919,18 @@ class SQLiteStore:
                 f"store {self.path}: the file was deleted or replaced while in use; nothing "
                 "written since is durable"
             )
+        if self._writer.lost is None:
+            # Its write-ahead log too: SQLite unlinks it only when the last connection closes
+            # (this store holds two open), so a -wal that is gone or another file was deleted
+            # or replaced under it, and every commit since lives in a file nobody will read.
+            wal = _file_identity(self.path + "-wal")
+            if self._wal_identity is None:
+                self._wal_identity = wal  # created by the first transaction, after the open
+            elif wal != self._wal_identity:
+                self._writer.lost = StoreGoneError(
+                    f"store {self.path}: its write-ahead log ({self.path}-wal) was deleted or "
+                    "replaced while in use; nothing written since is durable"
+                )
         if self._writer.lost is not None:
             raise self._writer.lost
 
