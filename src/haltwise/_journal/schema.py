@@ -219,6 +219,22 @@ _CHANGES_BY_RUN = Index("changes_by_run", "changes", ("run_id", "seq"), only="po
 #: "type", "message"}``), kept when the step runs again (a retry, a resume)
 _ATTEMPT_ERRORS = _text("errors")
 
+#: Version 14: what a reconcile found out about an ``unknown`` step (JSON ``{"by", "answer",
+#: "at"}``), or ``_core.reconcile.HOOK_NOT_ASKED`` while its tool's hook has not been asked
+_RECONCILED = _text("reconciled")
+
+#: Version 14: cancels pressed before their run exists (``cancel --before-start``): a run created
+#: with such an id before ``expires_at`` (epoch seconds) is recorded ``cancelled`` with ``reason``
+_EARLY_CANCELS = Table(
+    "early_cancels",
+    (
+        _text("id", not_null=True),
+        _text("reason", not_null=True),
+        Column("expires_at", Kind.REAL, not_null=True),
+    ),
+    primary_key=("id",),
+)
+
 TABLES: tuple[Table, ...] = (
     Table(
         "haltwise_meta",
@@ -271,6 +287,7 @@ TABLES: tuple[Table, ...] = (
             Column("settled_at", Kind.REAL),
             *_STEP_IDENTITY,
             _ATTEMPT_ERRORS,
+            _RECONCILED,
         ),
         primary_key=("run_id", "idx"),
         without_rowid=True,
@@ -299,6 +316,7 @@ TABLES: tuple[Table, ...] = (
     ),
     _CHANGES,
     _DELIVERIES,
+    _EARLY_CANCELS,
 )
 
 INDEXES: tuple[Index, ...] = (
@@ -469,6 +487,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(12, "the events sender's delivery position per destination", (_DELIVERIES,)),
     Migration(13, "the span context of a run's latest attempt", (AddColumn("runs", _TRACE),)),
+    Migration(
+        14,
+        "reconcile answers of steps, cancels pressed before their run exists (issue 32)",
+        (AddColumn("steps", _RECONCILED), _EARLY_CANCELS),
+    ),
 )
 
 #: The version of :data:`TABLES`: 1 for the first schema, then the newest migration's.

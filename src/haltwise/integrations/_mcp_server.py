@@ -40,6 +40,7 @@ from .._core.states import State
 from .._runtime import lowlevel
 from .._runtime.describe import mcp_annotations, parameters_schema
 from .._runtime.runtime import Runtime, TaskHandle
+from .._runtime.spans import continued_trace
 from .._runtime.spec import Tool, ToolSpec
 from ._mcp_tasks import ServedTask, served_tasks
 
@@ -126,7 +127,8 @@ class TaskServer:
         arguments = dict(params.arguments or {})
         try:
             served.task.bind_inputs((), arguments)
-            handle = await self._start(served, arguments, _run_id(ctx))
+            with continued_trace(ctx.meta):  # the client's trace, when its _meta carries one
+                handle = await self._start(served, arguments, _run_id(ctx))
         except HaltwiseError as error:  # bad arguments, a resume refused
             return _error_text(str(error))
         try:
