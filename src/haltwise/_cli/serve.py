@@ -177,6 +177,8 @@ async def _serve(
 ) -> None:
     import uvicorn
 
+    from ..server._protocol import TimedH11Protocol
+
     class Server(uvicorn.Server):
         """uvicorn, with the signals handled by haltwise and the event streams ended first."""
 
@@ -196,6 +198,7 @@ async def _serve(
         lifespan="off",
         timeout_graceful_shutdown=5,
         server_header=False,
+        http=TimedH11Protocol,  # read timeouts on headers and bodies (issue 29, item 19)
     )
     server = Server(config)
     stop = anyio.Event()

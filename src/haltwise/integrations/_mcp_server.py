@@ -111,7 +111,12 @@ class TaskServer:
 
     def server(self) -> Server[Any]:
         """A lowlevel MCP server whose ``tools/list`` and ``tools/call`` are these handlers."""
-        return Server("haltwise", on_list_tools=self.list_tools, on_call_tool=self.call_tool)
+        return Server(
+            "haltwise",
+            version=_haltwise_version(),
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+        )
 
     async def list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -229,3 +234,13 @@ async def serve(file: str | os.PathLike[str], *, store: str | None = None) -> No
     async with Runtime(store) as runtime, stdio_server() as (read_stream, write_stream):
         server = TaskServer(runtime, served, tools).server()
         await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def _haltwise_version() -> str:
+    """The installed haltwise's version, as ``serverInfo.version`` reports it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("haltwise")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "0+unknown"
