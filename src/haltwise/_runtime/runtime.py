@@ -931,7 +931,12 @@ class Runtime:
         run = snapshot.run
         owner = run.owner
         if owner is not None and owner.token == self.owner.token:
-            return False  # claimed for us already (a worker's claim_pending)
+            if run.id in self._leased_at:
+                return False  # claimed for us already (a worker's claim_pending)
+            # Ours, no longer worked (its journal failed under it): released, then claimed
+            # afresh, so that its failed attempt's unwritten settlements are the store's past.
+            await self.store.release(run.id, self.owner.token)
+            owner = None
         if owner is not None and held_by_live_owner(run):
             raise RunOwnedError(run.id, owner.describe())
         claimed = await self.store.claim(
