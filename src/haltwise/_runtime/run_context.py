@@ -33,7 +33,7 @@ from .._core.states import State, StepStatus
 from .cancel_state import NATIVE_CANCEL, CancelState
 from .pause_state import PauseGate
 from .progress import Pulse
-from .spans import RunTrace, run_event
+from .spans import RunTrace, begin_run, end_run, run_event
 
 if TYPE_CHECKING:
     from .._journal.store import Store
@@ -338,6 +338,23 @@ class RunContext:
                 )
             for flight in list(self.flights.values()):
                 flight.on_cancel()
+
+    def record_end(self, state: State, error: ErrorInfo | None = None) -> None:
+        """The final state this attempt is writing (with a failure's error): what its span
+        says when the run stops being worked here (see :mod:`.spans`)."""
+        self.ended = (state, error)
+
+    def open_trace(self) -> None:
+        """Open this attempt's run span, a child of the caller's current span (None when spans
+        are not recorded)."""
+        self.trace = begin_run(self.run_id, self.task.name)
+
+    def close_trace(self) -> None:
+        """End this attempt's run span (if any) with what the attempt recorded."""
+        trace, self.trace = self.trace, None
+        if trace is not None:
+            state, error = self.ended or (None, None)
+            end_run(trace, state, error, self.cancel.reason, self.journal)
 
     def raise_if_cancelled(self) -> None:
         """The checkpoint: raise the poison or :class:`Cancelled` if one is due."""

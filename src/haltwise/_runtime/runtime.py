@@ -991,7 +991,7 @@ class Runtime:
         ctx.held_until = self._leased_at.pop(ctx.run_id, -math.inf) + self.lease
         self._active[ctx.run_id] = ctx
         self.store.set_concurrency(len(self._active) + self._side_steps)
-        ctx.trace = spans.begin_run(ctx.run_id, ctx.task.name)  # in the caller's context
+        ctx.open_trace()  # in the caller's context: its current span is the run span's parent
         self._launches += 1
         self._wake.set()
         self._task_group.start_soon(
@@ -1070,10 +1070,7 @@ class Runtime:
 
     def _stop_working(self, ctx: RunContext) -> None:
         """The run is no longer worked here (its final write is committed, or it stopped)."""
-        if ctx.trace is not None:
-            state, error = ctx.ended or (None, None)
-            spans.end_run(ctx.trace, state, error, ctx.cancel.reason, ctx.journal)
-            ctx.trace = None
+        ctx.close_trace()
         self._active.pop(ctx.run_id, None)
         self.store.set_concurrency(len(self._active) + self._side_steps)
         ctx.done.set()
