@@ -45,8 +45,10 @@ def worker(env: Env, *extra: str) -> subprocess.Popen[str]:
 def test_submit_prints_the_id_and_records_a_pending_run_once(env: Env) -> None:
     first = env.hw("submit", "agent.py:flow", "--input", '{"policy": "finish"}', "--id", "q1")
     assert (first.returncode, first.stdout) == (0, "q1\n"), first.stderr
-    again = env.hw("submit", "agent.py:flow", "--input", '{"policy": "rollback"}', "--id", "q1")
-    assert (again.returncode, again.stdout) == (0, "q1\n")
+    again = env.hw("submit", "agent.py:flow", "--input", '{"policy": "finish"}', "--id", "q1")
+    assert (again.returncode, again.stdout) == (0, "q1\n")  # the same call: nothing recorded
+    other = env.hw("submit", "agent.py:flow", "--input", '{"policy": "rollback"}', "--id", "q1")
+    assert other.returncode == 2 and "q1" in error_line(other)  # a reused id, other inputs
     runs = json.loads(env.hw("list", "--json").stdout)["runs"]
     assert runs == [
         {
