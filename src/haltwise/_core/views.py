@@ -174,9 +174,6 @@ class RunDetail:
         attempt (``started_at``, ``settled_at``: epoch seconds, ``settled_at`` null while it
         runs)."""
         data = self.outcome.to_json()
-        code = self.outcome.code
-        if code is not None and code.changed is not None:
-            data["code"]["changed"] = code.changed  # the file on disk is not the recorded one
         data["steps"] = [self._step_json(step) for step in self.outcome.steps]
         return data
 
@@ -184,6 +181,9 @@ class RunDetail:
         """The ``status --json`` object (:meth:`status_json`) plus ``owner``, ``events``,
         ``waiting``, ``stays_cancelling`` and timings: ``GET /api/runs/{id}``'s."""
         data = self.status_json()
+        code = self.outcome.code
+        if code is not None and code.changed is not None:
+            data["code"]["changed"] = code.changed  # the file on disk is not the recorded one
         data["owner"] = (
             None
             if self.owner is None
