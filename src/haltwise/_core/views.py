@@ -8,10 +8,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, final
 
+from .approvals import ApprovalRecord
 from .outcome import Outcome, Retry, StepRecord
 from .records import Event, Owner, RunRecord
 from .states import State
@@ -26,6 +28,10 @@ class ChangeKind(StrEnum):
     STEP = "step"
     #: a partial result became durable (``index`` is its place in the run's list)
     PARTIAL = "partial"
+    #: an approval request was made or decided (``index`` is the step, ``status`` the
+    #: request's state: ``awaiting``, ``approved``, ``edited``, ``refused``, ``expired``,
+    #: ``cancelled``)
+    APPROVAL = "approval"
 
 
 @final
@@ -145,6 +151,19 @@ class RunDetail:
     created_at: float
     updated_at: float
     stays_cancelling: str | None = None
+    #: the run's approval requests by step (CONTRACT.md, "Someone else decides")
+    approvals: Mapping[int, ApprovalRecord] = field(default_factory=dict)
+
+    def status_json(self) -> dict[str, Any]:
+        """The ``status --json`` object: the outcome's, each step that asked for approval
+        with its ``"approval"``."""
+        data = self.outcome.to_json()
+        if self.approvals:
+            for step in data["steps"]:
+                record = self.approvals.get(step["index"])
+                if record is not None:
+                    step["approval"] = record.to_json()
+        return data
 
     def to_json(self) -> dict[str, Any]:
         """The ``status --json`` object plus ``owner``, ``events``, ``waiting``,
@@ -178,6 +197,9 @@ class RunDetail:
         times = self.step_times.get(step.index)
         if step.error is not None:
             data.setdefault("error", step.error.to_json())
+        record = self.approvals.get(step.index)
+        if record is not None:
+            data["approval"] = record.to_json()
         data["started_at"] = times.started_at if times else None
         data["settled_at"] = times.settled_at if times else None
         return data

@@ -211,6 +211,29 @@ _DELIVERIES = Table(
     primary_key=("destination",),
 )
 
+#: Version 14: approval requests (CONTRACT.md, "Someone else decides"), one per step that asked:
+#: bound to the run, the step, the tool and the fingerprint of the arguments asked for;
+#: ``arguments`` (JSON, by parameter name) for the approver; a decision (``state`` other than
+#: ``awaiting``) with who, when, the note and the arguments an edit ran the call with.
+_APPROVALS = Table(
+    "approvals",
+    (
+        _text("run_id", not_null=True),
+        Column("idx", Kind.INTEGER, not_null=True),
+        _text("tool", not_null=True),
+        _text("fingerprint"),
+        _text("arguments", not_null=True),
+        _text("state", not_null=True),
+        Column("requested_at", Kind.REAL, not_null=True),
+        Column("timeout_at", Kind.REAL),
+        _text("decided_by"),
+        Column("decided_at", Kind.REAL),
+        _text("note"),
+        _text("edited"),
+    ),
+    primary_key=("run_id", "idx"),
+)
+
 #: PostgreSQL's index of a run's changes, for prune. SQLite has none since version 9: it cost a
 #: step ~1.5 WAL pages and ~4 us (docs/benchmarks.md), and SQLite's prune scans the table once.
 _CHANGES_BY_RUN = Index("changes_by_run", "changes", ("run_id", "seq"), only="postgresql")
@@ -299,6 +322,7 @@ TABLES: tuple[Table, ...] = (
     ),
     _CHANGES,
     _DELIVERIES,
+    _APPROVALS,
 )
 
 INDEXES: tuple[Index, ...] = (
@@ -309,6 +333,7 @@ INDEXES: tuple[Index, ...] = (
     _PAUSING,
     Index("runs_by_state_created", "runs", ("state", "created_at")),
     _CHANGES_BY_RUN,
+    Index("approvals_awaiting", "approvals", ("requested_at",), where="state = 'awaiting'"),
 )
 
 _SQLITE_CLOCK = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -469,6 +494,14 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(12, "the events sender's delivery position per destination", (_DELIVERIES,)),
     Migration(13, "the span context of a run's latest attempt", (AddColumn("runs", _TRACE),)),
+    Migration(
+        14,
+        "approval requests and their decisions (issue 31)",
+        (
+            _APPROVALS,
+            Index("approvals_awaiting", "approvals", ("requested_at",), where="state = 'awaiting'"),
+        ),
+    ),
 )
 
 #: The version of :data:`TABLES`: 1 for the first schema, then the newest migration's.

@@ -61,12 +61,29 @@ class ToolSpec:
     for a counting wrapper while it runs, which is why the tool function looks it up per call.
     """
 
-    __slots__ = ("defer_settle", "effective_cancel", "fn", "is_async", "key", "name", "policy")
+    __slots__ = (
+        "approval",
+        "defer_settle",
+        "effective_cancel",
+        "fn",
+        "is_async",
+        "key",
+        "name",
+        "policy",
+    )
 
     def __init__(
-        self, fn: Callable[..., Any], policy: ToolPolicy, name: str, *, register: bool = True
+        self,
+        fn: Callable[..., Any],
+        policy: ToolPolicy,
+        name: str,
+        *,
+        register: bool = True,
+        approval: Any = None,
     ) -> None:
         self.fn = fn
+        #: the tool's approval rule (``approvals.ApprovalRule``), None when it needs none
+        self.approval = approval
         self.policy = policy
         self.name = name
         self.is_async = is_async_callable(fn)
