@@ -10,6 +10,8 @@ asserted (that is bench/'s), so the deadline is generous.
 from __future__ import annotations
 
 import inspect
+import subprocess
+import time
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -59,3 +61,25 @@ async def until_state(
             f"run {run_id} not {state.value} after {timeout:g} s: {last}"
         ) from None
     return seen[0]
+
+
+def wait_until(
+    condition: Callable[[], bool],
+    what: str = "the condition",
+    *,
+    process: subprocess.Popen[str] | subprocess.Popen[bytes] | None = None,
+    timeout: float = PATIENCE,
+    interval: float = 0.01,
+) -> None:
+    """:func:`until` for a test that waits outside an event loop (on another process): return
+    once ``condition()`` is true. Fails at the deadline, or at once if ``process`` (the one
+    expected to make it true) has exited, with what it printed."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"{what}: the process ended first: {process.communicate()}")
+        if time.monotonic() > deadline:
+            if process is not None:
+                process.kill()
+            raise AssertionError(f"{what} did not happen within {timeout:g} s")
+        time.sleep(interval)

@@ -128,3 +128,31 @@ def test_a_failed_call_the_model_went_past_is_not_called_again_on_resume(tmp_pat
     assert len(ledger(tmp_path, "email")) == 1, "one e-mail, not two"
     report = haltwise.verify_store(store)
     assert report.ok, report.findings
+
+
+@pytest.mark.anyio
+async def test_a_wait_for_timeout_around_runner_run_cancels_the_run(sqlite_url: str) -> None:
+    """Item 7: a host's timeout around ``Runner.run`` ends the run ``cancelled`` / ``timeout``
+    (it was ``failed`` with ``TimeoutError``); a model request in flight is interrupted."""
+    import asyncio
+
+    from agents import Agent, RunConfig, Runner
+    from agents.testing import ModelCall, ModelStep, ScriptedModel
+
+    from haltwise.integrations.openai_agents import JournaledModel
+
+    async def never(call: ModelCall) -> list[Any]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    @haltwise.task
+    async def bounded() -> Any:
+        agent = Agent(name="slow", model=JournaledModel(ScriptedModel([ModelStep.respond(never)])))
+        run = Runner.run(agent, "hi", run_config=RunConfig(tracing_disabled=True))
+        return (await asyncio.wait_for(run, timeout=0.05)).final_output
+
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        outcome = await (await runtime.start(bounded, task_id="bounded")).outcome()
+    assert outcome.state is haltwise.State.CANCELLED, outcome
+    assert outcome.reason == "timeout"
+    assert all(step.status.value == "interrupted" for step in outcome.steps)

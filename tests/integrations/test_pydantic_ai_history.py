@@ -169,4 +169,65 @@ async def test_pydantic_ais_timeout_ends_the_run_cancelled_with_reason_timeout(
         outcome = await (await runtime.start(slow, task_id="slow")).outcome()
     assert outcome.state is haltwise.State.CANCELLED, outcome
     assert outcome.reason == "timeout"
-    assert [(s.tool, s.status.value) for s in outcome.steps] == [("model", "interrupted")]
+    assert all(step.status.value == "interrupted" for step in outcome.steps)
+
+
+async def test_tools_without_the_journaled_model_replay_by_arguments_on_resume(
+    sqlite_url: str,
+) -> None:
+    """Item 4: the model is not journaled and gives every call a fresh id, as providers do; on
+    resume each committed call is matched by its tool and arguments, not run again."""
+    import uuid
+
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelRequest,
+        ModelResponse,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+    )
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from haltwise.integrations.pydantic_ai import tool
+
+    charges: list[str] = []
+
+    @haltwise.tool(cancel="finish", effect="external")
+    async def charge(amount: int) -> str:
+        """Charge the card."""
+        charges.append(haltwise.idempotency_key())
+        return f"charged {amount}"
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        done = [
+            part
+            for message in messages
+            if isinstance(message, ModelRequest)
+            for part in message.parts
+            if isinstance(part, ToolReturnPart)
+        ]
+        if len(done) < 2:
+            amount = 5 if not done else 7
+            call = ToolCallPart("charge", {"amount": amount}, tool_call_id=uuid.uuid4().hex)
+            return ModelResponse(parts=[call])
+        return ModelResponse(parts=[TextPart("done")])
+
+    broken = [True]
+
+    @haltwise.task
+    async def pay() -> str:
+        result = await Agent(FunctionModel(model), tools=[tool(charge)]).run("pay")
+        if broken[0]:
+            raise RuntimeError("the app broke after the agent")
+        return result.output
+
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        failed = await (await runtime.start(pay, task_id="fresh")).outcome()
+        assert failed.state is haltwise.State.FAILED
+        broken[0] = False
+        resumed = await (await runtime.resume("fresh")).outcome()
+    assert resumed.state is haltwise.State.COMPLETED, resumed
+    assert len(charges) == 2, "each charge made once, with one idempotency key"
+    assert len(set(charges)) == 2
