@@ -658,8 +658,9 @@ def _default_sql(dialect: Dialect, column: Column) -> str:
 def read_views(dialect: Dialect, found: int) -> list[str]:
     """For a reader that may not upgrade a store of version ``found`` (a read-only SQLite
     connection): temporary views, one per table that later migrations added columns to, that
-    shadow the table and show each missing column with its default, so that the newest
-    statements read the older store as they read a new one.
+    shadow the table and show each missing column with its default, and an empty one per table
+    that later migrations made, so that the newest statements read the older store as they read
+    a new one.
 
     SQLite only (an unqualified name finds a temporary view before the table).
     """
@@ -669,7 +670,17 @@ def read_views(dialect: Dialect, found: int) -> list[str]:
             for change in migration.changes:
                 if isinstance(change, AddColumn):
                     added.setdefault(change.table, []).append(change.column)
-    return [
+    # A table a later migration made is shown empty (the approvals of a store older than them).
+    empty = [
+        f"CREATE TEMP VIEW IF NOT EXISTS {change.name} AS SELECT "
+        + ", ".join(f"NULL AS {column.name}" for column in change.columns)
+        + " WHERE 0"
+        for migration in MIGRATIONS
+        if migration.version > found
+        for change in migration.changes
+        if isinstance(change, Table)
+    ]
+    return empty + [
         f"CREATE TEMP VIEW IF NOT EXISTS {table} AS SELECT *, "
         + ", ".join(f"{_default_sql(dialect, column)} AS {column.name}" for column in columns)
         + f" FROM main.{table}"
