@@ -44,6 +44,7 @@ from .._journal.store import CancelledRun, ForkOf, NewRun, Store
 from . import spans
 from .approvals import deliver_decisions, woken
 from .cancel_state import outside_any_task
+from .describe import check_arguments
 from .ending import (
     call_task,
     fail_refused,
@@ -57,6 +58,7 @@ from .pause import deliver_pause_signals, relay_to_children
 from .pause_state import PauseGate
 from .run_context import Probe, RunContext, RunTask
 from .seat import Seat, cancel_batch, nobody_works
+from .spec import TOOLS
 from .steps import execute_step
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
@@ -787,8 +789,14 @@ class Runtime:
         reaches the run's owner wherever it runs. A decision is used once: one on a request
         that is not awaiting (decided already, expired, cancelled, or no request at that step)
         raises :class:`~haltwise.ApprovalConflictError` naming what happened to it. Returns
-        the request as decided.
+        the request as decided. An edit is validated against the tool's parameters when the
+        tool is declared in this process (:class:`~haltwise.InputError` if it does not fit).
         """
+        if edit is not None and approve and isinstance(edit, Mapping):
+            current = next((r for r in await self._seat.approvals(id) if r.index == step), None)
+            spec = None if current is None else TOOLS.find(current.tool)
+            if current is not None and spec is not None:
+                check_arguments(spec, {**current.arguments, **edit})
         record = await self._seat.decide(id, step, approve=approve, edit=edit, by=by, note=note)
         woken(self.store, id, step)
         return record

@@ -22,6 +22,7 @@ __all__ = [
     "BODY_LIMIT",
     "BulkCancelBody",
     "CancelBody",
+    "DecisionBody",
     "EmptyBody",
     "ForkBody",
     "ResumeBody",
@@ -71,6 +72,21 @@ class SubmitBody(_Body):
     task: StrictStr = Field(min_length=1)
     input: dict[str, Any] = Field(default_factory=dict)
     id: StrictStr | None = Field(None, min_length=1, max_length=1000)
+
+
+class _Decision(StrEnum):
+    APPROVE = "approve"
+    REFUSE = "refuse"
+
+
+class DecisionBody(_Body):
+    """``POST /api/runs/{id}/approvals/{step}``: approve (``edit``: the arguments the call runs
+    with instead, by name) or refuse the step's pending approval request."""
+
+    decision: _Decision
+    edit: dict[str, Any] | None = None
+    by: StrictStr | None = Field(None, max_length=1000)
+    note: StrictStr | None = Field(None, max_length=10_000)
 
 
 class ResumeBody(_Body):

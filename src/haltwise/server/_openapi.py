@@ -12,7 +12,15 @@ from typing import Any
 from pydantic import BaseModel
 
 from .._core.states import State
-from ._bodies import BulkCancelBody, CancelBody, EmptyBody, ForkBody, ResumeBody, SubmitBody
+from ._bodies import (
+    BulkCancelBody,
+    CancelBody,
+    DecisionBody,
+    EmptyBody,
+    ForkBody,
+    ResumeBody,
+    SubmitBody,
+)
 
 __all__ = ["openapi_document"]
 
@@ -23,13 +31,15 @@ _MODELS: tuple[type[BaseModel], ...] = (
     SubmitBody,
     ResumeBody,
     ForkBody,
+    DecisionBody,
 )
 _ERRORS = {
     "400": "malformed request",
     "401": "no or wrong token",
     "403": "read-only token, or a cross-origin cookie request",
     "404": "unknown run or task",
-    "409": "a run held by a live owner, a refused resume, or an existing id with other input",
+    "409": "a run held by a live owner, a refused resume, an existing id with other input, or "
+    "a decision on an approval request that is not awaiting",
     "413": "a body over 1 MiB",
     "422": "a body that does not fit",
     "501": "a verb this haltwise does not have",
@@ -160,6 +170,33 @@ def openapi_document() -> dict[str, Any]:
             ok="202",
         ),
         "/api/runs/{id}/events": _events("the run's changes (SSE)", [_RUN_ID]),
+        "/api/runs/{id}/approvals/{step}": {
+            "post": {
+                **_post(
+                    "decide the step's pending approval request: 200 with the step",
+                    DecisionBody,
+                    "404",
+                    "409",
+                )["post"],
+                "parameters": [
+                    _RUN_ID,
+                    {
+                        "name": "step",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "integer", "minimum": 0},
+                    },
+                ],
+                "requestBody": {**_body(DecisionBody), "required": True},
+            }
+        },
+        "/api/approvals": {
+            "get": {
+                "summary": "the pending approval requests: {approvals: [{run, step, tool, "
+                "arguments, requested_at, timeout_at}]}",
+                "responses": _answers(),
+            }
+        },
         "/api/cancel": {
             "post": {
                 "summary": "bulk cancel in one transaction",
