@@ -211,7 +211,7 @@ _DELIVERIES = Table(
     primary_key=("destination",),
 )
 
-#: Version 14: approval requests (CONTRACT.md, "Someone else decides"), one per step that asked:
+#: Version 15: approval requests (CONTRACT.md, "Someone else decides"), one per step that asked:
 #: bound to the run, the step, the tool and the fingerprint of the arguments asked for;
 #: ``arguments`` (JSON, by parameter name) for the approver; a decision (``state`` other than
 #: ``awaiting``) with who, when, the note and the arguments an edit ran the call with.
@@ -241,6 +241,22 @@ _CHANGES_BY_RUN = Index("changes_by_run", "changes", ("run_id", "seq"), only="po
 #: Version 6: the errors of a step's earlier failed attempts (a JSON list of ``{"attempt",
 #: "type", "message"}``), kept when the step runs again (a retry, a resume)
 _ATTEMPT_ERRORS = _text("errors")
+
+#: Version 14: what a reconcile found out about an ``unknown`` step (JSON ``{"by", "answer",
+#: "at"}``), or ``_core.reconcile.HOOK_NOT_ASKED`` while its tool's hook has not been asked
+_RECONCILED = _text("reconciled")
+
+#: Version 14: cancels pressed before their run exists (``cancel --before-start``): a run created
+#: with such an id before ``expires_at`` (epoch seconds) is recorded ``cancelled`` with ``reason``
+_EARLY_CANCELS = Table(
+    "early_cancels",
+    (
+        _text("id", not_null=True),
+        _text("reason", not_null=True),
+        Column("expires_at", Kind.REAL, not_null=True),
+    ),
+    primary_key=("id",),
+)
 
 TABLES: tuple[Table, ...] = (
     Table(
@@ -294,6 +310,7 @@ TABLES: tuple[Table, ...] = (
             Column("settled_at", Kind.REAL),
             *_STEP_IDENTITY,
             _ATTEMPT_ERRORS,
+            _RECONCILED,
         ),
         primary_key=("run_id", "idx"),
         without_rowid=True,
@@ -322,6 +339,7 @@ TABLES: tuple[Table, ...] = (
     ),
     _CHANGES,
     _DELIVERIES,
+    _EARLY_CANCELS,
     _APPROVALS,
 )
 
@@ -496,6 +514,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(13, "the span context of a run's latest attempt", (AddColumn("runs", _TRACE),)),
     Migration(
         14,
+        "reconcile answers of steps, cancels pressed before their run exists (issue 32)",
+        (AddColumn("steps", _RECONCILED), _EARLY_CANCELS),
+    ),
+    Migration(
+        15,
         "approval requests and their decisions (issue 31)",
         (
             _APPROVALS,

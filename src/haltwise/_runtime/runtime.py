@@ -12,11 +12,11 @@ import json
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from types import TracebackType
-from typing import Any, TypeVar, cast, final
+from typing import Any, Literal, TypeVar, cast, final, overload
 
 import anyio
 from anyio.abc import TaskGroup
@@ -56,8 +56,9 @@ from .fork import ForkPlan, plan_fork
 from .operator import registered_task, stand_in_task
 from .pause import deliver_pause_signals, relay_to_children
 from .pause_state import PauseGate
+from .reconcile import ask_hooks, record_operator_answers
 from .run_context import Probe, RunContext, RunTask
-from .seat import Seat, cancel_batch, nobody_works
+from .seat import DEFAULT_BEFORE_START_TTL, Seat, cancel_batch, check_ttl, nobody_works
 from .spec import TOOLS
 from .steps import execute_step
 from .takeover import refuse_unknown
@@ -133,6 +134,9 @@ class Runtime:
         self.lease = lease
         self.owner = new_owner()
         self._active: dict[str, RunContext] = {}
+        #: runs being taken over here, not yet launched (see :meth:`_one_owner`): set once the
+        #: taking ends, launched or not
+        self._taking: dict[str, anyio.Event] = {}
         #: run -> monotonic time taken before the write that last gave it a lease here, until
         #: the run is launched (its ``held_until`` starts from it; see :meth:`_lease_for`)
         self._leased_at: dict[str, float] = {}
@@ -272,10 +276,11 @@ class Runtime:
             parent=parent,
         )
         existing, created = await self.store.create_run(new)
-        if not created:
+        if not created or existing.state is State.CANCELLED:
             self._leased_at.pop(run_id, None)
-            same_call(existing, new.task, inputs, parent=parent)
-            return TaskHandle(self, run_id)
+            if not created:
+                same_call(existing, new.task, inputs, parent=parent)
+            return TaskHandle(self, run_id)  # (created cancelled: a cancel pressed before it)
         ctx = self._context(run_id, task, None, {}, frozenset(), probe)
         self._launch(ctx, inputs, deadline)
         return TaskHandle(self, run_id)
@@ -312,15 +317,37 @@ class Runtime:
         if run.state is State.PAUSED:
             await self.unpause(task_id, task=task)  # resuming a paused run means unpausing it
             return TaskHandle(self, task_id)
-        if task_id in self._active:
-            raise RunOwnedError(task_id, f"this runtime ({self.owner.describe()})")
-        if run.state is State.COMPLETED:
-            return TaskHandle(self, task_id)
-        the_task = self._task_of(run, task)
-        _check_step_indexes(task_id, snapshot, done, again)
-        snapshot = await self._take_over(snapshot, the_task, done, again)
-        await self._continue(snapshot, the_task, done, again, deadline, probe)
+        with self._one_owner(task_id):
+            if snapshot.run.owner is not None and snapshot.run.owner.token == self.owner.token:
+                snapshot = await self.store.load(task_id)  # as it is now that it is ours alone
+            run = snapshot.run
+            if run.state is State.COMPLETED:
+                return TaskHandle(self, task_id)
+            the_task = self._task_of(run, task)
+            _check_step_indexes(task_id, snapshot, done, again)
+            snapshot = await self._take_over(snapshot, the_task, done, again)
+            await self._continue(snapshot, the_task, done, again, deadline, probe)
         return TaskHandle(self, task_id)
+
+    @contextlib.contextmanager
+    def _one_owner(self, run_id: str) -> Iterator[None]:
+        """Reserve run ``run_id`` for the one path of this process that takes it over (a
+        resume, a worker's adoption, an unpause, a parent's resume of its child) until that
+        path launched it or gave up: a run is never driven twice in one process. Raises
+        :class:`~haltwise.RunOwnedError` if it is worked here, or being taken over here."""
+        if run_id in self._active or run_id in self._taking:
+            raise RunOwnedError(run_id, f"this runtime ({self.owner.describe()})")
+        taken = self._taking[run_id] = anyio.Event()
+        try:
+            yield
+        finally:
+            del self._taking[run_id]
+            taken.set()
+
+    async def _taken_here(self, run_id: str) -> None:
+        """Wait until no path of this process is taking run ``run_id`` over."""
+        while (taking := self._taking.get(run_id)) is not None:
+            await taking.wait()
 
     @staticmethod
     def _task_of(run: RunRecord, task: Task[..., Any] | None) -> Task[..., Any]:
@@ -331,6 +358,23 @@ class Runtime:
                 task_id=run.id,
             )
         return the_task
+
+    async def reconcile(self, task_id: str, *, task: Task[..., Any] | None = None) -> Outcome:
+        """Ask the ``reconcile`` hooks of run ``task_id``'s ``unknown`` steps what happened and
+        journal the answers (``haltwise reconcile ID``); the run's outcome afterwards.
+
+        A hook is asked for each ``unknown`` step of a non-idempotent tool loaded in this
+        process that declares one; an answer is written only into a run that is ``cancelled``
+        or ``failed`` (a run being worked asks its hooks itself when it is resumed or taken
+        over). ``task`` defaults to the task registered under the run's name. Raises
+        :class:`~haltwise.UnknownRunError` for an unknown id, and
+        :class:`~haltwise.HaltwiseError` if the run's task is not loaded here.
+        """
+        self._require_entered()
+        snapshot = await self.store.load(task_id)
+        ctx = self._context(task_id, self._task_of(snapshot.run, task), snapshot, {}, frozenset())
+        snapshot = await ask_hooks(ctx, snapshot, ())
+        return snapshot.outcome()
 
     async def fork_plan(
         self, task_id: str, *, from_step: int, new_id: str | None = None
@@ -399,18 +443,19 @@ class Runtime:
         took it first.
         """
         self._require_entered()
-        snapshot = await self.store.load(task_id)
-        if snapshot.run.state.is_final:
-            return None
-        was_cancelling = snapshot.run.state is State.CANCELLING
-        try:
-            snapshot = await self._take_over(snapshot, task, {}, frozenset())
-        except ResumeRefusedError:
-            return None
-        if was_cancelling:
-            await self.store.release(task_id, self.owner.token)
-            return None
-        await self._continue(snapshot, task, {}, frozenset(), None, None, unpause=False)
+        with self._one_owner(task_id):
+            snapshot = await self.store.load(task_id)
+            if snapshot.run.state.is_final:
+                return None
+            was_cancelling = snapshot.run.state is State.CANCELLING
+            try:
+                snapshot = await self._take_over(snapshot, task, {}, frozenset())
+            except ResumeRefusedError:
+                return None
+            if was_cancelling:
+                await self.store.release(task_id, self.owner.token)
+                return None
+            await self._continue(snapshot, task, {}, frozenset(), None, None, unpause=False)
         return TaskHandle(self, task_id)
 
     async def _take_over(
@@ -435,6 +480,7 @@ class Runtime:
         ctx = self._context(snapshot.run.id, task, snapshot, dict(done), again)
         try:
             snapshot = await settle_takeover(ctx, snapshot)
+            snapshot = await ask_hooks(ctx, snapshot, {*done, *again})
             refuse_unknown(snapshot, done, again)
         except ResumeRefusedError as refused:
             await fail_refused(ctx, snapshot, refused)
@@ -468,10 +514,9 @@ class Runtime:
         """
         task_id = snapshot.run.id
         fence = self.owner.token
-        for index, result in done.items():
-            await self.store.settle_step(
-                task_id, index, StepStatus.COMMITTED, result=result, fence=fence
-            )
+        if done or again:
+            answering = self._context(task_id, task, snapshot, done, again)
+            await record_operator_answers(answering, snapshot, done, again)
         state = snapshot.run.state
         # The failed step whose error ended the run runs again; the others replay their errors.
         ended = ended_by(
@@ -558,17 +603,60 @@ class Runtime:
             same_call(record, name or task.name, json.loads(dump_json(inputs, "the inputs")))
         return record.id, created
 
-    async def cancel(self, task_id: str, *, reason: str = "user", force: bool = False) -> RunRecord:
+    @overload
+    async def cancel(
+        self,
+        task_id: str,
+        *,
+        reason: str = ...,
+        force: bool = ...,
+        before_start: Literal[False] = ...,
+    ) -> RunRecord: ...
+    @overload
+    async def cancel(
+        self,
+        task_id: str,
+        *,
+        reason: str = ...,
+        force: bool = ...,
+        before_start: bool,
+        ttl: float = ...,
+    ) -> RunRecord | None: ...
+    async def cancel(
+        self,
+        task_id: str,
+        *,
+        reason: str = "user",
+        force: bool = False,
+        before_start: bool = False,
+        ttl: float = DEFAULT_BEFORE_START_TTL,
+    ) -> RunRecord | None:
         """Record a cancel request for ``task_id`` (any process may hold the run).
 
         Returns the run as it is right after the request: ``cancelled`` for a ``pending`` run,
         ``cancelling`` for a running one, unchanged for a final one. A run nobody works (its
         owner is gone, or it was released) is settled here by its policies and returned
         ``cancelled``; if that needs a compensation from a task not loaded in this process, it
-        is returned ``cancelling``, left for a process that has the code. Raises
-        :class:`~haltwise.UnknownRunError` for an unknown id.
+        is returned ``cancelling``, left for a process that has the code.
+        Raises :class:`~haltwise.UnknownRunError` for an unknown id.
+
+        ``before_start=True`` is a stop pressed before the run exists: for an id no run has
+        yet, the cancel is remembered for ``ttl`` seconds (default 600) and None is returned; a
+        run started or submitted with that id within that time is recorded ``cancelled`` at
+        once (``pending -> cancelled``, this reason, nothing run), and :meth:`start` returns
+        its handle. An id that exists is cancelled as usual. Raises
+        :class:`~haltwise.InputError` for a ``ttl`` that is not a finite number of seconds > 0.
         """
-        record = await self._seat.request_cancel(task_id, reason, force=force)
+        if not before_start:
+            record = await self._seat.request_cancel(task_id, reason, force=force)
+            return await self._after_cancel(record)
+        check_ttl(ttl)
+        try:
+            record = await self._seat.request_cancel(task_id, reason, force=force)
+        except UnknownRunError:
+            if await self._seat.remember_cancel(task_id, reason, ttl):
+                return None
+            record = await self._seat.request_cancel(task_id, reason, force=force)  # it began
         return await self._after_cancel(record)
 
     async def _cancel_own(
@@ -762,10 +850,13 @@ class Runtime:
         """
         snapshot = await self.store.load(task_id)
         run = snapshot.run
-        if run.state is State.PAUSED and not (task_id in self._active or held_by_live_owner(run)):
+        if run.state is State.PAUSED and not (
+            task_id in self._active or task_id in self._taking or held_by_live_owner(run)
+        ):
             the_task = self._task_of(run, task)
-            snapshot = await self._take_over(snapshot, the_task, {}, frozenset())
-            return await self._continue(snapshot, the_task, {}, frozenset(), None, None)
+            with self._one_owner(task_id):
+                snapshot = await self._take_over(snapshot, the_task, {}, frozenset())
+                return await self._continue(snapshot, the_task, {}, frozenset(), None, None)
         record = await self._seat.request_unpause(task_id)
         ctx = self._active.get(task_id)
         if ctx is not None and not record.pause:
@@ -925,6 +1016,8 @@ class Runtime:
     def _launch(self, ctx: RunContext, inputs: dict[str, Any], deadline: float | None) -> None:
         self._require_entered()
         assert self._task_group is not None
+        if ctx.run_id in self._active:  # one owner of a run in a process (see _one_owner)
+            raise RunOwnedError(ctx.run_id, f"this runtime ({self.owner.describe()})")
         self._broken.pop(ctx.run_id, None)  # worked again here: a new chance for its journal
         # A run leased here by a path that did not note when: its first body confirms it.
         ctx.held_until = self._leased_at.pop(ctx.run_id, -math.inf) + self.lease
@@ -1187,6 +1280,9 @@ class RuntimeHost:
         """
         runtime = self._runtime
         task = cast("Task[..., Any]", task)  # a child step's task is a Task (see tool.Task)
+        # A worker's scan may be taking the child over as an orphan right now: it is driven by
+        # that path alone, and this parent waits for it (below, as for any child worked here).
+        await runtime._taken_here(child_id)
         try:
             snapshot = await runtime.store.load(child_id)
         except UnknownRunError:

@@ -170,6 +170,7 @@ def tool(
     timeout: float | None = None,
     retries: int = 0,
     backoff: tuple[float, float, float] | None = None,
+    reconcile: Callable[..., Any] | None = None,
     name: str | None = None,
     approval: str | Callable[..., bool] | None = None,
     approval_timeout: float | None = None,
@@ -188,6 +189,7 @@ def tool(
     timeout: float | None = None,
     retries: int = 0,
     backoff: tuple[float, float, float] | None = None,
+    reconcile: Callable[..., Any] | None = None,
     name: str | None = None,
     approval: str | Callable[..., bool] | None = None,
     approval_timeout: float | None = None,
@@ -210,8 +212,15 @@ def tool(
     (first_s, factor, max_s)`` (default ``(1, 2, 30)``: 1 s, 2 s, 4 s ... at most 30 s; no
     jitter). A rollback call's failed attempt is compensated before the next; a cancel is never
     retried, and one that arrives during the wait lands at once; an attempt whose compensation
-    failed (``unknown``) is not retried. Bad declarations raise :class:`~haltwise.PolicyError`
-    here, at once.
+    failed (``unknown``) is not retried.
+
+    ``reconcile`` finds out what happened to a step left ``unknown`` (grace ran out, a forced
+    cancel, a crash mid-call): called with the same arguments as the tool (plain or async;
+    :func:`haltwise.idempotency_key` inside it gives the step's key), it returns
+    :class:`~haltwise.Happened` ``(result)`` (the step becomes ``committed`` with that
+    result), :class:`~haltwise.NotHappened` ``()`` (``interrupted``: it runs again on resume)
+    or None when it cannot tell (an exception counts as None: the step stays ``unknown``).
+    Resume, a worker's takeover, ``haltwise reconcile`` and the API ask it before they refuse.
 
     ``approval="required"`` (or a function of the call's arguments returning whether this call
     needs one): inside a run, the call first journals an approval request as its step (status
@@ -220,7 +229,8 @@ def tool(
     arguments if edited); refused, the step is ``refused`` and the call raises
     :class:`~haltwise.ApprovalRefused`. ``approval_timeout`` (seconds): a request not decided
     by then is ``expired`` (:class:`~haltwise.ApprovalExpired`); without it a request waits
-    until decided or the run is cancelled. CONTRACT.md, "Someone else decides".
+    until decided or the run is cancelled. CONTRACT.md, "Someone else decides". Bad
+    declarations raise :class:`~haltwise.PolicyError` here, at once.
     """
 
     def decorate(function: Callable[..., Any]) -> Tool[..., Any]:
@@ -237,6 +247,7 @@ def tool(
             timeout=timeout,
             retries=retries,
             backoff=backoff,
+            reconcile=reconcile,
         )
         needs = approval_rule(tool_name, approval, approval_timeout)
         return tool_function(ToolSpec(function, policy, tool_name, approval=needs))
@@ -255,6 +266,7 @@ def _policy(
     timeout: float | None,
     retries: int,
     backoff: tuple[float, float, float] | None,
+    reconcile: Callable[..., Any] | None = None,
 ) -> ToolPolicy:
     """The policy the keywords of :func:`tool` (and :func:`step`) declare, validated."""
     return ToolPolicy.declare(
@@ -267,6 +279,7 @@ def _policy(
         timeout=timeout,
         retries=retries,
         backoff=backoff,
+        reconcile=reconcile,
     )
 
 

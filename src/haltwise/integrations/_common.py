@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import haltwise
 
-from .._core.exceptions import HaltwiseError
+from .._core.exceptions import HaltwiseError, install_hint
 
 __all__ = [
     "MODEL_STEP",
@@ -49,7 +49,7 @@ class MissingExtraError(HaltwiseError, ImportError):
     def __init__(self, integration: str, module: str, extra: str) -> None:
         super().__init__(
             f"haltwise.integrations.{integration} needs the {module!r} package: "
-            f"pip install 'haltwise[{extra}]'"
+            + install_hint(extra)
         )
         self.module = module
         self.extra = extra
