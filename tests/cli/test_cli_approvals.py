@@ -158,8 +158,19 @@ def test_approve_edit_refuse_and_expire_from_the_command_line(env: Env) -> None:
     assert "--edit is not JSON" in error_line(bad)
     done = env.hw("approve", "e1", "0", "--edit", '{"amount": 3}', "--by", "ops", "--note", "ok")
     assert done.returncode == 0, done.stderr
-    done = env.hw("refuse", "r1", "0", "--by", "ops", "--note", "too expensive", "--json")
+    done = subprocess.run(  # a light command: on the Seat, none of the runtime's machinery
+        [sys.executable, "-X", "importtime", "-m", "haltwise", "refuse", "r1", "0", "--json"]
+        + ["--by", "ops", "--note", "too expensive"],  # noqa: RUF005
+        cwd=env.root,
+        env=env.environ(),
+        text=True,
+        capture_output=True,
+        timeout=PATIENCE,
+    )
     assert done.returncode == 0, done.stderr
+    imported = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines()}
+    assert "haltwise._runtime.seat" in imported
+    assert not imported & {"haltwise._runtime.runtime", "haltwise._runtime.steps", "pydantic"}
     assert json.loads(done.stdout)["approval"]["state"] == "refused"
     code, outcome, err = finish(edited)
     assert (code, outcome["result"]) == (0, "paid 3 to bob"), err
