@@ -106,6 +106,10 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
     return Env(tmp_path, url)
 
 
+#: a command with its imports timed (python -X importtime)
+LIGHT = (sys.executable, "-X", "importtime", "-m", "haltwise")
+
+
 def pending(env: Env) -> list[dict[str, Any]]:
     done = env.hw("list", "--awaiting", "--json")
     assert done.returncode == 0, done.stderr
@@ -159,8 +163,7 @@ def test_approve_edit_refuse_and_expire_from_the_command_line(env: Env) -> None:
     done = env.hw("approve", "e1", "0", "--edit", '{"amount": 3}', "--by", "ops", "--note", "ok")
     assert done.returncode == 0, done.stderr
     done = subprocess.run(  # a light command: on the Seat, none of the runtime's machinery
-        [sys.executable, "-X", "importtime", "-m", "haltwise", "refuse", "r1", "0", "--json"]
-        + ["--by", "ops", "--note", "too expensive"],  # noqa: RUF005
+        [*LIGHT, "refuse", "r1", "0", "--json", "--by", "ops", "--note", "too expensive"],
         cwd=env.root,
         env=env.environ(),
         text=True,
