@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -181,6 +180,10 @@ def ms(value: float) -> str:
     return f"{value * 1000:.1f}"
 
 
+def quantiles(values: list[float], fractions: tuple[float, ...]) -> list[str]:
+    return [ms(percentile(values, q)) for q in fractions]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--store", choices=["sqlite", "postgres", "both"], default="sqlite")
@@ -204,9 +207,9 @@ def main() -> None:
         print(f"### {kind}: a decision from another process reaching the waiting run")
         print(f"(load {load} -> {_load()}, {args.trials} trials each)\n")
         rows = [
-            ["decision -> the approved call begins", *(ms(percentile(decided, q)) for q in (0.5, 0.95, 0.99))],
-            ["baseline: cancel -> the tool interrupted", *(ms(percentile(cancelled, q)) for q in (0.5, 0.95, 0.99))],
-        ]  # fmt: skip
+            ["decision -> the approved call begins", *quantiles(decided, (0.5, 0.95, 0.99))],
+            ["baseline: cancel -> the tool interrupted", *quantiles(cancelled, (0.5, 0.95, 0.99))],
+        ]
         print(table(["from another process", "p50 ms", "p95 ms", "p99 ms"], rows) + "\n")
         if kind != "sqlite":
             continue
@@ -216,20 +219,18 @@ def main() -> None:
         print(f"### {kind}: {args.runs:,} runs waiting in one process (load {load} -> {_load()})\n")
         rows = [
             [f"{args.runs:,} awaiting approval", f"{approving[0]:.1f}", f"{approving[1]:.2f}"],
-            [f"baseline: {args.runs:,} waiting in a tool", f"{in_tool[0]:.1f}", f"{in_tool[1]:.2f}"],
-        ]  # fmt: skip
+            [f"baseline: {args.runs:,} in a tool", f"{in_tool[0]:.1f}", f"{in_tool[1]:.2f}"],
+        ]
         print(table(["runs", "KiB each (RSS)", "idle CPU % of a core"], rows) + "\n")
         load = _load()
         approvals, runs = gets(url, args.gets)
-        print(
-            f"### {kind}: GET /api/approvals, {args.runs + 1:,} pending (load {load} -> {_load()})\n"
-        )
+        pending = args.runs + 1
+        print(f"### {kind}: GET /api/approvals, {pending:,} pending (load {load} -> {_load()})\n")
         rows = [
-            ["GET /api/approvals", *(ms(percentile(approvals, q)) for q in (0.5, 0.95))],
-            ["baseline: GET /api/runs?limit=100", *(ms(percentile(runs, q)) for q in (0.5, 0.95))],
-        ]  # fmt: skip
+            ["GET /api/approvals", *quantiles(approvals, (0.5, 0.95))],
+            ["baseline: GET /api/runs?limit=100", *quantiles(runs, (0.5, 0.95))],
+        ]
         print(table(["request", "p50 ms", "p95 ms"], rows) + "\n")
-    _ = resource
 
 
 if __name__ == "__main__":
