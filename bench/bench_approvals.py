@@ -52,7 +52,7 @@ async def decisions(url: str, trials: int) -> list[float]:
         for i in range(trials):
             await anyio.to_thread.run_sync(read_event, proc, "asked")
             start = time.time()
-            await seat.decide(f"a{i}", 0, by="bench")
+            await seat.decide(f"a{i}", 0, approve=True, by="bench")
             begun = await anyio.to_thread.run_sync(read_event, proc, "begun")
             latencies.append(float(begun[2]) - start)
             await anyio.to_thread.run_sync(read_event, proc, "final")
@@ -67,7 +67,7 @@ async def cancels(url: str, trials: int) -> list[float]:
         for i in range(trials):
             await anyio.to_thread.run_sync(read_event, proc, "asked")
             start = time.time()
-            await seat.request_cancel(f"c{i}", "user")
+            await seat.request_cancel(f"c{i}", "user", force=False)
             stopped = await anyio.to_thread.run_sync(read_event, proc, "stopped")
             latencies.append(float(stopped[2]) - start)
             await anyio.to_thread.run_sync(read_event, proc, "final")
@@ -103,7 +103,7 @@ def rss_kib():
 
 async def main(url, n, mode, idle):
     async with haltwise.Runtime(url) as rt:
-        await rt.start(asks if mode == "approve" else in_tool, -1, task_id="warm")
+        await rt.start(asks if mode == "approve" else in_tool, -1, task_id="warm-" + mode)
         await anyio.sleep(1)
         before = rss_kib()
         for i in range(n):

@@ -7,47 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from _serve import PATIENCE, Served, events, start_server
-
-AGENT = """
-from pathlib import Path
-
-import haltwise
-
-HERE = Path(__file__).parent
-
-
-@haltwise.tool(cancel="finish", effect="external", approval="required")
-async def pay(amount: int, to: str) -> str:
-    with open(HERE / "effects.log", "a") as log:
-        log.write(f"pay:{amount}:{to}\\n")
-    return f"paid {amount} to {to}"
-
-
-@haltwise.tool(cancel="finish", effect="external", approval="required", approval_timeout=0.5)
-async def pay_soon(amount: int) -> str:
-    return "paid"
-
-
-@haltwise.task
-async def buy(amount: int = 5) -> str:
-    try:
-        return await pay(amount, "bob")
-    except haltwise.ApprovalRefused as refused:
-        return f"refused: {refused}"
-
-
-@haltwise.task
-async def buy_soon() -> str:
-    try:
-        return await pay_soon(7)
-    except haltwise.ApprovalExpired as expired:
-        return f"expired: {expired}"
-"""
+from _approvals_kit import AGENT, awaiting, finished
+from _serve import Served, events, start_server
 
 
 @pytest.fixture
@@ -55,26 +19,6 @@ def served(tmp_path: Path, store_url: str) -> Iterator[Served]:
     env = {"HALTWISE_READ_TOKEN": "reader-token"}
     with start_server(tmp_path, store_url, env=env, agent=AGENT) as server:
         yield server
-
-
-def finished(served: Served, run_id: str) -> dict[str, Any]:
-    final = ("completed", "cancelled", "failed")
-    return served.wait_for(run_id, "a final state", lambda run: run["state"] in final)
-
-
-def awaiting(served: Served, *run_ids: str) -> list[dict[str, Any]]:
-    import time
-
-    deadline = time.monotonic() + PATIENCE
-    seen: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        answer = served.get("/api/approvals")
-        assert answer.status == 200, answer.body
-        seen = answer.json()["approvals"]
-        if set(run_ids) <= {item["run"] for item in seen}:
-            return seen
-        time.sleep(0.02)
-    raise AssertionError(f"{run_ids} never awaited approval: {seen}")
 
 
 def test_approve_edit_refuse_expire_over_http(served: Served) -> None:

@@ -120,10 +120,12 @@ def _index(served: Served) -> Callable[[Request], Awaitable[Response]]:
         if token is not None:
             return _log_in(served.tokens, token)
         try:
-            authorise(request, served.tokens, change=False)
+            role = authorise(request, served.tokens, change=False)
         except ApiError:
             return _page(401, "Open the address that 'haltwise serve' printed (with ?token=).")
-        response = HTMLResponse(_asset("index.html").replace(_STATES_MARK, _states_json()))
+        page = _asset("index.html").replace(_STATES_MARK, _states_json())
+        # the page shows the buttons that change something only to an operator
+        response = HTMLResponse(page.replace(_ROLE_MARK, role.value))
         response.headers.update(_HEADERS)
         return response
 
@@ -133,6 +135,8 @@ def _index(served: Served) -> Callable[[Request], Awaitable[Response]]:
 #: Where index.html takes the run states, inside ``<script id="states" type="application/json">``
 #: (a data block: the page's script reads it, and the content security policy allows it).
 _STATES_MARK = "{{states}}"
+#: Where index.html takes the caller's role (``operator`` or ``read``), on ``<body data-role>``.
+_ROLE_MARK = "{{role}}"
 
 
 def _states_json() -> str:
