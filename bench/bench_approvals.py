@@ -107,7 +107,7 @@ async def main(url, n, mode, idle):
         await anyio.sleep(1)
         before = rss_kib()
         for i in range(n):
-            await rt.start(asks if mode == "approve" else in_tool, i, task_id=f"m{i}")
+            await rt.start(asks if mode == "approve" else in_tool, i, task_id=f"{mode}-{i}")
         if mode == "approve":
             while len(await rt.approvals()) < n + 1:
                 await anyio.sleep(0.2)
