@@ -7,6 +7,7 @@ is closed under the store, a deferred write is made to fail by a fence that does
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -74,13 +75,17 @@ async def test_a_deleted_store_stops_the_run_and_outcome_says_so_every_time(
 
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
-async def test_a_deleted_or_replaced_wal_stops_the_run_and_outcome_says_so(
-    sqlite_url: str, how: str
+async def test_a_deleted_or_replaced_wal_stops_the_run_and_keeps_what_was_committed(
+    sqlite_url: str, tmp_path: Path, how: str
 ) -> None:
     """Issue 28: the store's write-ahead log deleted (or replaced) under a running process:
-    SQLite commits on into a file nobody will read, and runs were reported ``completed`` on
-    writes that were not durable. The run stops with a clear error instead."""
-    wal = sqlite_url.removeprefix("sqlite:///") + "-wal"
+    SQLite commits on into a file nobody will read, runs were reported ``completed`` on writes
+    that were not durable, and after a kill -9 every commit since the last checkpoint was gone
+    (the takeover repeated their effects). The run stops with a clear error, and what the store
+    had committed is copied into the database file first."""
+    path = sqlite_url.removeprefix("sqlite:///")
+    wal = path + "-wal"
+    crashed = tmp_path / "crashed.db"
     async with haltwise.Runtime(sqlite_url) as rt:
         handle = await rt.start(toolkit.one_step, "read_async", task_id="walless")
         await toolkit.between.wait()
@@ -93,7 +98,16 @@ async def test_a_deleted_or_replaced_wal_stops_the_run_and_outcome_says_so(
         for _ in range(2):
             with anyio.fail_after(PATIENCE), pytest.raises(haltwise.StoreError, match="-wal"):
                 await handle.outcome()
+        # The process dies now, as by kill -9 (its close would checkpoint the open log): the
+        # disk holds the database file and whatever is at the log's path.
+        shutil.copy(path, crashed)
+        if os.path.exists(wal):
+            shutil.copy(wal, f"{crashed}-wal")
     assert toolkit.calls["quick"] == 1, "the run went on after its log was gone"
+    async with haltwise.Runtime(f"sqlite:///{crashed}") as rt:
+        found = await rt.status("walless")
+    assert found.state is State.RUNNING, found
+    assert [s.status for s in found.steps][:1] == [StepStatus.COMMITTED], found.steps
 
 
 def test_a_deleted_store_makes_run_exit_2_with_one_line(tmp_path: Path) -> None:

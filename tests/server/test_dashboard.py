@@ -344,6 +344,16 @@ def test_a_read_only_page_offers_no_change_and_the_pages_say_what_they_mean(
         # cancelled in colours apart
         driver.get(f"{server.base}/#/")
         wait(driver, "the runs list", lambda d: row_state(d, "ro1") == "running")
+        # when each run began and how long it took
+        done1 = '#runs tr[data-id="done1"]'
+        wait(
+            driver,
+            "the run's start and duration",
+            lambda d: (
+                texts(d, f"{done1} td.started")[0]
+                and texts(d, f"{done1} td.took")[0].endswith(("ms", " s"))
+            ),
+        )
         driver.find_element(By.CSS_SELECTOR, 'input.pick[data-pick="ro1"]').click()
         click(driver, "Cancel selected", By.ID, "cancel-selected")
         server.wait_for("ro1", "cancelled", lambda r: r["state"] == "cancelled")

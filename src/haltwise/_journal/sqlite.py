@@ -1018,9 +1018,16 @@ class SQLiteStore:
             if self._wal_identity is None:
                 self._wal_identity = wal  # created by the first transaction, after the open
             elif wal != self._wal_identity:
-                self._writer.lost = StoreGoneError(
-                    f"store {self.path}: its write-ahead log ({self.path}-wal) was deleted or "
-                    "replaced while in use; nothing written since is durable"
+                self._writer.stop_for_good(
+                    lambda kept: StoreGoneError(
+                        f"store {self.path}: its write-ahead log ({self.path}-wal) was deleted "
+                        "or replaced while in use; the store takes no more writes ("
+                        + (
+                            "what it had committed was copied into the database file)"
+                            if kept
+                            else "what it committed since is lost)"
+                        )
+                    )
                 )
         if self._writer.lost is not None:
             raise self._writer.lost

@@ -380,6 +380,8 @@ class Writer:
         """
         conn = self.conn
         assert conn is not None
+        if self.lost is not None:  # (under conn_lock: see stop_for_good)
+            return [(None, self.lost)] * len(batch)
         grouped = True
         while True:
             try:
@@ -651,6 +653,27 @@ class Writer:
             else:
                 deferred, self._deferred = self._deferred, []
                 self._enqueue(deferred)
+
+    def stop_for_good(self, error: Callable[[bool], StoreError]) -> bool:
+        """The store's write-ahead log is gone (deleted or replaced under it): take no more
+        writes, and copy what this connection committed into the database file while its open
+        log still holds it (a checkpoint through the open file: the log's frames are in the
+        unlinked file, which no other connection will ever read). ``lost`` is then
+        ``error(kept)``: every later operation raises it; True if the copy was made.
+
+        Under the connection's lock, so that no commit of this store lands after the copy:
+        a batch that takes the lock later fails with ``lost`` (:meth:`_execute`)."""
+        with self.conn_lock:
+            kept = False
+            conn = self.conn
+            if conn is not None and not conn.in_transaction:
+                try:
+                    busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                    kept = busy == 0
+                except sqlite3.Error:
+                    kept = False
+            self.lost = error(kept)
+            return kept
 
     def defer(self, op: Op, run_id: str, fence: str) -> None:
         """Hold settlement ``op`` of run ``run_id`` (written under ``fence``) for the next

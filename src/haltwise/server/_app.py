@@ -222,7 +222,11 @@ async def _runs(request: Request, served: Served) -> Response:
         )
     except InputError as error:
         raise from_haltwise(error, input_status=400) from None
-    return JSONResponse(page.to_json())
+    listing = page.to_json()
+    if params.get("times") == "1":  # the dashboard's list: when each run began and last moved
+        for row, run in zip(listing["runs"], page.runs, strict=True):
+            row["created_at"], row["updated_at"] = run.created_at, run.updated_at
+    return JSONResponse(listing)
 
 
 async def _run(request: Request, served: Served) -> Response:

@@ -92,6 +92,8 @@ _RESPONSES: dict[str, Any] = {
             "state": _STATE,
             "reason": _NULLABLE_TEXT,
             "retry": {"type": "string"},
+            "created_at": {"type": "number", "description": "with ?times=1"},
+            "updated_at": {"type": "number", "description": "with ?times=1"},
         },
     },
     "RunList": {
@@ -353,6 +355,12 @@ def openapi_document() -> dict[str, Any]:
             "name": "limit",
             "in": "query",
             "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+        },
+        {
+            "name": "times",
+            "in": "query",
+            "description": "1: each row also has `created_at` and `updated_at` (epoch seconds)",
+            "schema": {"type": "string", "enum": ["0", "1"]},
         },
         {
             "name": "cursor",

@@ -158,7 +158,7 @@ async function showRuns(params) {
 
   const mine = pageNumber;
   const render = async () => {
-    const query = new URLSearchParams({ limit });
+    const query = new URLSearchParams({ limit, times: "1" });
     if (state) query.set("state", state);
     if (task) query.set("task", task);
     if (cursor) query.set("cursor", cursor);
@@ -170,7 +170,9 @@ async function showRuns(params) {
       return;
     }
     if (mine !== pageNumber) return;
-    const head = el("tr", {}, ...(READ_ONLY ? [] : [el("th", { text: "" })]), ...["id", "task", "state", "reason", "retry", "waiting for"].map((h) => el("th", { text: h })));
+    const head = el("tr", {}, ...(READ_ONLY ? [] : [el("th", { text: "" })]), ...["id", "task", "state", "started", "took", "reason", "retry", "waiting for"].map((h) => el("th", { text: h })));
+    // how long a final run took, or an active one has been going
+    const took = (run) => seconds((STATES.final.includes(run.state) ? run.updated_at : Date.now() / 1000) - run.created_at);
     const tick = (run) => {
       const box = el("input", { type: "checkbox", class: "pick", "data-pick": run.id, disabled: !STATES.active.includes(run.state), checked: picked.has(run.id) });
       box.addEventListener("change", () => {
@@ -184,6 +186,8 @@ async function showRuns(params) {
       el("td", {}, el("a", { href: `#/run/${encodeURIComponent(run.id)}`, text: run.id, class: "run-link" })),
       el("td", { text: run.task }),
       el("td", {}, badge(run.state)),
+      el("td", { text: when(run.created_at), class: "started" }),
+      el("td", { text: took(run), class: "took" }),
       el("td", { text: run.reason || "", class: "reason" }),
       el("td", { text: run.retry }),
       el("td", { class: "waiting", "data-waiting": run.id })));
