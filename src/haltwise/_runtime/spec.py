@@ -62,6 +62,7 @@ class ToolSpec:
     """
 
     __slots__ = (
+        "approval",
         "defer_settle",
         "effective_cancel",
         "fn",
@@ -74,9 +75,17 @@ class ToolSpec:
     )
 
     def __init__(
-        self, fn: Callable[..., Any], policy: ToolPolicy, name: str, *, register: bool = True
+        self,
+        fn: Callable[..., Any],
+        policy: ToolPolicy,
+        name: str,
+        *,
+        register: bool = True,
+        approval: Any = None,
     ) -> None:
         self.fn = fn
+        #: the tool's approval rule (``approvals.ApprovalRule``), None when it needs none
+        self.approval = approval
         self.policy = policy
         self.name = name
         self.is_async = is_async_callable(fn)
