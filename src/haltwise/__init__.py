@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._core.budget import Budget as Budget
     from ._core.exceptions import BadRow as BadRow
     from ._core.exceptions import Cancelled as Cancelled
     from ._core.exceptions import ChildRunError as ChildRunError
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from ._journal.check import CheckReport as CheckReport
     from ._journal.check import Finding as Finding
     from ._journal.check import verify_store as verify_store
+    from ._runtime.budget import spend as spend
     from ._runtime.fork import ForkPlan as ForkPlan
     from ._runtime.run_api import run as run
     from ._runtime.run_context import call_id as call_id
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
 #: almost nothing, so a command that only reads or requests (``haltwise cancel ID``) starts fast.
 #: ``tests/test_public_surface.py`` checks that this table and the imports above name the same.
 _LAZY: dict[str, tuple[str, ...]] = {
+    "._core.budget": ("Budget",),
     "._core.exceptions": (
         "BadRow",
         "Cancelled",
@@ -112,6 +115,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "StepWait",
     ),
     "._journal.check": ("CheckReport", "Finding", "verify_store"),
+    "._runtime.budget": ("spend",),
     "._runtime.fork": ("ForkPlan",),
     "._runtime.run_context": ("call_id", "current_task_id"),
     "._runtime.run_api": ("run",),
@@ -135,6 +139,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AttemptError",
     "BadRow",
+    "Budget",
     "CancelBatch",
     "CancelPolicy",
     "Cancelled",
@@ -191,6 +196,7 @@ __all__ = [
     "idempotency_key",
     "run",
     "shield",
+    "spend",
     "step",
     "task",
     "tool",

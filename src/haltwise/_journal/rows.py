@@ -23,7 +23,7 @@ RUN_COLUMNS = (
 )
 STEP_COLUMNS = (
     "idx, tool, cancel, effect, idempotent, status, attempts, result, error, idem_key, args, "
-    "cleanup, call_id, fingerprint, errors"
+    "cleanup, call_id, fingerprint, errors, usd, tokens, calls"
 )
 
 
@@ -392,6 +392,9 @@ _STEP_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     ("call_id", _optional_text),
     ("fingerprint", _optional_text),
     ("errors", lambda text: attempt_errors_from_text(text)),
+    ("usd", lambda value: None if value is None else float(value)),
+    ("tokens", lambda value: None if value is None else _integer(value)),
+    ("calls", lambda value: None if value is None else _integer(value)),
 )
 
 
@@ -419,6 +422,9 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         call_id,
         fingerprint,
         errors,
+        usd,
+        tokens,
+        calls,
     ) = row
     if (
         type(index) is not int
@@ -428,6 +434,8 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         or cancel not in _CANCELS
         or not (call_id is None or type(call_id) is str)
         or not (fingerprint is None or type(fingerprint) is str)
+        or not (tokens is None or type(tokens) is int)
+        or not (calls is None or type(calls) is int)
     ):
         raise ValueError("a step column holds a value of the wrong type")
     # Positional, in the field order (the row's): a dataclass's keyword arguments are matched
@@ -448,6 +456,9 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         call_id,
         fingerprint,
         () if errors is None else attempt_errors_from_text(errors),
+        None if usd is None else float(usd),
+        tokens,
+        calls,
     )
 
 

@@ -199,6 +199,15 @@ _CHANGES = Table(
 #: step ~1.5 WAL pages and ~4 us (docs/benchmarks.md), and SQLite's prune scans the table once.
 _CHANGES_BY_RUN = Index("changes_by_run", "changes", ("run_id", "seq"), only="postgresql")
 
+#: Version 12: what a step spent (issue 33), written by its settlement: US dollars, model tokens,
+#: and the tool calls it counts when not its attempts (a model request: 0; a child step: its
+#: child run's). NULL: nothing written (a step's calls are then its attempts).
+_STEP_SPEND = (
+    Column("usd", Kind.REAL),
+    Column("tokens", Kind.INTEGER),
+    Column("calls", Kind.INTEGER),
+)
+
 #: Version 6: the errors of a step's earlier failed attempts (a JSON list of ``{"attempt",
 #: "type", "message"}``), kept when the step runs again (a retry, a resume)
 _ATTEMPT_ERRORS = _text("errors")
@@ -254,6 +263,7 @@ TABLES: tuple[Table, ...] = (
             Column("settled_at", Kind.REAL),
             *_STEP_IDENTITY,
             _ATTEMPT_ERRORS,
+            *_STEP_SPEND,
         ),
         primary_key=("run_id", "idx"),
         without_rowid=True,
@@ -449,6 +459,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         "no index runs_by_state: runs_by_state_created serves every query by state",
         (DropIndex("runs_by_state"),),
     ),
+    Migration(
+        12,
+        "what each step spent: usd, tokens, calls (budgets, issue 33)",
+        tuple(AddColumn("steps", column) for column in _STEP_SPEND),
+    ),
 )
 
 #: The version of :data:`TABLES`: 1 for the first schema, then the newest migration's.
@@ -529,7 +544,13 @@ class Dialect:
             return list(change.sqlite if self.name == "sqlite" else change.postgresql)
         if isinstance(change, Rebuild):
             return self.rebuild(change)
-        return [f"ALTER TABLE {self.qualify(change.table)} ADD COLUMN {self.column(change.column)}"]
+        # PostgreSQL: IF NOT EXISTS (a store whose version was set back, as the migration tests
+        # do, keeps the columns it has); SQLite has no such clause (and no such test)
+        exists = " IF NOT EXISTS" if self.name == "postgresql" else ""
+        return [
+            f"ALTER TABLE {self.qualify(change.table)} ADD COLUMN{exists} "
+            f"{self.column(change.column)}"
+        ]
 
     def set_version(self) -> str:
         """The statement that records the schema version (one parameter: the version)."""

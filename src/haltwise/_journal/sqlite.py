@@ -65,12 +65,12 @@ from .sql import (
     check_fence,
     event_parameters,
     insert_run_parameters,
+    pause_plan,
     pause_signals_of,
     plan_create,
-    plan_pause_write,
     plan_transition,
-    plan_unpause_write,
     transition_plan_key,
+    unpause_plan,
 )
 from .sqlite_writer import GroupOp, Op, Outcome, Writer, store_error
 from .store import (
@@ -80,6 +80,7 @@ from .store import (
     NewRun,
     PauseSignal,
     RunJournal,
+    Spend,
     StepStart,
     StepStarted,
     WriteDone,
@@ -192,7 +193,8 @@ RETURNING attempts, (SELECT CASE WHEN state = 'cancelling' THEN 1 WHEN pause THE
 """
 
 _SETTLE_STEP = """
-UPDATE steps SET status = ?, result = ?, error = ?, settled_at = ?
+UPDATE steps SET status = ?, result = ?, error = ?, settled_at = ?, usd = coalesce(?, usd),
+    tokens = coalesce(?, tokens), calls = coalesce(?, calls)
 WHERE run_id = ? AND idx = ? AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND owner_token = ?)
 """
 
@@ -224,6 +226,9 @@ _CANCELLING_NEWS = f"{_CANCELLING} AND (force OR id NOT IN (SELECT value FROM js
 # Step writes are partials of these, not closures: fewer objects for the garbage collector to
 # track per step while it waits for its batch (measurable with a thousand runs waiting).
 
+
+#: a settlement that writes no spend (the step's columns keep what they hold)
+_NO_SPEND: Spend = (None, None, None)
 
 #: a step's first start, in a run neither cancelling nor asked to pause (a record: shared)
 _FIRST_START = StepStarted(1)
@@ -554,11 +559,13 @@ class SQLiteStore:
         record: RunRecord = await self._writer.call(op)
         return record
 
-    async def request_pause(self, run_id: str) -> RunRecord:
-        return await self._request(run_id, plan_pause_write)
+    async def request_pause(self, run_id: str, *, reason: str | None = None) -> RunRecord:
+        return await self._request(run_id, pause_plan(reason))
 
-    async def request_unpause(self, run_id: str) -> RunRecord:
-        return await self._request(run_id, plan_unpause_write)
+    async def request_unpause(
+        self, run_id: str, *, budget: dict[str, Any] | None = None
+    ) -> RunRecord:
+        return await self._request(run_id, unpause_plan(budget))
 
     async def pause_signals(
         self, run_ids: Collection[str], *, watched: Collection[str]
@@ -657,13 +664,18 @@ class SQLiteStore:
         error: ErrorInfo | None = None,
         fence: str,
         durable: bool = True,
+        spend: Spend | None = None,
     ) -> None:
         result_text = None if result is None else dump_json(result, f"step {index}'s result")
+        usd, tokens, calls = _NO_SPEND if spend is None else spend
         parameters = (
             status.value,
             result_text,
             error_to_text(error),
             time.time(),
+            usd,
+            tokens,
+            calls,
             run_id,
             index,
             run_id,

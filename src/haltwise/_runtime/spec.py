@@ -61,12 +61,30 @@ class ToolSpec:
     for a counting wrapper while it runs, which is why the tool function looks it up per call.
     """
 
-    __slots__ = ("defer_settle", "effective_cancel", "fn", "is_async", "key", "name", "policy")
+    __slots__ = (
+        "counts_calls",
+        "defer_settle",
+        "effective_cancel",
+        "fn",
+        "is_async",
+        "key",
+        "name",
+        "policy",
+    )
 
     def __init__(
-        self, fn: Callable[..., Any], policy: ToolPolicy, name: str, *, register: bool = True
+        self,
+        fn: Callable[..., Any],
+        policy: ToolPolicy,
+        name: str,
+        *,
+        register: bool = True,
+        counts_calls: bool = True,
     ) -> None:
         self.fn = fn
+        #: each attempt of a call is a tool call of the run's budget (a model request and a
+        #: child step are not: the child's own calls count)
+        self.counts_calls = counts_calls
         self.policy = policy
         self.name = name
         self.is_async = is_async_callable(fn)

@@ -24,6 +24,7 @@ import haltwise
 
 from .._core.exceptions import HaltwiseError
 from .._runtime.run_context import current_run
+from .._runtime.tool import model_step
 
 __all__ = [
     "MODEL_STEP",
@@ -90,7 +91,8 @@ async def model_request(ask: Callable[[], Awaitable[T]], *, name: str = MODEL_ST
     rebuild it): a resume returns the journaled value and does not ask the model again. Outside a
     task it just calls ``ask``.
     """
-    return await journaled(ask, name=name, cancel="interruptible", effect="read")
+    value: T = await model_step(ask, name=name)
+    return value
 
 
 async def journaled(fn: Callable[[], Awaitable[T]], *, name: str, **policy: Any) -> T:
