@@ -53,6 +53,7 @@ from _report import header, median, percentile, read_event, table
 from bench_cross_process import spawn_target
 
 import haltwise
+from haltwise._runtime import lowlevel
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -125,7 +126,7 @@ async def bulk_case(url: str, runs: int, bulk: bool, freeze: bool) -> dict[str, 
                 for run_id in ids:
                     await runtime.cancel(run_id, reason="one by one")
             requested = time.perf_counter() - start
-            while runtime._active_runs:
+            while lowlevel.active_runs(runtime):
                 await anyio.sleep(0.001)
             done = time.perf_counter() - start
             cpu = time.process_time() - cpu

@@ -19,6 +19,7 @@ import anyio
 
 import haltwise
 from haltwise._journal import owner
+from haltwise._runtime import lowlevel
 
 WORLD = Path(sys.argv[3])
 if os.environ.get("STALL_HOST"):
@@ -54,7 +55,7 @@ async def main(store: str, run_id: str) -> int:
             handle = await runtime.resume(run_id)
         except haltwise.UnknownRunError:
             # the probe is the runtime's own test hook (haltwise.testing uses it likewise)
-            handle = await runtime._start_named(pay, (), {}, task_id=run_id, probe=probe)
+            handle = await lowlevel.launch(runtime, pay, task_id=run_id, probe=probe)
         except haltwise.RunOwnedError as owned:
             print(f"owned: {owned}", flush=True)
             return 2

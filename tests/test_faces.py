@@ -3,7 +3,9 @@ the runtime's read API and verbs (issue 13, item 5): none imports ``haltwise._jo
 ``.store`` off a runtime or a run. Checked on the source, with ``ast``, so that a new command
 or endpoint that reaches into the store fails here. Also: ``import haltwise`` imports nothing of
 the package beyond itself (its public names load on first use), and its lazy table names the
-same as the imports mypy reads.
+same as the imports mypy reads. And no module outside ``haltwise._runtime`` (the faces, the
+analysis, ``testing``, the tests, the examples and the benchmarks) touches a runtime underscore:
+they use a runtime through its public API and ``_runtime/lowlevel`` (issue 30, item 1).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import pytest
 import haltwise
 
 SRC = Path(haltwise.__file__).parent
-FACES = ("_cli", "server", "integrations")
+ROOT = SRC.parent.parent
+FACES = ("_cli", "server", "integrations", "_events")
 JOURNAL = "haltwise._journal"
 
 
@@ -110,3 +113,99 @@ def test_the_lazy_table_names_what_mypy_reads() -> None:
         assert getattr(haltwise, name) is not None
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         _ = haltwise.nothing_here  # type: ignore[attr-defined]
+
+
+def private_names(files: list[Path]) -> set[str]:
+    """The underscore names ``files`` define: functions and methods, attributes set on
+    ``self``, fields, variables (dunders are not private)."""
+    names: set[str] = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            name = None
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                name = node.name
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                if isinstance(node.value, ast.Name) and node.value.id == "self":
+                    name = node.attr
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                name = node.target.id
+            elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                name = node.targets[0].id
+            if name and name.startswith("_") and not name.endswith("__"):
+                names.add(name)
+    return names
+
+
+def runtime_underscores() -> set[str]:
+    """The runtime's private names that no other module of the package defines as well (a
+    journal store's ``_watch`` is the store's own, not the runtime's of the same name)."""
+    runtime = sorted((SRC / "_runtime").rglob("*.py"))
+    others = [path for path in SRC.rglob("*.py") if "_runtime" not in path.parts]
+    return private_names(runtime) - private_names(others)
+
+
+def outside_the_runtime() -> list[Path]:
+    """Every Python file of the project outside ``haltwise._runtime``."""
+    roots = [SRC, ROOT / "tests", ROOT / "examples", ROOT / "bench"]
+    found = [
+        path
+        for root in roots
+        if root.is_dir()
+        for path in sorted(root.rglob("*.py"))
+        if (SRC / "_runtime") not in path.parents
+    ]
+    assert len(found) > 100, found  # the walk sees src, tests, examples and bench
+    return found
+
+
+def touches_runtime_underscores(
+    path: Path, private: set[str], code: str | None = None
+) -> list[str]:
+    """Every ``x._name`` read or written in ``path`` (or ``code``) whose name is a runtime
+    underscore (``self._name`` and ``cls._name`` are the file's own), and every import of an
+    underscore name from ``haltwise._runtime``."""
+    found = []
+    text = path.read_text() if code is None else code
+    for node in ast.walk(ast.parse(text, str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in private:
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                found.append(f"{path.name}:{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom):
+            module = absolute(node.module, node.level, path) if path.is_relative_to(SRC) else ""
+            module = module or node.module or ""
+            if module.startswith("haltwise._runtime"):
+                found += [
+                    f"{path.name}:{node.lineno}: imports {alias.name}"
+                    for alias in node.names
+                    if alias.name.startswith("_")
+                ]
+    return found
+
+
+def test_no_module_outside_the_runtime_touches_a_runtime_underscore() -> None:
+    private = runtime_underscores()
+    # the seams issue 30 named are among the names checked
+    assert {"_start_named", "_active", "_worked_here", "_adopt", "_leased_at"} <= private
+    found = [
+        line
+        for path in outside_the_runtime()
+        for line in touches_runtime_underscores(path, private)
+    ]
+    assert found == [], "use the runtime's public API or haltwise._runtime.lowlevel"
+
+
+def test_the_underscore_check_sees_what_it_looks_for() -> None:
+    path = SRC / "_cli" / "example.py"  # where a face's module would be (never written)
+    code = (
+        "from .._runtime.steps import _replay\n"
+        "from haltwise._runtime.runtime import _check_deadline\n"
+        "async def f(runtime):\n"
+        "    self._active = 1\n"
+        "    return await runtime._start_named(None, (), {})\n"
+    )
+    found = touches_runtime_underscores(path, runtime_underscores(), code)
+    assert [line.split(": ", 1)[1] for line in found] == [
+        "imports _replay",
+        "imports _check_deadline",
+        "._start_named",
+    ]

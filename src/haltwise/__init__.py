@@ -13,7 +13,9 @@ if TYPE_CHECKING:
     from ._core.exceptions import Cancelled as Cancelled
     from ._core.exceptions import ChildRunError as ChildRunError
     from ._core.exceptions import CorruptRowError as CorruptRowError
+    from ._core.exceptions import DeliveryGoneError as DeliveryGoneError
     from ._core.exceptions import HaltwiseError as HaltwiseError
+    from ._core.exceptions import IdempotencyConflictError as IdempotencyConflictError
     from ._core.exceptions import InputError as InputError
     from ._core.exceptions import InvalidTransitionError as InvalidTransitionError
     from ._core.exceptions import LoadError as LoadError
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from ._core.exceptions import NonDeterminismError as NonDeterminismError
     from ._core.exceptions import NotInTaskError as NotInTaskError
     from ._core.exceptions import PolicyError as PolicyError
+    from ._core.exceptions import ReplayedError as ReplayedError
     from ._core.exceptions import ResumeRefusedError as ResumeRefusedError
     from ._core.exceptions import RunOwnedError as RunOwnedError
     from ._core.exceptions import SchemaError as SchemaError
@@ -55,6 +58,7 @@ if TYPE_CHECKING:
     from ._journal.check import Finding as Finding
     from ._journal.check import verify_store as verify_store
     from ._runtime.budget import spend as spend
+    from ._runtime.cancel_state import register_host_cancel as register_host_cancel
     from ._runtime.fork import ForkPlan as ForkPlan
     from ._runtime.run_api import run as run
     from ._runtime.run_context import call_id as call_id
@@ -63,6 +67,7 @@ if TYPE_CHECKING:
     from ._runtime.runtime import TaskHandle as TaskHandle
     from ._runtime.spec import Tool as Tool
     from ._runtime.task_api import aemit as aemit
+    from ._runtime.task_api import cancel_current_run as cancel_current_run
     from ._runtime.task_api import cancel_requested as cancel_requested
     from ._runtime.task_api import checkpoint as checkpoint
     from ._runtime.task_api import emit as emit
@@ -83,7 +88,9 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "Cancelled",
         "ChildRunError",
         "CorruptRowError",
+        "DeliveryGoneError",
         "HaltwiseError",
+        "IdempotencyConflictError",
         "InputError",
         "InvalidTransitionError",
         "LoadError",
@@ -91,6 +98,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "NonDeterminismError",
         "NotInTaskError",
         "PolicyError",
+        "ReplayedError",
         "ResumeRefusedError",
         "RunOwnedError",
         "SchemaError",
@@ -120,8 +128,10 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "._runtime.run_context": ("call_id", "current_task_id"),
     "._runtime.run_api": ("run",),
     "._runtime.runtime": ("Runtime", "TaskHandle"),
+    "._runtime.cancel_state": ("register_host_cancel",),
     "._runtime.task_api": (
         "aemit",
+        "cancel_current_run",
         "cancel_requested",
         "checkpoint",
         "emit",
@@ -148,12 +158,14 @@ __all__ = [
     "CheckReport",
     "ChildRunError",
     "CorruptRowError",
+    "DeliveryGoneError",
     "Effect",
     "ErrorInfo",
     "Event",
     "Finding",
     "ForkPlan",
     "HaltwiseError",
+    "IdempotencyConflictError",
     "InputError",
     "InvalidTransitionError",
     "LoadError",
@@ -164,6 +176,7 @@ __all__ = [
     "Outcome",
     "Owner",
     "PolicyError",
+    "ReplayedError",
     "ResumeRefusedError",
     "Retry",
     "RunDetail",
@@ -189,11 +202,13 @@ __all__ = [
     "UnknownStepError",
     "aemit",
     "call_id",
+    "cancel_current_run",
     "cancel_requested",
     "checkpoint",
     "current_task_id",
     "emit",
     "idempotency_key",
+    "register_host_cancel",
     "run",
     "shield",
     "spend",

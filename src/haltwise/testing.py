@@ -62,6 +62,7 @@ from ._core.exceptions import HaltwiseError, InputError
 from ._core.outcome import Outcome, Retry
 from ._core.records import RunSnapshot
 from ._core.states import State, StepStatus
+from ._runtime import lowlevel
 from ._runtime.run_context import SHIELDED, current_run
 from ._runtime.runtime import Runtime
 from ._runtime.tool import Task
@@ -345,8 +346,8 @@ class _Explorer:
         async with self._runtime(run_id) as rt:
             probe = _Probe(rt, run_id, (point.kind, point.index), verb="pause")
             with tagged(run_id, 0):
-                await rt._start_named(
-                    self.task, self.args, self.kwargs, task_id=run_id, probe=probe
+                await lowlevel.launch(
+                    rt, self.task, self.args, self.kwargs, task_id=run_id, probe=probe
                 )
             paused = await _paused(rt, run_id)
             await rt.unpause(run_id)
@@ -371,8 +372,8 @@ class _Explorer:
         async with self._runtime(run_id) as rt:
             probe = _Probe(rt, run_id)
             with tagged(run_id, 0):
-                await rt._start_named(
-                    self.task, self.args, self.kwargs, task_id=run_id, probe=probe
+                await lowlevel.launch(
+                    rt, self.task, self.args, self.kwargs, task_id=run_id, probe=probe
                 )
             outcome, timed_out = await self._settled(rt, run_id)
         if timed_out:
@@ -394,8 +395,8 @@ class _Explorer:
         async with self._runtime(trial.run_id) as rt:
             probe = _Probe(rt, trial.run_id, (point.kind, point.index), force)
             with tagged(trial.run_id, 0):
-                await rt._start_named(
-                    self.task, self.args, self.kwargs, task_id=trial.run_id, probe=probe
+                await lowlevel.launch(
+                    rt, self.task, self.args, self.kwargs, task_id=trial.run_id, probe=probe
                 )
             trial.cancelled, timed_out = await self._settled(rt, trial.run_id)
             trial.reached = probe.fired

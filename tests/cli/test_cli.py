@@ -138,6 +138,13 @@ def test_run_with_the_id_of_a_final_run_runs_nothing(env: Env) -> None:
     assert failed.returncode == 1
     assert json.loads(failed.stdout)["error"]["type"] == "ValueError"
     assert env.effects() == before
+    # The same id with other inputs, or for another task: refused in one line (exit 2).
+    other = env.hw("run", "agent.py:flow", "--input", '{"policy": "rollback"}', "--id", "t1")
+    assert other.returncode == 2, other.stderr
+    assert "'t1'" in other.stderr and "other inputs" in other.stderr
+    assert "Traceback" not in other.stderr
+    assert env.hw("run", "agent.py:boom", "--id", "t1").returncode == 2
+    assert env.effects() == before
 
 
 # -- cancel from another process, per policy -------------------------------------------------

@@ -182,7 +182,7 @@ async def test_wait_for_around_a_finish_tool_lets_it_finish(store_url: str) -> N
         kit.release.set()
         outcome = await handle.outcome()
     assert outcome.state is State.CANCELLED
-    assert outcome.reason == "host"
+    assert outcome.reason == "timeout"
     assert outcome.cancel_error is not None and outcome.cancel_error.type == "TimeoutError"
     assert outcome.steps[0].status is StepStatus.COMMITTED
     assert outcome.retry is Retry.RESUME
@@ -208,7 +208,7 @@ async def test_an_anyio_timeout_around_a_finish_tool_lets_it_finish(store_url: s
         assert (await rt.status("s")).steps[0].status is StepStatus.RUNNING
         kit.release.set()
         outcome = await handle.outcome()
-    assert outcome.state is State.CANCELLED and outcome.reason == "host"
+    assert outcome.state is State.CANCELLED and outcome.reason == "timeout"
     assert outcome.steps[0].status is StepStatus.COMMITTED
     assert kit.done["charge"] == 1
 

@@ -14,6 +14,7 @@ import toolkit
 from _paths import TESTS
 from haltwise import Retry, State, StepStatus
 from haltwise._journal.check import verify
+from haltwise._runtime import lowlevel
 from toolkit import wait_for_state
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fresh_toolkit")]
@@ -204,7 +205,7 @@ async def test_hand_over_keeps_a_paused_run_paused_and_unpause_continues_it(
     async with haltwise.Runtime(store_url) as rt:
         await paused_after_a_step(rt)
         assert rt.is_paused("p1")
-        await rt._hand_over()
+        await lowlevel.hand_over(rt)
         run = (await rt.store.load("p1")).run
         assert (run.state, run.owner, run.pause) == (State.PAUSED, None, True)
     async with haltwise.Runtime(store_url) as other:
@@ -220,9 +221,9 @@ async def test_hand_over_keeps_a_paused_run_paused_and_unpause_continues_it(
 async def test_a_worker_taking_over_a_paused_run_keeps_it_paused(store_url: str) -> None:
     async with haltwise.Runtime(store_url) as rt:
         await paused_after_a_step(rt)
-        await rt._hand_over()
+        await lowlevel.hand_over(rt)
     async with haltwise.Runtime(store_url) as other:
-        handle = await other._adopt("p1", toolkit.one_step)
+        handle = await lowlevel.adopt(other, "p1", toolkit.one_step)
         assert handle is not None
         await anyio.sleep(0.05)  # a wrong takeover would run on now
         snapshot = await other.store.load("p1")

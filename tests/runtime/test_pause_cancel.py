@@ -17,6 +17,7 @@ import haltwise
 import toolkit
 from haltwise import State, StepStatus
 from haltwise._journal.check import verify
+from haltwise._runtime import lowlevel
 from toolkit import wait_for_state
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fresh_toolkit")]
@@ -103,7 +104,7 @@ async def test_a_paused_saga_nobody_works_is_settled_by_the_canceller(store_url:
     """A worker's SIGTERM hands the paused run over; the cancel then runs its saga itself."""
     async with haltwise.Runtime(store_url) as rt:
         await paused_notes(rt)
-        await rt._hand_over()
+        await lowlevel.hand_over(rt)
         run = (await rt.store.load("n1")).run
         assert (run.state, run.owner) == (State.PAUSED, None)
     assert toolkit.compensations == []

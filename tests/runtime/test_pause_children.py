@@ -15,6 +15,7 @@ import haltwise
 import toolkit
 from haltwise import State, StepStatus
 from haltwise._journal.check import verify
+from haltwise._runtime import lowlevel
 from toolkit import wait_for_state
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fresh_toolkit")]
@@ -106,7 +107,7 @@ async def test_a_cancel_of_a_paused_parent_nobody_works_cancels_the_child_too(
 ) -> None:
     async with haltwise.Runtime(store_url) as rt:
         await paused_family(rt)
-        await rt._hand_over()
+        await lowlevel.hand_over(rt)
         runs = [(await rt.store.load(i)).run for i in ("p", "p/1")]
         assert [(r.state, r.owner) for r in runs] == [(State.PAUSED, None)] * 2
     async with haltwise.Runtime(store_url) as other:
@@ -121,7 +122,7 @@ async def test_a_cancel_of_a_paused_parent_nobody_works_cancels_the_child_too(
 async def test_unpause_of_a_handed_over_paused_parent_continues_both(store_url: str) -> None:
     async with haltwise.Runtime(store_url) as rt:
         await paused_family(rt)
-        await rt._hand_over()
+        await lowlevel.hand_over(rt)
     async with haltwise.Runtime(store_url) as other:
         await other.unpause("p")
         outcome = await other.outcome("p")

@@ -20,7 +20,7 @@ import pytest
 import haltwise
 from haltwise import State, StepStatus
 from haltwise._journal.check import check_store
-from haltwise._runtime import run_context
+from haltwise._runtime import lowlevel, run_context
 
 pytestmark = pytest.mark.anyio
 
@@ -77,7 +77,7 @@ async def test_a_forced_cancel_before_a_finish_body_that_never_awaits_leaves_not
     with anyio.fail_after(60):
         async with haltwise.Runtime(store_url) as runtime:
             probe = ForceBeforeBody(runtime, "forced", 1)
-            await runtime._start_named(quick_then_more, (), {}, task_id="forced", probe=probe)
+            await lowlevel.launch(runtime, quick_then_more, task_id="forced", probe=probe)
             outcome = await runtime.outcome("forced")
             assert probe.fired
             assert outcome.state is State.CANCELLED, outcome

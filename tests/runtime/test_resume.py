@@ -190,8 +190,9 @@ async def test_a_task_id_started_twice_runs_once(store_url: str) -> None:
         two = await rt.start(toolkit.three_quick, task_id="twice")
         assert one.id == two.id
         await one.outcome()
-        three = await rt.start(toolkit.three_quick, 7, task_id="twice")
-        outcome = await three.outcome()
+        with pytest.raises(haltwise.IdempotencyConflictError, match="'twice'"):
+            await rt.start(toolkit.three_quick, 7, task_id="twice")
+        outcome = await (await rt.start(toolkit.three_quick, task_id="twice")).outcome()
     assert outcome.result == [0, 1, 2]
     assert toolkit.calls["quick"] == 3
 

@@ -33,6 +33,7 @@ from _pg import backends_in_transaction
 from haltwise import State, StepStatus
 from haltwise._core.records import Owner
 from haltwise._journal.check import check_store
+from haltwise._runtime import lowlevel
 from toolkit import Gate
 
 AGENT = TESTS / "stall_agent.py"
@@ -243,7 +244,7 @@ async def lose_and_take_over(
 
             store.claim = claim_then_stall  # type: ignore[method-assign]
         probe = probe_for(token)
-        await first._start_named(task, (), {}, task_id="r", probe=probe)
+        await lowlevel.launch(first, task, task_id="r", probe=probe)
         with anyio.fail_after(DEADLINE):
             while first.is_active("r"):
                 await anyio.sleep(0.01)

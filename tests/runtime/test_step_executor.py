@@ -236,11 +236,11 @@ async def test_a_finish_step_runs_to_its_end_through_a_cancel(
 ) -> None:
     """With anyio's record of each task's cancel scopes, a finish body the task function awaits
     runs in the task function's own task; were a later anyio to move it (``gone``: what
-    ``steps._anyio_task_states`` then answers), in a task of its own, with the same outcome."""
+    ``steps.anyio_task_states`` then answers), in a task of its own, with the same outcome."""
     from haltwise._runtime import steps
 
     if task_states == "gone":
-        monkeypatch.setattr(steps, "_TASK_STATES", None)
+        monkeypatch.setattr(steps, "ANYIO_TASK_STATES", None)
     host, run = await open_run(tmp_path, charged)
     outcome = await drive_cancelled_inside(host, run)
     assert outcome.state is State.CANCELLED
@@ -300,6 +300,6 @@ def test_the_step_path_reads_anyios_record_of_cancel_scopes(
 
     from haltwise._runtime import steps
 
-    assert steps._TASK_STATES is backend._task_states
+    assert steps.ANYIO_TASK_STATES is backend._task_states
     monkeypatch.delattr(backend, "_task_states")
-    assert steps._anyio_task_states() is None
+    assert steps.anyio_task_states() is None

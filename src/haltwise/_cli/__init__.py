@@ -45,6 +45,7 @@ COMMANDS = {
     "check": ("verify", "check_command"),
     "explore": ("verify", "explore_command"),
     "mcp": ("mcp", "mcp_command"),
+    "events": ("events", "events_command"),
 }
 
 

@@ -10,6 +10,7 @@ queued, not lost, one that arrives after it ended is absorbed, and none turns in
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -29,6 +30,7 @@ from .._core.exceptions import (
 )
 from .._core.outcome import Outcome
 from .._core.records import RunRecord, RunSnapshot, parse_json_text
+from .._runtime import lowlevel
 from .._runtime.runtime import Runtime
 from .._runtime.seat import held_by_live_owner
 from .._runtime.tool import Task
@@ -182,17 +184,25 @@ def task_of(run: RunRecord, file: str | None = None, *, moved: bool = False) -> 
     return task
 
 
-async def existing_run(runtime: Runtime, task_id: str) -> Outcome | None:
+async def existing_run(
+    runtime: Runtime, task_id: str, task: str, kwargs: dict[str, Any]
+) -> Outcome | None:
     """For ``run --id``: the outcome of a final run with that id, None if there is no such run.
 
-    Raises :class:`HaltwiseError` (exit 2) if the run exists and is not final, naming its owner.
+    Raises :class:`HaltwiseError` (exit 2) if the run exists and is not final, naming its owner,
+    and :class:`~haltwise.IdempotencyConflictError` (exit 2) if it is final and of another task
+    (``task``, the name the run records) or other inputs (``kwargs``).
     """
+    from .._core.records import dump_json
+    from .._runtime.runtime import same_call
+
     try:
         detail = await runtime.inspect(task_id)
     except UnknownRunError:
         return None
     run = detail.run
     if run.state.is_final:
+        same_call(run, task, {"args": [], "kwargs": json.loads(dump_json(kwargs, "the input"))})
         return detail.outcome
     if run.owner is not None and held_by_live_owner(run):
         raise RunOwnedError(task_id, run.owner.describe())
@@ -209,7 +219,7 @@ async def check_ours(runtime: Runtime, task_id: str) -> None:
     try:
         run = (await runtime.inspect(task_id)).run
     except StoreError:
-        if runtime._worked_here(task_id):
+        if lowlevel.worked_here(runtime, task_id):
             return
         raise
     if run.owner is not None and run.owner.token != runtime.owner.token:

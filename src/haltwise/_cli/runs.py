@@ -14,6 +14,7 @@ import click
 from .._core.exceptions import InputError
 from .._core.outcome import Outcome
 from .._core.states import State
+from .._runtime import lowlevel
 from .._runtime.runtime import Runtime
 from .base import (
     deadline_option,
@@ -71,12 +72,13 @@ def run_command(
     async def main() -> int:
         async with Runtime(store) as runtime:
             if task_id is not None:
-                existing = await existing_run(runtime, task_id)
+                existing = await existing_run(runtime, task_id, run_name(target), kwargs)
                 if existing is not None:
                     return _report(existing, as_json)
             check_fits(task, kwargs, target)
             async with signals_as_cancels(runtime, quiet=as_json) as foreground:
-                handle = await runtime._start_named(
+                handle = await lowlevel.launch(
+                    runtime,
                     task,
                     (),
                     kwargs,

@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,9 +45,25 @@ __all__ = ["serve_command"]
     show_default=True,
     help="With FILE.py: how many runs to work at a time.",
 )
+@click.option(
+    "--events-to",
+    metavar="URL",
+    help="Also deliver the journal's changes to URL as CloudEvents (as 'haltwise events').",
+)
+@click.option(
+    "--events-secret-env",
+    metavar="NAME",
+    help="With --events-to: sign each request with the secret in this environment variable.",
+)
 @store_option
 def serve_command(
-    file: str | None, host: str, port: int, concurrency: int, store: str | None
+    file: str | None,
+    host: str,
+    port: int,
+    concurrency: int,
+    events_to: str | None,
+    events_secret_env: str | None,
+    store: str | None,
 ) -> int:
     """Serve the JSON API (/api) and the live dashboard (/) over the store.
 
@@ -60,6 +77,9 @@ def serve_command(
     tokens = Tokens.from_env(os.environ)
     if not _loopback(host) and tokens.generated:
         raise InputError(f"--host {host} is not a loopback address: set $HALTWISE_TOKEN first")
+    if events_secret_env is not None and events_to is None:
+        raise InputError("--events-secret-env needs --events-to")
+    events = _events(events_to, events_secret_env, store)
     tasks, source, audit = _load(file) if file else (None, None, None)
     listener = _bind(host, port)
 
@@ -68,7 +88,7 @@ def serve_command(
             served = Served(runtime, tokens, tasks=tasks, source=source, audit=audit)
             app = create_app(served)
             _announce(listener, tokens)
-            await _serve(app, listener, served, concurrency)
+            await _serve(app, listener, served, concurrency, events)
         return 0
 
     return run_async(main)
@@ -123,7 +143,38 @@ def _announce(listener: socket.socket, tokens: Tokens) -> None:
     click.echo(f"haltwise: serving on {address} (Ctrl-C stops)", err=True)
 
 
-async def _serve(app: Any, listener: socket.socket, served: Any, concurrency: int) -> None:
+def _events(
+    url: str | None, secret_env: str | None, store: str | None
+) -> Callable[[], Coroutine[Any, Any, None]] | None:
+    """``--events-to``: the sender to run beside the server (checked now: a bad URL or a missing
+    secret is a usage error before anything starts). A ``410 Gone`` stops it, not the server."""
+    if url is None:
+        return None
+    from .._core.exceptions import DeliveryGoneError
+    from .._events import destination_from
+    from .._runtime.seat import open_seat
+    from .base import warn
+    from .events import send_events
+
+    destination = destination_from(url, secret_env)
+
+    async def send() -> None:
+        try:
+            async with open_seat(store) as seat:
+                await send_events(seat, destination, store)
+        except DeliveryGoneError as error:
+            warn(f"error: {error}")
+
+    return send
+
+
+async def _serve(
+    app: Any,
+    listener: socket.socket,
+    served: Any,
+    concurrency: int,
+    events: Callable[[], Coroutine[Any, Any, None]] | None = None,
+) -> None:
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -150,6 +201,8 @@ async def _serve(app: Any, listener: socket.socket, served: Any, concurrency: in
     stop = anyio.Event()
     async with anyio.create_task_group() as group:
         group.start_soon(_stop_on_signals, server)
+        if events is not None:
+            group.start_soon(events)
         async with anyio.create_task_group() as work:
             if served.tasks is not None:
                 work.start_soon(_work, served, stop, concurrency)

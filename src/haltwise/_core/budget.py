@@ -35,6 +35,7 @@ class StepSpend(Protocol):
     @property
     def calls(self) -> int | None: ...
 
+
 #: the reason of a run cancelled, or paused, because a limit of its budget was reached
 BUDGET_REASON = "budget"
 

@@ -10,6 +10,7 @@ Cancellation is not an error, so it stands outside the error tree::
         ├── PolicyError           a bad @haltwise.tool / @haltwise.task declaration (.tool)
         ├── InputError            task inputs or a partial/tool result that is not JSON (.task_id)
         ├── UnknownRunError       no run with that id in the store (.task_id)
+        ├── IdempotencyConflictError  a task_id that exists with another task or inputs (.task_id)
         ├── RunOwnedError         a live owner holds the run; resume refused (.task_id, .owner)
         ├── ResumeRefusedError    resume refused until unknown steps are resolved (.task_id, .steps)
         ├── InvalidTransitionError  a transition the table forbids (.task_id, .source, .target)
@@ -25,7 +26,10 @@ Cancellation is not an error, so it stands outside the error tree::
         │   └── CorruptRowError   a journal row does not parse (.rows: which, .readable: the rest)
         ├── NotInTaskError        emit()/checkpoint()/idempotency_key() outside a task or tool
         ├── LoadError             a FILE.py or module cannot be loaded, or has no such task
-        └── SchemaError           a tool's parameters cannot be described as JSON schema
+        ├── SchemaError           a tool's parameters cannot be described as JSON schema
+        ├── ReplayedError         a failed step's error replayed on resume, its own type not
+        │                         found here (.type: that type's name; its text: the error's)
+        └── DeliveryGoneError     an events receiver answered 410 Gone: delivery stopped
 
 A failed run's outcome carries the task's *own* exception type and text, not these.
 """
@@ -84,6 +88,18 @@ class UnknownRunError(HaltwiseError):
 
     def __init__(self, task_id: str) -> None:
         super().__init__(f"no run with id {task_id!r} in the store", task_id=task_id)
+
+
+class IdempotencyConflictError(HaltwiseError):
+    """A run was started with a ``task_id`` that exists already with another task or other
+    inputs: a reused key never answers another call with that run's result (``.task_id``)."""
+
+    def __init__(self, task_id: str, what: str) -> None:
+        super().__init__(
+            f"a run with id {task_id!r} exists already with {what}; "
+            "use another id, or the same task and inputs to get that run",
+            task_id=task_id,
+        )
 
 
 class RunOwnedError(HaltwiseError):
@@ -303,3 +319,18 @@ class SchemaError(HaltwiseError):
     def __init__(self, message: str, *, tool: str) -> None:
         super().__init__(message)
         self.tool = tool
+
+
+class ReplayedError(HaltwiseError):
+    """A failed step's journaled error, raised again on resume in place of an exception whose
+    type cannot be rebuilt in this process (CONTRACT.md, "Resume and determinism"): its text
+    is the error's text, :attr:`type` the name of the error's type."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(message)
+        self.type = type_name
+
+
+class DeliveryGoneError(HaltwiseError):
+    """The receiver of ``haltwise events`` answered ``410 Gone``: it wants no more events, and
+    the sender stops (the command exits 1). Its position stays before the refused change."""

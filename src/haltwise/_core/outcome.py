@@ -118,6 +118,22 @@ def retry_advice(state: State, steps: Sequence[StepRecord]) -> Retry:
     )
 
 
+def ended_by(state: State, error: ErrorInfo | None, steps: Sequence[StepRecord]) -> int | None:
+    """The index of the ``failed`` step whose error ended the run, or None.
+
+    ``error`` is what the task function raised: a ``failed`` run's error, or a ``cancelled``
+    run's ``cancel_error``. That step is the latest ``failed`` one whose error is the same (type
+    and text); on resume it runs again, while every other ``failed`` step replays its error
+    (the task saw it and went past it: CONTRACT.md, "Resume and determinism").
+    """
+    if error is None or state not in (State.FAILED, State.CANCELLED):
+        return None
+    for step in sorted(steps, key=lambda step: step.index, reverse=True):
+        if step.status is StepStatus.FAILED and step.error == error:
+            return step.index
+    return None
+
+
 def blocks_resume(step: StepRecord, resolved: Container[int] = ()) -> bool:
     """An ``unknown`` step of a non-idempotent tool that the caller did not resolve (``resolved``:
     the indexes assumed done or to be run again): a resume is refused while one is, and the

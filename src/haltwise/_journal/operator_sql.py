@@ -43,7 +43,7 @@ __all__ = [
     "summary_from_row",
 ]
 
-_TABLES = ("runs", "steps", "partials", "events", "changes")
+_TABLES = ("runs", "steps", "partials", "events", "changes", "deliveries")
 
 #: The columns a page of runs reads, in order (see :func:`summary_from_row`).
 _SUMMARY = """
@@ -250,6 +250,18 @@ class OperatorSQL:
 
     def now(self) -> str:
         return self.sql("SELECT {clock}")
+
+    # -- the events sender's positions ---------------------------------------------------------
+
+    def delivery_position(self) -> str:
+        return self.sql("SELECT position FROM {deliveries} WHERE destination = ?")
+
+    def save_delivery_position(self) -> str:
+        return self.sql(
+            "INSERT INTO {deliveries} (destination, position, updated_at) VALUES (?, ?, {clock}) "
+            "ON CONFLICT (destination) DO UPDATE SET position = excluded.position, "
+            "updated_at = excluded.updated_at"
+        )
 
 
 # -- rows -> records ----------------------------------------------------------------------------

@@ -1166,6 +1166,22 @@ class PostgresStore:
 
         return await self._run(op, read_only=True, single=True)
 
+    async def delivery_position(self, destination: str) -> int | None:
+        async def op(conn: _Conn) -> int | None:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(_OPS.delivery_position(), (destination,))
+                row = await rows.fetchone()
+            return None if row is None else int(row[0])
+
+        # after_steps=False: neither reads nor writes what a run journals (see _run)
+        return await self._run(op, read_only=True, single=True, after_steps=False)
+
+    async def save_delivery_position(self, destination: str, position: int) -> None:
+        async def op(conn: _Conn) -> None:
+            await conn.execute(_OPS.save_delivery_position(), (destination, position))
+
+        await self._run(op, single=True, after_steps=False)
+
     def set_concurrency(self, active_runs: int) -> None:
         """Ignored: every operation already runs on a pooled connection of its own."""
 

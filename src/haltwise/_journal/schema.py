@@ -195,11 +195,23 @@ _CHANGES = Table(
     ),
 )
 
+#: Version 12: where ``haltwise events`` got to for each destination URL: every change numbered
+#: up to ``position`` was acknowledged by the receiver (CONTRACT.md, "Telling the world").
+_DELIVERIES = Table(
+    "deliveries",
+    (
+        _text("destination", not_null=True),
+        Column("position", Kind.INTEGER, not_null=True),
+        Column("updated_at", Kind.REAL, not_null=True),
+    ),
+    primary_key=("destination",),
+)
+
 #: PostgreSQL's index of a run's changes, for prune. SQLite has none since version 9: it cost a
 #: step ~1.5 WAL pages and ~4 us (docs/benchmarks.md), and SQLite's prune scans the table once.
 _CHANGES_BY_RUN = Index("changes_by_run", "changes", ("run_id", "seq"), only="postgresql")
 
-#: Version 12: what a step spent (issue 33), written by its settlement: US dollars, model tokens,
+#: Version 13: what a step spent (issue 33), written by its settlement: US dollars, model tokens,
 #: and the tool calls it counts when not its attempts (a model request: 0; a child step: its
 #: child run's). NULL: nothing written (a step's calls are then its attempts).
 _STEP_SPEND = (
@@ -291,6 +303,7 @@ TABLES: tuple[Table, ...] = (
         ),
     ),
     _CHANGES,
+    _DELIVERIES,
 )
 
 INDEXES: tuple[Index, ...] = (
@@ -459,8 +472,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         "no index runs_by_state: runs_by_state_created serves every query by state",
         (DropIndex("runs_by_state"),),
     ),
+    Migration(12, "the events sender's delivery position per destination", (_DELIVERIES,)),
     Migration(
-        12,
+        13,
         "what each step spent: usd, tokens, calls (budgets, issue 33)",
         tuple(AddColumn("steps", column) for column in _STEP_SPEND),
     ),

@@ -865,6 +865,20 @@ class SQLiteStore:
         seq: int = await self._writer.call(op, write=False)
         return seq
 
+    async def delivery_position(self, destination: str) -> int | None:
+        def op(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(_OPS.delivery_position(), (destination,)).fetchone()
+            return None if row is None else int(row[0])
+
+        position: int | None = await self._writer.call(op, write=False)
+        return position
+
+    async def save_delivery_position(self, destination: str, position: int) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(_OPS.save_delivery_position(), (destination, position))
+
+        await self._writer.call(op, write=True)
+
     def set_concurrency(self, active_runs: int) -> None:
         # One run: commit each write at once (no wait). Several: group commit, batched per
         # iteration of the event loop (see sqlite_writer).

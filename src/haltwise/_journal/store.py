@@ -420,6 +420,13 @@ class Store(Protocol):
     async def last_change(self) -> int:
         """The number of the latest change (0 if none)."""
 
+    async def delivery_position(self, destination: str) -> int | None:
+        """The number of the last change acknowledged by ``destination`` (a URL: see
+        ``haltwise events``), or ``None`` if no sender has delivered there yet."""
+
+    async def save_delivery_position(self, destination: str, position: int) -> None:
+        """Record, durably, that every change up to ``position`` reached ``destination``."""
+
     def set_concurrency(self, active_runs: int) -> None:
         """A hint: how many runs this process works on the store now.
 

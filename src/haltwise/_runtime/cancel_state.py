@@ -19,6 +19,29 @@ import anyio
 
 from .._core.exceptions import Cancelled
 
+#: Exception types by which a framework says that *it* cancelled the agent (Pydantic AI's
+#: ``RunCancelled``): such an error reaching the task function is a host cancel of the run,
+#: wherever the framework's cancel landed. Added to only by :func:`register_host_cancel`.
+HOST_CANCEL_ERRORS: list[type[BaseException]] = []
+
+
+def register_host_cancel(*error_types: type[BaseException]) -> None:
+    """Declare exception types by which a framework says that it cancelled the agent.
+
+    Such an error leaving a task function ends the run ``cancelled`` with reason ``"host"`` (the
+    steps in flight settled by their policies first), never ``failed``, wherever the framework's
+    cancel landed: in a step or in the framework's own code between two steps (CONTRACT.md,
+    "Cancels from the host"). Subclasses count too. For an integration to call when it is
+    imported (the Pydantic AI adapter registers ``RunCancelled``); registering a type twice
+    changes nothing. Raises :class:`TypeError` for anything but an exception class.
+    """
+    for error_type in error_types:
+        if not (isinstance(error_type, type) and issubclass(error_type, BaseException)):
+            raise TypeError(f"{error_type!r} is not an exception class")
+    for error_type in error_types:
+        if error_type not in HOST_CANCEL_ERRORS:
+            HOST_CANCEL_ERRORS.append(error_type)
+
 
 @dataclass(eq=False, slots=True)
 class CancelState:

@@ -18,6 +18,7 @@ import anyio
 
 from .._core.exceptions import (
     Cancelled,
+    HaltwiseError,
     InputError,
     InvalidTransitionError,
     ResumeRefusedError,
@@ -30,37 +31,38 @@ from .._core.records import JSONText, RunSnapshot, dump_json
 from .._core.states import State
 from .._journal.shield import shielded
 from .._journal.store import UNSET, WriteDone
+from .cancel_state import HOST_CANCEL_ERRORS
 from .run_context import CALL_ID, CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext
 from .takeover import run_saga, settle_orphans
 
 _CANCELLED = asyncio.CancelledError  # the runtime is asyncio-only (see ending.call_task)
 #: The reason of a run cancelled by a cancellation that haltwise did not request.
 HOST_REASON = "host"
+#: The reason of a run cancelled by a host's timeout (its TimeoutError left the task function).
+TIMEOUT_REASON = "timeout"
 #: the states a final transition may leave (shared sets: 10,000 runs ending at once make
 #: none of their own while their transitions wait for the group commit)
 _RUNNING = frozenset({State.RUNNING})
 _CANCELLING = frozenset({State.CANCELLING})
 _RUNNING_OR_CANCELLING = frozenset({State.RUNNING, State.CANCELLING})
-#: Exception types by which a framework says that *it* cancelled the agent (Pydantic AI's
-#: ``RunCancelled``): such an error reaching the task function is a host cancel of the run,
-#: wherever the framework's cancel landed. The integrations add their framework's types.
-HOST_CANCEL_ERRORS: list[type[BaseException]] = []
 
 
 @dataclass(frozen=True, slots=True)
 class Ending:
     """How the task function ended: returned ``value``, or raised ``error``.
 
-    ``host`` is True when ``error`` is a cancellation haltwise did not request that reached
-    the task function (a framework's own cancel, ``Task.cancel()``): the run is then cancelled
-    with reason ``"host"``. A :class:`~haltwise.Cancelled` the task function raised is kept
-    without its traceback: only its type and reason matter to how the run ends, and the
-    frames a traceback holds would otherwise live until the final state is written.
+    ``host`` is the reason the run is cancelled with when the task function's end is a
+    cancellation haltwise did not request: ``"host"`` when one reached the task function (a
+    framework's own cancel, ``Task.cancel()`` of its task, also when it caught that and
+    returned), ``"timeout"`` when a host's timeout's :class:`TimeoutError` left it. A
+    :class:`~haltwise.Cancelled` the task function raised is kept without its traceback: only
+    its type and reason matter to how the run ends, and the frames a traceback holds would
+    otherwise live until the final state is written.
     """
 
     value: Any = None
     error: BaseException | None = None
-    host: bool = False
+    host: str | None = None
 
 
 async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
@@ -92,8 +94,14 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
             ctx.enter_body(body, scope)
             try:
                 value = await ctx.task.fn(*inputs.get("args", ()), **inputs.get("kwargs", {}))
-                if scope.cancel_called and body is not None and body.cancelling() > cancelling:
-                    ctx.cancel.mark_delivered()  # the cancel landed in the task, which returned
+                if body is not None and body.cancelling() > cancelling:
+                    if scope.cancel_called:
+                        ctx.cancel.mark_delivered()  # the cancel landed in the task: it returned
+                    else:
+                        # The host cancelled the task function's task; it caught that and
+                        # returned: the run was cancelled all the same.
+                        _take_back(body, cancelling)
+                        return Ending(error=_CANCELLED("cancelled by its host"), host=HOST_REASON)
                 return Ending(value=value)
             except _CANCELLED as cancel:
                 if not scope.cancel_called:
@@ -101,7 +109,7 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
                         ctx.cancel.force()  # the runtime itself is being cancelled
                         raise
                     _take_back(body, cancelling)  # someone cancelled the task function's task
-                    return Ending(error=cancel, host=True)
+                    return Ending(error=cancel, host=HOST_REASON)
                 # A cancel was requested: this is it landing, whatever CancelledError carries it
                 # (a framework may raise one afresh, or its own, once ours reached it). Not
                 # re-raised: the scope would let one through that does not carry its message.
@@ -109,6 +117,8 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
             except Cancelled as cancelled:
                 return Ending(error=cancelled.with_traceback(None))  # see Ending.error
             except BaseException as error:
+                if _host_timeout(ctx, error):
+                    return Ending(error=error, host=TIMEOUT_REASON)
                 return Ending(error=error)
         if landed is not None and anyio.current_effective_deadline() == -math.inf:
             ctx.cancel.force()  # the runtime itself is being cancelled too
@@ -121,6 +131,23 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
         CALL_ID.set(outer_call)
         SHIELDED.set(outer_shield)
         CURRENT_RUN.set(outer_run)
+
+
+def _host_timeout(ctx: RunContext, error: BaseException) -> bool:
+    """Whether ``error``, leaving the task function, is a host's timeout (``asyncio.wait_for``,
+    ``asyncio.timeout``, anyio ``fail_after``, a framework's ``timeout=``): a
+    :class:`TimeoutError` that no step raised (a tool's own failure is the tool's error)."""
+    if not isinstance(error, TimeoutError) or isinstance(error, HaltwiseError):
+        return False
+    seen = ctx.step_error
+    cause: BaseException | None = error
+    for _ in range(64):  # a chain is short; a cycle is not followed forever
+        if cause is None:
+            break
+        if cause is seen:
+            return False
+        cause = cause.__cause__ or cause.__context__
+    return True
 
 
 def _take_back(body: asyncio.Task[Any] | None, cancelling: int) -> None:
@@ -220,7 +247,9 @@ def _own_cancel_reason(ctx: RunContext, ending: Ending) -> str | None:
     error = ending.error
     if ctx.cancel.reason is not None or ctx.cancel.handing_over or ctx.poison is not None:
         return None
-    if ending.host or (ctx.cancel.host and error is not None):
+    if ending.host is not None:
+        return ending.host
+    if ctx.cancel.host and error is not None:
         return HOST_REASON
     if error is not None and isinstance(error, tuple(HOST_CANCEL_ERRORS)):
         return HOST_REASON

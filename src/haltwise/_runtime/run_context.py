@@ -30,6 +30,7 @@ from .._core.exceptions import InputError, NonDeterminismError
 from .._core.outcome import Outcome, StepRecord
 from .._core.policy import OnCancel
 from .._core.records import PartialKey, RunSnapshot
+from .._core.states import StepStatus
 from .cancel_state import CancelState
 from .pause_state import PauseGate
 from .progress import Pulse
@@ -152,41 +153,77 @@ class Numbering:
     in; every other call is the next journaled step that has no call id, in index order. A call
     beyond the journal gets the next index after every journaled one (cleanup steps included,
     which are never replayed).
+
+    A call whose id matches no journaled step is the earliest committed step made under a call
+    id with the same tool and argument fingerprint that this attempt has not replayed yet, if
+    there is one: a provider gives the same call a new id when the model is asked again.
     """
 
     in_order: list[int] = field(default_factory=list)
     by_call_id: dict[str, int] = field(default_factory=dict)
     next_new: int = 0
     position: int = 0
+    #: the committed steps made under a call id, by (tool, fingerprint): index order
+    by_match: dict[tuple[str, str | None], list[int]] = field(default_factory=dict)
+    #: the call id and match key of each step in :attr:`by_match`
+    matched_by: dict[int, tuple[str, tuple[str, str | None]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, steps: tuple[StepRecord, ...]) -> Numbering:
         numbering = cls(next_new=max((step.index for step in steps), default=-1) + 1)
-        for step in steps:
+        for step in sorted(steps, key=lambda step: step.index):
             if step.cleanup:
                 continue
             if step.call_id is None:
                 numbering.in_order.append(step.index)
-            else:
-                numbering.by_call_id[step.call_id] = step.index
+                continue
+            numbering.by_call_id[step.call_id] = step.index
+            if step.status is StepStatus.COMMITTED:
+                key = (step.tool, step.fingerprint)
+                numbering.by_match.setdefault(key, []).append(step.index)
+                numbering.matched_by[step.index] = (step.call_id, key)
         return numbering
 
-    def take(self, call_id: str | None) -> int:
-        """The index of the call that begins now (never the same twice in one attempt)."""
+    def take(self, call_id: str | None, tool: str | None = None, print_: str | None = None) -> int:
+        """The index of the call that begins now (never the same twice in one attempt);
+        ``tool`` and ``print_`` (its arguments' fingerprint) match a call under a fresh id."""
         if call_id is None and self.position >= len(self.in_order):
             self.next_new += 1  # beyond the journal: the common case first
             return self.next_new - 1
-        index = self.peek(call_id)
-        if call_id is not None and call_id in self.by_call_id:
-            del self.by_call_id[call_id]
-        elif call_id is None and self.position < len(self.in_order):
+        if call_id is not None:
+            index = self.by_call_id.pop(call_id, None)
+            if index is None and self.by_match:
+                index = self._by_arguments(tool, print_)
+            if index is not None:
+                self._replaying(index)
+                return index
+        elif self.position < len(self.in_order):
             self.position += 1
-        else:
-            self.next_new += 1
-        return index
+            return self.in_order[self.position - 1]
+        self.next_new += 1
+        return self.next_new - 1
+
+    def _by_arguments(self, tool: str | None, print_: str | None) -> int | None:
+        """The earliest unreplayed committed step of ``tool`` with fingerprint ``print_``."""
+        candidates = self.by_match.get((tool or "", print_))
+        return candidates[0] if candidates else None
+
+    def _replaying(self, index: int) -> None:
+        """Step ``index`` (made under a call id) is taken by this attempt: neither its id nor
+        its arguments match another call now."""
+        matched = self.matched_by.pop(index, None)
+        if matched is None:
+            return
+        cid, key = matched
+        self.by_call_id.pop(cid, None)
+        candidates = self.by_match[key]
+        candidates.remove(index)
+        if not candidates:
+            del self.by_match[key]
 
     def peek(self, call_id: str | None) -> int:
-        """The index :meth:`take` would return now, without taking it."""
+        """The index :meth:`take` would return now for a call that is not matched by its
+        arguments, without taking it."""
         if call_id is not None:
             index = self.by_call_id.get(call_id)
             if index is not None:
@@ -202,8 +239,8 @@ class RunContext:
 
     ``host`` is the runtime as the run sees it (:class:`RunHost`); ``execute`` runs a tool call
     as a step of this run; ``cancel`` is the run's cancel state (:class:`CancelState`).
-    ``probe``, ``assume_done`` and ``rerun`` are given when the context is made and never
-    change; the fields below them change only through the methods named at each.
+    ``probe``, ``assume_done``, ``rerun`` and ``ended_by`` are given when the context is made
+    and never change; the fields below them change only through the methods named at each.
     """
 
     run_id: str
@@ -220,6 +257,9 @@ class RunContext:
     rerun: frozenset[int] = frozenset()
     #: for haltwise.testing: awaited at each cancel point, ("before" | "during" | "after", step)
     probe: Probe | None = None
+    #: the ``failed`` step whose error ended the run (it runs again; every other failed step
+    #: replays its error: see ``outcome.ended_by``)
+    ended_by: int | None = None
 
     #: monotonic time of the next schedule point between steps (read by steps.execute_step;
     #: moved on by :meth:`between_steps`)
@@ -238,6 +278,9 @@ class RunContext:
     #: the task's code diverged from its journal (:meth:`diverge`): every later checkpoint
     #: raises this, and the run ends ``failed`` with it whatever a cancel asked
     poison: NonDeterminismError | None = None
+    #: the error the latest step that failed raised (a TimeoutError of a tool's is not a host's
+    #: timeout: see ending.call_task); set by :meth:`note_step_error`
+    step_error: BaseException | None = None
     #: every step begun and not yet settled, by index
     flights: dict[int, Flight] = field(default_factory=dict)
     _all_settled: anyio.Event | None = None
@@ -403,6 +446,10 @@ class RunContext:
         """The task function has ended (returned, raised or been cancelled)."""
         self.cancel.leave_task_scope()
         self.body_task = None
+
+    def note_step_error(self, error: BaseException) -> None:
+        """A step failed with ``error``, which the task now sees."""
+        self.step_error = error
 
     # -- steps in flight -----------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from anyio.abc import TaskGroup
 from .._core.budget import Budget
 from .._core.exceptions import (
     HaltwiseError,
+    IdempotencyConflictError,
     InputError,
     LostOwnershipError,
     ResumeRefusedError,
@@ -31,7 +32,7 @@ from .._core.exceptions import (
     StoreGoneError,
     UnknownRunError,
 )
-from .._core.outcome import Outcome
+from .._core.outcome import Outcome, ended_by
 from .._core.records import RunRecord, RunSnapshot, dump_json
 from .._core.states import State, StepStatus
 from .._core.views import CancelBatch, Change, RunDetail, RunPage
@@ -259,6 +260,7 @@ class Runtime:
         if not run_id or not isinstance(run_id, str):
             raise InputError("task_id must be a non-empty string")
         if run_id in self._active:
+            same_call((await self.store.load(run_id)).run, name or task.name, inputs, parent=parent)
             return TaskHandle(self, run_id)
         # Created running, ours, in one transaction: no moment at which it is pending.
         new = NewRun(
@@ -270,9 +272,10 @@ class Runtime:
             lease_until=self._lease_for(run_id),
             parent=parent,
         )
-        _, created = await self.store.create_run(new)
+        existing, created = await self.store.create_run(new)
         if not created:
             self._leased_at.pop(run_id, None)
+            same_call(existing, new.task, inputs, parent=parent)
             return TaskHandle(self, run_id)
         ctx = self._context(run_id, task, None, {}, frozenset(), probe)
         if "budget" in inputs:
@@ -473,6 +476,12 @@ class Runtime:
                 task_id, index, StepStatus.COMMITTED, result=result, fence=fence
             )
         state = snapshot.run.state
+        # The failed step whose error ended the run runs again; the others replay their errors.
+        ended = ended_by(
+            state,
+            snapshot.run.error if state is State.FAILED else snapshot.run.cancel_error,
+            snapshot.steps,
+        )
         if state not in (State.RUNNING, State.CANCELLING) and (
             unpause or state is not State.PAUSED
         ):
@@ -481,10 +490,11 @@ class Runtime:
                 State.RUNNING,
                 expected={State.PENDING, State.CANCELLED, State.FAILED, State.PAUSED},
                 reason=None,
+                cancel_error=None,  # of the attempt that ended: not this one's
                 fence=fence,
             )
         snapshot = await self.store.load(task_id)
-        ctx = self._context(task_id, task, snapshot, done, again, probe)
+        ctx = self._context(task_id, task, snapshot, done, again, probe, ended)
         ctx.pause.restore(snapshot.run)
         self._launch(ctx, snapshot.run.inputs, deadline)
         return snapshot.run
@@ -550,6 +560,8 @@ class Runtime:
         record, created = await self.store.create_run(
             NewRun(id=run_id, task=name or task.name, inputs=inputs)
         )
+        if not created:
+            same_call(record, name or task.name, json.loads(dump_json(inputs, "the inputs")))
         return record.id, created
 
     async def cancel(self, task_id: str, *, reason: str = "user", force: bool = False) -> RunRecord:
@@ -880,6 +892,7 @@ class Runtime:
         assume_done: dict[int, Any],
         rerun: frozenset[int],
         probe: Probe | None = None,
+        ended: int | None = None,
     ) -> RunContext:
         return RunContext.for_snapshot(
             snapshot,
@@ -892,6 +905,7 @@ class Runtime:
             assume_done=assume_done,
             rerun=rerun,
             probe=probe,
+            ended_by=ended,
         )
 
     def _require_entered(self) -> None:
@@ -1191,6 +1205,28 @@ def _add_budget(inputs: dict[str, Any], task: Task[..., Any], budget: Budget | N
         raise InputError(f"budget must be a haltwise.Budget, not {budget!r}")
     if budget is not None:
         inputs["budget"] = budget.limit_json()
+
+
+def same_call(
+    existing: RunRecord, task: str, inputs: dict[str, Any], *, parent: str | None = None
+) -> None:
+    """A start with an id that exists returns that run only for the same task and inputs
+    (CONTRACT.md, "Python API"); otherwise :class:`~haltwise.IdempotencyConflictError`.
+
+    ``inputs`` as the journal keeps them (JSON); where the task's file was loaded from is not
+    part of the call. A child run (``parent``) is matched by its id alone: its parent's journal
+    already says which call it is.
+    """
+    if parent is not None:
+        return
+    if existing.task != task:
+        raise IdempotencyConflictError(existing.id, f"another task ({existing.task})")
+
+    def call(values: dict[str, Any]) -> tuple[Any, Any]:
+        return values.get("args", []), values.get("kwargs", {})
+
+    if call(existing.inputs) != call(inputs):
+        raise IdempotencyConflictError(existing.id, "other inputs")
 
 
 def _check_deadline(deadline: float | None) -> None:

@@ -28,6 +28,7 @@ from .._core.records import RunRecord
 from .._core.states import State
 from .._core.views import CancelBatch, Change, RunDetail, RunPage
 from .._journal import open_store, store_url_from
+from .._journal.operator_sql import is_high_water
 from .._journal.owner import held_by_live_owner
 from .._journal.secrets import safe_url, scrub
 from .._journal.store import CancelResult, Store
@@ -80,6 +81,29 @@ class Seat:
     ) -> AsyncIterator[Change]:
         """The journal's changes (see :meth:`haltwise.Runtime.changes`)."""
         return feed(self._store, since, None if run_id is None else {run_id})
+
+    async def changes_between(
+        self, after: int, upto: int, *, limit: int
+    ) -> tuple[list[Change], int | None]:
+        """A bounded read of the past, where :meth:`changes` follows the journal for ever: up to
+        ``limit`` changes numbered above ``after`` and at most ``upto``, ascending (high-water
+        marks left out), and the number to read after next (``None``: nothing is left)."""
+        batch, _ = await self._store.changes_after(after, limit=limit)
+        inside = [change for change in batch if change.seq <= upto]
+        more = len(inside) == len(batch) == limit
+        return [c for c in inside if not is_high_water(c)], inside[-1].seq if more else None
+
+    async def last_change(self) -> int:
+        """The number of the journal's latest change (0 if none)."""
+        return await self._store.last_change()
+
+    async def delivery_position(self, destination: str) -> int | None:
+        """The last change ``destination`` acknowledged (``haltwise events``); None if none."""
+        return await self._store.delivery_position(destination)
+
+    async def save_delivery_position(self, destination: str, position: int) -> None:
+        """Record durably that every change up to ``position`` reached ``destination``."""
+        await self._store.save_delivery_position(destination, position)
 
     async def wait_for_change(self, timeout: float, since: int | None = None) -> int:
         """Wait up to ``timeout`` seconds for the journal to change after mark ``since``; return

@@ -24,8 +24,10 @@ propagates as it came; one haltwise requested is raised into the task as
 from __future__ import annotations
 
 import asyncio
+import builtins
 import inspect
 import json
+import sys
 import time
 import zlib
 from collections.abc import Callable, Coroutine, Mapping
@@ -36,6 +38,7 @@ import anyio
 
 from .._core.exceptions import (
     Cancelled,
+    ReplayedError,
     StepTimeoutError,
     StoreError,
     UnknownStepError,
@@ -133,6 +136,7 @@ _FINGERPRINT_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, defa
 
 
 def _replay(run: RunContext, journaled: StepRecord, spec: ToolSpec, print_: str) -> Any:
+    """A journaled step's replay: its result, its error raised again, or ``_RUN_AGAIN``."""
     if journaled.tool != spec.name:
         raise run.diverge(journaled, spec.name)
     status = journaled.status
@@ -140,9 +144,57 @@ def _replay(run: RunContext, journaled: StepRecord, spec: ToolSpec, print_: str)
         if journaled.fingerprint is not None and journaled.fingerprint != print_:
             raise run.diverge(journaled, spec.name, what="arguments")
         return journaled.result
+    if status is StepStatus.FAILED and _went_past(run, journaled):
+        if journaled.fingerprint is not None and journaled.fingerprint != print_:
+            raise run.diverge(journaled, spec.name, what="arguments")
+        assert journaled.error is not None
+        raise rebuilt_error(journaled.error, spec)
     if blocks_resume(journaled, run.rerun):
         raise UnknownStepError(run.run_id, journaled.index, journaled.tool)
     return _RUN_AGAIN
+
+
+def _went_past(run: RunContext, journaled: StepRecord) -> bool:
+    """Whether the task saw this failed step's error and went past it (CONTRACT.md, "Resume
+    and determinism"): every failed step but the one whose error ended the run, unless the
+    caller asked for it to run again (``rerun``)."""
+    return (
+        journaled.error is not None
+        and journaled.index != run.ended_by
+        and journaled.index not in run.rerun
+    )
+
+
+#: Exception types a failed step's error may be rebuilt as, by type name, beyond the builtins
+#: and the tool's own module: the integrations add their framework's (Pydantic AI's ModelRetry).
+REPLAYABLE_ERRORS: dict[str, type[BaseException]] = {}
+
+
+def rebuilt_error(error: ErrorInfo, spec: ToolSpec) -> BaseException:
+    """The journaled ``error`` of a failed step, to raise again on resume.
+
+    Rebuilt as its own type when that type is found by name (an integration's registered
+    type, a builtin exception, a name in the tool's module) and its text comes back the same
+    from its message alone; otherwise :class:`~haltwise.ReplayedError` with the same text.
+    """
+    kind = REPLAYABLE_ERRORS.get(error.type) or _named_exception(error.type, spec)
+    if kind is not None:
+        try:
+            rebuilt = kind(error.message)
+        except Exception:
+            rebuilt = None
+        if isinstance(rebuilt, Exception) and str(rebuilt) == error.message:
+            return rebuilt
+    return ReplayedError(error.type, error.message)
+
+
+def _named_exception(name: str, spec: ToolSpec) -> type[BaseException] | None:
+    module = sys.modules.get(getattr(spec.fn, "__module__", "") or "")
+    for where in (vars(builtins), vars(module) if module is not None else {}):
+        found = where.get(name)
+        if isinstance(found, type) and issubclass(found, Exception):
+            return found
+    return None
 
 
 def _args_json(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -209,6 +261,7 @@ class _Flight:
         "native_cancels",
         "phase",
         "policy",
+        "print_",
         "replayed",
         "run",
         "shielded",
@@ -246,7 +299,8 @@ class _Flight:
         self.step: StepContext | None = None
         # The index is taken now, synchronously: concurrent calls are numbered in the order
         # they begin, in every attempt.
-        self.index = run.numbering.take(self.call_id)
+        self.print_ = fingerprint(args, kwargs)
+        self.index = run.numbering.take(self.call_id, spec.name, self.print_)
         run.fly(self)
 
     # -- what a cancel does ----------------------------------------------------------------
@@ -278,7 +332,7 @@ class _Flight:
 
     async def perform(self) -> Any:
         run = self.run
-        print_ = fingerprint(self.args, self.kwargs)
+        print_ = self.print_
         journaled = run.journal.get(self.index)
         if journaled is not None:
             replayed = _replay(run, journaled, self.spec, print_)
@@ -548,6 +602,8 @@ class _Flight:
             )
             status = StepStatus.FAILED if undone else StepStatus.UNKNOWN
         self.failed_as = status
+        if isinstance(error, TimeoutError):
+            self.run.note_step_error(error)
         await settle(self.run, self.index, status, error=ErrorInfo.of(error), step=self.step)
 
     async def _tool_cancelled(self, cancel: Cancelled) -> NoReturn:
@@ -699,7 +755,7 @@ async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
     task.result()
 
 
-def _anyio_task_states() -> Mapping[asyncio.Task[Any], Any] | None:
+def anyio_task_states() -> Mapping[asyncio.Task[Any], Any] | None:
     """anyio's record of each task's cancel scopes (a private module of anyio's asyncio
     backend), or None if a later anyio moved it: a finish body then runs in a task of its own."""
     try:
@@ -709,7 +765,7 @@ def _anyio_task_states() -> Mapping[asyncio.Task[Any], Any] | None:
     return _task_states
 
 
-_TASK_STATES = _anyio_task_states()
+ANYIO_TASK_STATES = anyio_task_states()
 
 
 def _no_scope_between(run: RunContext) -> bool:
@@ -719,9 +775,9 @@ def _no_scope_between(run: RunContext) -> bool:
     the backend); anything unexpected answers False, the safe way (a task of its own).
     """
     body = run.body_task
-    if body is None or _TASK_STATES is None:
+    if body is None or ANYIO_TASK_STATES is None:
         return False
-    state = _TASK_STATES.get(body)
+    state = ANYIO_TASK_STATES.get(body)
     return state is not None and state.cancel_scope is run.cancel.task_scope
 
 

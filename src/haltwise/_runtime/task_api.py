@@ -16,6 +16,7 @@ from .run_context import CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext, curren
 
 __all__ = [
     "aemit",
+    "cancel_current_run",
     "cancel_requested",
     "checkpoint",
     "current_run",
@@ -83,6 +84,28 @@ async def checkpoint() -> None:
     await pause_point(run)
     run.raise_if_cancelled()
     await anyio.lowlevel.checkpoint()
+
+
+async def cancel_current_run(reason: str = "host", *, force: bool = False) -> bool:
+    """Record a cancel request for the run whose code (or tool) calls this, and deliver it.
+
+    For an integration whose framework stopped the agent without raising anything into the task
+    (the OpenAI Agents SDK's streamed ``cancel()`` just ends the stream): the run is recorded
+    ``cancelling`` at once, its steps in flight settle by their policies, and it ends
+    ``cancelled`` with ``reason`` (``"host"`` by default) instead of ``completed`` with whatever
+    the framework returns. The request is as :meth:`Runtime.cancel`'s (``force`` too), and the
+    task's code is then cancelled at its next await outside a shield, as by any cancel.
+
+    Returns True if the request was recorded now; False, doing nothing, outside a task or when a
+    cancel of the run is already requested. Shielded: it completes although the caller is being
+    cancelled.
+    """
+    run = current_run()
+    if run is None or cancel_requested():
+        return False
+    with anyio.CancelScope(shield=True):
+        await run.host.cancel(run.run_id, reason=reason, force=force)
+    return True
 
 
 def cancel_requested() -> bool:

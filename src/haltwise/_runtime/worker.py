@@ -25,6 +25,7 @@ from .._core.exceptions import (
 from .._core.records import RunRecord
 from .._core.states import State
 from .._journal.owner import owner_alive
+from . import lowlevel
 from .runtime import Runtime, TaskHandle
 from .tool import Task
 
@@ -38,7 +39,7 @@ class Worker:
     """Works the runs of ``tasks`` (a mapping from the names runs record to the tasks).
 
     At most ``concurrency`` runs at a time. :meth:`serve` returns once ``stop`` is set and
-    every run it holds has been handed over (see :meth:`Runtime._hand_over`).
+    every run it holds has been handed over (see :func:`.lowlevel.hand_over`).
     """
 
     def __init__(
@@ -69,10 +70,10 @@ class Worker:
             await stop.wait()
             group.cancel_scope.cancel()
         with anyio.CancelScope(shield=True):
-            stopping = self.runtime._begin_hand_over()
+            stopping = lowlevel.begin_hand_over(self.runtime)
             if self.on_hand_over is not None:
                 self.on_hand_over(stopping)
-            await self.runtime._hand_over()
+            await lowlevel.hand_over(self.runtime)
 
     async def _loop(self, stop: anyio.Event) -> None:
         store = self.runtime.store
@@ -122,7 +123,7 @@ class Worker:
             )
         )
         for record in claimed:
-            self.runtime._leased_at[record.id] = leased_at
+            lowlevel.claimed(self.runtime, record.id, leased_at)
             await self._adopt(record.id)
 
     async def _orphans(self) -> list[str]:
@@ -165,7 +166,7 @@ class Worker:
     async def _adopt(self, run_id: str) -> None:
         try:
             snapshot = await self.runtime.store.load(run_id)
-            handle = await self.runtime._adopt(run_id, self.tasks[snapshot.run.task])
+            handle = await lowlevel.adopt(self.runtime, run_id, self.tasks[snapshot.run.task])
         except (RunOwnedError, UnknownRunError):
             return  # another worker was quicker
         except CorruptRowError as error:

@@ -18,12 +18,9 @@ from contextlib import AbstractContextManager, nullcontext
 from types import ModuleType
 from typing import Any, TypeVar
 
-import anyio
-
 import haltwise
 
 from .._core.exceptions import HaltwiseError
-from .._runtime.run_context import current_run
 from .._runtime.tool import model_step
 
 __all__ = [
@@ -103,18 +100,7 @@ async def journaled(fn: Callable[[], Awaitable[T]], *, name: str, **policy: Any)
 
 
 async def cancel_run_for_host() -> None:
-    """Cancel the current run with reason ``host``: the framework stopped the agent quietly.
-
-    For a framework whose own cancel raises nothing into the task (the Agents SDK's streamed
-    ``cancel()`` just ends the stream): the run is recorded ``cancelling`` at once and ends
-    ``cancelled`` instead of ``completed`` with whatever the framework returns. (A framework
-    cancel that raises into the task, or reaches a step, is the core's host-cancel rule.) Does
-    nothing outside a task or when a cancel is already requested. Shielded: it completes although
-    the caller is being cancelled.
-    """
-    run = current_run()
-    if run is None or haltwise.cancel_requested():
-        return
-    run_id = run.run_id
-    with anyio.CancelScope(shield=True):
-        await run.host.cancel(run_id, reason="host")
+    """Cancel the current run with reason ``host``: the framework stopped the agent quietly
+    (:func:`haltwise.cancel_current_run`; a framework cancel that raises into the task, or
+    reaches a step, is the core's host-cancel rule)."""
+    await haltwise.cancel_current_run("host")

@@ -34,6 +34,7 @@ from mcp.server.stdio import stdio_server
 from .._core.exceptions import HaltwiseError, InputError, RunOwnedError
 from .._core.outcome import Outcome
 from .._core.states import State
+from .._runtime import lowlevel
 from .._runtime.describe import mcp_annotations, parameters_schema
 from .._runtime.runtime import Runtime, TaskHandle
 from .._runtime.spec import Tool, ToolSpec
@@ -136,7 +137,8 @@ class TaskServer:
     async def _start(
         self, served: ServedTask, arguments: dict[str, Any], run_id: str
     ) -> TaskHandle:
-        handle = await self.runtime._start_named(
+        handle = await lowlevel.launch(
+            self.runtime,
             served.task,
             (),
             arguments,
@@ -178,14 +180,14 @@ class TaskServer:
         """Yield at once, then each time run ``run_id`` may have journaled a partial result:
         for a run worked here, when it does (its progress pulse); for one another process
         works, at each of its changes in the journal's change feed."""
-        run = self.runtime._active.get(run_id)
-        if run is None:
+        pulse = lowlevel.progress(self.runtime, run_id)
+        if pulse is None:
             yield
             async for _ in self.runtime.changes(run_id=run_id):
                 yield
             return
         while True:
-            woken = run.progress.next()  # taken before the journal is read: nothing is missed
+            woken = pulse.next()  # taken before the journal is read: nothing is missed
             yield
             await woken.wait()
 

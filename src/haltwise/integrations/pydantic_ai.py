@@ -69,7 +69,6 @@ from pydantic_ai.usage import RequestUsage  # noqa: E402
 
 import haltwise  # noqa: E402
 
-from .._runtime.ending import HOST_CANCEL_ERRORS  # noqa: E402
 from ._common import MODEL_STEP, cancel_run_for_host, model_request  # noqa: E402
 from ._conversation import (  # noqa: E402
     SettledCall,
@@ -84,8 +83,7 @@ __all__ = ["JournaledModel", "close_dangling", "tool"]
 
 # Pydantic AI's own cancel, wherever it landed (in a step or between two), ends the run
 # ``cancelled`` with reason "host" when its RunCancelled (RunTimedOut) reaches the task.
-if RunCancelled not in HOST_CANCEL_ERRORS:
-    HOST_CANCEL_ERRORS.append(RunCancelled)
+haltwise.register_host_cancel(RunCancelled)
 
 
 def tool(haltwise_tool: haltwise.Tool[..., Any]) -> Tool[Any]:
