@@ -11,12 +11,14 @@ from typing import Any
 
 import click
 
+from .._core.budget import Budget
 from .._core.exceptions import InputError
 from .._core.outcome import Outcome
 from .._core.states import State
 from .._runtime import lowlevel
 from .._runtime.runtime import Runtime
 from .base import (
+    budget_option,
     deadline_option,
     exit_code,
     json_option,
@@ -44,6 +46,7 @@ from .signals import RELAY
 @click.option("--input", "input_json", metavar="JSON", help="A JSON object of keyword arguments.")
 @click.option("--id", "task_id", metavar="ID", help="The run's id (default: a new one).")
 @deadline_option
+@budget_option
 @json_option
 @store_option
 def run_command(
@@ -51,6 +54,7 @@ def run_command(
     input_json: str | None,
     task_id: str | None,
     deadline: float | None,
+    budget: Budget | None,
     as_json: bool,
     store: str | None,
 ) -> int:
@@ -86,6 +90,7 @@ def run_command(
                     deadline=deadline,
                     name=run_name(target),
                     source=source,
+                    budget=budget,
                 )
                 await check_ours(runtime, handle.id)
                 outcome = await foreground.follow(handle.id, Screen())
