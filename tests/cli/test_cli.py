@@ -87,6 +87,7 @@ def test_run_to_completion_prints_the_contract_json(env: Env) -> None:
                 "attempts": 1,
             },
         ],
+        "budget": {"limit": None, "spent": {"usd": 0.0, "tokens": 0, "tool_calls": 4}},
     }
     assert done.stdout.count("\n") == 1
 

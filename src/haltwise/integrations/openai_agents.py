@@ -57,7 +57,12 @@ from pydantic import TypeAdapter  # noqa: E402
 
 import haltwise  # noqa: E402
 
-from ._common import MODEL_STEP, cancel_run_for_host, model_request  # noqa: E402
+from ._common import (  # noqa: E402
+    MODEL_STEP,
+    cancel_run_for_host,
+    model_request,
+    record_usage,
+)
 from ._conversation import (  # noqa: E402
     call_tool,
     settled_calls,
@@ -131,7 +136,10 @@ class JournaledModel(Model):
         args, kwargs = _closed_input(args, kwargs)
 
         async def ask() -> dict[str, Any]:
-            return _dump_response(await self.model.get_response(*args, **kwargs))
+            response = await self.model.get_response(*args, **kwargs)
+            usage = response.usage
+            record_usage(self.model, usage.input_tokens, usage.output_tokens)
+            return _dump_response(response)
 
         data = await self._journaled(ask)
         _record_turn(data["output"])
@@ -160,6 +168,9 @@ class JournaledModel(Model):
                 await _aclose(stream)
             if completed is None:
                 raise haltwise.HaltwiseError("the model's stream ended with no completed response")
+            usage = completed.usage
+            if usage is not None:
+                record_usage(completed.model or self.model, usage.input_tokens, usage.output_tokens)
             return completed.model_dump(mode="json")
 
         request = StreamedStep(ask, name=self.name)

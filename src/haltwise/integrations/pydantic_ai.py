@@ -69,7 +69,12 @@ from pydantic_ai.usage import RequestUsage  # noqa: E402
 
 import haltwise  # noqa: E402
 
-from ._common import MODEL_STEP, cancel_run_for_host, model_request  # noqa: E402
+from ._common import (  # noqa: E402
+    MODEL_STEP,
+    cancel_run_for_host,
+    model_request,
+    record_usage,
+)
 from ._conversation import (  # noqa: E402
     SettledCall,
     call_tool,
@@ -129,6 +134,7 @@ class JournaledModel(WrapperModel):
 
         async def ask() -> Any:
             response = await self.wrapped.request(closed, model_settings, model_request_parameters)
+            _record(response)
             return _dump(response)
 
         return _load(await model_request(ask, name=self.step_name))
@@ -157,6 +163,12 @@ class JournaledModel(WrapperModel):
             yield stream
         finally:
             await stream.aclose()
+
+
+def _record(response: ModelResponse) -> None:
+    """Record a model response's usage (its ``RequestUsage``) with the step that asked."""
+    usage = response.usage
+    record_usage(response.model_name, usage.input_tokens, usage.output_tokens)
 
 
 class _JournaledStream(StreamedResponse):
@@ -209,7 +221,9 @@ class _JournaledStream(StreamedResponse):
             self._live = live
             async for event in live:
                 emit(event)
-            return _dump(live.get())
+            response = live.get()
+            _record(response)
+            return _dump(response)
 
     def _applied(self, event: ModelResponseStreamEvent) -> ModelResponseStreamEvent:
         if isinstance(event, FinalResultEvent):
