@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._core.exceptions import LoadError as LoadError
     from ._core.exceptions import LostOwnershipError as LostOwnershipError
     from ._core.exceptions import NonDeterminismError as NonDeterminismError
+    from ._core.exceptions import NoStoreError as NoStoreError
     from ._core.exceptions import NotInTaskError as NotInTaskError
     from ._core.exceptions import PolicyError as PolicyError
     from ._core.exceptions import ReplayedError as ReplayedError
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from ._core.exceptions import SchemaVersionError as SchemaVersionError
     from ._core.exceptions import StepTimeoutError as StepTimeoutError
     from ._core.exceptions import StoreError as StoreError
+    from ._core.exceptions import StoreGoneError as StoreGoneError
     from ._core.exceptions import UnknownRunError as UnknownRunError
     from ._core.exceptions import UnknownStepError as UnknownStepError
     from ._core.outcome import AttemptError as AttemptError
@@ -95,6 +97,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "InvalidTransitionError",
         "LoadError",
         "LostOwnershipError",
+        "NoStoreError",
         "NonDeterminismError",
         "NotInTaskError",
         "PolicyError",
@@ -105,6 +108,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "SchemaVersionError",
         "StepTimeoutError",
         "StoreError",
+        "StoreGoneError",
         "UnknownRunError",
         "UnknownStepError",
     ),
@@ -170,6 +174,7 @@ __all__ = [
     "InvalidTransitionError",
     "LoadError",
     "LostOwnershipError",
+    "NoStoreError",
     "NonDeterminismError",
     "NotInTaskError",
     "OnCancel",
@@ -195,6 +200,7 @@ __all__ = [
     "StepTimes",
     "StepWait",
     "StoreError",
+    "StoreGoneError",
     "Task",
     "TaskHandle",
     "Tool",

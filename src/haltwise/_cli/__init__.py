@@ -17,7 +17,7 @@ from typing import NoReturn
 import click
 
 from .. import __version__
-from .._core.exceptions import HaltwiseError, UnknownRunError
+from .._core.exceptions import HaltwiseError, ResumeRefusedError, UnknownRunError
 from .base import USAGE, fail, looked_in
 from .signals import RELAY
 
@@ -96,6 +96,8 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
         return fail(error.format_message())
     except UnknownRunError as error:
         return fail(f"{error} ({looked_in()})")
+    except ResumeRefusedError as error:
+        return fail(_refused_words(error))
     except HaltwiseError as error:
         return fail(str(error))
     except (click.Abort, KeyboardInterrupt):
@@ -108,3 +110,12 @@ def main() -> NoReturn:
     code = run_cli()
     RELAY.ignore_from_now()  # the exit code is the run's, whatever signal comes now
     sys.exit(code)
+
+
+def _refused_words(error: ResumeRefusedError) -> str:
+    """A refused resume, with the options of ``haltwise resume`` that settle it."""
+    named = ", ".join(f"step {index} ({tool})" for index, tool in error.steps)
+    return (
+        f"run {error.task_id!r}: {named} may or may not have happened and is not idempotent; "
+        "check the world, then resume with --assume-done STEP[=JSON] or --rerun STEP"
+    )

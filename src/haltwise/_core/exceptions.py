@@ -30,6 +30,8 @@ Cancellation is not an error, so it stands outside the error tree::
         ├── ReplayedError         a failed step's error replayed on resume, its own type not
         │                         found here (.type: that type's name; its text: the error's)
         └── DeliveryGoneError     an events receiver answered 410 Gone: delivery stopped
+    └── McpToolError              a remote MCP tool answered with an error (.tool): the tool's own
+                                  failure, as any tool's (a step failed), not a HaltwiseError
 
 A failed run's outcome carries the task's *own* exception type and text, not these.
 """
@@ -120,7 +122,8 @@ class ResumeRefusedError(HaltwiseError):
         named = ", ".join(f"step {index} ({tool})" for index, tool in steps)
         super().__init__(
             f"run {task_id!r}: {named} may or may not have happened and is not idempotent; "
-            "check the world, then resume with --assume-done STEP[=JSON] or --rerun STEP",
+            "check the world, then resume saying it happened (assume_done, with its result) "
+            "or that it runs again (rerun)",
             task_id=task_id,
         )
         self.steps = tuple(steps)
@@ -187,7 +190,8 @@ class UnknownStepError(HaltwiseError):
     def __init__(self, task_id: str, index: int, tool: str) -> None:
         super().__init__(
             f"run {task_id!r}: step {index} ({tool}) is unknown and not idempotent; "
-            "reconcile it, then resume with --assume-done or --rerun",
+            "reconcile it, then resume saying it happened (assume_done) or that it runs again "
+            "(rerun)",
             task_id=task_id,
         )
         self.index = index
@@ -334,3 +338,17 @@ class ReplayedError(HaltwiseError):
 class DeliveryGoneError(HaltwiseError):
     """The receiver of ``haltwise events`` answered ``410 Gone``: it wants no more events, and
     the sender stops (the command exits 1). Its position stays before the refused change."""
+
+
+class McpToolError(Exception):
+    """A remote MCP tool answered with an error result, or the call failed on the protocol.
+
+    Raised by the tools of :func:`haltwise.integrations.mcp.remote_tools`: it is the remote
+    tool's own failure (its step is recorded ``failed``, and a framework shows it to the model as
+    any tool's error), not one of haltwise's, so it is no :class:`HaltwiseError`. ``tool`` is the
+    remote tool's name.
+    """
+
+    def __init__(self, tool: str, message: str) -> None:
+        super().__init__(f"MCP tool {tool!r}: {message}")
+        self.tool = tool

@@ -39,8 +39,9 @@ class RunHead(Protocol):
 
 
 class CancelHead(Protocol):
-    """What the plan of a cancel request reads of a run (:func:`.sql.plan_cancel_write`), and
-    nothing more: runs with the same :func:`.sql.cancel_plan_key` share one plan."""
+    """What the plan of a cancel request reads of a run
+    (:func:`haltwise._journal.sql.plan_cancel_write`), and nothing more: runs with the same
+    :func:`~haltwise._journal.sql.cancel_plan_key` share one plan."""
 
     @property
     def state(self) -> State: ...

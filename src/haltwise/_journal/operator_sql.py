@@ -251,6 +251,14 @@ class OperatorSQL:
     def now(self) -> str:
         return self.sql("SELECT {clock}")
 
+    # -- the span context of a run's latest attempt ---------------------------------------------
+
+    def trace_of(self) -> str:
+        return self.sql("SELECT trace FROM {runs} WHERE id = ?")
+
+    def save_trace(self) -> str:
+        return self.sql("UPDATE {runs} SET trace = ? WHERE id = ?")
+
     # -- the events sender's positions ---------------------------------------------------------
 
     def delivery_position(self) -> str:

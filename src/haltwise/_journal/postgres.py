@@ -1166,6 +1166,16 @@ class PostgresStore:
 
         return await self._run(op, read_only=True, single=True)
 
+    async def swap_trace(self, run_id: str, traceparent: str) -> str | None:
+        async def op(conn: _Conn) -> str | None:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(_OPS.trace_of(), (run_id,))
+                row = await rows.fetchone()
+                await rows.execute(_OPS.save_trace(), (traceparent, run_id))
+            return None if row is None else row[0]
+
+        return await self._run(op, runs=(run_id,))
+
     async def delivery_position(self, destination: str) -> int | None:
         async def op(conn: _Conn) -> int | None:
             async with conn.cursor(row_factory=tuple_row) as rows:

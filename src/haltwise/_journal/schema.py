@@ -170,6 +170,10 @@ _PAUSING = Index("runs_pausing", "runs", ("id",), where="pause")
 #: something to settle (a step still in flight: a child run paused with it; a saga to run), so it
 #: goes ``cancelling`` instead of ending ``cancelled`` at once (see ``plan_cancel``)
 _SETTLE_ON_CANCEL = Column("settle_on_cancel", Kind.BOOLEAN, not_null=True, default=False)
+#: Version 13: the W3C ``traceparent`` of the span of the run's latest attempt, kept while spans
+#: are recorded, so that the next attempt's span links to it, in whatever process it runs.
+_TRACE = _text("trace")
+
 #: Version 5: how a replayed call is matched to its journaled step (the framework's call id, and a
 #: fingerprint of its arguments checked on replay).
 _STEP_IDENTITY = (_text("call_id"), _text("fingerprint"))
@@ -211,7 +215,7 @@ _DELIVERIES = Table(
 #: step ~1.5 WAL pages and ~4 us (docs/benchmarks.md), and SQLite's prune scans the table once.
 _CHANGES_BY_RUN = Index("changes_by_run", "changes", ("run_id", "seq"), only="postgresql")
 
-#: Version 13: what a step spent (issue 33), written by its settlement: US dollars, model tokens,
+#: Version 14: what a step spent (issue 33), written by its settlement: US dollars, model tokens,
 #: and the tool calls it counts when not its attempts (a model request: 0; a child step: its
 #: child run's). NULL: nothing written (a step's calls are then its attempts).
 _STEP_SPEND = (
@@ -252,6 +256,7 @@ TABLES: tuple[Table, ...] = (
             Column("updated_at", Kind.REAL, not_null=True),
             _PAUSE,
             _SETTLE_ON_CANCEL,
+            _TRACE,
         ),
         primary_key=("id",),
     ),
@@ -473,8 +478,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         (DropIndex("runs_by_state"),),
     ),
     Migration(12, "the events sender's delivery position per destination", (_DELIVERIES,)),
+    Migration(13, "the span context of a run's latest attempt", (AddColumn("runs", _TRACE),)),
     Migration(
-        13,
+        14,
         "what each step spent: usd, tokens, calls (budgets, issue 33)",
         tuple(AddColumn("steps", column) for column in _STEP_SPEND),
     ),
@@ -558,13 +564,11 @@ class Dialect:
             return list(change.sqlite if self.name == "sqlite" else change.postgresql)
         if isinstance(change, Rebuild):
             return self.rebuild(change)
-        # PostgreSQL: IF NOT EXISTS (a store whose version was set back, as the migration tests
-        # do, keeps the columns it has); SQLite has no such clause (and no such test)
-        exists = " IF NOT EXISTS" if self.name == "postgresql" else ""
-        return [
-            f"ALTER TABLE {self.qualify(change.table)} ADD COLUMN{exists} "
-            f"{self.column(change.column)}"
-        ]
+        # PostgreSQL: IF NOT EXISTS, so that a migration applied again (a version recorded lower
+        # than the tables are) is no error; SQLite has no such clause and is never asked that.
+        exists = "" if self.name == "sqlite" else "IF NOT EXISTS "
+        table = self.qualify(change.table)
+        return [f"ALTER TABLE {table} ADD COLUMN {exists}{self.column(change.column)}"]
 
     def set_version(self) -> str:
         """The statement that records the schema version (one parameter: the version)."""

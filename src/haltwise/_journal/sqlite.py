@@ -1,8 +1,8 @@
 """The embedded default store: one SQLite file in WAL mode.
 
-The SQL of every :class:`~haltwise._store.Store` operation lives here; how operations reach the
+The SQL of every :class:`~.store.Store` operation lives here; how operations reach the
 database (group commit, the fast path, the writer thread, deferred settlements) lives in
-:mod:`haltwise._sqlite_writer`. Each write is durable (``synchronous=FULL`` by default) when its
+:mod:`.sqlite_writer`. Each write is durable (``synchronous=FULL`` by default) when its
 coroutine returns. Other processes' commits are noticed through ``PRAGMA data_version``, polled
 every 15 ms on a dedicated connection.
 
@@ -864,6 +864,15 @@ class SQLiteStore:
 
         seq: int = await self._writer.call(op, write=False)
         return seq
+
+    async def swap_trace(self, run_id: str, traceparent: str) -> str | None:
+        def op(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(_OPS.trace_of(), (run_id,)).fetchone()
+            conn.execute(_OPS.save_trace(), (traceparent, run_id))
+            return None if row is None else row[0]
+
+        earlier: str | None = await self._writer.call(op, write=True)
+        return earlier
 
     async def delivery_position(self, destination: str) -> int | None:
         def op(conn: sqlite3.Connection) -> int | None:

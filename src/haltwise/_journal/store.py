@@ -420,6 +420,10 @@ class Store(Protocol):
     async def last_change(self) -> int:
         """The number of the latest change (0 if none)."""
 
+    async def swap_trace(self, run_id: str, traceparent: str) -> str | None:
+        """Keep ``traceparent`` as the span context of the run's latest attempt, in one
+        transaction with reading the one it replaces (None: none was kept)."""
+
     async def delivery_position(self, destination: str) -> int | None:
         """The number of the last change acknowledged by ``destination`` (a URL: see
         ``haltwise events``), or ``None`` if no sender has delivered there yet."""

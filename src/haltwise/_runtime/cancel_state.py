@@ -19,6 +19,10 @@ import anyio
 
 from .._core.exceptions import Cancelled
 
+#: The native cancel exception: the runtime is asyncio-only, and the step path names this
+#: constant rather than calling ``anyio.get_cancelled_exc_class()`` each time.
+NATIVE_CANCEL = asyncio.CancelledError
+
 #: Exception types by which a framework says that *it* cancelled the agent (Pydantic AI's
 #: ``RunCancelled``): such an error reaching the task function is a host cancel of the run,
 #: wherever the framework's cancel landed. Added to only by :func:`register_host_cancel`.

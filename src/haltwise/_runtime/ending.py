@@ -31,11 +31,10 @@ from .._core.records import JSONText, RunSnapshot, dump_json
 from .._core.states import State
 from .._journal.shield import shielded
 from .._journal.store import UNSET, WriteDone
-from .cancel_state import HOST_CANCEL_ERRORS
+from .cancel_state import HOST_CANCEL_ERRORS, NATIVE_CANCEL
 from .run_context import CALL_ID, CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext
 from .takeover import run_saga, settle_orphans
 
-_CANCELLED = asyncio.CancelledError  # the runtime is asyncio-only (see ending.call_task)
 #: The reason of a run cancelled by a cancellation that haltwise did not request.
 HOST_REASON = "host"
 #: The reason of a run cancelled by a host's timeout (its TimeoutError left the task function).
@@ -101,9 +100,11 @@ async def call_task(ctx: RunContext, inputs: dict[str, Any]) -> Ending:
                         # The host cancelled the task function's task; it caught that and
                         # returned: the run was cancelled all the same.
                         _take_back(body, cancelling)
-                        return Ending(error=_CANCELLED("cancelled by its host"), host=HOST_REASON)
+                        return Ending(
+                            error=NATIVE_CANCEL("cancelled by its host"), host=HOST_REASON
+                        )
                 return Ending(value=value)
-            except _CANCELLED as cancel:
+            except NATIVE_CANCEL as cancel:
                 if not scope.cancel_called:
                     if anyio.current_effective_deadline() == -math.inf:
                         ctx.cancel.force()  # the runtime itself is being cancelled
@@ -189,7 +190,7 @@ def final_write(
     cancel = ctx.cancel
     if cancel.handing_over and (cancel.delivered or error is not None) and ctx.poison is None:
         return ctx.store.release(ctx.run_id, ctx.fence)
-    cancel_like = isinstance(error, Cancelled | _CANCELLED)
+    cancel_like = isinstance(error, Cancelled | NATIVE_CANCEL)
     if cancel.delivered or cancel.forced or (cancel.reason is not None and error is not None):
         return cancelled_write(ctx, None if cancel_like else error, then=then)
     if error is not None:
@@ -221,6 +222,7 @@ def _final_transition(
     """The run's transition to ``target`` (with ``fields``, fenced by its owner): submitted
     with ``then`` if given and the store can (None), else the store's write, not awaited."""
     store = ctx.store
+    ctx.ended = (target, None)
     if then is not None and store.transition_then(
         then, ctx.run_id, target, fence=ctx.fence, **fields
     ):
@@ -260,6 +262,7 @@ def _own_cancel_reason(ctx: RunContext, ending: Ending) -> str | None:
 
 async def finish_failed(ctx: RunContext, error: BaseException) -> None:
     """Record ``failed``, or ``cancelled`` if a cancel request won the race."""
+    ctx.ended = (State.FAILED, ErrorInfo.of(error))
     try:
         await ctx.store.transition(
             ctx.run_id,

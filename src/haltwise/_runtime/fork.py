@@ -59,7 +59,7 @@ def plan_fork(snapshot: RunSnapshot, from_step: int) -> ForkPlan:
     run_id = snapshot.run.id
     steps = snapshot.steps
     if isinstance(from_step, bool) or not isinstance(from_step, int) or from_step < 0:
-        raise InputError(f"--from-step must be a step number >= 0, not {from_step!r}")
+        raise InputError(f"from_step must be a step number >= 0, not {from_step!r}")
     if from_step > len(steps):
         raise InputError(
             f"run {run_id!r} has {len(steps)} steps; fork from step 0 to {len(steps)}",

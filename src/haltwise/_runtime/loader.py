@@ -1,7 +1,7 @@
 """Load a user's tasks and tools from ``FILE.py`` or an importable module.
 
 The command line names its targets as ``FILE.py:TASK`` (or ``package.module:TASK``); this module
-turns such a spec into the module object and the :class:`~haltwise._tool.Task` in it, and finds
+turns such a spec into the module object and the :class:`~.tool.Task` in it, and finds
 every tool a file defines (for ``audit``). Every failure is a
 :class:`LoadError` with a one-line message, so the command line can print it and exit 2.
 """

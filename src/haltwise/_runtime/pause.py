@@ -27,6 +27,7 @@ from .._core.exceptions import InvalidTransitionError
 from .._core.outcome import saga_steps
 from .._core.policy import OnCancel
 from .._core.states import State
+from .spans import run_event
 
 if TYPE_CHECKING:
     from .._journal.store import PauseSignal, Store
@@ -131,6 +132,7 @@ async def _enter_pause(run: RunContext) -> None:
     # An unpause (or a cancel) delivered while the write was in flight has lifted the request
     # already: the run is not paused any more.
     gate.paused = gate.requested
+    run_event(run.trace, "haltwise.paused")
 
 
 async def settles_on_cancel(run: RunContext) -> bool:

@@ -27,13 +27,14 @@ import anyio
 
 from .._core.budget import Budget, Spent
 from .._core.exceptions import InputError, NonDeterminismError
-from .._core.outcome import Outcome, StepRecord
+from .._core.outcome import ErrorInfo, Outcome, StepRecord
 from .._core.policy import OnCancel
 from .._core.records import PartialKey, RunSnapshot
-from .._core.states import StepStatus
-from .cancel_state import CancelState
+from .._core.states import State, StepStatus
+from .cancel_state import NATIVE_CANCEL, CancelState
 from .pause_state import PauseGate
 from .progress import Pulse
+from .spans import RunTrace, run_event
 
 if TYPE_CHECKING:
     from .._journal.store import Store
@@ -48,7 +49,6 @@ StepExecutor = Callable[
 
 #: the least time between two schedule points between steps (see RunContext.between_steps)
 _YIELD_INTERVAL = 0.001
-_CANCELLED = asyncio.CancelledError  # the runtime is asyncio-only
 
 #: Idempotency keys need to be unique, not secret: one generator seeded from the OS is enough
 #: (os.urandom per key costs a system call each time).
@@ -307,6 +307,10 @@ class RunContext:
     #: the step of the parent run (worked here) that waits for this child run: the child's
     #: spend counts towards it, and so towards the parent's budget (:meth:`link_parent`)
     spend_to: StepContext | None = None
+    #: this attempt's spans while they are recorded (see .spans), else None
+    trace: RunTrace | None = None
+    #: the final state this attempt recorded, with a failure's error (see ending.final_write)
+    ended: tuple[State, ErrorInfo | None] | None = None
 
     @classmethod
     def for_snapshot(cls, snapshot: RunSnapshot | None, **fields: Any) -> RunContext:
@@ -394,6 +398,12 @@ class RunContext:
         """
         self.pause.lift()
         if self.cancel.record(reason, force=force):
+            if self.trace is not None:
+                run_event(
+                    self.trace,
+                    "haltwise.cancel.requested",
+                    {"haltwise.cancel.reason": reason, "haltwise.cancel.force": force},
+                )
             for flight in list(self.flights.values()):
                 flight.on_cancel()
 
@@ -430,7 +440,7 @@ class RunContext:
         self.next_yield = time.monotonic() + _YIELD_INTERVAL
         try:
             await anyio.lowlevel.checkpoint()
-        except _CANCELLED:
+        except NATIVE_CANCEL:
             self.raise_if_cancelled()
             raise
 

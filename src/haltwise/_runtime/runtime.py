@@ -1,6 +1,7 @@
 """The runtime: starts, drives, cancels and resumes runs against a store.
 
-It knows no store by name (only the :class:`~haltwise._store.Store` interface) and no terminal.
+It knows no store by name (only the :class:`~haltwise._journal.store.Store` interface) and no
+terminal.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from .._journal import open_store
 from .._journal.owner import DEFAULT_LEASE, Leased, held_by_live_owner, new_owner
 from .._journal.shield import shielded
 from .._journal.store import CancelledRun, ForkOf, NewRun, Store
+from . import spans
 from .cancel_state import outside_any_task
 from .ending import (
     call_task,
@@ -922,6 +924,7 @@ class Runtime:
         ctx.held_until = self._leased_at.pop(ctx.run_id, -math.inf) + self.lease
         self._active[ctx.run_id] = ctx
         self.store.set_concurrency(len(self._active) + self._side_steps)
+        ctx.trace = spans.begin_run(ctx.run_id, ctx.task.name)  # in the caller's context
         self._launches += 1
         self._wake.set()
         self._task_group.start_soon(
@@ -938,13 +941,16 @@ class Runtime:
         """
         ends_when_written = False
         try:
-            if deadline is None:
-                ending = await call_task(ctx, inputs)
-            else:
-                async with anyio.create_task_group() as timers:
-                    timers.start_soon(self._deadline, ctx, deadline)
+            if ctx.trace is not None:
+                await self._keep_trace(ctx, ctx.trace)
+            with spans.run_current(ctx.trace):
+                if deadline is None:
                     ending = await call_task(ctx, inputs)
-                    timers.cancel_scope.cancel()
+                else:
+                    async with anyio.create_task_group() as timers:
+                        timers.start_soon(self._deadline, ctx, deadline)
+                        ending = await call_task(ctx, inputs)
+                        timers.cancel_scope.cancel()
             written = await finish(ctx, ending, partial(self._on_written, ctx))
             del ending  # not kept while the final write waits (see finish)
             if written is None:
@@ -989,8 +995,18 @@ class Runtime:
         with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
             await self.store.release(ctx.run_id, ctx.fence)
 
+    async def _keep_trace(self, ctx: RunContext, trace: spans.RunTrace) -> None:
+        """Keep this attempt's span context in the journal, and link its span to the previous
+        attempt's (only while spans are recorded: one small write per attempt)."""
+        earlier = await self.store.swap_trace(ctx.run_id, spans.trace_context(trace))
+        spans.link_earlier(trace, earlier)
+
     def _stop_working(self, ctx: RunContext) -> None:
         """The run is no longer worked here (its final write is committed, or it stopped)."""
+        if ctx.trace is not None:
+            state, error = ctx.ended or (None, None)
+            spans.end_run(ctx.trace, state, error, ctx.cancel.reason, ctx.journal)
+            ctx.trace = None
         self._active.pop(ctx.run_id, None)
         self.store.set_concurrency(len(self._active) + self._side_steps)
         ctx.done.set()

@@ -49,9 +49,11 @@ from .._core.records import JSONText, dump_json, load_json
 from .._core.states import StepStatus
 from .._journal.store import StepStart
 from .budget import enforce_budget
+from .cancel_state import NATIVE_CANCEL
 from .pause import pause_point
 from .retries import may_retry
 from .run_context import CALL_ID, CURRENT_STEP, SHIELDED, RunContext, StepContext
+from .spans import begin_step, compensation_span, end_step, step_current
 from .threads import ThreadCall, start_thread
 
 if TYPE_CHECKING:
@@ -60,7 +62,6 @@ if TYPE_CHECKING:
 _RUN_AGAIN = object()
 #: results of these types read back from JSON as the very same value: no need to re-parse
 _SAME_AFTER_JSON = frozenset({int, str, bool, float, type(None)})
-_CANCELLED = asyncio.CancelledError  # the runtime is asyncio-only (see the module docstring)
 #: the fingerprint of a call without arguments (the common case, computed once)
 _NO_ARGUMENTS = "00000000"
 #: argument types whose repr is their value, the same in every process
@@ -230,6 +231,8 @@ async def settle(
         durable=durable,
         spend=None if step is None else step.spend_row(),
     )
+    if run.trace is not None:
+        end_step(run.trace, index, status, error)
 
 
 class _Phase(Enum):
@@ -351,11 +354,14 @@ class _Flight:
             step.polled = False
             step.emits = 0  # an attempt's partial results are the same ones in every attempt
             self.step = step
-            await self._start(key, print_)
+            await self._start(key, print_, retry + 1)
             outer = CURRENT_STEP.get()  # put back as a value: a waiting step holds no token
             CURRENT_STEP.set(self.step)
             try:
-                return await self._execute()
+                if run.trace is None:
+                    return await self._execute()
+                with step_current(run.trace, self.index):
+                    return await self._execute()
             except Exception as error:
                 if not may_retry(run, self.spec.policy, error, retry, self.failed_as):
                     raise
@@ -375,13 +381,14 @@ class _Flight:
         self.phase = _Phase.WAIT
         try:
             await anyio.sleep(self.spec.policy.backoff.delay(retry))
-        except _CANCELLED as cancel:
+        except NATIVE_CANCEL as cancel:
             self.phase = _Phase.AFTER
             self._propagate(cancel)
         self.phase = _Phase.BEFORE
 
-    async def _start(self, key: str, print_: str) -> None:
-        """Journal the start; a cancel that came first settles the step before its body runs."""
+    async def _start(self, key: str, print_: str, attempt: int) -> None:
+        """Journal the start (attempt number ``attempt`` of this call: retries count); a cancel
+        that came first settles the step before its body runs."""
         run = self.run
         policy = self.spec.policy
         # Positional, in the field order: keyword arguments are matched by name at every call.
@@ -409,10 +416,14 @@ class _Flight:
             run.host.count_side_steps(+1)
         try:
             started = await run.store.start_step(run.run_id, start, fence=run.fence)
-        except _CANCELLED:
+        except NATIVE_CANCEL:
             # Cancelled while waiting for the write, which happens anyway: the body never ran.
             await _to_the_end(settle(run, self.index, StepStatus.INTERRUPTED, step=self.step))
             raise
+        if run.trace is not None:
+            begin_step(
+                run.trace, run.run_id, self.spec.name, policy, self.index, attempt, self.call_id
+            )
         if started.cancel is not None:
             reason, force = started.cancel
             run.request_cancel(reason, force=force)
@@ -443,7 +454,7 @@ class _Flight:
         except Cancelled as cancel:
             self.phase = _Phase.AFTER
             await self._tool_cancelled(cancel)
-        except _CANCELLED as cancel:
+        except NATIVE_CANCEL as cancel:
             self.phase = _Phase.AFTER
             # Raised into the task as Cancelled (see _propagate), the CancelledError is not
             # needed any more: dropped here, it does not keep the frames its traceback holds
@@ -539,7 +550,7 @@ class _Flight:
         with anyio.move_on_after(self.spec.policy.grace, shield=True) as scope:
             with self.run.cancel.shielding(scope):  # a forced cancel still cuts it
                 return await self.spec.fn(*self.args, **self.kwargs)
-        raise _CANCELLED("the grace of a finish step ran out, or the cancel was forced")
+        raise NATIVE_CANCEL("the grace of a finish step ran out, or the cancel was forced")
 
     def _cut(self) -> None:
         """Stop a finish body running in the caller's task: cancel that task (taken back later)."""
@@ -586,6 +597,8 @@ class _Flight:
             durable=not self.spec.defer_settle,
             spend=None if self.step is None else self.step.spend_row(),
         )
+        if run.trace is not None:
+            end_step(run.trace, index, StepStatus.COMMITTED)
         # Hand the task the journaled form, so that a replay sees exactly the same value.
         return value if type(value) in _SAME_AFTER_JSON else load_json(text)
 
@@ -598,7 +611,7 @@ class _Flight:
         status = StepStatus.FAILED
         if self.policy is CancelPolicy.ROLLBACK:
             undone = await self._stopped() and await compensate(
-                self.run, self.spec, self.args, self.kwargs
+                self.run, self.spec, self.args, self.kwargs, index=self.index
             )
             status = StepStatus.FAILED if undone else StepStatus.UNKNOWN
         self.failed_as = status
@@ -665,7 +678,9 @@ class _Flight:
         if forced or not await self._stopped():
             self._abandon()
             return StepStatus.UNKNOWN, None
-        compensated = await compensate(self.run, self.spec, self.args, self.kwargs)
+        compensated = await compensate(
+            self.run, self.spec, self.args, self.kwargs, index=self.index
+        )
         return (StepStatus.COMPENSATED if compensated else StepStatus.UNKNOWN), None
 
     async def _finish_within_grace(
@@ -750,7 +765,7 @@ async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
         try:
             with anyio.CancelScope(shield=True):
                 await _wait_done(task)
-        except _CANCELLED:
+        except NATIVE_CANCEL:
             continue  # the caller will see the cancel it was already given
     task.result()
 
@@ -815,9 +830,16 @@ async def hold_lease(run: RunContext) -> None:
 
 
 async def compensate(
-    run: RunContext, tool: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+    run: RunContext,
+    tool: ToolSpec,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    index: int | None = None,
 ) -> bool:
     """Run the tool's compensation, shielded, within its grace; True if it completed.
+
+    ``index`` is the step it undoes (its span is linked from the compensation's: see .spans).
 
     A forced cancel still cuts it short (it is registered like a shield), and then it counts as
     not completed: the step becomes ``unknown``. It begins only while the run's lease surely
@@ -826,7 +848,11 @@ async def compensate(
     undo = tool.policy.compensate
     if undo is None or run.cancel.forced:
         return False
-    with anyio.move_on_after(tool.policy.grace, shield=True) as scope, run.cancel.shielding(scope):
+    with (
+        anyio.move_on_after(tool.policy.grace, shield=True) as scope,
+        run.cancel.shielding(scope),
+        compensation_span(run.trace, run.run_id, tool.name, index),
+    ):
         await hold_lease(run)  # an undo is a side effect too: never done by a lost owner
         try:
             if inspect.iscoroutinefunction(undo):

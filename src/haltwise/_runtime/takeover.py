@@ -38,7 +38,8 @@ async def compensate_journaled(run: RunContext, step: StepRecord) -> StepStatus:
     tool = TOOLS.find(step.tool, call.get("tool"))
     if tool is None:
         return StepStatus.UNKNOWN
-    done = await compensate(run, tool, tuple(call.get("args", ())), dict(call.get("kwargs", {})))
+    args, kwargs = tuple(call.get("args", ())), dict(call.get("kwargs", {}))
+    done = await compensate(run, tool, args, kwargs, index=step.index)
     return StepStatus.COMPENSATED if done else StepStatus.UNKNOWN
 
 

@@ -295,13 +295,13 @@ async def step(
     return await call_tool(spec, args, kwargs)
 
 
-async def model_step(fn: Callable[[], Any], /, *, name: str) -> Any:
-    """``await fn()`` as a model request: one step (``interruptible``, ``read``) that is not a
-    tool call of the run's budget (its tokens are its spend: see ``task_api.model_usage``)."""
+async def model_step(fn: Callable[..., Any], /, *args: Any, name: str) -> Any:
+    """``await fn(*args)`` as a model request: one step (``interruptible``, ``read``) that is
+    not a tool call of the run's budget (its tokens are its spend: see ``budget.model_usage``)."""
     spec = _step_spec(
         fn, name, ("interruptible", "read", False, None, None, None, 0, None), counts_calls=False
     )
-    return await call_tool(spec, (), {})
+    return await call_tool(spec, args, {})
 
 
 def _step_spec(

@@ -12,7 +12,10 @@ installed raises :class:`MissingExtraError` (an :class:`ImportError` *and* a
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import importlib
+import json
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
 from types import ModuleType
@@ -33,6 +36,7 @@ __all__ = [
     "model_name",
     "model_request",
     "record_usage",
+    "request_digest",
     "require",
 ]
 
@@ -84,14 +88,29 @@ def call_id(value: str | None) -> AbstractContextManager[None]:
     return haltwise.call_id(value) if value else nullcontext()
 
 
-async def model_request(ask: Callable[[], Awaitable[T]], *, name: str = MODEL_STEP) -> T:
+async def model_request(
+    ask: Callable[[], Awaitable[T]], *, name: str = MODEL_STEP, request: Any = None
+) -> T:
     """``await ask()`` as one step of the current run (``interruptible``, ``read``).
 
     ``ask`` must return a JSON value (the adapters pass the framework's response as JSON and
     rebuild it): a resume returns the journaled value and does not ask the model again. Outside a
     task it just calls ``ask``.
+
+    ``request`` is what the model is asked (the messages, the tools offered, the settings that
+    change the answer; see :func:`request_digest`): the step's argument is its digest, so a
+    replay whose request differs from the journal's fails the run with
+    :class:`~haltwise.NonDeterminismError` naming the step, instead of handing a journaled
+    answer to another request (CONTRACT.md, "Framework integrations").
     """
-    value: T = await model_step(ask, name=name)
+    if request is None:
+        value: T = await model_step(ask, name=name)
+        return value
+
+    async def asked(_request: str) -> T:
+        return await ask()
+
+    value = await model_step(asked, request_digest(request), name=name)
     return value
 
 
@@ -117,6 +136,33 @@ def model_name(model: Any) -> str | None:
 
 def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def request_digest(request: Any) -> str:
+    """A digest of a model request, the same in every process for the same request.
+
+    ``request`` is JSON-like: dicts (keys in any order), lists, scalars; a pydantic model or a
+    dataclass counts as its fields (``None`` fields left out), any other object as its type
+    name only (its identity changes between processes).
+    """
+    text = json.dumps(request, sort_keys=True, separators=(",", ":"), default=_as_json)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _as_json(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json", exclude_none=True)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            field.name: getattr(value, field.name)
+            for field in dataclasses.fields(value)
+            if getattr(value, field.name) is not None
+        }
+    if isinstance(value, set | frozenset):
+        return sorted(map(str, value))
+    kind = type(value)
+    return f"<{kind.__module__}.{kind.__qualname__}>"
 
 
 async def journaled(fn: Callable[[], Awaitable[T]], *, name: str, **policy: Any) -> T:

@@ -29,7 +29,9 @@ from ._common import call_id as call_id_scope
 __all__ = [
     "SettledCall",
     "call_tool",
+    "calls_in",
     "current_run_outcome",
+    "journaled_call",
     "remember_committed",
     "remember_from_journal",
     "settled_calls",
@@ -88,6 +90,25 @@ async def call_tool(
     if call_id:
         remember_committed(call_id, value)
     return value
+
+
+async def journaled_call(call_id: str) -> SettledCall | None:
+    """What the current run's journal says became of the call ``call_id`` (None: nothing, or
+    outside a task). Read shielded: for a call a cancel has just stopped."""
+    with anyio.CancelScope(shield=True):
+        outcome = await current_run_outcome()
+    return calls_in(outcome).get(call_id)
+
+
+def calls_in(*outcomes: haltwise.Outcome | None) -> dict[str, SettledCall]:
+    """Every call id the outcomes' steps were made under, and what became of each (the later
+    outcome wins)."""
+    known: dict[str, SettledCall] = {}
+    for outcome in outcomes:
+        for step in outcome.steps if outcome is not None else ():
+            if step.call_id is not None:
+                known[step.call_id] = SettledCall(step.status, step.result)
+    return known
 
 
 def settled_calls(*outcomes: haltwise.Outcome | None) -> dict[str, SettledCall]:

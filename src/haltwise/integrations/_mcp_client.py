@@ -38,6 +38,7 @@ from mcp.shared.exceptions import MCPError
 
 import haltwise
 
+from .._core.exceptions import McpToolError
 from ._mcp_server import IDEMPOTENCY_KEY
 
 __all__ = ["McpToolError", "remote_tools"]
@@ -50,14 +51,6 @@ _JSON_TYPES: dict[str, Any] = {
     "array": list,
     "object": dict,
 }
-
-
-class McpToolError(Exception):
-    """A remote MCP tool answered with an error result, or the call failed on the protocol."""
-
-    def __init__(self, tool: str, message: str) -> None:
-        super().__init__(f"MCP tool {tool!r}: {message}")
-        self.tool = tool
 
 
 async def remote_tools(

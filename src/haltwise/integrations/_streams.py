@@ -41,7 +41,8 @@ class StreamedStep(Generic[E]):
     """One streamed model request of the current run (see the module docstring).
 
     ``body(emit)`` asks the model, calls ``emit(event)`` for each event of its stream as it
-    arrives, and returns the JSON value to journal once the stream has ended. Iterate
+    arrives, and returns the JSON value to journal once the stream has ended. ``request`` is
+    what the model is asked, fingerprinted as ``model_request`` does. Iterate
     :meth:`events` once; afterwards :attr:`value` holds the journaled value and
     :attr:`replayed` says whether it came from the journal (no event was yielded then).
     """
@@ -51,9 +52,11 @@ class StreamedStep(Generic[E]):
         body: Callable[[Callable[[E], None]], Awaitable[Any]],
         *,
         name: str = MODEL_STEP,
+        request: Any = None,
     ) -> None:
         self._body = body
         self._name = name
+        self._request = request
         self._streaming = False
         self.value: Any = None
         self.replayed = True
@@ -72,7 +75,7 @@ class StreamedStep(Generic[E]):
 
         async def request() -> Any:
             with send:
-                return await model_request(ask, name=self._name)
+                return await model_request(ask, name=self._name, request=self._request)
 
         step = asyncio.ensure_future(request())
         try:

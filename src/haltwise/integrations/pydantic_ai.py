@@ -21,12 +21,21 @@
   ``cancelled`` with reason ``"host"`` (kept as its ``cancel_error``), never ``failed``, also
   when the cancel landed between two steps (importing this module registers ``RunCancelled`` as
   a host-cancel error with the runtime).
-- A history reused after a cancel: Pydantic AI closes each call that has no return with a
-  synthesized ``outcome='interrupted'`` return, also a call that *committed* after the cancel (a
-  ``finish`` call allowed to end) -- a new run would then call it again and charge twice.
-  :class:`JournaledModel` rewrites every request's history with :func:`close_dangling`: a
-  committed call gets its journaled result as a ``success`` return, an interrupted, compensated
-  or unknown one a return saying so.
+- The history Pydantic AI keeps is closed when a cancel stops a call: Pydantic AI keeps no
+  return for such a call (a new run given the history closes it with a synthesized
+  ``interrupted`` return, also a call that *committed*, a ``finish`` call allowed to end: the
+  model would make it again). So once the step has settled, the tool puts the call's return
+  from the journal into the run's own history (``RunContext.messages``, in the request
+  Pydantic AI leaves after the call's response): a committed call's journaled result as a
+  ``success`` return, any other call a text saying what became of it (``[haltwise]
+  interrupted: ...``). ``all_messages()`` of ``RunCancelled``, the ``capture_run_messages``
+  list and a result's messages hold it, serialised and continued in any process.
+- A failed call the model saw (``ModelRetry``) replays its ``ModelRetry`` on resume (the core's
+  failed-step replay; ``ModelRetry`` is registered here), so it is not called again.
+- Each model request's step is fingerprinted by the request (the messages as the model reads
+  them, the settings, the tools offered): a replay whose request differs fails the run with
+  ``NonDeterminismError``. :class:`JournaledModel` also closes each request's history from the
+  current run's journal (:func:`close_dangling`).
 
 Needs the ``pydantic-ai`` extra: ``pip install 'haltwise[pydantic-ai]'`` (``pydantic-ai-slim``).
 """
@@ -41,12 +50,15 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
+
 from ._common import require
 
 require("pydantic_ai", "pydantic_ai", "pydantic-ai")
 
 from pydantic_ai import RunContext, Tool  # noqa: E402
-from pydantic_ai.exceptions import RunCancelled  # noqa: E402
+from pydantic_ai._appended_messages import append_to_history  # noqa: E402
+from pydantic_ai.exceptions import ModelRetry, RunCancelled  # noqa: E402
 from pydantic_ai.messages import (  # noqa: E402
     FinalResultEvent,
     ModelMessage,
@@ -54,6 +66,7 @@ from pydantic_ai.messages import (  # noqa: E402
     ModelRequest,
     ModelResponse,
     ModelResponseStreamEvent,
+    RetryPromptPart,
     ToolCallPart,
     ToolReturnPart,
 )
@@ -69,17 +82,19 @@ from pydantic_ai.usage import RequestUsage  # noqa: E402
 
 import haltwise  # noqa: E402
 
+from .._runtime.steps import REPLAYABLE_ERRORS  # noqa: E402
 from ._common import (  # noqa: E402
     MODEL_STEP,
     cancel_run_for_host,
     model_request,
     record_usage,
 )
+from ._common import call_id as call_id_scope  # noqa: E402
 from ._conversation import (  # noqa: E402
     SettledCall,
-    call_tool,
+    calls_in,
     current_run_outcome,
-    settled_calls,
+    journaled_call,
     unsettled_text,
 )
 from ._streams import StreamedStep  # noqa: E402
@@ -89,6 +104,9 @@ __all__ = ["JournaledModel", "close_dangling", "tool"]
 # Pydantic AI's own cancel, wherever it landed (in a step or between two), ends the run
 # ``cancelled`` with reason "host" when its RunCancelled (RunTimedOut) reaches the task.
 haltwise.register_host_cancel(RunCancelled)
+# A tool's ModelRetry the model saw replays as a ModelRetry on resume (a failed step the task
+# went past replays its error): Pydantic AI hands the model the same retry prompt again.
+REPLAYABLE_ERRORS.setdefault(ModelRetry.__name__, ModelRetry)
 
 
 def tool(haltwise_tool: haltwise.Tool[..., Any]) -> Tool[Any]:
@@ -98,7 +116,14 @@ def tool(haltwise_tool: haltwise.Tool[..., Any]) -> Tool[Any]:
     async def invoke(ctx: RunContext[Any], /, **kwargs: Any) -> Any:
         # Pydantic AI's own cancel (or a host's) stops the step by its policy; the core records
         # the run cancelled (reason host) when RunCancelled reaches the task.
-        return await call_tool(target, ctx.tool_call_id, **kwargs)
+        call_id = ctx.tool_call_id
+        try:
+            with call_id_scope(call_id):
+                return await target(**kwargs)
+        except (haltwise.Cancelled, anyio.get_cancelled_exc_class()):
+            if call_id:
+                await _close_in_history(ctx, target.name, call_id)
+            raise
 
     signature = inspect.signature(target)
     context = inspect.Parameter(
@@ -111,6 +136,37 @@ def tool(haltwise_tool: haltwise.Tool[..., Any]) -> Tool[Any]:
     invoke.__name__ = invoke.__qualname__ = target.name
     invoke.__doc__ = target.__doc__
     return Tool(invoke, takes_ctx=True, name=target.name, description=target.description)
+
+
+async def _close_in_history(ctx: RunContext[Any], tool_name: str, call_id: str) -> None:
+    """A cancel stopped the call ``call_id``: put its return in the run's own history.
+
+    Pydantic AI keeps no return for a call its cancel stopped (a new run given the history
+    closes it as ``interrupted``, also a call that committed: the model would make it again).
+    Once the step has settled, its return from the journal goes into the history the run keeps
+    (``RunContext.messages``: what ``all_messages()`` of ``RunCancelled``, ``capture_run_messages``
+    and a result hold), in the request Pydantic AI leaves after the call's response: the
+    journaled result of a committed call, a text saying what became of any other.
+    """
+    part = _return_of(tool_name, call_id, await journaled_call(call_id))
+    history = ctx.messages
+    for index in range(len(history) - 1, -1, -1):
+        message = history[index]
+        if isinstance(message, ModelResponse):
+            break
+        if isinstance(message, ModelRequest):  # the request being assembled, if it is there
+            history[index] = replace(message, parts=[*message.parts, part])
+            return
+    append_to_history(ctx, ModelRequest(parts=[part]))
+
+
+def _return_of(tool_name: str, call_id: str, call: SettledCall | None) -> ToolReturnPart:
+    """The return a stopped call gets: its journaled result, or a text saying what it became."""
+    if call is not None and call.status is haltwise.StepStatus.COMMITTED:
+        return ToolReturnPart(tool_name, call.result, tool_call_id=call_id)
+    return ToolReturnPart(
+        tool_name, unsettled_text(call), tool_call_id=call_id, outcome="interrupted"
+    )
 
 
 class JournaledModel(WrapperModel):
@@ -137,7 +193,8 @@ class JournaledModel(WrapperModel):
             _record(response)
             return _dump(response)
 
-        return _load(await model_request(ask, name=self.step_name))
+        asked = _request_view(closed, model_settings, model_request_parameters)
+        return _load(await model_request(ask, name=self.step_name, request=asked))
 
     @asynccontextmanager
     async def request_stream(
@@ -157,7 +214,11 @@ class JournaledModel(WrapperModel):
             )
 
         stream = _JournaledStream(
-            model_request_parameters, open_stream, self.step_name, self.wrapped.model_name
+            model_request_parameters,
+            open_stream,
+            self.step_name,
+            self.wrapped.model_name,
+            _request_view(closed, model_settings, model_request_parameters),
         )
         try:
             yield stream
@@ -186,8 +247,10 @@ class _JournaledStream(StreamedResponse):
         open_stream: Callable[[], Any],
         step_name: str,
         model_name: str,
+        asked: Any,
     ) -> None:
         super().__init__(model_request_parameters)
+        self._asked = asked
         self._open_stream = open_stream
         self._step_name = step_name
         self._model_name = model_name
@@ -201,7 +264,7 @@ class _JournaledStream(StreamedResponse):
         return self._event_iterator
 
     async def _events(self) -> AsyncIterator[ModelResponseStreamEvent]:
-        request = StreamedStep(self._ask, name=self._step_name)
+        request = StreamedStep(self._ask, name=self._step_name, request=self._asked)
         async with aclosing(request.events()) as events:
             async for event in events:
                 yield self._applied(event)
@@ -288,6 +351,37 @@ class _JournaledStream(StreamedResponse):
         return source.timestamp if source is not None else self._started
 
 
+#: what a message of the history is to the model (its timestamps, run ids, usage are not)
+_MESSAGE_KEYS = ("kind", "instructions", "parts")
+#: what a part of a message is to the model
+_PART_KEYS = ("part_kind", "content", "tool_name", "args", "tool_call_id", "outcome")
+
+
+def _request_view(
+    messages: Sequence[ModelMessage],
+    settings: ModelSettings | None,
+    parameters: ModelRequestParameters,
+) -> Any:
+    """What a request asks the model, for its fingerprint: the messages as the model reads them
+    (no timestamps, run ids or usage, which differ between attempts), the settings, and the
+    request parameters (the tools offered, the output wanted)."""
+    dumped = ModelMessagesTypeAdapter.dump_python(list(messages), mode="json")
+    return {
+        "messages": [
+            {
+                **{key: message.get(key) for key in _MESSAGE_KEYS if key != "parts"},
+                "parts": [
+                    {key: part[key] for key in _PART_KEYS if part.get(key) is not None}
+                    for part in message.get("parts", ())
+                ],
+            }
+            for message in dumped
+        ],
+        "settings": dict(settings or {}),
+        "parameters": parameters,
+    }
+
+
 def _dump(response: ModelResponse) -> Any:
     return ModelMessagesTypeAdapter.dump_python([response], mode="json")
 
@@ -299,7 +393,8 @@ def _load(data: Any) -> ModelResponse:
 
 
 async def _closed(messages: list[ModelMessage]) -> list[ModelMessage]:
-    """The request's history closed from the journal when it needs it (see close_dangling)."""
+    """The request's history closed from the current run's journal when it needs it (see
+    close_dangling)."""
     if not _needs_closing(messages):
         return messages
     return close_dangling(messages, await current_run_outcome())
@@ -308,20 +403,26 @@ async def _closed(messages: list[ModelMessage]) -> list[ModelMessage]:
 def close_dangling(
     messages: Sequence[ModelMessage], *outcomes: haltwise.Outcome | None
 ) -> list[ModelMessage]:
-    """``messages`` with every tool call closed from the journal (see the module docstring).
+    """``messages`` with every tool call closed from the runs' journals (``outcomes``).
 
-    A synthesized ``interrupted`` return of a call that committed becomes a ``success`` return of
-    its journaled result (any other such return says what became of the call); calls of a last
-    response that have no return get one, in a request of their own. What a call became is read
-    from ``outcomes`` (runs' outcomes) and the in-process record of committed calls.
+    A synthesized ``interrupted`` return of a call that one of ``outcomes`` journaled becomes
+    the return that call earned: a ``success`` return of its journaled result if it committed,
+    else a text saying what became of it. Calls of the last response that have no return get
+    one, in the request Pydantic AI left after it (``state='interrupted'``), else in a request of
+    their own. Only the outcomes say what became of a call: the same history and outcomes give
+    the same messages in every process. (A history saved after a cancel needs none of this: the
+    tools of :func:`tool` put each stopped call's return in it.)
     """
-    settled = settled_calls(*outcomes)
+    settled = calls_in(*outcomes)
     fixed = [_rewrite(message, settled) for message in messages]
     open_calls = _unanswered(fixed)
     if open_calls:
-        fixed.append(
-            ModelRequest(parts=[_return(p, settled.get(p.tool_call_id)) for p in open_calls])
-        )
+        returns = [_return(call, settled.get(call.tool_call_id)) for call in open_calls]
+        last = fixed[-1]
+        if isinstance(last, ModelRequest) and last.state == "interrupted":
+            fixed[-1] = replace(last, parts=[*last.parts, *returns])
+        else:
+            fixed.append(ModelRequest(parts=returns))
     return fixed
 
 
@@ -335,10 +436,25 @@ def _needs_closing(messages: Sequence[ModelMessage]) -> bool:
 
 
 def _unanswered(messages: Sequence[ModelMessage]) -> list[ToolCallPart]:
-    """The tool calls of the history's last message, if it is a response (nobody answered)."""
-    if not messages or not isinstance(messages[-1], ModelResponse):
+    """The tool calls of the history's last response that no request after it answers."""
+    for index in range(len(messages) - 1, -1, -1):
+        response = messages[index]
+        if isinstance(response, ModelResponse):
+            break
+    else:
         return []
-    return [part for part in messages[-1].parts if isinstance(part, ToolCallPart)]
+    answered = {
+        part.tool_call_id
+        for message in messages[index + 1 :]
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, ToolReturnPart | RetryPromptPart)
+    }
+    return [
+        part
+        for part in response.parts
+        if isinstance(part, ToolCallPart) and part.tool_call_id not in answered
+    ]
 
 
 def _rewrite(message: ModelMessage, settled: dict[str, SettledCall]) -> ModelMessage:
