@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._core.budget import Budget as Budget
+    from ._core.budget import Spent as Spent
     from ._core.exceptions import BadRow as BadRow
     from ._core.exceptions import Cancelled as Cancelled
     from ._core.exceptions import ChildRunError as ChildRunError
@@ -84,7 +85,7 @@ if TYPE_CHECKING:
 #: almost nothing, so a command that only reads or requests (``haltwise cancel ID``) starts fast.
 #: ``tests/test_public_surface.py`` checks that this table and the imports above name the same.
 _LAZY: dict[str, tuple[str, ...]] = {
-    "._core.budget": ("Budget",),
+    "._core.budget": ("Budget", "Spent"),
     "._core.exceptions": (
         "BadRow",
         "Cancelled",
@@ -193,6 +194,7 @@ __all__ = [
     "Runtime",
     "SchemaError",
     "SchemaVersionError",
+    "Spent",
     "State",
     "StepRecord",
     "StepStatus",

@@ -24,12 +24,13 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from .._core.budget import BUDGET_REASON, Spent
 from .._core.outcome import Outcome, StepRecord
 from .._core.policy import CancelPolicy
 from .._core.records import RunSnapshot
 from .._core.states import State, StepStatus
 from .._core.views import RunSummary, StepWait
-from .._runtime.explain import retry_words, waiting_for
+from .._runtime.explain import budget_words, retry_words, spent_words, waiting_for
 from .text import escape_controls
 
 if TYPE_CHECKING:
@@ -204,12 +205,12 @@ class Screen:
         self.console.print(table)
 
     def runs(self, runs: Sequence[RunSummary]) -> None:
-        """A table of runs (``list``): id, task, state, reason, retry."""
+        """A table of runs (``list``): id, task, state, reason, retry, what it spent."""
         if not runs:
             self.note("no runs")
             return
         table = Table(box=None, pad_edge=False)
-        for column in ("id", "task", "state", "reason", "retry"):
+        for column in ("id", "task", "state", "reason", "retry", "spent"):
             table.add_column(column, overflow="fold")
         for run in runs:
             table.add_row(
@@ -218,6 +219,7 @@ class Screen:
                 _state_text(run.state),
                 Text(run.reason or ""),
                 Text(run.retry.value if run.state.is_final else ""),
+                Text(spent_words(run.spent)),
             )
         self.console.print(table)
 
@@ -308,6 +310,10 @@ def _summary(outcome: Outcome, notes: Sequence[str]) -> Iterator[RenderableType]
         yield Text(f"partials ({len(outcome.partials)}):")
         for value in outcome.partials:
             yield Text.assemble("  ", _partial_text(value))
+    yield Text.assemble(("budget: ", "bold"), budget_words(outcome.budget, Spent.of(outcome.steps)))
+    if outcome.state is State.PAUSED and outcome.reason == BUDGET_REASON:
+        raise_it = f"haltwise unpause {outcome.id} --budget usd=N,tokens=N,tool_calls=N"
+        yield Text(f"paused for its budget: raise it with '{raise_it}'")
     if outcome.state.is_final:
         yield Text.assemble(("retry: ", "bold"), retry_words(outcome))
     elif outcome.state is State.PAUSED:

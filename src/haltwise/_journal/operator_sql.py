@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, final
 
+from .._core.budget import Spent
 from .._core.exceptions import InputError
 from .._core.outcome import advice
 from .._core.states import FINAL_STATES, State
@@ -52,7 +53,12 @@ SELECT r.id, r.task, r.state, r.reason, r.created_at, r.updated_at,
      AND s.idempotent = {false} LIMIT 1) IS NOT NULL AS unsafe,
     (SELECT 1 FROM {steps} s WHERE s.run_id = r.id AND s.effect IN ('write', 'external')
      AND (s.status = 'committed' OR (s.status = 'unknown' AND s.idempotent = {true}))
-     LIMIT 1) IS NOT NULL AS repeats
+     LIMIT 1) IS NOT NULL AS repeats,
+    (SELECT coalesce(sum(s.usd), 0) FROM {steps} s WHERE s.run_id = r.id) AS usd,
+    (SELECT CAST(coalesce(sum(s.tokens), 0) AS BIGINT) FROM {steps} s WHERE s.run_id = r.id)
+        AS tokens,
+    (SELECT CAST(coalesce(sum(coalesce(s.calls, s.attempts)), 0) AS BIGINT) FROM {steps} s
+     WHERE s.run_id = r.id) AS calls
 FROM {runs} r
 """
 # (Scalar subqueries with LIMIT 1, not EXISTS: PostgreSQL turns an EXISTS in the select list into
@@ -280,7 +286,7 @@ def summary_from_row(row: Sequence[Any]) -> RunSummary:
     run_id, task, state, reason, created_at, updated_at = run_columns(
         row[0], _SUMMARY_COLUMNS, row[:6]
     )
-    unsafe, repeats = row[6:]
+    unsafe, repeats, usd, tokens, calls = row[6:]
     return RunSummary(
         id=run_id,
         task=task,
@@ -289,6 +295,7 @@ def summary_from_row(row: Sequence[Any]) -> RunSummary:
         retry=advice(state, unknown_unsafe=bool(unsafe), repeats_harm=bool(repeats)),
         created_at=created_at,
         updated_at=updated_at,
+        spent=Spent(float(usd or 0), int(tokens or 0), int(calls or 0)),
     )
 
 

@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from .._core.budget import Budget, Spent
 from .._core.outcome import Outcome, Retry, StepRecord, blocks_resume, would_repeat
 from .._core.policy import CancelPolicy, effective_cancel
 from .._core.records import Event, RunRecord, RunSnapshot
@@ -24,6 +25,29 @@ __all__ = [
     "stays_cancelling",
     "waiting_for",
 ]
+
+
+def spent_words(spent: Spent) -> str:
+    """What a run spent, in a few words (a column of ``list``): ``$0.12 3,000tok 4calls``."""
+    return f"${spent.usd:,.4g} {spent.tokens:,}tok {spent.tool_calls:,}calls"
+
+
+def budget_words(limit: Budget | None, spent: Spent) -> str:
+    """What a run spent against its limit: ``$0.36 of $0.50, 3 of 10 tool calls`` (no limit:
+    what it spent, and that it has none)."""
+    if limit is None:
+        return (
+            f"${spent.usd:,.4g}, {spent.tokens:,} tokens, {spent.tool_calls:,} tool calls "
+            "(no limit)"
+        )
+    parts = [
+        f"${spent.usd:,.4g}" + ("" if limit.usd is None else f" of ${limit.usd:,.4g}"),
+        f"{spent.tokens:,}" + ("" if limit.tokens is None else f" of {limit.tokens:,}") + " tokens",
+        f"{spent.tool_calls:,}"
+        + ("" if limit.tool_calls is None else f" of {limit.tool_calls:,}")
+        + " tool calls",
+    ]
+    return ", ".join(parts) + f" (on exhaust: {limit.on_exhaust})"
 
 
 def retry_words(outcome: Outcome) -> str:
