@@ -5,13 +5,14 @@ stops its parent."""
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from typing import Any
 
 import anyio
 import pytest
 
 import haltwise
-from haltwise import State, StepStatus
+from haltwise import ChangeKind, State, StepStatus
 from haltwise._core.budget import Spent, parse_budget
 
 pytestmark = pytest.mark.anyio
@@ -87,9 +88,25 @@ def journal_sum(outcome: haltwise.Outcome) -> dict[str, Any]:
     return Spent.of(outcome.steps).to_json()
 
 
+async def feed_until_final(rt: haltwise.Runtime, run_id: str) -> list[tuple[str, Any]]:
+    """The run's changes, (kind, status), from the first until its final transition."""
+    seen: list[tuple[str, Any]] = []
+    with anyio.fail_after(60):
+        async with aclosing(rt.changes(0, run_id=run_id)) as changes:  # type: ignore[type-var]
+            async for change in changes:
+                seen.append((change.kind.value, change.status))
+                if change.kind is ChangeKind.TRANSITION and State(change.status).is_final:
+                    return seen
+    raise AssertionError("the feed ended")
+
+
 async def test_tool_calls_lets_n_calls_begin_and_the_next_never_does(store_url: str) -> None:
     async with haltwise.Runtime(store_url) as rt:
         outcome = await (await rt.start(three_looks, task_id="t")).outcome()
+        feed = await feed_until_final(rt, "t")
+    # the feed says the budget is exhausted, then the run is cancelled (SSE: event "budget")
+    exhausted = feed.index(("budget", "exhausted"))
+    assert feed[exhausted + 1 :] == [("transition", "cancelling"), ("transition", "cancelled")]
     assert (outcome.state, outcome.reason) == (State.CANCELLED, "budget")
     assert [step.status for step in outcome.steps] == [StepStatus.COMMITTED] * 2
     assert LEDGER == {"look0": 1, "look1": 1}

@@ -27,6 +27,9 @@ class ChangeKind(StrEnum):
     STEP = "step"
     #: a partial result became durable (``index`` is its place in the run's list)
     PARTIAL = "partial"
+    #: the run's budget is exhausted (``status`` is ``"exhausted"``): it is cancelled or paused
+    #: with reason ``"budget"`` next
+    BUDGET = "budget"
 
 
 @final

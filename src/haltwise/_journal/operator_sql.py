@@ -179,6 +179,13 @@ class OperatorSQL:
             "SELECT run_id, 'transition', seq, target, {clock} FROM recorded ORDER BY seq"
         )
 
+    def record_budget_exhausted(self) -> str:
+        """A run's budget exhausted, in the change feed (parameter: the run id)."""
+        return self.sql(
+            "INSERT INTO {changes} (run_id, kind, idx, status, at) "
+            "VALUES (?, 'budget', NULL, 'exhausted', {clock})"
+        )
+
     def record_event(self) -> str:
         """An event recorded with its change in the feed (on SQLite its trigger writes the
         change; on PostgreSQL this statement does, see ``schema.TRIGGERS``)."""

@@ -1192,6 +1192,13 @@ class PostgresStore:
 
         await self._run(op, single=True, after_steps=False)
 
+    async def record_budget_exhausted(self, run_id: str) -> None:
+        async def op(conn: _Conn) -> None:
+            await conn.execute(_OPS.record_budget_exhausted(), (run_id,))
+            await _notify(conn, run_id)
+
+        await self._run(op, single=True, runs=(run_id,))
+
     def set_concurrency(self, active_runs: int) -> None:
         """Ignored: every operation already runs on a pooled connection of its own."""
 

@@ -888,6 +888,12 @@ class SQLiteStore:
 
         await self._writer.call(op, write=True)
 
+    async def record_budget_exhausted(self, run_id: str) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(_OPS.record_budget_exhausted(), (run_id,))
+
+        await self._writer.call(op, write=True)
+
     def set_concurrency(self, active_runs: int) -> None:
         # One run: commit each write at once (no wait). Several: group commit, batched per
         # iteration of the event loop (see sqlite_writer).

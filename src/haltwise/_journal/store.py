@@ -431,6 +431,10 @@ class Store(Protocol):
     async def save_delivery_position(self, destination: str, position: int) -> None:
         """Record, durably, that every change up to ``position`` reached ``destination``."""
 
+    async def record_budget_exhausted(self, run_id: str) -> None:
+        """Record in the change feed that run ``run_id``'s budget is exhausted (kind
+        ``budget``, status ``exhausted``): the run is then cancelled or paused for it."""
+
     def set_concurrency(self, active_runs: int) -> None:
         """A hint: how many runs this process works on the store now.
 

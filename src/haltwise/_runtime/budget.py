@@ -29,6 +29,7 @@ async def enforce_budget(run: RunContext, call: bool = False) -> None:
     reason ``"budget"`` (a parent's pause pauses its child runs) and waits at this checkpoint
     until the pause is over. Returns once no limit stops the step (raised by an unpause).
     ``call``: the step about to begin is a tool call (see :meth:`RunContext.over_budget`)."""
+    noted: set[str] = set()
     while True:
         holder = run.over_budget(call)
         if holder is None:
@@ -36,6 +37,9 @@ async def enforce_budget(run: RunContext, call: bool = False) -> None:
         budget = holder.budget
         assert budget is not None
         host = run.host
+        if holder.run_id not in noted:
+            noted.add(holder.run_id)
+            await run.store.record_budget_exhausted(holder.run_id)  # the feed's budget event
         if budget.on_exhaust == OnExhaust.CANCEL or run.cancel.reason is not None:
             await host.cancel(holder.run_id, reason=BUDGET_REASON)
             if holder is not run:
