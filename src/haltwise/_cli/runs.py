@@ -167,7 +167,10 @@ def resume_command(
 @click.argument("target", metavar="FILE.py")
 @json_option
 @click.option("--markdown", is_flag=True, help="Print a Markdown section for a design review.")
-@click.option("--strict", is_flag=True, help="Exit 1 if there is any finding.")
+@click.option("--strict", is_flag=True, help="Exit 1 if there is any finding (but no-budget ones).")
+@click.option(
+    "--strict-budget", is_flag=True, help="With --strict, exit 1 on a no-budget finding too."
+)
 @click.option(
     "--deadline",
     type=click.FloatRange(min=0, min_open=True),
@@ -180,18 +183,24 @@ def audit_command(
     as_json: bool,
     markdown: bool,
     strict: bool,
+    strict_budget: bool,
     deadline: float | None,
     store: str | None,
 ) -> int:
     """Show every tool in FILE.py with its cancel policy, and the gaps (reads no store)."""
     from .._analysis.audit import audit_tools
-    from .._runtime.loader import find_tools, load_target
+    from .._runtime.loader import find_tasks, find_tools, load_target
 
     if as_json and markdown:
         raise click.UsageError("--json and --markdown exclude each other")
     module, _ = load_target(target)
     try:
-        report = audit_tools(find_tools(module), deadline=deadline)
+        report = audit_tools(
+            find_tools(module),
+            deadline=deadline,
+            tasks=find_tasks(module),
+            namespace=vars(module),
+        )
     except ValueError as error:
         raise InputError(str(error)) from None
     if as_json:
@@ -200,7 +209,7 @@ def audit_command(
         click.echo(report.to_markdown())
     else:
         Screen().audit(report)
-    return 1 if strict and report.findings else 0
+    return 1 if strict and report.fails(strict_budget=strict_budget) else 0
 
 
 # -- helpers of these commands ----------------------------------------------------------------
