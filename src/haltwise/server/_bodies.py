@@ -26,6 +26,7 @@ __all__ = [
     "ForkBody",
     "ResumeBody",
     "SubmitBody",
+    "UnpauseBody",
     "read_body",
 ]
 
@@ -44,6 +45,21 @@ class _Body(BaseModel):
 
 class EmptyBody(_Body):
     """``POST /api/runs/{id}/pause`` and ``/unpause``: no fields (an empty body is fine)."""
+
+
+class BudgetLimits(_Body):
+    """A budget's limits raised by an unpause: the ones given replace the run's."""
+
+    usd: float | None = Field(None, ge=0, allow_inf_nan=False)
+    tokens: StrictInt | None = Field(None, ge=0)
+    tool_calls: StrictInt | None = Field(None, ge=0)
+
+
+class UnpauseBody(_Body):
+    """``POST /api/runs/{id}/unpause``: optionally, the budget raised as the run goes on (a run
+    paused with reason ``budget``); an empty body is fine."""
+
+    budget: BudgetLimits | None = None
 
 
 class CancelBody(_Body):

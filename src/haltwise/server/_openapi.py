@@ -12,7 +12,15 @@ from typing import Any
 from pydantic import BaseModel
 
 from .._core.states import State
-from ._bodies import BulkCancelBody, CancelBody, EmptyBody, ForkBody, ResumeBody, SubmitBody
+from ._bodies import (
+    BulkCancelBody,
+    CancelBody,
+    EmptyBody,
+    ForkBody,
+    ResumeBody,
+    SubmitBody,
+    UnpauseBody,
+)
 
 __all__ = ["openapi_document"]
 
@@ -23,6 +31,7 @@ _MODELS: tuple[type[BaseModel], ...] = (
     SubmitBody,
     ResumeBody,
     ForkBody,
+    UnpauseBody,
 )
 _ERRORS = {
     "400": "malformed request",
@@ -110,9 +119,9 @@ def openapi_document() -> dict[str, Any]:
         }
     }
     for model in _MODELS:
-        schemas[model.__name__] = model.model_json_schema(
-            ref_template="#/components/schemas/{model}"
-        )
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))  # nested models, where their $refs point
+        schemas[model.__name__] = schema
     list_parameters = [
         {"name": "state", "in": "query", "schema": {"enum": [s.value for s in State]}},
         {"name": "task", "in": "query", "schema": {"type": "string"}},
@@ -146,7 +155,12 @@ def openapi_document() -> dict[str, Any]:
         "/api/runs/{id}/cancel": _post("cancel the run", CancelBody, "404", ok="202"),
         "/api/runs/{id}/pause": _post("pause the run", EmptyBody, "404", "409", "501", ok="202"),
         "/api/runs/{id}/unpause": _post(
-            "unpause the run", EmptyBody, "404", "409", "501", ok="202"
+            "unpause the run (optionally raising its budget)",
+            UnpauseBody,
+            "404",
+            "409",
+            "501",
+            ok="202",
         ),
         "/api/runs/{id}/resume": _post(
             "resume the run in the server (with FILE.py only)", ResumeBody, "404", "409", ok="202"

@@ -147,13 +147,14 @@ async function showRuns(params) {
       return;
     }
     if (mine !== pageNumber) return;
-    const head = el("tr", {}, ...["id", "task", "state", "reason", "retry", "waiting for"].map((h) => el("th", { text: h })));
+    const head = el("tr", {}, ...["id", "task", "state", "reason", "retry", "spent", "waiting for"].map((h) => el("th", { text: h })));
     const rows = answer.runs.map((run) => el("tr", { "data-id": run.id, class: `row-${run.state}` },
       el("td", {}, el("a", { href: `#/run/${encodeURIComponent(run.id)}`, text: run.id, class: "run-link" })),
       el("td", { text: run.task }),
       el("td", {}, badge(run.state)),
       el("td", { text: run.reason || "", class: "reason" }),
       el("td", { text: run.retry }),
+      el("td", { text: run.spent ? spentText(run.spent) : "", class: "spent" }),
       el("td", { class: "waiting", "data-waiting": run.id })));
     table.replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows));
     const where = cursor ? "older runs, newest first" : "newest first";
@@ -170,6 +171,19 @@ async function showRuns(params) {
   };
   await render();
   listen("/api/events", () => soon(render));
+}
+
+function spentText(spent) {
+  return `$${Number(spent.usd).toPrecision(4).replace(/\.?0+$/, "")} · ${spent.tokens} tokens · ${spent.tool_calls} tool calls`;
+}
+
+// What the run spent against its limit, one line per kind ("0.36 of 0.5"; no limit: "no limit").
+function budgetText(budget) {
+  const limit = budget.limit || {};
+  const of = (name, value) => (limit[name] === null || limit[name] === undefined ? `${value}` : `${value} of ${limit[name]}`);
+  const words = [`$${of("usd", Number(budget.spent.usd).toPrecision(4).replace(/\.?0+$/, ""))}`,
+    `${of("tokens", budget.spent.tokens)} tokens`, `${of("tool_calls", budget.spent.tool_calls)} tool calls`];
+  return words.join(" · ") + (budget.limit ? ` (on exhaust: ${budget.limit.on_exhaust})` : " (no limit)");
 }
 
 function waitSummary(detail) {
@@ -229,6 +243,7 @@ function runPage(run) {
   if (run.error) fact("error", `${run.error.type}: ${run.error.message}`);
   if (run.cancel_error) fact("raised while cancelling", `${run.cancel_error.type}: ${run.cancel_error.message}`);
   if (run.state === "completed") fact("result", json(run.result));
+  if (run.budget) fact("budget", budgetText(run.budget), "run-budget");
   parts.push(facts);
   if (run.state === "cancelling") parts.push(waitingBox(run));
   parts.push(actions(run));
@@ -315,7 +330,26 @@ function actions(run) {
     el("button", { id: "pause", disabled: !STATES.pausable.includes(run.state), onclick: () => act("pause", {}, (a) => `pause: ${a.state}`), text: "Pause" }),
     el("button", { id: "unpause", disabled: run.state !== "paused", onclick: () => act("unpause", {}, (a) => `unpause: ${a.state}`), text: "Unpause" }),
     el("button", { id: "resume", disabled: !STATES.resumable.includes(run.state), onclick: () => resumeDialog(run, box), text: "Resume" }));
+  if (run.state === "paused" && run.reason === "budget") box.append(raiseBudget(run, act));
   return box;
+}
+
+// A run paused for its budget: raise its limits (the ones filled in; the others stay) and unpause.
+function raiseBudget(run, act) {
+  const limit = (run.budget && run.budget.limit) || {};
+  const field = (name, step) => el("input", { id: `raise-${name}`, type: "number", min: "0", step, placeholder: `${name} (now ${limit[name] ?? "none"})` });
+  const usd = field("usd", "any");
+  const tokens = field("tokens", "1");
+  const calls = field("tool_calls", "1");
+  const raise = () => {
+    const budget = {};
+    if (usd.value !== "") budget.usd = Number(usd.value);
+    if (tokens.value !== "") budget.tokens = parseInt(tokens.value, 10);
+    if (calls.value !== "") budget.tool_calls = parseInt(calls.value, 10);
+    act("unpause", { budget }, (a) => `budget raised, unpause: ${a.state}`);
+  };
+  return el("div", { id: "raise-budget" }, el("span", { text: "paused for its budget: raise it " }),
+    usd, tokens, calls, el("button", { id: "raise", onclick: raise, text: "Raise and unpause" }));
 }
 
 function resumeDialog(run, box) {
