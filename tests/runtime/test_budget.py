@@ -5,7 +5,13 @@ stops its parent."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 from contextlib import aclosing
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -213,3 +219,68 @@ def test_budget_text_and_bad_values() -> None:
         haltwise.Budget(prices={"m": (1.0,)})  # type: ignore[dict-item]
     with pytest.raises(haltwise.PolicyError):
         haltwise.task(budget={"usd": 1})  # type: ignore[arg-type]
+
+
+CRASHING = """
+import asyncio, os, sys
+from pathlib import Path
+
+import haltwise
+
+LEDGER = Path(os.environ["HW_LEDGER"])
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def pay(i: int) -> int:
+    with LEDGER.open("a") as ledger:
+        ledger.write(f"{i}\\n")
+    haltwise.spend(tokens=100)
+    if i == 2 and LEDGER.read_text().count("2") == 1:
+        os.kill(os.getpid(), 9)  # killed in its third step: that step's spend is not journaled
+    return i
+
+
+@haltwise.task(name="crashing:pays", budget=haltwise.Budget(tokens=450))
+async def pays() -> int:
+    for i in range(6):
+        await pay(i)
+    return 6
+
+
+async def main() -> None:
+    async with haltwise.Runtime(sys.argv[1]) as rt:
+        await (await rt.start(pays, task_id="k")).outcome()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+"""
+
+
+def test_spend_across_kill_9_and_takeover_is_counted_once(store_url: str, tmp_path: Path) -> None:
+    agent = tmp_path / "crashing.py"
+    agent.write_text(CRASHING)
+    ledger = tmp_path / "ledger.txt"
+    env = {**os.environ, "HW_LEDGER": str(ledger)}
+    crashed = subprocess.run(
+        [sys.executable, str(agent), store_url], env=env, capture_output=True, timeout=120
+    )
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    command = ["resume", "k", str(agent), "--json", "--store", store_url]
+    resumed = subprocess.run(
+        [sys.executable, "-m", "haltwise", *command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert resumed.returncode == 3, resumed.stderr  # cancelled
+    outcome = json.loads(resumed.stdout)
+    assert (outcome["state"], outcome["reason"]) == ("cancelled", "budget")
+    # steps 0 and 1 replayed (not run again); step 2 ran again after the takeover (its first
+    # attempt's spend died with the process); step 4's spend reached 450: no step 5
+    assert ledger.read_text().split() == ["0", "1", "2", "2", "3", "4"]
+    assert [step["attempts"] for step in outcome["steps"]] == [1, 1, 2, 1, 1]
+    # 5 journaled settlements of 100 tokens; the killed attempt began, so it is a tool call
+    assert outcome["budget"]["spent"] == {"usd": 0.0, "tokens": 500, "tool_calls": 6}
