@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+#: the demo's own install: haltwise and what it needs to run, none of the test tools
+CORE_STAMP := $(VENV)/.installed-core
 # Directories ruff checks (those that exist: git does not keep empty ones).
 LINT_DIRS := $(wildcard src tests examples bench)
 # A hung test is interrupted (SIGINT: pytest prints where it hung) after TEST_TIMEOUT seconds,
@@ -21,6 +23,12 @@ $(VENV):
 
 $(STAMP): pyproject.toml | $(VENV)
 	$(BIN)/python -m pip install -e '.[dev]'
+	touch $@ $(CORE_STAMP)
+
+# `make demo` installs haltwise alone (its runtime dependencies): no linters, type checker,
+# browser driver or agent frameworks, which only `make test` needs.
+$(CORE_STAMP): pyproject.toml | $(VENV)
+	$(BIN)/python -m pip install -e .
 	touch $@
 
 test: install
@@ -40,7 +48,7 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-demo: install
+demo: $(CORE_STAMP)
 	$(BIN)/python examples/demo.py
 
 # The benchmarks run in their own venv: the peers they compare haltwise with (DBOS Transact,

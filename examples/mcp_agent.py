@@ -7,8 +7,11 @@ with the step's idempotency key in ``_meta``.
 
 The local run is cancelled while ``report`` runs remotely: the step is interrupted, which sends
 the MCP cancel, and the remote run is cancelled with reason ``"client"`` (its steps settled by
-their policies). The local resume sends the call again with the *same* key: the server resumes
-the same remote run from its journal, so the sources it had already read are not read again.
+their policies). A retried call with the same key never undoes that stop (the server answers
+with the cancelled run's error result), so the operator resumes the remote run where it runs
+(``haltwise resume KEY mcp_tasks.py`` on the server's store): it goes on from its journal, and
+the sources it had already read are not read again. The local resume then sends the call again
+with the *same* key and gets that run's result.
 
     python examples/mcp_agent.py
 """
@@ -86,6 +89,11 @@ async def main() -> None:
             await handle.cancel(reason="user")  # the remote run has read a source
             show("local", await handle.outcome())
             show("remote", await until(server_store, key, lambda run: run.state.is_final))
+            tasks = str(HERE / "mcp_tasks.py")
+            operator = [sys.executable, "-m", "haltwise", "resume", key, tasks]
+            operator += ["--store", server_store]
+            await anyio.run_process(operator, check=True)  # the operator's decision
+            show("remote", await remote_run(server_store, key))
             resumed = await (await runtime.resume("brief")).outcome()
             show("local", resumed)
     show("remote", await remote_run(server_store, key))

@@ -52,7 +52,7 @@ def _done(run: str, index: int) -> None:
 
 def hold_file(run: str) -> Path:
     """While this file exists, run ``run``'s ``look`` bodies wait (a test cancels it there)."""
-    return _world() / f"hold-{run}"
+    return _world() / f"hold-{run.replace('/', '-')}"
 
 
 async def _while_held(run: str) -> None:
@@ -161,9 +161,23 @@ async def reserves(run: str) -> list[object]:
     return [await reserve(run, 0), await look(run, 1)]
 
 
+@haltwise.task(name="fleet:child")
+async def child(run: str) -> list[object]:
+    """A child run (its id ``PARENT/0`` is its ``run``): a read, a charge, a row."""
+    return [await look(run, 0), await charge(run, 1), await record(run, 2)]
+
+
+@haltwise.task(name="fleet:parent")
+async def parent(run: str) -> list[object]:
+    """A parent whose step 0 is child run ``RUN/0`` (``fleet:child``), then a read."""
+    return [await child(f"{run}/0"), await look(run, 1)]
+
+
 TASKS: dict[str, haltwise.Task[..., object]] = {
     "fleet:job": job,
     "fleet:slow": slow,
     "fleet:dies": dies,
     "fleet:reserve": reserves,
+    "fleet:child": child,
+    "fleet:parent": parent,
 }

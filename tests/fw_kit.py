@@ -12,8 +12,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import anyio
-
+import _wait
 import haltwise
 from toolkit import Gate
 
@@ -83,10 +82,8 @@ ALL_TOOLS = [lookup, browse, charge, reserve]
 
 
 async def until(condition: Callable[[], bool]) -> None:
-    """Wait (polling, with a deadline) until ``condition()`` holds."""
-    with anyio.fail_after(PATIENCE):
-        while not condition():
-            await anyio.sleep(0.005)
+    """Wait (polling, with a deadline) until ``condition()`` holds (``_wait.until``)."""
+    await _wait.until(condition, timeout=PATIENCE)
 
 
 def statuses(outcome: haltwise.Outcome) -> list[tuple[str, str]]:

@@ -35,6 +35,7 @@ PROMISES = {
     "mcp_agent.py": [
         "local: cancelled (reason user): report:interrupted",
         "remote: cancelled (reason client)",
+        "remote: completed (reason None)",
         "local: completed (reason None): report:committed",
         "result: {'result': 'published 81 characters'}",
     ],
@@ -70,3 +71,29 @@ def test_the_project_s_own_example_passes_a_strict_audit(tmp_path: Path) -> None
     report = json.loads(done.stdout)
     assert report["findings"] == [], report["findings"]
     assert {tool["name"] for tool in report["tools"]} >= {"plan_next", "charge_summary_api"}
+
+
+def test_the_readme_s_python_quickstart_is_the_example_file_and_runs_twice(
+    tmp_path: Path,
+) -> None:
+    """Issue 29, item 14: the README's Quickstart is ``examples/quickstart.py`` word for word, and
+    run twice in one folder it shows a partial result kept and a settled step each time."""
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    code = (EXAMPLES / "quickstart.py").read_text()
+    assert f"```python\n{code}```" in readme
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLES / "quickstart.py")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[0] == "cancelled user restart", done.stdout
+        assert lines[1] == "kept: ({'hit': 'cats 0'},)", done.stdout
+        assert "save_note:compensated" in lines[2] and "search:committed" in lines[2]
+        assert lines[3].startswith("completed sent to me@example.com 3 partial results")
+    outbox = (tmp_path / "outbox.jsonl").read_text().splitlines()
+    assert len(outbox) == 4  # two e-mails per script run: the resumed one, the blocking one

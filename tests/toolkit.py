@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 
 import haltwise
+from _wait import until_state
 
 calls: Counter[str] = Counter()
 compensations: list[tuple[str, Any]] = []
@@ -70,18 +71,8 @@ def reset() -> None:
 async def wait_for_state(
     rt: haltwise.Runtime, run_id: str, state: haltwise.State, timeout: float = 20.0
 ) -> haltwise.Outcome:
-    """Poll the journal (with a deadline) until the run is in ``state``; return its outcome.
-
-    Past the deadline, fail saying which state the run was in instead."""
-    outcome = None
-    with anyio.move_on_after(timeout):
-        while True:
-            outcome = await rt.status(run_id)
-            if outcome.state is state:
-                return outcome
-            await anyio.sleep(0.002)
-    seen = "unread" if outcome is None else f"{outcome.state.value} ({outcome.reason})"
-    raise AssertionError(f"run {run_id} not {state.value} after {timeout} s: {seen}")
+    """Wait until the journal has the run in ``state`` (``_wait.until_state``)."""
+    return await until_state(rt, run_id, state, timeout)
 
 
 def undo(name: str) -> Any:

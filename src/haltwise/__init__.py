@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from ._runtime.runtime import Runtime as Runtime
     from ._runtime.runtime import TaskHandle as TaskHandle
     from ._runtime.spec import Tool as Tool
+    from ._runtime.steps import register_replayable_error as register_replayable_error
     from ._runtime.task_api import aemit as aemit
     from ._runtime.task_api import cancel_current_run as cancel_current_run
     from ._runtime.task_api import cancel_requested as cancel_requested
@@ -134,6 +135,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "._runtime.run_api": ("run",),
     "._runtime.runtime": ("Runtime", "TaskHandle"),
     "._runtime.cancel_state": ("register_host_cancel",),
+    "._runtime.steps": ("register_replayable_error",),
     "._runtime.task_api": (
         "aemit",
         "cancel_current_run",
@@ -217,6 +219,7 @@ __all__ = [
     "emit",
     "idempotency_key",
     "register_host_cancel",
+    "register_replayable_error",
     "run",
     "shield",
     "spend",

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from _cli_kit import PATIENCE, Env
+from _wait import wait_until
 
 AGENT = """
 import time
@@ -69,12 +70,7 @@ def env(tmp_path: Path) -> Env:
 
 
 def wait_for_file(path: Path, process: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + PATIENCE
-    while not path.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise AssertionError(f"{path.name} never appeared: {process.communicate()}")
-        time.sleep(0.005)
+    wait_until(path.exists, f"{path.name} appearing", process=process, timeout=PATIENCE)
 
 
 def interrupt(env: Env, task: str, marker: str, gap: float, run_id: str) -> dict[str, object]:

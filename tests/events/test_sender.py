@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import pytest
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 from standardwebhooks.webhooks import Webhook
 
+import _wait
 import haltwise
 import toolkit
 
@@ -97,12 +97,7 @@ def start_sender(store: str, url: str, root: Path, *extra: str) -> subprocess.Po
 
 
 def wait_until(what: str, check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + PATIENCE
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"never: {what}")
+    _wait.wait_until(check, what, timeout=PATIENCE, interval=0.02)
 
 
 async def expected_types(store: str, run_ids: list[str]) -> dict[str, list[str]]:

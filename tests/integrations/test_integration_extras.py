@@ -28,7 +28,8 @@ def test_require_names_the_extra() -> None:
     assert isinstance(error, haltwise.HaltwiseError)
     assert str(error) == (
         "haltwise.integrations.demo needs the 'no_such_framework_for_haltwise' package: "
-        "pip install 'haltwise[demo-extra]'"
+        "pip install 'haltwise[demo-extra]' (from a checkout of haltwise: "
+        "pip install -e '.[demo-extra]')"
     )
 
 
@@ -59,7 +60,8 @@ def test_importing_without_the_framework_raises_missing_extra(name: str) -> None
     )
     assert done.stdout.strip() == (
         f"MissingExtraError haltwise.integrations.{name} needs the {framework!r} package: "
-        f"pip install 'haltwise[{extra}]'"
+        f"pip install 'haltwise[{extra}]' (from a checkout of haltwise: "
+        f"pip install -e '.[{extra}]')"
     )
 
 

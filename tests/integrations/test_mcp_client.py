@@ -12,12 +12,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 import haltwise
+from _wait import until
 from haltwise.integrations.mcp import McpToolError, remote_tools
 
 pytestmark = pytest.mark.anyio
@@ -111,12 +111,6 @@ async def remote_session(tmp_path: Path) -> AsyncIterator[ClientSession]:
 def effects(tmp_path: Path) -> list[str]:
     log = tmp_path / "effects.log"
     return log.read_text().split() if log.exists() else []
-
-
-async def until(condition: Any) -> None:
-    with anyio.fail_after(PATIENCE):
-        while not condition():
-            await anyio.sleep(0.01)
 
 
 @haltwise.task

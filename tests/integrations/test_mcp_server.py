@@ -21,6 +21,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 import haltwise
+from _wait import until
 from haltwise.integrations._mcp_server import TaskServer, served_tasks
 
 pytestmark = pytest.mark.anyio
@@ -201,14 +202,18 @@ async def test_the_clients_cancel_is_a_haltwise_cancel_and_finish_is_honoured(
             haltwise.StepStatus.COMMITTED,
         ]
         assert effects(served.parent) == ["search", "charge"]
-        # the same key again: the cancelled run is resumed; the committed charge is replayed
+        # the same key again: the cancelled run's error result; a retry never undoes the stop
         answer = await session.call_tool("research", {"topic": "dogs"}, meta=key("c1"))
-    assert not answer.is_error
-    assert answer.structured_content == {
-        "result": {"hits": ["dogs-a", "dogs-b"], "receipt": "charged 5"}
-    }
+        # the same key with other arguments: an error result naming the key, nothing run
+        other = await session.call_tool("research", {"topic": "cats"}, meta=key("c1"))
+    assert answer.is_error
+    text = answer.content[0].text  # type: ignore[union-attr]
+    assert text == "run 'c1' cancelled, reason 'client'; retry: resume"
+    assert other.is_error
+    assert "'c1'" in other.content[0].text  # type: ignore[union-attr]
+    assert "other inputs" in other.content[0].text  # type: ignore[union-attr]
     assert effects(served.parent) == ["search", "charge"]
-    assert (await status(served, "c1")).state is haltwise.State.COMPLETED
+    assert (await status(served, "c1")).state is haltwise.State.CANCELLED
 
 
 async def test_a_failed_run_answers_with_an_error_result_naming_state_and_retry(
@@ -339,11 +344,6 @@ async def test_a_call_for_a_run_another_runtime_works_follows_it_through_the_cha
         answers[name] = await client.call_tool(
             "report", {"topic": "cats"}, progress_callback=on_progress, meta=key("k1")
         )
-
-    async def until(condition: Any) -> None:
-        with anyio.fail_after(PATIENCE):
-            while not condition():
-                await anyio.sleep(0.005)
 
     async with haltwise.Runtime(store) as one, haltwise.Runtime(store) as other:
         first, second = TaskServer(one, served, tools), TaskServer(other, served, tools)

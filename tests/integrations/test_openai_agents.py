@@ -201,8 +201,9 @@ def outputs_and_calls(items: list[Any]) -> tuple[dict[str, str], list[str]]:
 async def test_after_the_sdks_cancel_the_conversation_has_every_call_with_its_result(
     sqlite_url: str, policy: str
 ) -> None:
-    """The SDK's to_input_list() drops the cancelled turn; conversation() restores it from
-    the journal, and a resume (and a new run on top of the conversation) repeats nothing."""
+    """The SDK alone drops the cancelled turn from to_input_list(); run_streamed's result
+    holds it, closed from the journal (as conversation() does), and a resume (and a new run on
+    top of the conversation) repeats nothing."""
     gated, _ = GATED[policy]
     Script.model = ScriptedModel(turns(policy))
     async with haltwise.Runtime(sqlite_url) as runtime:
@@ -215,10 +216,9 @@ async def test_after_the_sdks_cancel_the_conversation_has_every_call_with_its_re
         Kit.release[gated.name].set()
         assert outcome.state is haltwise.State.CANCELLED, outcome
         assert fw_kit.statuses(outcome)[-1] == (gated.name, fw_kit.CANCELLED_STATUS[policy])
-        _, sdk_calls = outputs_and_calls(Script.streams[0].to_input_list())
-        assert "c2" not in sdk_calls  # what the SDK alone keeps
-
+        kept = Script.streams[0].to_input_list()
         items = conversation(Script.streams[0], outcome)
+        assert kept == items  # closed where the SDK keeps it: nothing left for conversation()
         outputs, calls = outputs_and_calls(items)
         assert calls == ["c1", "c2"]
         assert outputs["c1"] == "tea costs 5"

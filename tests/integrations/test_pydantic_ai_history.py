@@ -66,8 +66,8 @@ def haltwise_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def check_clean(store: str) -> None:
-    checked = haltwise_cli("check", "--store", store)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
+    report = haltwise.verify_store(store)
+    assert report.ok, report.findings
 
 
 @pytest.mark.parametrize("how", ["capture", "token"])
@@ -144,3 +144,90 @@ async def test_a_replayed_request_that_differs_fails_the_run_naming_the_step(
     assert diverged.error is not None
     assert diverged.error.type == "NonDeterminismError"
     assert "step 0 (model)" in diverged.error.message
+
+
+async def test_pydantic_ais_timeout_ends_the_run_cancelled_with_reason_timeout(
+    sqlite_url: str,
+) -> None:
+    """Item 7: a framework's ``timeout=`` is a host timeout: ``cancelled`` / ``timeout``."""
+    import asyncio
+
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage, ModelResponse
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    async def never(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    @haltwise.task
+    async def slow() -> str:
+        result = await Agent(JournaledModel(FunctionModel(never))).run("hi", timeout=0.05)
+        return result.output
+
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        outcome = await (await runtime.start(slow, task_id="slow")).outcome()
+    assert outcome.state is haltwise.State.CANCELLED, outcome
+    assert outcome.reason == "timeout"
+    assert all(step.status.value == "interrupted" for step in outcome.steps)
+
+
+async def test_tools_without_the_journaled_model_replay_by_arguments_on_resume(
+    sqlite_url: str,
+) -> None:
+    """Item 4: the model is not journaled and gives every call a fresh id, as providers do; on
+    resume each committed call is matched by its tool and arguments, not run again."""
+    import uuid
+
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelRequest,
+        ModelResponse,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+    )
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from haltwise.integrations.pydantic_ai import tool
+
+    charges: list[str] = []
+
+    @haltwise.tool(cancel="finish", effect="external")
+    async def charge(amount: int) -> str:
+        """Charge the card."""
+        charges.append(haltwise.idempotency_key())
+        return f"charged {amount}"
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        done = [
+            part
+            for message in messages
+            if isinstance(message, ModelRequest)
+            for part in message.parts
+            if isinstance(part, ToolReturnPart)
+        ]
+        if len(done) < 2:
+            amount = 5 if not done else 7
+            call = ToolCallPart("charge", {"amount": amount}, tool_call_id=uuid.uuid4().hex)
+            return ModelResponse(parts=[call])
+        return ModelResponse(parts=[TextPart("done")])
+
+    broken = [True]
+
+    @haltwise.task
+    async def pay() -> str:
+        result = await Agent(FunctionModel(model), tools=[tool(charge)]).run("pay")
+        if broken[0]:
+            raise RuntimeError("the app broke after the agent")
+        return result.output
+
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        failed = await (await runtime.start(pay, task_id="fresh")).outcome()
+        assert failed.state is haltwise.State.FAILED
+        broken[0] = False
+        resumed = await (await runtime.resume("fresh")).outcome()
+    assert resumed.state is haltwise.State.COMPLETED, resumed
+    assert len(charges) == 2, "each charge made once, with one idempotency key"
+    assert len(set(charges)) == 2

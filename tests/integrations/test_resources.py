@@ -16,8 +16,9 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from _wait import wait_until
 
 AGENT = """
 import os
@@ -91,10 +92,9 @@ def test_the_compensation_after_a_takeover_uses_the_new_process_resource(tmp_pat
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + PATIENCE
-    while not rows(tmp_path / "world.db"):
-        assert time.monotonic() < deadline, "the first process never inserted its row"
-        time.sleep(0.01)
+    wait_until(
+        lambda: bool(rows(tmp_path / "world.db")), "the first process's row", timeout=PATIENCE
+    )
     ((_, inserted_by),) = rows(tmp_path / "world.db")
     os.kill(first.pid, signal.SIGKILL)
     first.wait(timeout=PATIENCE)

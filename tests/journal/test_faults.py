@@ -20,6 +20,7 @@ import haltwise
 import toolkit
 from _crash_kit import check_world, spawn, wait_started
 from _paths import TESTS
+from _wait import wait_until
 from haltwise import State, StepStatus
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fresh_toolkit")]
@@ -352,10 +353,13 @@ def test_a_run_killed_with_room_left_in_its_wal_loses_nothing(
     proc = subprocess.Popen(agent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_started(proc)
     log = tmp_path / "ticks.log"
-    deadline = time.monotonic() + 60
-    while not log.exists() or len(log.read_text().splitlines()) < 6:
-        assert proc.poll() is None and time.monotonic() < deadline, "no steps ran"
-        time.sleep(0.005)
+    wait_until(
+        lambda: log.exists() and len(log.read_text().splitlines()) >= 6,
+        "six steps ticking",
+        process=proc,
+        timeout=60,
+        interval=0.005,
+    )
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     frames, room = wal_frames(path.with_name(path.name + "-wal"))

@@ -7,7 +7,6 @@ import os
 import random
 import signal
 import sqlite3
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import psycopg
 import haltwise
 from _crash_kit import kill_and_resume, spawn, wait_started
 from _paths import TESTS
+from _wait import wait_until
 from haltwise import State, StepStatus
 
 AGENT = TESTS / "concurrent_crash_agent.py"
@@ -63,11 +63,13 @@ def kill_in_the_first_round(store: str, run_id: str, world: Path) -> None:
     proc = spawn(store, run_id, world, AGENT)
     try:
         wait_started(proc)
-        deadline = time.monotonic() + 60
-        while not first_round_entered(store, run_id, world):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the steps were never in flight together"
-            time.sleep(0.005)
+        wait_until(
+            lambda: first_round_entered(store, run_id, world),
+            "the four steps in flight together",
+            process=proc,
+            timeout=60,
+            interval=0.005,
+        )
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.kill()

@@ -961,3 +961,80 @@ async def test_a_store_error_while_committing_a_step_never_runs_it_again(store_u
         with pytest.raises(haltwise.ResumeRefusedError, match=r"step 0"):
             await runtime.resume("w")
     assert ROWS_WRITTEN == ["row"], "the write ran again"
+
+
+# -- child runs under kill -9: one owner of a run in a process ----------------------------------
+
+
+def children_begun(children: set[str], pid: int) -> Callable[[list[Execution]], bool]:
+    """Whether every child of ``children`` began its first step (the held read) in ``pid``."""
+
+    def found(executions: list[Execution]) -> bool:
+        begun = {e.run for e in executions if e.kind == "start" and e.index == 0 and e.pid == pid}
+        return children <= begun
+
+    return found
+
+
+def check_children_once(world: Path, outcomes: Mapping[str, Outcome], kills: int) -> None:
+    """Every parent and child completed with every step committed; the children's charge and
+    row ran once each (one call, one idempotency key), their held read once per worker."""
+    for run_id, outcome in outcomes.items():
+        assert outcome.state is State.COMPLETED, (run_id, outcome)
+        assert all(s.status is StepStatus.COMMITTED for s in outcome.steps), (run_id, outcome)
+    calls = Counter((e.run, e.index) for e in read_executions(world) if e.kind == "start")
+    keys: defaultdict[tuple[str, str], set[str]] = defaultdict(set)
+    lines: Counter[tuple[str, str]] = Counter()
+    for line in (world / "charges").read_text().splitlines():
+        run, index, key = line.split()
+        keys[(run, index)].add(key)
+        lines[(run, index)] += 1
+    children = [run_id for run_id in outcomes if "/" in run_id]
+    for child in children:
+        assert calls[(child, 0)] == kills + 1, (child, calls)
+        assert calls[(child, 1)] == 1, f"{child}'s charge ran {calls[(child, 1)]} times"
+        assert calls[(child, 2)] == 1, f"{child}'s row was written {calls[(child, 2)]} times"
+        assert lines[(child, "1")] == 1 and len(keys[(child, "1")]) == 1, (child, keys)
+        assert outcomes[child].steps[1].attempts == 1, outcomes[child].steps
+
+
+def test_children_taken_over_after_repeated_kill_9_run_each_effect_once(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 28: the next worker took a child run PARENT/0 over twice, once as an orphan in its
+    # scan and once through the parent's resume of its child step: the child's charge ran
+    # twice under two keys, its row twice. Workers are killed (SIGKILL) while every child waits
+    # in its first step, twice; a third worker finishes them.
+    world = tmp_path / "world"
+    world.mkdir()
+    monkeypatch.setenv("FLEET_WORLD", str(world))  # the hold files' directory
+    parents = [f"kp{i}" for i in range(6)]
+    children = {f"{p}/0" for p in parents}
+    for child in children:
+        fleet_agent.hold_file(child).touch()
+    anyio.run(submit_runs, store_url, parents, "fleet:parent")
+    kills = 2
+    for _ in range(kills):
+        worker = WorkerProcess(store_url, world, concurrency=len(parents) * 2)
+        try:
+            anyio.run(poll_world, world, children_begun(children, worker.pid), 60, "the children")
+        finally:
+            worker.kill()
+    for child in children:
+        fleet_agent.hold_file(child).unlink()
+    taker = WorkerProcess(store_url, world, concurrency=len(parents) * 2)
+    try:
+
+        async def outcomes() -> dict[str, Outcome]:
+            async with Runtime(store_url) as runtime:
+                with anyio.fail_after(60):
+                    found = {p: await runtime.outcome(p) for p in parents}
+                return found | {c: await runtime.status(c) for c in sorted(children)}
+
+        found = anyio.run(outcomes)
+        taker.stop()
+    finally:
+        taker.kill()
+    check_children_once(world, found, kills)
+    report = haltwise.verify_store(store_url)
+    assert report.ok, report.findings

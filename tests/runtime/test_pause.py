@@ -12,6 +12,7 @@ import pytest
 import haltwise
 import toolkit
 from _paths import TESTS
+from _wait import until
 from haltwise import Retry, State, StepStatus
 from haltwise._journal.check import verify
 from haltwise._runtime import lowlevel
@@ -40,9 +41,7 @@ async def paused_after_a_step(rt: haltwise.Runtime) -> haltwise.TaskHandle:
     # The journal says paused once the write commits; the runtime marks the run paused when
     # that write's await returns, which may come later (on PostgreSQL another connection sees
     # the commit first).
-    with anyio.fail_after(60):
-        while not rt.is_paused("p1"):
-            await anyio.sleep(0.002)
+    await until(lambda: rt.is_paused("p1"), "p1 paused in the runtime")
     return handle
 
 
@@ -125,10 +124,13 @@ async def test_outcome_keeps_waiting_through_a_pause(store_url: str) -> None:
             group.start_soon(wait_outcome)
             toolkit.release.set()
             await wait_for_state(rt, "p1", State.PAUSED)
-            await anyio.sleep(0.05)  # give a wrong outcome() the chance to return
+            await until(lambda: rt.is_paused("p1"), "p1 paused in the runtime")
+            # Every task of this loop now waits on something (none is runnable): an outcome()
+            # that a pause woke would have returned by now, and it would be the paused run's.
+            await anyio.wait_all_tasks_blocked()
             assert got == []
             await handle.unpause()
-    assert [o.state for o in got] == [State.COMPLETED]
+    assert [o.state for o in got] == [State.COMPLETED], "one outcome, the final one"
 
 
 async def test_a_cancel_ends_a_paused_run_cancelled_at_once(store_url: str) -> None:
@@ -225,14 +227,13 @@ async def test_a_worker_taking_over_a_paused_run_keeps_it_paused(store_url: str)
     async with haltwise.Runtime(store_url) as other:
         handle = await lowlevel.adopt(other, "p1", toolkit.one_step)
         assert handle is not None
-        await anyio.sleep(0.05)  # a wrong takeover would run on now
+        # The run's own gate says it waits at its first checkpoint: a takeover that ran on
+        # would have gone past it (and completed) instead.
+        await until(lambda: other.is_paused("p1"), "p1 waiting in its pause after the takeover")
         snapshot = await other.store.load("p1")
         assert snapshot.run.state is State.PAUSED
         assert snapshot.run.owner is not None and snapshot.run.owner.token == other.owner.token
         assert toolkit.calls["quick"] == 1
-        with anyio.fail_after(60):
-            while not other.is_paused("p1"):
-                await anyio.sleep(0.002)
         await other.unpause("p1")
         outcome = await handle.outcome()
     assert outcome.state is State.COMPLETED

@@ -8,11 +8,11 @@ the child with reason ``"parent"``, as a cancel of a running parent does.
 
 from __future__ import annotations
 
-import anyio
 import pytest
 
 import haltwise
 import toolkit
+from _wait import until
 from haltwise import State, StepStatus
 from haltwise._journal.check import verify
 from haltwise._runtime import lowlevel
@@ -41,9 +41,11 @@ async def relayed(rt: haltwise.Runtime, child_id: str) -> None:
     The relay is the parent's owner's: it records the child's pause request after the parent's
     (one store write per generation), so a child step that ends before it may be followed by
     another step; a test that lets the child go on waits for the relay first."""
-    with anyio.fail_after(20):
-        while not (await rt.store.load(child_id)).run.pause:
-            await anyio.sleep(0.002)
+
+    async def requested() -> bool:
+        return (await rt.store.load(child_id)).run.pause
+
+    await until(requested, f"the pause relayed to {child_id}")
 
 
 async def paused_family(rt: haltwise.Runtime, run_id: str = "p") -> haltwise.TaskHandle:
@@ -146,8 +148,11 @@ async def test_a_pause_of_the_child_alone_stays_when_the_parent_is_unpaused(
         await rt.pause("p")
         await wait_for_state(rt, "p", State.PAUSED)
         await rt.unpause("p")
+        # The relay runs within the unpause of a parent worked here (Runtime.unpause awaits
+        # it, as the watcher's tick does): a wrong relay would have unpaused the child, in
+        # the journal and in its gate, by the time the unpause returned.
+        assert rt.is_paused("p/1")
         await wait_for_state(rt, "p", State.RUNNING)
-        await anyio.sleep(0.05)  # a wrong relay would unpause the child now
         assert (await rt.status("p/1")).state is State.PAUSED
         await rt.unpause("p/1")
         outcome = await handle.outcome()

@@ -14,12 +14,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import haltwise
+from _wait import wait_until
 from haltwise._runtime.tool import TASKS
 
 MODULE = """
@@ -66,19 +66,14 @@ def test_a_takeover_compensates_with_the_tool_that_ran_not_its_namesake(tmp_path
         (tmp_path / f"mod_{name}.py").write_text(MODULE.format(name=name))
     (tmp_path / "agent.py").write_text(AGENT)
     run = haltwise_cli(tmp_path, "run", "agent.py:job", "--id", "r1")
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "world" / "a-started").exists():
-        assert run.poll() is None, run.communicate()
-        assert time.monotonic() < deadline, "the rollback step never began"
-        time.sleep(0.02)
+    started = tmp_path / "world" / "a-started"
+    wait_until(started.exists, "the rollback step beginning", process=run, timeout=60)
     os.kill(run.pid, signal.SIGKILL)
     run.wait(timeout=30)
     resumed = haltwise_cli(tmp_path, "resume", "r1", "--json")
     # the resume compensates the crashed call, then runs it again: it hangs in it, so cancel it
-    while not (tmp_path / "world" / "a-undone").exists():
-        assert resumed.poll() is None, resumed.communicate()
-        assert time.monotonic() < deadline, "the crashed step was never compensated"
-        time.sleep(0.02)
+    undone = tmp_path / "world" / "a-undone"
+    wait_until(undone.exists, "the crashed step compensated", process=resumed, timeout=60)
     subprocess.run(
         [
             sys.executable,

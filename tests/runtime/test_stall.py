@@ -30,6 +30,7 @@ import pytest
 import haltwise
 from _paths import TESTS
 from _pg import backends_in_transaction
+from _wait import wait_until
 from haltwise import State, StepStatus
 from haltwise._core.records import Owner
 from haltwise._journal.check import check_store
@@ -56,10 +57,7 @@ def spawn(store: str, world: Path, **env: str) -> subprocess.Popen[str]:
 def poll(what: str, done: object) -> None:
     """Wait (generously: the machine may be loaded) until ``done()`` is true."""
     assert callable(done)
-    end = time.monotonic() + DEADLINE
-    while not done():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.01)
+    wait_until(done, what, timeout=DEADLINE)
 
 
 def writable(db: Path) -> bool:

@@ -1,6 +1,7 @@
-"""What an integration calls inside a run (issue 30, item 2): ``haltwise.register_host_cancel``
-declares a framework's "I cancelled the agent" error, and ``haltwise.cancel_current_run``
-cancels the run the calling code belongs to, both without reaching into the runtime.
+"""What an integration calls (issue 30, item 2): ``haltwise.register_host_cancel`` declares a
+framework's "I cancelled the agent" error, ``haltwise.register_replayable_error`` a framework's
+error type a failed step replays as, and ``haltwise.cancel_current_run`` cancels the run the
+calling code belongs to, all without reaching into the runtime.
 
 Real runs on real stores (SQLite and PostgreSQL); the registration is process-wide, so each
 test registers an error type of its own.
@@ -12,7 +13,9 @@ import anyio
 import pytest
 
 import haltwise
+from _wait import until
 from haltwise import State, StepStatus
+from haltwise._runtime import lowlevel
 
 pytestmark = pytest.mark.anyio
 
@@ -89,3 +92,62 @@ async def test_cancel_current_run_cancels_the_run_of_the_calling_code(store_url:
 
 async def test_cancel_current_run_outside_a_task_does_nothing() -> None:
     assert await haltwise.cancel_current_run() is False
+
+
+def _framework_error() -> type[Exception]:
+    """An error type a framework raises from tools, found by no name lookup (it is not a module
+    attribute anywhere): only its registration lets a replay rebuild it."""
+
+    class FrameworkRetry(Exception):
+        """Ask the model again."""
+
+    return FrameworkRetry
+
+
+FRAMEWORK_RETRY = _framework_error()
+haltwise.register_replayable_error(FRAMEWORK_RETRY)
+#: the type of the error the task caught, in each attempt
+CAUGHT: list[type[BaseException]] = []
+GO_ON = anyio.Event()
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def ask_again() -> str:
+    raise FRAMEWORK_RETRY("try another query")
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def wait_to_go_on() -> str:
+    await GO_ON.wait()
+    return "went on"
+
+
+@haltwise.task(name="task_api:replays_a_framework_error")
+async def replays_a_framework_error() -> str:
+    try:
+        await ask_again()
+    except Exception as error:
+        CAUGHT.append(type(error))
+    return await wait_to_go_on()
+
+
+async def test_a_registered_error_type_is_rebuilt_on_replay(store_url: str) -> None:
+    global GO_ON
+    CAUGHT.clear()
+    GO_ON = anyio.Event()
+    async with haltwise.Runtime(store_url) as first:
+        await first.start(replays_a_framework_error, task_id="replay")
+        await until(lambda: len(CAUGHT) == 1, "the first attempt caught the error")
+        await lowlevel.hand_over(first)  # the run stays running, released: resumed below
+    GO_ON.set()
+    async with haltwise.Runtime(store_url) as second:
+        handle = await second.resume("replay")
+        outcome = await handle.outcome()
+    assert outcome.state is State.COMPLETED
+    assert CAUGHT == [FRAMEWORK_RETRY, FRAMEWORK_RETRY], "replayed as its own type"
+    assert outcome.steps[0].status is StepStatus.FAILED
+
+
+def test_only_exception_classes_are_replayable() -> None:
+    with pytest.raises(TypeError, match="not an exception class"):
+        haltwise.register_replayable_error(42)  # type: ignore[arg-type]

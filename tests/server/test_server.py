@@ -110,8 +110,13 @@ def test_error_codes_and_the_body_limit(served: Served) -> None:
 def test_submit_work_and_read_a_run_whose_id_has_a_slash(served: Served) -> None:
     created = served.post("/api/runs", {"task": "quick", "input": {"topic": "cats"}, "id": "p/0"})
     assert (created.status, created.json()) == (201, {"id": "p/0"})
-    again = served.post("/api/runs", {"task": "agent.py:quick", "id": "p/0"})
+    again = served.post(
+        "/api/runs", {"task": "agent.py:quick", "input": {"topic": "cats"}, "id": "p/0"}
+    )
     assert (again.status, again.json()) == (200, {"id": "p/0"})
+    other = served.post("/api/runs", {"task": "quick", "input": {"topic": "dogs"}, "id": "p/0"})
+    assert (other.status, other.error_code) == (409, "idempotency_conflict")
+    assert "'p/0'" in other.json()["error"]["message"]
     run = finished(served, "p/0")
     assert run["state"] == "completed" and run["partials"] == [{"hit": "cats-a"}, {"hit": "cats-b"}]
     assert run["owner"] is None

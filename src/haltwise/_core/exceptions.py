@@ -352,3 +352,12 @@ class McpToolError(Exception):
     def __init__(self, tool: str, message: str) -> None:
         super().__init__(f"MCP tool {tool!r}: {message}")
         self.tool = tool
+
+
+def install_hint(extra: str) -> str:
+    """How to install the optional extra ``extra``, as an error message says it: haltwise is
+    not on PyPI yet, so the line also says how from a checkout."""
+    return (
+        f"pip install 'haltwise[{extra}]' (from a checkout of haltwise: "
+        f"pip install -e '.[{extra}]')"
+    )

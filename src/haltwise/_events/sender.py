@@ -44,7 +44,7 @@ import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 from .._core.exceptions import DeliveryGoneError, InputError, UnknownRunError
-from .._core.views import Change
+from .._core.views import Change, RunDetail
 from .cloud import RunFold, cloud_event, event_type, status_as_of
 
 if TYPE_CHECKING:
@@ -66,6 +66,8 @@ _TIMEOUT: Final = 10.0
 #: How often the position is written while events are acknowledged, and progress logged.
 _SAVE_EVERY: Final = 0.5
 _PROGRESS_EVERY: Final = 10.0
+#: Runs a lane keeps as last read (see Sender._lane).
+_CACHED: Final = 256
 #: Changes read per query while catching up with the runs' history at start.
 _HISTORY_BATCH: Final = 5000
 
@@ -222,15 +224,38 @@ class Sender:
             self._dispatched = change.seq
 
     async def _lane(self, client: httpx.AsyncClient, items: ObjectReceiveStream[_Item]) -> None:
+        # A run read for one event serves its next ones when it was read after them: a run's
+        # events take one lane, so only this lane reads it (the cache stays small: cleared
+        # when it holds _CACHED runs).
+        read: dict[str, tuple[int, RunDetail | None]] = {}
         async with items:
             async for item in items:
-                await self._deliver(client, item)
-                self._acked.add(item.change.seq)
+                change = item.change
+                seen = read.get(change.run_id)
+                if seen is None or seen[0] < change.seq:
+                    if len(read) >= _CACHED:
+                        read.clear()
+                    seen = read[change.run_id] = (self._dispatched, await self._read(change))
+                await self._deliver(client, item, seen[1])
+                self._acked.add(change.seq)
                 self._delivered += 1
 
-    async def _deliver(self, client: httpx.AsyncClient, item: _Item) -> None:
+    async def _read(self, change: Change) -> RunDetail | None:
+        """The run as it is now (None: pruned since)."""
+        try:
+            return await self._seat.inspect(change.run_id)
+        except UnknownRunError:
+            return None
+
+    async def _deliver(
+        self, client: httpx.AsyncClient, item: _Item, detail: RunDetail | None
+    ) -> None:
         change = item.change
-        headers, body = cloud_event(change, self._source, await self._data(item))
+        if detail is None:  # pruned since: only what the change itself says
+            data: dict[str, Any] = {"id": change.run_id, "pruned": True}
+        else:
+            data = status_as_of(detail.outcome, detail.events, item.fold)
+        headers, body = cloud_event(change, self._source, data)
         tries = 0
         while True:
             failure = await self._post(client, str(change.seq), headers, body)
@@ -248,13 +273,6 @@ class Sender:
                 f"{self._to.shown}: {failure}; trying again in {delay:g} s"
             )
             await anyio.sleep(delay)
-
-    async def _data(self, item: _Item) -> dict[str, Any]:
-        try:
-            detail = await self._seat.inspect(item.change.run_id)
-        except UnknownRunError:  # pruned since: only what the change itself says
-            return {"id": item.change.run_id, "pruned": True}
-        return status_as_of(detail.outcome, detail.events, item.fold)
 
     async def _post(
         self, client: httpx.AsyncClient, message_id: str, headers: dict[str, str], body: bytes

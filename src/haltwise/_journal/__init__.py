@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from .._core.exceptions import StoreError
+from .._core.exceptions import StoreError, install_hint
 from .secrets import remember, safe_url
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def open_store(
             from .postgres import PostgresStore
         except ImportError as error:
             raise StoreError(
-                f"the PostgreSQL store needs psycopg: pip install 'haltwise[postgres]' ({error})"
+                f"the PostgreSQL store needs psycopg: {install_hint('postgres')} ({error})"
             ) from None
         return PostgresStore(resolved, read_only=read_only, works_runs=works_runs)
     raise StoreError(

@@ -72,6 +72,8 @@ class CancelState:
     #: scope waits for them
     _holds: int = 0
     _scope_cancel_held: bool = False
+    #: remote calls in flight (see :meth:`hold_for_remote`): how each is stopped
+    _remote: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def requested(self) -> bool:
@@ -97,8 +99,11 @@ class CancelState:
             self.forced = True
             for scope in self._shields:
                 scope.cancel()
+        if changed:
+            for stop in list(self._remote):
+                stop()
         if changed and self.task_scope is not None:
-            if self._holds and not self.forced:
+            if (self._holds and not self.forced) or self._remote:
                 self._scope_cancel_held = True
             else:
                 self.task_scope.cancel()
@@ -147,10 +152,28 @@ class CancelState:
         would cut it: the scope is cancelled once the last such body has ended.
         """
         self._holds += delta
-        if not self._holds and self._scope_cancel_held:
-            self._scope_cancel_held = False
-            if self.task_scope is not None:
-                self.task_scope.cancel()
+        self._release_held()
+
+    def hold_for_remote(self, stop: Callable[[], None]) -> None:
+        """A call to a remote service began in the task (:func:`~.task_api.remote_call`).
+
+        Until :meth:`release_remote`, a cancel request (forced or not) calls ``stop`` (which
+        cancels that call alone) and holds back the cancel of the task's scope, which would
+        also cut the client's own tasks (the transport that must still send the remote cancel).
+        """
+        self._remote.append(stop)
+
+    def release_remote(self, stop: Callable[[], None]) -> None:
+        """The remote call of :meth:`hold_for_remote` has ended (and its cancel was sent)."""
+        self._remote.remove(stop)
+        self._release_held()
+
+    def _release_held(self) -> None:
+        if self._holds or self._remote or not self._scope_cancel_held:
+            return
+        self._scope_cancel_held = False
+        if self.task_scope is not None:
+            self.task_scope.cancel()
 
     @contextmanager
     def shielding(self, scope: anyio.CancelScope) -> Iterator[None]:

@@ -12,7 +12,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from types import TracebackType
@@ -130,6 +130,9 @@ class Runtime:
         self.lease = lease
         self.owner = new_owner()
         self._active: dict[str, RunContext] = {}
+        #: runs being taken over here, not yet launched (see :meth:`_one_owner`): set once the
+        #: taking ends, launched or not
+        self._taking: dict[str, anyio.Event] = {}
         #: run -> monotonic time taken before the write that last gave it a lease here, until
         #: the run is launched (its ``held_until`` starts from it; see :meth:`_lease_for`)
         self._leased_at: dict[str, float] = {}
@@ -317,15 +320,37 @@ class Runtime:
         if run.state is State.PAUSED:
             await self.unpause(task_id, task=task)  # resuming a paused run means unpausing it
             return TaskHandle(self, task_id)
-        if task_id in self._active:
-            raise RunOwnedError(task_id, f"this runtime ({self.owner.describe()})")
-        if run.state is State.COMPLETED:
-            return TaskHandle(self, task_id)
-        the_task = self._task_of(run, task)
-        _check_step_indexes(task_id, snapshot, done, again)
-        snapshot = await self._take_over(snapshot, the_task, done, again)
-        await self._continue(snapshot, the_task, done, again, deadline, probe)
+        with self._one_owner(task_id):
+            if snapshot.run.owner is not None and snapshot.run.owner.token == self.owner.token:
+                snapshot = await self.store.load(task_id)  # as it is now that it is ours alone
+            run = snapshot.run
+            if run.state is State.COMPLETED:
+                return TaskHandle(self, task_id)
+            the_task = self._task_of(run, task)
+            _check_step_indexes(task_id, snapshot, done, again)
+            snapshot = await self._take_over(snapshot, the_task, done, again)
+            await self._continue(snapshot, the_task, done, again, deadline, probe)
         return TaskHandle(self, task_id)
+
+    @contextlib.contextmanager
+    def _one_owner(self, run_id: str) -> Iterator[None]:
+        """Reserve run ``run_id`` for the one path of this process that takes it over (a
+        resume, a worker's adoption, an unpause, a parent's resume of its child) until that
+        path launched it or gave up: a run is never driven twice in one process. Raises
+        :class:`~haltwise.RunOwnedError` if it is worked here, or being taken over here."""
+        if run_id in self._active or run_id in self._taking:
+            raise RunOwnedError(run_id, f"this runtime ({self.owner.describe()})")
+        taken = self._taking[run_id] = anyio.Event()
+        try:
+            yield
+        finally:
+            del self._taking[run_id]
+            taken.set()
+
+    async def _taken_here(self, run_id: str) -> None:
+        """Wait until no path of this process is taking run ``run_id`` over."""
+        while (taking := self._taking.get(run_id)) is not None:
+            await taking.wait()
 
     @staticmethod
     def _task_of(run: RunRecord, task: Task[..., Any] | None) -> Task[..., Any]:
@@ -404,18 +429,19 @@ class Runtime:
         took it first.
         """
         self._require_entered()
-        snapshot = await self.store.load(task_id)
-        if snapshot.run.state.is_final:
-            return None
-        was_cancelling = snapshot.run.state is State.CANCELLING
-        try:
-            snapshot = await self._take_over(snapshot, task, {}, frozenset())
-        except ResumeRefusedError:
-            return None
-        if was_cancelling:
-            await self.store.release(task_id, self.owner.token)
-            return None
-        await self._continue(snapshot, task, {}, frozenset(), None, None, unpause=False)
+        with self._one_owner(task_id):
+            snapshot = await self.store.load(task_id)
+            if snapshot.run.state.is_final:
+                return None
+            was_cancelling = snapshot.run.state is State.CANCELLING
+            try:
+                snapshot = await self._take_over(snapshot, task, {}, frozenset())
+            except ResumeRefusedError:
+                return None
+            if was_cancelling:
+                await self.store.release(task_id, self.owner.token)
+                return None
+            await self._continue(snapshot, task, {}, frozenset(), None, None, unpause=False)
         return TaskHandle(self, task_id)
 
     async def _take_over(
@@ -784,13 +810,16 @@ class Runtime:
         """
         snapshot = await self.store.load(task_id)
         run = snapshot.run
-        if run.state is State.PAUSED and not (task_id in self._active or held_by_live_owner(run)):
+        if run.state is State.PAUSED and not (
+            task_id in self._active or task_id in self._taking or held_by_live_owner(run)
+        ):
             the_task = self._task_of(run, task)
-            snapshot = await self._take_over(snapshot, the_task, {}, frozenset())
-            if budget is not None:  # ours now: the unpause raises the budget as it goes on
-                await self._seat.request_unpause(task_id, budget=budget)
-                snapshot = await self.store.load(task_id)
-            return await self._continue(snapshot, the_task, {}, frozenset(), None, None)
+            with self._one_owner(task_id):
+                snapshot = await self._take_over(snapshot, the_task, {}, frozenset())
+                if budget is not None:  # ours now: the unpause raises the budget as it goes on
+                    await self._seat.request_unpause(task_id, budget=budget)
+                    snapshot = await self.store.load(task_id)
+                return await self._continue(snapshot, the_task, {}, frozenset(), None, None)
         record = await self._seat.request_unpause(task_id, budget=budget)
         ctx = self._active.get(task_id)
         if ctx is not None and budget is not None:
@@ -919,6 +948,8 @@ class Runtime:
     def _launch(self, ctx: RunContext, inputs: dict[str, Any], deadline: float | None) -> None:
         self._require_entered()
         assert self._task_group is not None
+        if ctx.run_id in self._active:  # one owner of a run in a process (see _one_owner)
+            raise RunOwnedError(ctx.run_id, f"this runtime ({self.owner.describe()})")
         self._broken.pop(ctx.run_id, None)  # worked again here: a new chance for its journal
         # A run leased here by a path that did not note when: its first body confirms it.
         ctx.held_until = self._leased_at.pop(ctx.run_id, -math.inf) + self.lease
@@ -1179,6 +1210,9 @@ class RuntimeHost:
         """
         runtime = self._runtime
         task = cast("Task[..., Any]", task)  # a child step's task is a Task (see tool.Task)
+        # A worker's scan may be taking the child over as an orphan right now: it is driven by
+        # that path alone, and this parent waits for it (below, as for any child worked here).
+        await runtime._taken_here(child_id)
         try:
             snapshot = await runtime.store.load(child_id)
         except UnknownRunError:

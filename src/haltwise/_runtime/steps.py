@@ -167,8 +167,26 @@ def _went_past(run: RunContext, journaled: StepRecord) -> bool:
 
 
 #: Exception types a failed step's error may be rebuilt as, by type name, beyond the builtins
-#: and the tool's own module: the integrations add their framework's (Pydantic AI's ModelRetry).
+#: and the tool's own module. Added to only by :func:`register_replayable_error`.
 REPLAYABLE_ERRORS: dict[str, type[BaseException]] = {}
+
+
+def register_replayable_error(*error_types: type[BaseException]) -> None:
+    """Declare exception types a failed step's journaled error may be rebuilt as on resume.
+
+    A step that failed, and that the task went past, replays its error on resume: as its own
+    type when that type is found by name (a builtin, a name in the tool's module, or a type
+    registered here) and its text comes back the same from its message alone, otherwise as
+    :class:`~haltwise.ReplayedError`. For an integration whose framework raises its own types
+    from tools (the Pydantic AI adapter registers ``ModelRetry``, so that the model is handed
+    the same retry prompt again). The first type registered under a name keeps it. Raises
+    :class:`TypeError` for anything but an exception class.
+    """
+    for error_type in error_types:
+        if not (isinstance(error_type, type) and issubclass(error_type, BaseException)):
+            raise TypeError(f"{error_type!r} is not an exception class")
+    for error_type in error_types:
+        REPLAYABLE_ERRORS.setdefault(error_type.__name__, error_type)
 
 
 def rebuilt_error(error: ErrorInfo, spec: ToolSpec) -> BaseException:

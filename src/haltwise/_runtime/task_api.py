@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import math
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
 from .._core.exceptions import InputError, NotInTaskError
 from .._core.outcome import Outcome
 from .._core.records import JSONText, PartialKey, dump_json
+from .cancel_state import NATIVE_CANCEL
 from .pause import pause_point
 from .run_context import CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext, current_run
 
@@ -21,10 +24,22 @@ __all__ = [
     "checkpoint",
     "current_run",
     "emit",
+    "end_turn",
     "idempotency_key",
     "journaled_outcome",
+    "remote_call",
     "shield",
+    "steps_settled",
+    "turn_begins",
 ]
+
+T = TypeVar("T")
+
+#: How long a remote cancel may take to be sent under a forced cancel (CONTRACT.md, "A cancel
+#: reaches remote work").
+FORCED_REMOTE_CANCEL = 1.0
+#: the runs whose framework turn holds back the cancel of the task's scope (see turn_begins)
+_TURNS: weakref.WeakSet[RunContext] = weakref.WeakSet()
 
 
 def emit(value: Any) -> None:
@@ -167,3 +182,95 @@ async def journaled_outcome() -> Outcome | None:
     if run is None:
         return None
     return (await run.store.load(run.run_id)).outcome()
+
+
+async def remote_call(
+    call: Callable[[], Awaitable[T]], flush: Callable[[], Awaitable[Any]], *, grace: float
+) -> T:
+    """``await call()``, a request to a remote service whose client sends the remote cancel
+    when ``call`` is cancelled (the MCP SDK sends ``notifications/cancelled``), so that a cancel
+    of the run reaches the remote work (CONTRACT.md, "A cancel reaches remote work").
+
+    The cancel of a run is level-triggered: cancelling the task's scope would also cancel the
+    client's own tasks (a transport's writer), and the remote cancel would never leave. So while
+    ``call`` runs, a cancel request cancels ``call`` alone and holds back the cancel of the
+    task's scope; once ``call`` has ended cancelled, ``flush()`` (a round trip on the same
+    connection: the remote cancel went before it) runs shielded, bounded by ``grace`` seconds,
+    or by 1 s under a forced cancel; only then is the run's cancel let through, and the step
+    settles as any cancelled step. Outside a step of a run it is ``await call()``.
+    """
+    run = current_run()
+    step = CURRENT_STEP.get()
+    if run is None or step is None or step.run is not run or SHIELDED.get():
+        return await call()
+    cancel = run.cancel
+    scope = anyio.CancelScope()
+    bound = anyio.CancelScope(shield=True)
+
+    def stop() -> None:
+        scope.cancel()
+        limit = FORCED_REMOTE_CANCEL if cancel.forced else grace
+        bound.deadline = min(bound.deadline, anyio.current_time() + limit)
+
+    if cancel.requested:
+        return await call()  # the task's scope is cancelled already: the call never starts
+    cancel.hold_for_remote(stop)
+    try:
+        try:
+            with scope:
+                return await call()
+        except NATIVE_CANCEL:
+            await _flush_within(bound, flush)  # a cancel of this task (a host's, a gather's)
+            raise
+        await _flush_within(bound, flush)
+    finally:
+        cancel.release_remote(stop)
+    await anyio.lowlevel.checkpoint()  # the run's cancel lands here
+    run.raise_if_cancelled()
+    raise AssertionError("a remote call was cancelled with no cancel of its run")
+
+
+async def _flush_within(bound: anyio.CancelScope, flush: Callable[[], Awaitable[Any]]) -> None:
+    if math.isinf(bound.deadline):
+        bound.deadline = anyio.current_time() + FORCED_REMOTE_CANCEL
+    with bound:
+        try:
+            await flush()
+        except Exception:  # a broken connection: the cancel could not be sent
+            pass
+
+
+def turn_begins() -> None:
+    """A framework's turn of tool calls begins in the current run: until :func:`end_turn`, a
+    (not forced) cancel request settles the turn's steps by their policies but does not cancel
+    the task function's own scope, so the framework completes the turn and writes it where it
+    keeps the conversation (the OpenAI Agents SDK's session) before the cancel lands.
+
+    For an integration whose model wrapper sees a response with tool calls; its next model
+    request calls :func:`end_turn`, then lands the cancel at its checkpoint. Nothing outside a
+    task, or while the run's turn is already held.
+    """
+    run = current_run()
+    if run is None or run in _TURNS:
+        return
+    _TURNS.add(run)
+    run.cancel.hold_task_scope(+1)
+
+
+def end_turn() -> None:
+    """The current run's framework turn (see :func:`turn_begins`) has ended: a cancel held back
+    meanwhile cancels the task's scope now (it lands at the task's next await)."""
+    run = current_run()
+    if run is None or run not in _TURNS:
+        return
+    _TURNS.discard(run)
+    run.cancel.hold_task_scope(-1)
+
+
+async def steps_settled() -> None:
+    """Wait until no step of the current run is in flight (each settled by its policy); at once
+    outside a task. For an integration that closes the framework's state from the journal once
+    a cancel stopped the framework (the OpenAI Agents SDK's streamed ``cancel()``)."""
+    run = current_run()
+    if run is not None:
+        await run.all_settled()

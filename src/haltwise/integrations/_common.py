@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import haltwise
 
-from .._core.exceptions import HaltwiseError
+from .._core.exceptions import HaltwiseError, install_hint
 from .._runtime.budget import model_usage
 from .._runtime.tool import model_step
 
@@ -53,7 +53,7 @@ class MissingExtraError(HaltwiseError, ImportError):
     def __init__(self, integration: str, module: str, extra: str) -> None:
         super().__init__(
             f"haltwise.integrations.{integration} needs the {module!r} package: "
-            f"pip install 'haltwise[{extra}]'"
+            + install_hint(extra)
         )
         self.module = module
         self.extra = extra
@@ -141,24 +141,31 @@ def _count(value: Any) -> int:
 def request_digest(request: Any) -> str:
     """A digest of a model request, the same in every process for the same request.
 
-    ``request`` is JSON-like: dicts (keys in any order), lists, scalars; a pydantic model or a
-    dataclass counts as its fields (``None`` fields left out), any other object as its type
-    name only (its identity changes between processes).
+    ``request`` is JSON-like: dicts (keys in any order; a ``None`` value counts as absent),
+    lists, scalars; a pydantic model or a dataclass counts as its fields, any other object as
+    its type name only (its identity changes between processes). So an item the framework holds
+    as a dict and the same item rebuilt as a model (a replayed response) digest alike.
     """
-    text = json.dumps(request, sort_keys=True, separators=(",", ":"), default=_as_json)
+    text = json.dumps(_canonical(request), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(key): _canonical(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list | tuple):
+        return [_canonical(item) for item in value]
+    return _canonical(_as_json(value))
 
 
 def _as_json(value: Any) -> Any:
     dump = getattr(value, "model_dump", None)
     if callable(dump):
-        return dump(mode="json", exclude_none=True)
+        return dump(mode="json", exclude_none=True, by_alias=True)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            field.name: getattr(value, field.name)
-            for field in dataclasses.fields(value)
-            if getattr(value, field.name) is not None
-        }
+        return {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
     if isinstance(value, set | frozenset):
         return sorted(map(str, value))
     kind = type(value)

@@ -11,7 +11,12 @@ session, so that calling it inside a task is a step with a cancel policy:
 - inside a step the call carries the step's :func:`haltwise.idempotency_key` in
   ``_meta["haltwise/idempotency-key"]`` (a ``haltwise mcp`` server answers a call with a known
   key from the same run);
-- an interrupted step cancels the remote call: the SDK sends ``notifications/cancelled``;
+- an interrupted step cancels the remote call: the SDK sends ``notifications/cancelled``, and
+  the step is recorded ``interrupted`` (and the run's process may exit) only once a ping on the
+  same connection has come back, so the server has received the cancel
+  (:func:`haltwise._runtime.task_api.remote_call`: the send is shielded, bounded by the step's
+  grace, by 1 s under a forced cancel; the run's level-triggered cancel does not cut the
+  client's own transport meanwhile);
 - a call that exceeds ``timeout`` seconds is abandoned (the SDK sends the MCP cancel) and the run
   is cancelled with reason ``"mcp-timeout"``, so that the step is settled by its policy (a
   ``finish`` step becomes ``unknown``: nobody knows whether the server did it) instead of being
@@ -39,6 +44,7 @@ from mcp.shared.exceptions import MCPError
 import haltwise
 
 from .._core.exceptions import McpToolError
+from .._runtime.task_api import remote_call
 from ._mcp_server import IDEMPOTENCY_KEY
 
 __all__ = ["McpToolError", "remote_tools"]
@@ -103,8 +109,10 @@ def _remote_tool(
         except haltwise.NotInTaskError:
             meta = None  # called outside a task: a plain call
         try:
-            result = await session.call_tool(
-                name, arguments, read_timeout_seconds=timeout, meta=meta
+            result = await remote_call(
+                lambda: session.call_tool(name, arguments, read_timeout_seconds=timeout, meta=meta),
+                session.send_ping,
+                grace=made.policy.grace,
             )
         except MCPError as error:
             if error.code == types.REQUEST_TIMEOUT:
@@ -115,7 +123,8 @@ def _remote_tool(
     call_remote.__name__ = call_remote.__qualname__ = name
     call_remote.__doc__ = item.description
     call_remote.__signature__ = _signature(item.input_schema)  # type: ignore[attr-defined]
-    return haltwise.tool(name=name, **policy)(call_remote)
+    made = haltwise.tool(name=name, **policy)(call_remote)
+    return made
 
 
 def _value(name: str, result: types.CallToolResult) -> Any:

@@ -2,13 +2,16 @@
 
 One ``tools/call`` is one haltwise run of the task, with the call's arguments as its keyword
 inputs. The run id is the request's ``_meta["haltwise/idempotency-key"]`` when the client gives
-one; otherwise it is new. A retried call with a known key is answered from that run: a completed
-run's result at once; a run that stopped early (cancelled, failed, or left behind by a dead
-server) is resumed from its journal first, so its committed steps do not run again (a resume
-refused because of an ``unknown`` step is an error result naming the step). Each partial result
-the run emits is sent as a ``notifications/progress`` (``progress`` = how many partials so far,
-``message`` = the partial as JSON) when the client asked for progress, as soon as it is journaled
-(the run's progress pulse wakes the server; nothing polls). The client's
+one; otherwise it is new. A retried call with a known key and the same arguments is answered
+from that run: a final run's outcome at once (a completed run's result; the error result of a
+cancelled or failed run, which is never resumed: a client's retry does not undo an operator's
+stop); a run not yet final that a dead server left behind is taken over and continued from its
+journal, so its committed steps do not run again (a resume refused because of an ``unknown``
+step is an error result naming the step). The same key with other arguments (or for another
+task) is an error result naming the key (:class:`~haltwise.IdempotencyConflictError`). Each
+partial result the run emits is sent as a ``notifications/progress`` (``progress`` = how many
+partials so far, ``message`` = the partial as JSON) when the client asked for progress, as soon
+as it is journaled (the run's progress pulse wakes the server; nothing polls). The client's
 ``notifications/cancelled`` cancels the run with reason ``"client"``: its steps settle by their
 policies in this process although no response is sent. A completed run answers with its result
 (text: the result as JSON; ``structuredContent``: ``{"result": result}``); a cancelled or failed
@@ -146,9 +149,9 @@ class TaskServer:
             name=served.run_name,
             source=served.source,
         )
-        if self.runtime.is_active(run_id) or (await handle.status()).state is State.COMPLETED:
-            return handle
-        # The key names a run that stopped early, or one another process left or works.
+        if self.runtime.is_active(run_id) or (await handle.status()).state.is_final:
+            return handle  # a final run answers with its outcome: a retry never undoes a stop
+        # The key names a run not yet final that another process left (or works).
         try:
             return await self.runtime.resume(run_id, task=served.task)
         except RunOwnedError:
@@ -216,7 +219,7 @@ async def serve(file: str | os.PathLike[str], *, store: str | None = None) -> No
     """Serve ``file``'s tasks over MCP on this process's stdin and stdout until stdin closes.
 
     ``store`` is a store URL (default ``$HALTWISE_STORE``, else the default SQLite file). When
-    the client goes away, the runs still active are cancelled with reason ``"shutdown"`` and
+    the client goes away, the runs still active are cancelled with reason ``"client"`` and
     settle by their policies before this returns. Raises :class:`~haltwise.LoadError` or
     :class:`~haltwise.InputError` (before serving anything) if the file cannot be served.
     """

@@ -12,39 +12,56 @@
   is a step from its start: its events reach the runner as the model sends them, a cancel while
   it streams interrupts it at once, and it is journaled with the completed response (a replay
   yields that response's ``response.completed`` event alone).
+- A haltwise cancel (``haltwise cancel``, a deadline, ``handle.cancel()``) while the SDK runs a
+  turn of tool calls is a cooperative stop: each call settles by its policy and returns its
+  result to the SDK (a committed call its journaled result, any other a text saying what became
+  of it, ``[haltwise] interrupted: ...``), the SDK completes the turn and writes it to the
+  ``Session`` (and its run items) as it writes any turn, and the cancel lands at the next model
+  request (the task's scope is held meanwhile; a forced cancel is not held). So the session and
+  ``to_input_list()`` hold every call with its result, written by the SDK itself.
 - The SDK's own cancel (``RunResultStreaming.cancel()``, a ``Task.cancel()`` of the run, a
   timeout) that lands in a tool call or a model request is settled there by the step's policy (a
   ``finish`` call finishes, a ``rollback`` call is compensated) and cancels the run with reason
   ``"host"``: the run ends ``cancelled``, not ``completed``. A streamed run's ``cancel()`` just
-  ends ``stream_events()`` in the SDK, with no exception, so a task that returns right after the
-  stream would complete: start streamed runs with :func:`run_streamed`, whose stream raises
-  :class:`haltwise.Cancelled` (reason ``"host"``) when it ends because of ``cancel()``.
-- :func:`conversation` is the conversation of a :func:`run_streamed` result, completed: after
-  an immediate ``cancel()`` the SDK's ``to_input_list()`` lacks the cancelled turn (the model's
-  calls and their results); this adds the turn's calls back from what the model answered, each
-  with its result.
+  ends ``stream_events()`` in the SDK, with no exception, and an immediate one drops the turn it
+  cut: start streamed runs with :func:`run_streamed`, whose stream, once ``cancel()`` ended it,
+  waits for the steps to settle, adds the dropped turn (the model's calls, each with its result
+  from the journal) to the ``session`` passed to it and to the result's ``to_input_list()``,
+  then raises :class:`haltwise.Cancelled` (reason ``"host"``).
+- A failed call the model saw (the error text the SDK gives it) replays its error on resume
+  (the core's failed-step replay), so the same text reaches the model and the call is not made
+  again.
+- Each model request's step is fingerprinted by the request (instructions, input, settings,
+  tools, handoffs, output schema): a replay whose request differs fails the run with
+  ``NonDeterminismError``.
+- :func:`conversation` is ``to_input_list()`` completed the same way, for any result.
 - :func:`close_dangling` gives every ``function_call`` of a conversation (``to_input_list()``) a
-  ``function_call_output``: the journaled result for a committed call, a text saying what
-  happened for an interrupted, compensated or unknown one. :class:`JournaledModel` applies it to
-  each request's input, so no request ever carries a call without a result.
+  ``function_call_output`` from the outcome given (the journaled result of a committed call, a
+  text saying what happened for an interrupted, compensated or unknown one): the same in every
+  process. :class:`JournaledModel` applies it to each request's input with the current run's
+  journal, so no request ever carries a call without a result.
 
 Needs the ``openai-agents`` extra: ``pip install 'haltwise[openai-agents]'``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import inspect
 import json
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 
+import anyio
+
 from ._common import require
 
 require("openai_agents", "agents", "openai-agents")
 
-from agents import Agent, FunctionTool, Model, ModelResponse, Runner  # noqa: E402
+from agents import Agent, FunctionTool, Model, ModelResponse, Runner, Session  # noqa: E402
 from agents.function_schema import function_schema  # noqa: E402
 from agents.items import TResponseInputItem, TResponseOutputItem, TResponseStreamEvent  # noqa: E402
 from agents.result import RunResultStreaming  # noqa: E402
@@ -57,15 +74,19 @@ from pydantic import TypeAdapter  # noqa: E402
 
 import haltwise  # noqa: E402
 
+from .._runtime.task_api import end_turn, steps_settled, turn_begins  # noqa: E402
 from ._common import (  # noqa: E402
     MODEL_STEP,
     cancel_run_for_host,
     model_request,
     record_usage,
 )
+from ._common import call_id as call_id_scope  # noqa: E402
 from ._conversation import (  # noqa: E402
-    call_tool,
-    settled_calls,
+    SettledCall,
+    calls_in,
+    current_run_outcome,
+    journaled_call,
     unsettled_text,
 )
 from ._streams import StreamedStep  # noqa: E402
@@ -99,8 +120,18 @@ def function_tool(tool: haltwise.Tool[..., Any]) -> FunctionTool:
         except (ValueError, TypeError) as error:
             return f"Invalid arguments for tool {tool.name!r}: {error}"
         args, kwargs = schema.to_call_args(parsed)
+        call_id = ctx.tool_call_id
         try:
-            value = await call_tool(tool, ctx.tool_call_id, *args, **kwargs)
+            with call_id_scope(call_id):
+                value = await tool(*args, **kwargs)
+        except (haltwise.Cancelled, asyncio.CancelledError):
+            if not haltwise.cancel_requested():
+                raise  # the SDK's own cancel, or a host's: the turn stops with it
+            # A haltwise cancel stopped the call (its step has settled by its policy): the SDK
+            # gets the call's result from the journal and completes the turn (see JournaledModel).
+            return _output_of(await journaled_call(call_id) if call_id else None)
+        except haltwise.ReplayedError as error:
+            return default_tool_error_function(ctx, error)  # a failed call the model saw
         except haltwise.HaltwiseError:
             raise
         except Exception as error:
@@ -120,6 +151,14 @@ def _as_output(value: Any) -> Any:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def _output_of(call: SettledCall | None) -> Any:
+    """A call's output as the model reads it: its journaled result if it committed, else a text
+    saying what became of it. The same in every process."""
+    if call is not None and call.status is haltwise.StepStatus.COMMITTED:
+        return _as_output(call.result)
+    return unsettled_text(call)
+
+
 class JournaledModel(Model):
     """An ``agents.Model`` whose every request is a step of the current run (see the module
     docstring). ``name`` is the step's tool name in the journal (default ``"model"``).
@@ -133,7 +172,8 @@ class JournaledModel(Model):
 
     async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
         """``Model.get_response`` (same parameters), as a step; its input closed first."""
-        args, kwargs = _closed_input(args, kwargs)
+        end_turn()  # a cancel held back while the SDK completed the last turn lands here
+        args, kwargs = await _closed_input(args, kwargs)
 
         async def ask() -> dict[str, Any]:
             response = await self.model.get_response(*args, **kwargs)
@@ -141,8 +181,9 @@ class JournaledModel(Model):
             record_usage(self.model, usage.input_tokens, usage.output_tokens)
             return _dump_response(response)
 
-        data = await self._journaled(ask)
+        data = await model_request(ask, name=self.name, request=_request_view(args, kwargs))
         _record_turn(data["output"])
+        _turn_with_calls(data["output"])
         return _load_response(data)
 
     async def stream_response(
@@ -154,7 +195,8 @@ class JournaledModel(Model):
         completed response when the stream ends. A replay yields that response's
         ``response.completed`` event alone, without asking the model.
         """
-        args, kwargs = _closed_input(args, kwargs)
+        end_turn()
+        args, kwargs = await _closed_input(args, kwargs)
 
         async def ask(emit: Callable[[TResponseStreamEvent], None]) -> dict[str, Any]:
             completed: Response | None = None
@@ -173,35 +215,74 @@ class JournaledModel(Model):
                 record_usage(completed.model or self.model, usage.input_tokens, usage.output_tokens)
             return completed.model_dump(mode="json")
 
-        request = StreamedStep(ask, name=self.name)
+        request = StreamedStep(ask, name=self.name, request=_request_view(args, kwargs))
         async with aclosing(request.events()) as events:
             async for event in events:
                 yield event
+        _record_turn(request.value["output"])
+        _turn_with_calls(request.value["output"])
         if request.replayed:
             yield ResponseCompletedEvent(
                 type="response.completed",
                 response=Response.model_validate(request.value),
                 sequence_number=0,
             )
-        _record_turn(request.value["output"])
-
-    async def _journaled(self, ask: Any) -> Any:
-        return await model_request(ask, name=self.name)
 
     async def close(self) -> None:
         await self.model.close()
 
 
-def _closed_input(
+def _turn_with_calls(output: list[dict[str, Any]]) -> None:
+    """A response that calls tools begins a turn the SDK completes (runs the calls, writes the
+    turn to the session) before a haltwise cancel lands: the calls settle by their policies and
+    return their results (see function_tool), and the next request lands the cancel."""
+    if any(item.get("type") == "function_call" for item in output):
+        turn_begins()
+
+
+#: Model.get_response's parameters, to read a request's arguments by name
+_REQUEST = inspect.signature(Model.get_response)
+
+
+def _request_view(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What a request asks the model, for its fingerprint: the instructions, the input, the
+    settings, the tools and handoffs offered, the output wanted, the conversation it continues."""
+    asked = _REQUEST.bind(None, *args, **kwargs).arguments
+    settings = asked.get("model_settings")
+    output = asked.get("output_schema")
+    return {
+        "instructions": asked.get("system_instructions"),
+        "input": asked.get("input"),
+        "settings": settings.to_json_dict() if settings is not None else None,
+        "tools": [
+            [tool.name, getattr(tool, "params_json_schema", None)]
+            for tool in asked.get("tools") or ()
+        ],
+        "handoffs": [handoff.tool_name for handoff in asked.get("handoffs") or ()],
+        "output": None if output is None or output.is_plain_text() else output.json_schema(),
+        "previous_response_id": asked.get("previous_response_id"),
+        "conversation_id": asked.get("conversation_id"),
+        "prompt": asked.get("prompt"),
+    }
+
+
+async def _closed_input(
     args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The request's arguments with its ``input`` (the second parameter) passed through
-    :func:`close_dangling`."""
+    """The request's arguments with its ``input`` (the second parameter) closed from the current
+    run's journal (:func:`close_dangling`), when it has a call without an output."""
     if "input" in kwargs:
-        return args, {**kwargs, "input": close_dangling(kwargs["input"])}
-    if len(args) > 1:
-        return (args[0], close_dangling(args[1]), *args[2:]), kwargs
-    return args, kwargs
+        items = kwargs["input"]
+    elif len(args) > 1:
+        items = args[1]
+    else:
+        return args, kwargs
+    if isinstance(items, str) or not _dangling(items):
+        return args, kwargs
+    closed = close_dangling(items, await current_run_outcome())
+    if "input" in kwargs:
+        return args, {**kwargs, "input": closed}
+    return (args[0], closed, *args[2:]), kwargs
 
 
 async def _aclose(stream: AsyncIterator[Any]) -> None:
@@ -257,16 +338,42 @@ def run_streamed(
         asked.append(mode)
         sdk_cancel(mode)
 
+    sdk_input_list = result.to_input_list
+    closed: list[list[TResponseInputItem]] = []
+
     async def stream_events() -> AsyncIterator[StreamEvent]:
         async for event in sdk_stream():
             yield event
         if asked:
             await cancel_run_for_host()
+            with anyio.CancelScope(shield=True):  # the run's cancel must not cut the writes
+                await steps_settled()
+                kept = sdk_input_list()
+                items = _completed(kept, turns, await current_run_outcome())
+                closed.append(items)
+                await _add_to_session(kwargs.get("session"), kept, items)
             await haltwise.checkpoint()
+
+    def to_input_list(*args: Any, **kwargs: Any) -> list[TResponseInputItem]:
+        return list(closed[-1]) if closed else sdk_input_list(*args, **kwargs)
 
     result.cancel = cancel  # type: ignore[method-assign]
     result.stream_events = stream_events  # type: ignore[method-assign]
+    result.to_input_list = to_input_list  # type: ignore[method-assign]
     return result
+
+
+async def _add_to_session(
+    session: Session | None, kept: list[TResponseInputItem], items: list[TResponseInputItem]
+) -> None:
+    """Write to ``session`` the items of ``items`` that the SDK's own list ``kept`` lacks (the
+    turn an immediate ``cancel()`` dropped, and the outputs of its calls), in order."""
+    if session is None:
+        return
+    had = {id(item) for item in kept}
+    missing = [item for item in items if id(item) not in had]
+    if missing:
+        await session.add_items(missing)
 
 
 def _record_turn(output: list[dict[str, Any]]) -> None:
@@ -294,9 +401,19 @@ def conversation(
     without it such calls read as interrupted. For a result not made by :func:`run_streamed`
     it is ``close_dangling(result.to_input_list(), outcome)``.
     """
-    items: list[Any] = list(result.to_input_list())
+    return _completed(result.to_input_list(), _TURNS_OF.get(id(result), []), outcome)
+
+
+def _completed(
+    kept: list[TResponseInputItem],
+    turns: list[list[dict[str, Any]]],
+    outcome: haltwise.Outcome | None,
+) -> list[TResponseInputItem]:
+    """``kept`` with the model turns it lacks (those of ``turns``, the run's responses, with
+    calls none of which it has), then every call closed from ``outcome`` (see conversation)."""
+    items: list[Any] = list(kept)
     present = {_field(item, "call_id") for item in items if _field(item, "type") == "function_call"}
-    for turn in _TURNS_OF.get(id(result), []):
+    for turn in turns:
         calls = {item.get("call_id") for item in turn if item.get("type") == "function_call"}
         if calls and not calls & present:
             items.extend({k: v for k, v in item.items() if v is not None} for item in turn)
@@ -315,29 +432,32 @@ def close_dangling(
     returned it to the model), otherwise a text saying the call was interrupted, compensated or
     of unknown effect because the run was cancelled. A string input is returned unchanged.
     """
-    if isinstance(items, str):
-        return items
+    if isinstance(items, str) or not _dangling(items):
+        return items  # the common case: nothing to look up
     answered = {
         _field(item, "call_id") for item in items if _field(item, "type") == "function_call_output"
     }
-    calls = {_field(item, "call_id") for item in items if _field(item, "type") == "function_call"}
-    if calls <= answered:
-        return items  # the common case: nothing to look up
-    settled = settled_calls(outcome)
+    settled = calls_in(outcome)
     fixed: list[Any] = []
     for item in items:
         fixed.append(item)
         if _field(item, "type") != "function_call" or _field(item, "call_id") in answered:
             continue
         cid = str(_field(item, "call_id"))
-        step = settled.get(cid)
-        output = (
-            _as_output(step.result)
-            if step is not None and step.status is haltwise.StepStatus.COMMITTED
-            else unsettled_text(step)
-        )
+        output = _output_of(settled.get(cid))
         fixed.append({"type": "function_call_output", "call_id": cid, "output": output})
     return fixed
+
+
+def _dangling(items: list[Any]) -> bool:
+    """Whether a ``function_call`` of ``items`` has no ``function_call_output``."""
+    answered = {
+        _field(item, "call_id") for item in items if _field(item, "type") == "function_call_output"
+    }
+    return any(
+        _field(item, "type") == "function_call" and _field(item, "call_id") not in answered
+        for item in items
+    )
 
 
 def _field(item: Any, key: str) -> Any:

@@ -82,7 +82,6 @@ from pydantic_ai.usage import RequestUsage  # noqa: E402
 
 import haltwise  # noqa: E402
 
-from .._runtime.steps import REPLAYABLE_ERRORS  # noqa: E402
 from ._common import (  # noqa: E402
     MODEL_STEP,
     cancel_run_for_host,
@@ -106,7 +105,7 @@ __all__ = ["JournaledModel", "close_dangling", "tool"]
 haltwise.register_host_cancel(RunCancelled)
 # A tool's ModelRetry the model saw replays as a ModelRetry on resume (a failed step the task
 # went past replays its error): Pydantic AI hands the model the same retry prompt again.
-REPLAYABLE_ERRORS.setdefault(ModelRetry.__name__, ModelRetry)
+haltwise.register_replayable_error(ModelRetry)
 
 
 def tool(haltwise_tool: haltwise.Tool[..., Any]) -> Tool[Any]:

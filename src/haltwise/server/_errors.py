@@ -1,8 +1,9 @@
 """Errors as the API answers them: ``{"error": {"code", "message"}}`` with the contract's status.
 
 400 malformed, 401 no or wrong token, 403 a read-only token asking for a change or a
-cross-origin cookie request, 404 unknown run or task, 409 a run held by a live owner or a refused
-resume, 413 a body over 1 MiB, 422 a body that does not fit. Messages never hold a token.
+cross-origin cookie request, 404 unknown run or task, 409 a run held by a live owner, a refused
+resume or a run id reused with another task or input, 413 a body over 1 MiB, 422 a body that
+does not fit. Messages never hold a token.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from .._core.exceptions import (
     HaltwiseError,
+    IdempotencyConflictError,
     InputError,
     ResumeRefusedError,
     RunOwnedError,
@@ -50,6 +52,8 @@ def from_haltwise(error: HaltwiseError, *, input_status: int = 422) -> ApiError:
         return ApiError(409, "run_owned", text)
     if isinstance(error, ResumeRefusedError):
         return ApiError(409, "resume_refused", text)
+    if isinstance(error, IdempotencyConflictError):
+        return ApiError(409, "idempotency_conflict", text)
     if isinstance(error, StoreError):
         return ApiError(503, "store_unavailable", text)
     if isinstance(error, InputError):

@@ -38,7 +38,7 @@ _ERRORS = {
     "401": "no or wrong token",
     "403": "read-only token, or a cross-origin cookie request",
     "404": "unknown run or task",
-    "409": "a run held by a live owner, or a refused resume",
+    "409": "a run held by a live owner, a refused resume, or an existing id with other input",
     "413": "a body over 1 MiB",
     "422": "a body that does not fit",
     "501": "a verb this haltwise does not have",
@@ -142,7 +142,7 @@ def openapi_document() -> dict[str, Any]:
             "post": {
                 "summary": "submit a pending run (with FILE.py only)",
                 "requestBody": {**_body(SubmitBody), "required": True},
-                "responses": _answers("400", "403", "404", "413", "422", ok="201"),
+                "responses": _answers("400", "403", "404", "409", "413", "422", ok="201"),
             },
         },
         "/api/runs/{id}": {
