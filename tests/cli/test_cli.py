@@ -477,6 +477,7 @@ def test_list_and_state_filter(env: Env) -> None:
                 "state": "failed",
                 "reason": None,
                 "retry": "restart",
+                "spent": {"usd": 0.0, "tokens": 0, "tool_calls": 1},
             },
             {
                 "id": "a",
@@ -484,6 +485,7 @@ def test_list_and_state_filter(env: Env) -> None:
                 "state": "completed",
                 "reason": None,
                 "retry": "none",
+                "spent": {"usd": 0.0, "tokens": 0, "tool_calls": 4},
             },
         ]
     }

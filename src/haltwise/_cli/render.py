@@ -211,7 +211,8 @@ class Screen:
             return
         table = Table(box=None, pad_edge=False)
         for column in ("id", "task", "state", "reason", "retry", "spent"):
-            table.add_column(column, overflow="fold")
+            # an id is what a reader copies, a state and an advice are one word: never cut
+            table.add_column(column, overflow="fold", no_wrap=column in _WHOLE)
         for run in runs:
             table.add_row(
                 Text(run.id),
@@ -322,6 +323,9 @@ def _summary(outcome: Outcome, notes: Sequence[str]) -> Iterator[RenderableType]
     else:
         yield Text("retry: the run is still active")
 
+
+#: The columns of ``list`` never folded (the others fold to make room for them).
+_WHOLE = frozenset({"id", "state", "retry"})
 
 #: The most the tool column asks for so that a name is not cut in two.
 _UNBROKEN = 22
