@@ -268,8 +268,16 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true", help="add the PostgreSQL rows")
     parser.add_argument("--keep", type=Path, help="build and install here, and keep it")
     args = parser.parse_args()
-    scratch_root = args.keep or Path(tempfile.mkdtemp(prefix="hw-bench-command-"))
-    scratch_root.mkdir(parents=True, exist_ok=True)
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        run(args.keep, args.trials, args.postgres)
+        return
+    with tempfile.TemporaryDirectory(prefix="hw-bench-command-") as scratch:
+        run(Path(scratch), args.trials, args.postgres)
+
+
+def run(scratch_root: Path, trials: int, postgres: bool) -> None:
+    """Build, install and measure in ``scratch_root``."""
     revision = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
@@ -277,10 +285,10 @@ def main() -> None:
     print(f"- revision: {revision} (the wheel of this checkout, in a fresh venv)")
     print(f"- load before building: {Path('/proc/loadavg').read_text().strip()}\n")
     bin_dir = install(scratch_root)
-    measure(bin_dir, "SQLite", f"sqlite:///{scratch_root}/store.db", args.trials)
-    if args.postgres:
+    measure(bin_dir, "SQLite", f"sqlite:///{scratch_root}/store.db", trials)
+    if postgres:
         with postgres_url() as url:
-            measure(bin_dir, "PostgreSQL", url, args.trials)
+            measure(bin_dir, "PostgreSQL", url, trials)
 
 
 if __name__ == "__main__":

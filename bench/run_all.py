@@ -53,6 +53,7 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
         ],
     ),
     ("bench_integrations.py", [], ["--calls", "3", "--runs", "3"]),
+    ("bench_pydantic_dbos.py", [], ["--runs", "5", "--trials", "2"]),
 ]
 
 

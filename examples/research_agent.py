@@ -13,6 +13,10 @@ fetch_page                interruptible    read        no           the same cor
 save_note                 rollback         write       no           notes.db (SQLite)
 charge_summary_api        finish           external    yes          ledger.jsonl (paid API)
 post_message              finish           external    no           outbox.jsonl
+
+The paid API and the channel can each be asked what happened to a call by its idempotency key:
+their tools declare ``reconcile=`` hooks, so a step left ``unknown`` by a forced cancel or a
+crash is settled by asking them, not by a person.
 ========================  ===============  ==========  ===========  ==========================
 
 The world lives in the directory ``$DEMO_WORLD`` (default ``./demo-world``). Each tool reports
@@ -131,25 +135,52 @@ async def _api_answers() -> None:
         await anyio.sleep(0.01)
 
 
-@haltwise.tool(cancel="finish", effect="external", idempotent=True, grace=10.0)
+def _charged(key: str) -> bool:
+    ledger = _world() / "ledger.jsonl"
+    seen = ledger.read_text().splitlines() if ledger.exists() else []
+    return any(json.loads(line)["key"] == key for line in seen)
+
+
+def find_charge(text: str) -> haltwise.Happened | haltwise.NotHappened:
+    """The paid API's reconcile hook: ask the provider for the charge of this step's key."""
+    if _charged(haltwise.idempotency_key()):
+        return haltwise.Happened(SUMMARY)
+    return haltwise.NotHappened()
+
+
+SUMMARY = "Solar storms: 1859 and 2024 show the risk; grids can shed load. (summary)"
+
+
+@haltwise.tool(
+    cancel="finish", effect="external", idempotent=True, grace=10.0, reconcile=find_charge
+)
 async def charge_summary_api(text: str) -> str:
     """Have a paid API summarise the notes. The API deduplicates by idempotency key."""
     key = haltwise.idempotency_key()
     await anyio.sleep(LATENCY * 4)  # a slow paid call: the demo cancels while it runs
     await _api_answers()
-    ledger = _world() / "ledger.jsonl"
-    seen = ledger.read_text().splitlines() if ledger.exists() else []
-    if not any(json.loads(line)["key"] == key for line in seen):
+    if not _charged(key):
         _append("ledger.jsonl", {"key": key, "cents": 40})
         record_effect("charge", key=key)
-    return "Solar storms: 1859 and 2024 show the risk; grids can shed load. (summary)"
+    return SUMMARY
 
 
-@haltwise.tool(cancel="finish", effect="external", grace=10.0)
+def find_post(text: str) -> haltwise.Happened | haltwise.NotHappened:
+    """The channel's reconcile hook: look for the post of this step's key in the outbox."""
+    outbox = _world() / "outbox.jsonl"
+    lines = outbox.read_text().splitlines() if outbox.exists() else []
+    key = haltwise.idempotency_key()
+    if any(json.loads(line).get("key") == key for line in lines):
+        return haltwise.Happened("posted")
+    return haltwise.NotHappened()
+
+
+@haltwise.tool(cancel="finish", effect="external", grace=10.0, reconcile=find_post)
 async def post_message(text: str) -> str:
-    """Post the summary to the team channel (an outbox file). Not idempotent."""
+    """Post the summary to the team channel (an outbox file). Not idempotent, but the channel
+    keeps the key each post was made with, so the reconcile hook can ask it."""
     await anyio.sleep(LATENCY)
-    _append("outbox.jsonl", {"text": text})
+    _append("outbox.jsonl", {"text": text, "key": haltwise.idempotency_key()})
     record_effect("post")
     return "posted"
 

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
     from ._core.policy import CancelPolicy as CancelPolicy
     from ._core.policy import Effect as Effect
     from ._core.policy import OnCancel as OnCancel
+    from ._core.reconcile import Happened as Happened
+    from ._core.reconcile import NotHappened as NotHappened
+    from ._core.reconcile import Reconciled as Reconciled
     from ._core.records import Event as Event
     from ._core.records import Owner as Owner
     from ._core.records import RunRecord as RunRecord
@@ -116,6 +119,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     ),
     "._core.outcome": ("AttemptError", "ErrorInfo", "Outcome", "Retry", "StepRecord"),
     "._core.policy": ("CancelPolicy", "Effect", "OnCancel"),
+    "._core.reconcile": ("Happened", "NotHappened", "Reconciled"),
     "._core.records": ("Event", "Owner", "RunRecord", "RunSnapshot"),
     "._core.states": ("State", "StepStatus"),
     "._core.views": (
@@ -172,6 +176,7 @@ __all__ = [
     "Finding",
     "ForkPlan",
     "HaltwiseError",
+    "Happened",
     "IdempotencyConflictError",
     "InputError",
     "InvalidTransitionError",
@@ -179,11 +184,13 @@ __all__ = [
     "LostOwnershipError",
     "NoStoreError",
     "NonDeterminismError",
+    "NotHappened",
     "NotInTaskError",
     "OnCancel",
     "Outcome",
     "Owner",
     "PolicyError",
+    "Reconciled",
     "ReplayedError",
     "ResumeRefusedError",
     "Retry",

@@ -29,6 +29,10 @@ def delete_note(text: str) -> None:
     pass
 
 
+def ask_nobody(text: str) -> None:
+    """A reconcile hook that cannot tell (a tool built for another finding has one)."""
+
+
 def make(**policy: Any) -> Tool[..., Any]:
     """A plain tool named ``policy.pop('name')`` declared with the remaining arguments."""
     name = policy.pop("name", "t")
@@ -53,6 +57,7 @@ def retrying_external() -> Tool[..., Any]:
         compensate=None,
         grace=5,
         retries=2,
+        reconcile=ask_nobody,
     )
     return tool_function(ToolSpec(delete_note, policy, "charge"))
 
@@ -65,12 +70,21 @@ def codes(tools: list[Tool[..., Any]], deadline: float | None = None) -> list[st
 
 TRIGGERS: list[tuple[str, Callable[[], Tool[..., Any]], float | None]] = [
     ("undeclared-cancel", lambda: make(effect="read"), None),
-    ("undeclared-effect", lambda: make(cancel="finish", grace=5), None),
+    ("undeclared-effect", lambda: make(cancel="finish", grace=5, reconcile=ask_nobody), None),
     ("rollback-without-compensate", rollback_without_compensate, None),
     ("interruptible-side-effect", lambda: make(cancel="interruptible", effect="write"), None),
-    ("finish-unbounded-external", lambda: make(cancel="finish", effect="external"), None),
-    ("grace-exceeds-deadline", lambda: make(cancel="finish", effect="write", grace=60), 10.0),
+    (
+        "finish-unbounded-external",
+        lambda: make(cancel="finish", effect="external", reconcile=ask_nobody),
+        None,
+    ),
+    (
+        "grace-exceeds-deadline",
+        lambda: make(cancel="finish", effect="write", grace=60, reconcile=ask_nobody),
+        10.0,
+    ),
     ("retries-repeat-effect", retrying_external, None),
+    ("no-reconcile", lambda: make(cancel="finish", effect="write", grace=5), None),
 ]
 
 
@@ -97,8 +111,8 @@ CLEAN = [
     lambda: make(cancel="interruptible", effect="none"),
     lambda: make(cancel="interruptible", effect="write", idempotent=True),
     lambda: make(cancel="finish", effect="external", idempotent=True),
-    lambda: make(cancel="finish", effect="external", grace=5),
-    lambda: make(cancel="finish", effect="write"),
+    lambda: make(cancel="finish", effect="external", grace=5, reconcile=ask_nobody),
+    lambda: make(cancel="finish", effect="write", reconcile=ask_nobody),
     lambda: make(cancel="rollback", effect="write", compensate=delete_note, grace=10),
     # interruptible tools do not wait after a cancel, so their grace cannot overrun a deadline
     lambda: make(cancel="interruptible", effect="read", grace=600),
@@ -113,7 +127,8 @@ def test_clean_tools_have_no_findings(build: Callable[[], Tool[..., Any]]) -> No
 
 
 def test_grace_equal_to_the_deadline_is_fine() -> None:
-    assert codes([make(cancel="finish", effect="write", grace=10)], deadline=10) == []
+    tool = make(cancel="finish", effect="write", grace=10, reconcile=ask_nobody)
+    assert codes([tool], deadline=10) == []
 
 
 def test_grace_exceeds_deadline_only_when_a_deadline_is_given() -> None:
@@ -131,7 +146,11 @@ def test_undeclared_everything_reports_both_gaps_and_the_default_grace_against_a
 
 
 def test_finish_on_an_assumed_external_effect_counts_as_external() -> None:
-    assert codes([make(cancel="finish")]) == ["undeclared-effect", "finish-unbounded-external"]
+    assert codes([make(cancel="finish")]) == [
+        "undeclared-effect",
+        "finish-unbounded-external",
+        "no-reconcile",
+    ]
 
 
 def test_findings_follow_tool_order() -> None:

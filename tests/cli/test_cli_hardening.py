@@ -12,7 +12,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 
 from _cli_kit import AGENT, PATIENCE, Env, error_line
 from _pg import PostgresServer, create_database
+from _wait import wait_until
 
 
 def hw_with(env: Env, extra: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -245,10 +245,7 @@ def test_a_postgres_outage_prints_one_line_and_no_driver_log_noise(tmp_path: Pat
             cwd=tmp_path, env=environ, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
-        deadline = time.monotonic() + PATIENCE
-        while "record:cats" not in env.effects():
-            assert time.monotonic() < deadline and process.poll() is None, process.communicate()
-            time.sleep(0.01)
+        wait_until(lambda: "record:cats" in env.effects(), "the step", process=process)
         server._run("pg_ctl", "stop", "-m", "immediate", "-w", "-D", str(server.data))
         env.release("think")
         out, err = process.communicate(timeout=PATIENCE * 3)

@@ -249,3 +249,32 @@ async def test_parallel_tool_calls_cancelled_mid_way(sqlite_url: str) -> None:
     load([calls(*fw_kit.PARALLEL_CALLS), AIMessage(content="bought tea")])
     await fw_kit.parallel_calls_cancelled(sqlite_url, shop, last_answer_only)
     assert len(Script.requests) == 1
+
+
+#: the prompt ``shop_what`` sends (a test changes it between the attempts of a run)
+PROMPT = ["buy tea"]
+
+
+@haltwise.task
+async def shop_what() -> str:
+    state = await make_agent().ainvoke({"messages": [HumanMessage(PROMPT[0])]})
+    return str(state["messages"][-1].content)
+
+
+async def test_a_replayed_model_request_that_differs_fails_the_run(sqlite_url: str) -> None:
+    """A model request is fingerprinted (issue 27, item 6): on resume, a request that is not the
+    journaled one fails the run with NonDeterminismError instead of getting its answer."""
+    load(turns("interruptible"))
+    PROMPT[0] = "buy tea"
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        handle = await runtime.start(shop_what, task_id="fp")
+        await Kit.entered["browse"].wait(timeout=fw_kit.PATIENCE)
+        await handle.cancel(reason="user")
+        assert (await handle.outcome()).state is haltwise.State.CANCELLED
+        PROMPT[0] = "buy coffee"  # the first request is not the journaled one any more
+        load([AIMessage(content="bought coffee")])
+        resumed = await (await runtime.resume("fp")).outcome()
+    assert resumed.state is haltwise.State.FAILED, resumed
+    assert resumed.error is not None
+    assert resumed.error.type == "NonDeterminismError"
+    assert "model" in resumed.error.message

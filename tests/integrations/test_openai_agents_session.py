@@ -14,13 +14,13 @@ import json
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import haltwise
+from _wait import wait_until
 
 APP = Path(__file__).with_name("openai_app.py")
 PATIENCE = 60.0
@@ -43,10 +43,7 @@ def outcome_of(process: subprocess.Popen[str]) -> dict[str, Any]:
 
 
 def wait_for(path: Path) -> None:
-    deadline = time.monotonic() + PATIENCE
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.01)
+    wait_until(path.exists, f"{path} appearing", timeout=PATIENCE)
 
 
 def ledger(where: Path, effect: str) -> list[str]:

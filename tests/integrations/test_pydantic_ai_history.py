@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import haltwise
+from _wait import wait_until
 from haltwise.integrations.pydantic_ai import JournaledModel
 
 pytestmark = pytest.mark.anyio
@@ -44,10 +44,7 @@ def outcome_of(process: subprocess.Popen[str]) -> dict[str, Any]:
 
 
 def wait_for(path: Path) -> None:
-    deadline = time.monotonic() + PATIENCE
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.01)
+    wait_until(path.exists, f"{path} appearing", timeout=PATIENCE)
 
 
 def ledger(where: Path, effect: str) -> list[str]:

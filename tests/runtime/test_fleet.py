@@ -39,6 +39,7 @@ import pytest
 import fleet_agent
 import haltwise
 from _paths import TESTS
+from _wait import until
 from haltwise import Outcome, Retry, Runtime, State, StepStatus
 from haltwise._core.records import Owner, RunSnapshot
 from haltwise._journal.store import NewRun, Store
@@ -153,11 +154,7 @@ async def poll_world(
     world: Path, found: Callable[[list[Execution]], bool], timeout: float, what: str
 ) -> None:
     """Wait until ``found(executions)`` holds, reading the world every few milliseconds."""
-    with anyio.move_on_after(timeout):
-        while not found(read_executions(world)):
-            await anyio.sleep(0.01)
-        return
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    await until(lambda: found(read_executions(world)), what, timeout=timeout, interval=0.01)
 
 
 # -- the journal ------------------------------------------------------------------------------

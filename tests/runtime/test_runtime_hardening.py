@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 import haltwise
 import toolkit
 from _cli_kit import AGENT, PATIENCE, Env, error_line
+from _wait import wait_until
 from haltwise import State, StepStatus
 from haltwise._core.records import Owner
 from haltwise._journal import open_store
@@ -78,10 +78,7 @@ def test_a_deleted_store_makes_run_exit_2_with_one_line(tmp_path: Path) -> None:
     (tmp_path / "agent.py").write_text(AGENT)
     env = Env(tmp_path)
     process = env.popen("run", "agent.py:flow", "--input", '{"policy": "interruptible"}')
-    until = time.monotonic() + PATIENCE
-    while "record:cats" not in env.effects():
-        assert time.monotonic() < until and process.poll() is None, process.communicate()
-        time.sleep(0.01)
+    wait_until(lambda: "record:cats" in env.effects(), "the step", process=process)
     (tmp_path / "store.db").unlink()
     out, err = process.communicate(timeout=PATIENCE)
     done = subprocess.CompletedProcess(process.args, process.returncode, out, err)

@@ -46,6 +46,8 @@ class FindingCode(StrEnum):
     GRACE_EXCEEDS_DEADLINE = "grace-exceeds-deadline"
     #: ``retries=`` on a non-idempotent ``external`` tool: each retry may repeat the effect
     RETRIES_REPEAT_EFFECT = "retries-repeat-effect"
+    #: ``finish`` on a non-idempotent ``write``/``external`` tool with no ``reconcile`` hook
+    NO_RECONCILE = "no-reconcile"
     #: a task that calls a model through an adapter has no budget (informational: ``--strict``
     #: fails on it only with ``--strict-budget``); its ``tool`` is the task's name
     NO_BUDGET = "no-budget"
@@ -184,6 +186,10 @@ def audit_tools(
     * ``retries-repeat-effect``: ``retries=`` on a non-idempotent ``external`` tool (declared or
       assumed): an attempt that failed after its effect happened (a timeout, a lost answer) is
       run again, and the effect happens again.
+    * ``no-reconcile``: a non-idempotent ``write`` or ``external`` (declared or assumed) tool
+      declared ``finish`` with no ``reconcile=`` hook (an undeclared one is
+      ``undeclared-cancel`` already): a forced cancel (or a
+      crash) mid-call leaves its step ``unknown``, and only a person can say what happened.
 
     And per task of ``tasks`` (``namespace``: the globals of its file, where the names it uses
     are looked up):
@@ -389,6 +395,24 @@ def _retries_repeat_effect(tool: ToolSpec, deadline: float | None) -> Finding | 
     )
 
 
+def _no_reconcile(tool: ToolSpec, deadline: float | None) -> Finding | None:
+    policy = tool.policy
+    if policy.cancel is not CancelPolicy.FINISH or policy.reconcile is not None:
+        return None
+    if not policy.effect.repeats_harm or policy.idempotent:
+        return None
+    return Finding(
+        tool.name,
+        FindingCode.NO_RECONCILE,
+        f"tool {tool.name!r} finishes a non-idempotent {policy.effect.value!r} call on cancel "
+        "and has no reconcile= hook: a forced cancel or a crash mid-call leaves it unknown, "
+        "and a person must say what happened before the run can resume",
+        "pass reconcile=, a function taking the tool's arguments that asks the world (by "
+        "haltwise.idempotency_key()) and returns haltwise.Happened(result), "
+        "haltwise.NotHappened() or None",
+    )
+
+
 _CHECKS: tuple[_Check, ...] = (
     _undeclared_cancel,
     _undeclared_effect,
@@ -397,6 +421,7 @@ _CHECKS: tuple[_Check, ...] = (
     _finish_unbounded_external,
     _grace_exceeds_deadline,
     _retries_repeat_effect,
+    _no_reconcile,
 )
 
 

@@ -34,6 +34,7 @@ COMMANDS = {
     "prune": ("operate", "prune_command"),
     "status": ("operate", "status_command"),
     "resume": ("runs", "resume_command"),
+    "reconcile": ("runs", "reconcile_command"),
     "list": ("operate", "list_command"),
     "audit": ("runs", "audit_command"),
     "serve": ("serve", "serve_command"),

@@ -132,8 +132,9 @@ def parse_assumed(
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
-def parse_duration(text: str) -> float:
-    """``30d``, ``12h``, ``90m``, ``45s``, ``2w`` (or a bare number of seconds) in seconds."""
+def parse_duration(text: str, *, option: str = "--older-than") -> float:
+    """``30d``, ``12h``, ``90m``, ``45s``, ``2w`` (or a bare number of seconds) in seconds;
+    ``option`` is named in the error."""
     value, unit = text.strip(), "s"
     if value and value[-1].lower() in _UNITS:
         value, unit = value[:-1], value[-1].lower()
@@ -143,7 +144,7 @@ def parse_duration(text: str) -> float:
         number = -1.0
     if not number >= 0 or number == float("inf"):
         raise click.BadParameter(
-            f"{text!r}: expected a duration such as 30d, 12h, 90m or 45s", param_hint="--older-than"
+            f"{text!r}: expected a duration such as 30d, 12h, 90m or 45s", param_hint=option
         )
     return number * _UNITS[unit]
 

@@ -10,7 +10,7 @@ human summary of a run is drawn by :mod:`.render`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import click
@@ -54,6 +54,19 @@ __all__ = ["cancel_command", "list_command", "prune_command", "status_command"]
 @click.option("--force", is_flag=True, help="Stop at once: no grace, no compensation.")
 @click.option("--wait", is_flag=True, help="Wait until the runs are final.")
 @click.option("--dry-run", is_flag=True, help="With --all: list the runs, change nothing.")
+@click.option(
+    "--before-start",
+    is_flag=True,
+    help="An ID no run has yet: remember the cancel (see --ttl); a run started with it is "
+    "recorded cancelled at once.",
+)
+@click.option(
+    "--ttl",
+    metavar="DURATION",
+    default="10m",
+    show_default=True,
+    help="With --before-start: how long the cancel is remembered (30s, 10m, 1h).",
+)
 @json_option
 @store_option
 def cancel_command(
@@ -65,15 +78,27 @@ def cancel_command(
     force: bool,
     wait: bool,
     dry_run: bool,
+    before_start: bool,
+    ttl: str,
     as_json: bool,
     store: str | None,
 ) -> int:
     """Request a cancel of runs ID... (or --all), from any process, in one transaction.
 
     A run nobody works (its owner is gone, or a worker released it) is settled here, by its
-    policies, as a takeover would, and recorded cancelled.
+    policies, as a takeover would, and recorded cancelled. With --before-start, an ID no run
+    has yet is remembered for --ttl: a run started or submitted with it then is recorded
+    cancelled at once, and nothing of it runs.
     """
     _check_selection(task_ids, every, task, state, dry_run)
+    if before_start and every:
+        raise click.UsageError("--before-start names the runs by ID, not --all")
+    seconds = parse_duration(ttl, option="--ttl")
+    if before_start and not seconds > 0:
+        raise click.BadParameter(
+            f"{ttl!r}: the cancel must be remembered for some time", param_hint="--ttl"
+        )
+    remembered: list[str] = []
 
     async def main() -> tuple[CancelResult, list[RunRecord]]:
         async with open_seat(store) as seat:
@@ -85,6 +110,10 @@ def cancel_command(
                 force=force,
                 dry_run=dry_run,
             )
+            if before_start:
+                for run_id in result.unknown:
+                    if await seat.remember_cancel(run_id, reason, seconds):
+                        remembered.append(run_id)
             for record in result.already_final:
                 await seat.inspect(record.id)  # reported as it is: its journal must be readable
             # (a run the request reached is its columns only: an orphan is loaded whole, to
@@ -99,7 +128,15 @@ def cancel_command(
     batch = cancel_batch(
         result, after=finished.states, settled_here=finished.settled, dry_run=dry_run
     )
+    if before_start:
+        unknown = tuple(run_id for run_id in batch.unknown if run_id not in remembered)
+        batch = replace(batch, unknown=unknown, remembered=tuple(remembered))
     _report_batch(batch, reason, force, as_json)
+    for run_id in [] if as_json else remembered:
+        note(
+            f"run {run_id} does not exist yet: its cancel is remembered for {ttl}; a run "
+            "started or submitted with that id before then is recorded cancelled at once"
+        )
     for outcome in [] if as_json else finished.waited:
         _summary(outcome)
     return _exit_of(batch, finished, wait)

@@ -14,7 +14,7 @@ import click
 from .._core.budget import Budget
 from .._core.exceptions import InputError
 from .._core.outcome import Outcome
-from .._core.states import State
+from .._core.states import State, StepStatus
 from .._runtime import lowlevel
 from .._runtime.runtime import Runtime
 from .base import (
@@ -159,6 +159,39 @@ def resume_command(
                 )
                 outcome = await foreground.follow(handle.id, Screen())
         return _report(outcome, as_json)
+
+    return run_async(main)
+
+
+@click.command("reconcile")
+@click.argument("task_id", metavar="ID")
+@click.argument("file", metavar="[FILE.py]", required=False)
+@click.option(
+    "--moved",
+    is_flag=True,
+    help="FILE.py is where the run's file moved to: load it although the journal names another.",
+)
+@json_option
+@store_option
+def reconcile_command(
+    task_id: str, file: str | None, moved: bool, as_json: bool, store: str | None
+) -> int:
+    """Ask the reconcile hooks of run ID's unknown steps what happened, and journal the answers.
+
+    Exit 0 if no step is left unknown, 1 otherwise. The task's file is loaded as 'resume'
+    loads it. Nothing is resumed.
+    """
+
+    async def main() -> int:
+        async with Runtime(store) as runtime:
+            detail = await runtime.inspect(task_id)
+            task = task_of(detail.run, file, moved=moved)
+            outcome = await runtime.reconcile(task_id, task=task)
+        if as_json:
+            print_json(outcome.to_json())
+        else:
+            Screen().outcome(outcome)
+        return 1 if any(step.status is StepStatus.UNKNOWN for step in outcome.steps) else 0
 
     return run_async(main)
 

@@ -9,6 +9,7 @@ from typing import Any, final
 
 from .budget import Budget, Spent, budget_json
 from .policy import CancelPolicy, Effect, effective_cancel
+from .reconcile import Reconciled
 from .states import State, StepStatus
 
 
@@ -17,9 +18,11 @@ class Retry(StrEnum):
 
     #: the run completed; nothing to retry
     NONE = "none"
-    #: a step is ``unknown`` and its tool is not idempotent: someone must check the world first
+    #: a step is ``unknown``, its tool is not idempotent and has no ``reconcile`` hook left to
+    #: ask: someone must check the world first
     RECONCILE = "reconcile"
-    #: a committed step wrote or reached outside: restarting from scratch would repeat it
+    #: a committed step wrote or reached outside (restarting from scratch would repeat it), or
+    #: every ``unknown`` step that blocks a resume has a ``reconcile`` hook not yet asked
     RESUME = "resume"
     #: nothing would be repeated: starting over is safe (so is resuming)
     RESTART = "restart"
@@ -85,6 +88,10 @@ class StepRecord:
     #: how the earlier attempts that failed did (a retry's, or before a resume), oldest first;
     #: ``error`` is the latest attempt's
     earlier_errors: tuple[AttemptError, ...] = ()
+    #: an ``unknown`` step whose tool has a ``reconcile`` hook not asked yet (resume asks it)
+    hook_pending: bool = False
+    #: the latest answer about what happened, by the tool's hook or an operator
+    reconciled: Reconciled | None = None
     #: what the step spent (journaled by its settlement; None: nothing): US dollars, model
     #: tokens, and the tool calls it counts when its settlement says (else its attempts: see
     #: ``budget.step_calls``)
@@ -106,6 +113,10 @@ class StepRecord:
             data["error"] = self.error.to_json()  # CONTRACT.md: a failed step carries its own
         if self.earlier_errors:
             data["earlier_errors"] = [item.to_json() for item in self.earlier_errors]
+        if self.reconciled is not None:
+            data["reconciled"] = self.reconciled.to_json()
+        if self.hook_pending or (self.reconciled is not None and self.reconciled.by == "hook"):
+            data["reconcile_hook"] = True  # its tool has one (the dashboard offers to ask it)
         return data
 
 
@@ -113,8 +124,9 @@ def retry_advice(state: State, steps: Sequence[StepRecord]) -> Retry:
     """The contract's retry rule over a run's steps (see :func:`advice`)."""
     return advice(
         state,
-        unknown_unsafe=any(blocks_resume(s) for s in steps),
+        unknown_unsafe=any(blocks_resume(s) and not s.hook_pending for s in steps),
         repeats_harm=any(would_repeat(s) for s in steps),
+        awaits_hook=any(awaits_hook(s) for s in steps),
     )
 
 
@@ -141,6 +153,13 @@ def blocks_resume(step: StepRecord, resolved: Container[int] = ()) -> bool:
     return step.status is StepStatus.UNKNOWN and not step.idempotent and step.index not in resolved
 
 
+def awaits_hook(step: StepRecord) -> bool:
+    """A step that blocks a resume (:func:`blocks_resume`) whose tool has a ``reconcile`` hook
+    not asked yet: resume asks it before it refuses. A hook that answered ``None`` or raised
+    counts as no hook (CONTRACT.md, "Tool policies")."""
+    return step.hook_pending and blocks_resume(step)
+
+
 def would_repeat(step: StepRecord) -> bool:
     """A restart from scratch would do this step's effect again."""
     done = step.status is StepStatus.COMMITTED or (
@@ -161,12 +180,17 @@ def saga_steps(steps: Sequence[StepRecord]) -> list[StepRecord]:
     return sorted(undone, key=lambda step: step.index, reverse=True)
 
 
-def advice(state: State, *, unknown_unsafe: bool, repeats_harm: bool) -> Retry:
+def advice(
+    state: State, *, unknown_unsafe: bool, repeats_harm: bool, awaits_hook: bool = False
+) -> Retry:
     """The contract's retry rule: the first of none, reconcile, resume, restart that applies.
 
-    ``unknown_unsafe``: a step is ``unknown`` and its tool is not idempotent; ``repeats_harm``:
-    a ``committed`` step, or an ``unknown`` step of an idempotent tool, has effect ``write`` or
-    ``external``. (A listing computes both in SQL, from the same definitions.)
+    ``unknown_unsafe``: a step is ``unknown``, its tool is not idempotent and it has no
+    ``reconcile`` hook left to ask; ``repeats_harm``: a ``committed`` step, or an ``unknown``
+    step of an idempotent tool, has effect ``write`` or ``external``; ``awaits_hook``: an
+    ``unknown`` step of a non-idempotent tool has a hook not asked yet (with no step
+    ``unknown_unsafe``, every such step has one: resume asks them first). (A listing computes
+    the three in SQL, from the same definitions.)
     """
     if state is State.COMPLETED:
         return Retry.NONE
@@ -174,7 +198,7 @@ def advice(state: State, *, unknown_unsafe: bool, repeats_harm: bool) -> Retry:
         return Retry.RESUME
     if unknown_unsafe:
         return Retry.RECONCILE
-    if repeats_harm:
+    if repeats_harm or awaits_hook:
         return Retry.RESUME
     return Retry.RESTART
 

@@ -86,6 +86,9 @@ class ToolPolicy:
     #: failed attempts (an exception, a timeout) retried in the same step, at most this many
     retries: int = 0
     backoff: Backoff = Backoff()
+    #: asked what happened to an ``unknown`` step: ``reconcile(*args, **kwargs)`` returns
+    #: ``haltwise.Happened(result)``, ``haltwise.NotHappened()`` or None (CONTRACT.md)
+    reconcile: Callable[..., Any] | None = None
 
     @property
     def effective_cancel(self) -> CancelPolicy:
@@ -114,6 +117,7 @@ class ToolPolicy:
         timeout: float | None = None,
         retries: int = 0,
         backoff: tuple[float, float, float] | None = None,
+        reconcile: Callable[..., Any] | None = None,
     ) -> ToolPolicy:
         """Validate the arguments of ``@haltwise.tool`` and build the policy.
 
@@ -122,14 +126,17 @@ class ToolPolicy:
         ``timeout`` that is not a finite number of seconds > 0 or is given to a ``finish`` or
         undeclared tool (such a call cannot be stopped), ``retries`` that is not a whole number
         >= 0, or a ``backoff`` that is not ``(first_s, factor, max_s)`` with
-        ``0 <= first_s <= max_s`` and ``factor >= 1``. ``rollback`` without ``compensate`` is
-        accepted: ``audit`` reports it (``rollback-without-compensate``), and a call cancelled
-        mid-way, having nothing to undo it, becomes ``unknown``.
+        ``0 <= first_s <= max_s`` and ``factor >= 1``, or a non-callable ``reconcile``.
+        ``rollback`` without ``compensate`` is accepted: ``audit`` reports it
+        (``rollback-without-compensate``), and a call cancelled mid-way, having nothing to undo
+        it, becomes ``unknown``.
         """
         cancel_policy = None if cancel is None else _parse(CancelPolicy, cancel, "cancel", name)
         effect_value = Effect.EXTERNAL if effect is None else _parse(Effect, effect, "effect", name)
         if compensate is not None and not callable(compensate):
             raise PolicyError(f"tool {name!r}: compensate= must be callable", tool=name)
+        if reconcile is not None and not callable(reconcile):
+            raise PolicyError(f"tool {name!r}: reconcile= must be callable", tool=name)
         if not isinstance(idempotent, bool):
             raise PolicyError(f"tool {name!r}: idempotent= must be True or False", tool=name)
         return cls(
@@ -143,6 +150,7 @@ class ToolPolicy:
             timeout=_parse_timeout(timeout, cancel_policy, name),
             retries=_parse_retries(retries, name),
             backoff=_parse_backoff(backoff, name),
+            reconcile=reconcile,
         )
 
 

@@ -208,13 +208,18 @@ class CancelBatch:
     states: dict[str, State] = field(default_factory=dict)
     #: the runs nobody worked, settled by the cancel itself (as a takeover would)
     settled_here: tuple[str, ...] = ()
+    #: with ``before_start``: the ids no run had, whose cancel is remembered (else None)
+    remembered: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """``{"cancelled", "already_final", "unknown"}``, or ``{"would_cancel"}`` for a dry run."""
         if self.dry_run:
             return {"would_cancel": list(self.cancelled)}
-        return {
+        data: dict[str, Any] = {
             "cancelled": list(self.cancelled),
             "already_final": list(self.already_final),
             "unknown": list(self.unknown),
         }
+        if self.remembered is not None:
+            data["remembered"] = list(self.remembered)  # cancel --before-start
+        return data

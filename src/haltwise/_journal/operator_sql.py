@@ -26,6 +26,7 @@ from typing import Any, final
 from .._core.budget import Spent
 from .._core.exceptions import InputError
 from .._core.outcome import advice
+from .._core.reconcile import HOOK_NOT_ASKED
 from .._core.states import FINAL_STATES, State
 from .._core.views import Change, ChangeKind, RunSummary, StepTimes
 from .rows import RUN_COLUMNS, cancelled_written, run_columns
@@ -50,10 +51,14 @@ _TABLES = ("runs", "steps", "partials", "events", "changes", "deliveries")
 _SUMMARY = """
 SELECT r.id, r.task, r.state, r.reason, r.created_at, r.updated_at,
     (SELECT 1 FROM {steps} s WHERE s.run_id = r.id AND s.status = 'unknown'
-     AND s.idempotent = {false} LIMIT 1) IS NOT NULL AS unsafe,
+     AND s.idempotent = {false} AND (s.reconciled IS NULL OR s.reconciled <> {hook_not_asked})
+     LIMIT 1) IS NOT NULL AS unsafe,
     (SELECT 1 FROM {steps} s WHERE s.run_id = r.id AND s.effect IN ('write', 'external')
      AND (s.status = 'committed' OR (s.status = 'unknown' AND s.idempotent = {true}))
      LIMIT 1) IS NOT NULL AS repeats,
+    (SELECT 1 FROM {steps} s WHERE s.run_id = r.id AND s.status = 'unknown'
+     AND s.idempotent = {false} AND s.reconciled = {hook_not_asked}
+     LIMIT 1) IS NOT NULL AS hooked,
     (SELECT coalesce(sum(s.usd), 0) FROM {steps} s WHERE s.run_id = r.id) AS usd,
     (SELECT CAST(coalesce(sum(s.tokens), 0) AS BIGINT) FROM {steps} s WHERE s.run_id = r.id)
         AS tokens,
@@ -86,7 +91,13 @@ class OperatorSQL:
 
     def sql(self, text: str) -> str:
         names = {name: self.dialect.qualify(name) for name in _TABLES}
-        rendered = text.format(**names, true=self._true, false=self._false, clock=self._clock)
+        rendered = text.format(
+            **names,
+            true=self._true,
+            false=self._false,
+            clock=self._clock,
+            hook_not_asked=f"'{HOOK_NOT_ASKED}'",
+        )
         return rendered.replace("?", self.dialect.param)
 
     def id_list(self, ids: Sequence[str]) -> Any:
@@ -293,13 +304,18 @@ def summary_from_row(row: Sequence[Any]) -> RunSummary:
     run_id, task, state, reason, created_at, updated_at = run_columns(
         row[0], _SUMMARY_COLUMNS, row[:6]
     )
-    unsafe, repeats, usd, tokens, calls = row[6:]
+    unsafe, repeats, hooked, usd, tokens, calls = row[6:]
     return RunSummary(
         id=run_id,
         task=task,
         state=state,
         reason=reason,
-        retry=advice(state, unknown_unsafe=bool(unsafe), repeats_harm=bool(repeats)),
+        retry=advice(
+            state,
+            unknown_unsafe=bool(unsafe),
+            repeats_harm=bool(repeats),
+            awaits_hook=bool(hooked),
+        ),
         created_at=created_at,
         updated_at=updated_at,
         spent=Spent(float(usd or 0), int(tokens or 0), int(calls or 0)),

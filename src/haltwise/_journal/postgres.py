@@ -106,6 +106,7 @@ from .sql import (
     pause_plan,
     pause_signals_of,
     plan_create,
+    plan_create_cancelled,
     plan_transition,
     unpause_plan,
 )
@@ -239,7 +240,6 @@ def _event_rows(write: RunWrite) -> list[list[str | None]]:
 #: transaction that wrote it: any later write of the row changes it)
 _VERSION = ", xmin::text AS version_"
 #: a run created, its events recorded and notified: one statement (no fork)
-_CREATE = _recording(_SQL.insert_run + _VERSION)
 _LOCK_RUN = f"SELECT {RUN_COLUMNS}{_VERSION} FROM haltwise.runs WHERE id = %s FOR UPDATE"
 #: a lease renewed: each run's row version before and after (see PostgresStore.heartbeat)
 _HEARTBEAT = (
@@ -273,6 +273,18 @@ _NEW_RUN = [
 ]
 
 
+#: one run created, with its events (see :func:`_recording`); not written while its id has a
+#: cancel remembered before the run existed (parameters: ``insert_run_parameters``, the id and
+#: the time): such a run is created apart, cancelled (``_taken_or_cancelled``)
+_CREATE = _recording(
+    f"INSERT INTO haltwise.runs ({', '.join(_NEW_RUN)}) "
+    f"SELECT {', '.join(f'%s::{_RUN_TYPES[c]}' for c in _NEW_RUN)} "
+    "WHERE NOT EXISTS (SELECT 1 FROM haltwise.early_cancels x "
+    "WHERE x.id = %s AND x.expires_at > %s::double precision) "
+    f"ON CONFLICT (id) DO NOTHING RETURNING {RUN_COLUMNS}{_VERSION}"
+)
+
+
 def _recording_many(columns: Sequence[str], write: str) -> str:
     """Writes of many runs as :func:`_recording` makes one, in one statement: ``write`` (an
     INSERT or UPDATE of run rows ``RETURNING`` their ``RUN_COLUMNS``) reads the CTE ``given``,
@@ -302,7 +314,10 @@ SELECT written.*, pg_notify('{_CHANNEL}', left(written.id, 1000)) AS notified FR
 _CREATE_MANY = _recording_many(
     _NEW_RUN,
     f"INSERT INTO haltwise.runs ({', '.join(_NEW_RUN)}) "
-    f"SELECT {', '.join(f'g_{c}' for c in _NEW_RUN)} FROM given ORDER BY g_n "
+    f"SELECT {', '.join(f'g_{c}' for c in _NEW_RUN)} FROM given "
+    # an id with a cancel remembered before its run existed is created apart, cancelled
+    "WHERE NOT EXISTS (SELECT 1 FROM haltwise.early_cancels x "
+    "WHERE x.id = g_id AND x.expires_at > g_created_at) ORDER BY g_n "
     "ON CONFLICT (id) DO NOTHING",
 )
 
@@ -635,10 +650,10 @@ class PostgresStore:
             cursor = await conn.execute(_CREATE_MANY, (json.dumps(given),), prepare=True)
             written = {row["id"]: row for row in await cursor.fetchall()}
             created: list[tuple[RunRecord, bool]] = []
-            for run, _ in runs:
+            for run, inputs in runs:
                 row = written.pop(run.id, None)
                 if row is None:
-                    created.append((await _load_run(conn, run.id), False))
+                    created.append(await _taken_or_cancelled(conn, run, inputs, now))
                 else:
                     created.append((self._remember(run_from_row(row), row["version_"]), True))
             return created
@@ -652,8 +667,11 @@ class PostgresStore:
             now = time.time()
             parameters = insert_run_parameters(run, inputs, now)
             if run.fork is None:  # one statement: the row, its events, the notification
-                write = _recorded(parameters, plan_create(run, now))
+                guarded = (*parameters, run.id, now)
+                write = _recorded(guarded, plan_create(run, now))
                 inserted = await (await conn.execute(_CREATE, write, prepare=True)).fetchone()
+                if inserted is None:
+                    return await _taken_or_cancelled(conn, run, inputs, now)
             else:
                 inserted = await (await conn.execute(_SQL.insert_run, parameters)).fetchone()
             if inserted is None:
@@ -943,6 +961,35 @@ class PostgresStore:
             if not await self._steps.settle(row):
                 # raises if the run is not ours; a step that was never started stays unwritten
                 await self._run(partial(_check_fence, run_id=run_id, fence=fence))
+
+    async def reconcile_step(
+        self,
+        run_id: str,
+        index: int,
+        status: StepStatus,
+        *,
+        result: Any = None,
+        reconciled: str,
+        fence: str | None,
+    ) -> bool:
+        result_text = None if result is None else dump_json(result, f"step {index}'s result")
+        parameters = (status.value, result_text, reconciled, run_id, index, run_id, fence)
+
+        async def op(conn: _Conn) -> bool:
+            cursor = await conn.execute(_RECONCILE_STEP, parameters)
+            return cursor.rowcount > 0
+
+        written: bool = await self._run(op)
+        return written
+
+    async def remember_cancel(self, run_id: str, reason: str, expires_at: float) -> bool:
+        async def op(conn: _Conn) -> bool:
+            await conn.execute(_SQL.expire_early_cancels, (time.time(),))
+            parameters = (run_id, reason, expires_at, run_id)
+            return (await conn.execute(_SQL.remember_cancel, parameters)).rowcount > 0
+
+        remembered: bool = await self._run(op)
+        return remembered
 
     async def append_partial(
         self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
@@ -1292,6 +1339,31 @@ def _snapshot_from_row(row: DictRow) -> RunSnapshot:
         partials=partials_from_rows(run_id, [value for value, _, _, _ in partials]),
         partial_keys=tuple(partial_key(step, ordinal, seq) for _, step, ordinal, seq in partials),
     )
+
+
+#: a reconcile's answer written with its change (see ``Statements.reconcile_step``)
+_RECONCILE_STEP = f"WITH w AS ({_SQL.reconcile_step} RETURNING run_id, idx, status) " + feed_insert(
+    "w"
+)
+
+
+async def _taken_or_cancelled(
+    conn: _Conn, run: NewRun, inputs: str, now: float
+) -> tuple[RunRecord, bool]:
+    """A run the creation statement did not write: its id is taken (the run as it is), or has a
+    cancel remembered before the run existed: then the run is created ``cancelled``, unowned,
+    with that cancel's reason and its two events (see :meth:`Store.remember_cancel`)."""
+    early = await (await conn.execute(_SQL.take_early_cancel, (run.id,))).fetchone()
+    if early is None or early["expires_at"] <= now:
+        return await _load_run(conn, run.id), False
+    reason = early["reason"]
+    cancelled = replace(run, state=State.CANCELLED, owner=None, lease_until=None)
+    parameters = insert_run_parameters(cancelled, inputs, now)
+    if await (await conn.execute(_SQL.insert_run, parameters)).fetchone() is None:
+        return await _load_run(conn, run.id), False
+    await conn.execute(_SQL.update_run(("reason",), returning=False), (reason, run.id))
+    await _record_events(conn, run.id, plan_create_cancelled(reason, now))
+    return await _load_run(conn, run.id), True
 
 
 async def _load_run(conn: _Conn, run_id: str) -> RunRecord:

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple, TypeVar, final
 from .._core.exceptions import BadRow, CorruptRowError
 from .._core.outcome import AttemptError, ErrorInfo, StepRecord
 from .._core.policy import CancelPolicy, Effect
+from .._core.reconcile import HOOK_NOT_ASKED, Reconciled
 from .._core.records import Event, Owner, PartialKey, RunRecord, dump_json, load_json
 from .._core.states import State, StepStatus
 from .schema import TABLES
@@ -23,7 +24,7 @@ RUN_COLUMNS = (
 )
 STEP_COLUMNS = (
     "idx, tool, cancel, effect, idempotent, status, attempts, result, error, idem_key, args, "
-    "cleanup, call_id, fingerprint, errors, usd, tokens, calls"
+    "cleanup, call_id, fingerprint, errors, reconciled, usd, tokens, calls"
 )
 
 
@@ -392,6 +393,7 @@ _STEP_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     ("call_id", _optional_text),
     ("fingerprint", _optional_text),
     ("errors", lambda text: attempt_errors_from_text(text)),
+    ("reconciled", lambda text: None if text is None else Reconciled.from_text(_text(text))),
     ("usd", lambda value: None if value is None else float(value)),
     ("tokens", lambda value: None if value is None else _integer(value)),
     ("calls", lambda value: None if value is None else _integer(value)),
@@ -422,6 +424,7 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         call_id,
         fingerprint,
         errors,
+        reconciled,
         usd,
         tokens,
         calls,
@@ -456,6 +459,8 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         call_id,
         fingerprint,
         () if errors is None else attempt_errors_from_text(errors),
+        reconciled == HOOK_NOT_ASKED,
+        None if reconciled is None else Reconciled.from_text(reconciled),
         None if usd is None else float(usd),
         tokens,
         calls,

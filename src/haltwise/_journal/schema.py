@@ -215,7 +215,7 @@ _DELIVERIES = Table(
 #: step ~1.5 WAL pages and ~4 us (docs/benchmarks.md), and SQLite's prune scans the table once.
 _CHANGES_BY_RUN = Index("changes_by_run", "changes", ("run_id", "seq"), only="postgresql")
 
-#: Version 14: what a step spent (issue 33), written by its settlement: US dollars, model tokens,
+#: Version 15: what a step spent (issue 33), written by its settlement: US dollars, model tokens,
 #: and the tool calls it counts when not its attempts (a model request: 0; a child step: its
 #: child run's). NULL: nothing written (a step's calls are then its attempts).
 _STEP_SPEND = (
@@ -227,6 +227,22 @@ _STEP_SPEND = (
 #: Version 6: the errors of a step's earlier failed attempts (a JSON list of ``{"attempt",
 #: "type", "message"}``), kept when the step runs again (a retry, a resume)
 _ATTEMPT_ERRORS = _text("errors")
+
+#: Version 14: what a reconcile found out about an ``unknown`` step (JSON ``{"by", "answer",
+#: "at"}``), or ``_core.reconcile.HOOK_NOT_ASKED`` while its tool's hook has not been asked
+_RECONCILED = _text("reconciled")
+
+#: Version 14: cancels pressed before their run exists (``cancel --before-start``): a run created
+#: with such an id before ``expires_at`` (epoch seconds) is recorded ``cancelled`` with ``reason``
+_EARLY_CANCELS = Table(
+    "early_cancels",
+    (
+        _text("id", not_null=True),
+        _text("reason", not_null=True),
+        Column("expires_at", Kind.REAL, not_null=True),
+    ),
+    primary_key=("id",),
+)
 
 TABLES: tuple[Table, ...] = (
     Table(
@@ -280,6 +296,7 @@ TABLES: tuple[Table, ...] = (
             Column("settled_at", Kind.REAL),
             *_STEP_IDENTITY,
             _ATTEMPT_ERRORS,
+            _RECONCILED,
             *_STEP_SPEND,
         ),
         primary_key=("run_id", "idx"),
@@ -309,6 +326,7 @@ TABLES: tuple[Table, ...] = (
     ),
     _CHANGES,
     _DELIVERIES,
+    _EARLY_CANCELS,
 )
 
 INDEXES: tuple[Index, ...] = (
@@ -481,6 +499,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(13, "the span context of a run's latest attempt", (AddColumn("runs", _TRACE),)),
     Migration(
         14,
+        "reconcile answers of steps, cancels pressed before their run exists (issue 32)",
+        (AddColumn("steps", _RECONCILED), _EARLY_CANCELS),
+    ),
+    Migration(
+        15,
         "what each step spent: usd, tokens, calls (budgets, issue 33)",
         tuple(AddColumn("steps", column) for column in _STEP_SPEND),
     ),

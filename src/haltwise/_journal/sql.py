@@ -44,6 +44,7 @@ __all__ = [
     "pause_signals_of",
     "plan_cancel_write",
     "plan_create",
+    "plan_create_cancelled",
     "plan_pause_write",
     "plan_transition",
     "plan_unpause_write",
@@ -88,6 +89,13 @@ def plan_create(run: NewRun, now: float) -> RunWrite:
     if run.state is not State.PENDING:
         events.append((State.PENDING, run.state, None))
     return RunWrite(fields={}, events=tuple(events), at=now)
+
+
+def plan_create_cancelled(reason: str, now: float) -> RunWrite:
+    """A run created while a cancel pressed before it existed was remembered: its creation as
+    ``pending``, then ``pending -> cancelled`` with that cancel's reason (nothing runs)."""
+    events = ((None, State.PENDING, None), (State.PENDING, State.CANCELLED, reason))
+    return RunWrite(fields={"reason": reason}, events=events, at=now)
 
 
 def plan_transition(
@@ -263,6 +271,31 @@ class Statements:
         self.all_steps = f"SELECT run_id, {STEP_COLUMNS} FROM {q('steps')} ORDER BY run_id, idx"
         self._events = f"SELECT seq, run_id, source, target, reason, at FROM {q('events')}"
         self._runs = f"SELECT {RUN_COLUMNS} FROM {q('runs')}"
+        early = q("early_cancels")
+        #: a cancel pressed before its run existed, taken by the run's creation (parameter: id)
+        self.take_early_cancel = f"DELETE FROM {early} WHERE id = {p} RETURNING reason, expires_at"
+        #: the remembered cancels whose time ran out (parameter: now)
+        self.expire_early_cancels = f"DELETE FROM {early} WHERE expires_at <= {p}"
+        #: a cancel remembered for a run id no run has (parameters: id, reason, expires_at, id)
+        typed = (
+            [p] * 3
+            if dialect.name == "sqlite"
+            else [f"{p}::{t}" for t in ("text", "text", "float8")]
+        )
+        self.remember_cancel = (
+            f"INSERT INTO {early} (id, reason, expires_at) SELECT {', '.join(typed)} "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {q('runs')} WHERE id = {p}) "
+            "ON CONFLICT (id) DO UPDATE SET reason = excluded.reason, "
+            "expires_at = excluded.expires_at"
+        )
+        #: a reconcile's answer written into an ``unknown`` step of a run that is final or held
+        #: by the fence (parameters: status, result, reconciled, run id, index, run id, fence)
+        self.reconcile_step = (
+            f"UPDATE {q('steps')} SET status = {p}, result = {p}, reconciled = {p} "
+            f"WHERE run_id = {p} AND idx = {p} AND status = 'unknown' AND EXISTS (SELECT 1 FROM "
+            f"{q('runs')} WHERE id = {p} AND (state IN ('cancelled', 'failed') "
+            f"OR owner_token = {p}))"
+        )
 
     def update_run(
         self,

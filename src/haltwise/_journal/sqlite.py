@@ -17,6 +17,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Awaitable, Collection, Iterable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
@@ -68,6 +69,7 @@ from .sql import (
     pause_plan,
     pause_signals_of,
     plan_create,
+    plan_create_cancelled,
     plan_transition,
     transition_plan_key,
     unpause_plan,
@@ -492,6 +494,10 @@ class SQLiteStore:
 
         def op(conn: sqlite3.Connection) -> tuple[RunRecord, bool]:
             now = time.time()
+            if run.fork is None:
+                early = conn.execute(_SQL.take_early_cancel, (run.id,)).fetchone()
+                if early is not None and early[1] > now:
+                    return _create_cancelled(conn, run, inputs, early[0], now)
             parameters = insert_run_parameters(run, inputs, now)
             inserted = conn.execute(_SQL.insert_run, parameters).fetchone()
             if inserted is None:
@@ -686,6 +692,34 @@ class SQLiteStore:
             await self._writer.call(op, atomic=True, shield=True)
         else:
             self._writer.defer(op)
+
+    async def reconcile_step(
+        self,
+        run_id: str,
+        index: int,
+        status: StepStatus,
+        *,
+        result: Any = None,
+        reconciled: str,
+        fence: str | None,
+    ) -> bool:
+        result_text = None if result is None else dump_json(result, f"step {index}'s result")
+        parameters = (status.value, result_text, reconciled, run_id, index, run_id, fence)
+
+        def op(conn: sqlite3.Connection) -> bool:
+            return conn.execute(_SQL.reconcile_step, parameters).rowcount > 0
+
+        written: bool = await self._writer.call(op)
+        return written
+
+    async def remember_cancel(self, run_id: str, reason: str, expires_at: float) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            conn.execute(_SQL.expire_early_cancels, (time.time(),))
+            parameters = (run_id, reason, expires_at, run_id)
+            return conn.execute(_SQL.remember_cancel, parameters).rowcount > 0
+
+        remembered: bool = await self._writer.call(op)
+        return remembered
 
     async def append_partial(
         self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
@@ -1081,6 +1115,20 @@ def _apply(conn: sqlite3.Connection, current: RunRecord, write: RunWrite) -> Run
     conn.execute(sql, (*write.fields.values(), current.id))
     _record_events(conn, current.id, write)
     return run_written(current, write.fields)
+
+
+def _create_cancelled(
+    conn: sqlite3.Connection, run: NewRun, inputs: str, reason: str, now: float
+) -> tuple[RunRecord, bool]:
+    """``run`` created ``cancelled`` by a cancel remembered before it existed (see
+    :meth:`Store.remember_cancel`): unowned, with that cancel's reason and its two events."""
+    cancelled = replace(run, state=State.CANCELLED, owner=None, lease_until=None)
+    if conn.execute(_SQL.insert_run, insert_run_parameters(cancelled, inputs, now)).fetchone():
+        write = plan_create_cancelled(reason, now)
+        conn.execute(_SQL.update_run(("reason",), returning=False), (reason, run.id))
+        _record_events(conn, run.id, write)
+        return _load_run(conn, run.id), True
+    return _load_run(conn, run.id), False
 
 
 def _record_events(conn: sqlite3.Connection, run_id: str, write: RunWrite) -> None:

@@ -194,7 +194,10 @@ class Store(Protocol):
         """Release connections. Idempotent."""
 
     async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
-        """Record ``run`` unless its id exists; return the stored record and whether it is new."""
+        """Record ``run``; return the run as recorded and whether it is new (an id that exists
+        is returned as it is). A run (not a fork) whose id has a remembered cancel (see
+        :meth:`remember_cancel`) that has not expired is created ``cancelled`` instead, the
+        cancel's reason its reason: a caller launches nothing of a run created final."""
 
     def transition(
         self,
@@ -300,6 +303,30 @@ class Store(Protocol):
         otherwise within some tens of milliseconds of :meth:`wait_for_change` being called (the
         runtime's watcher calls it all the time). A store may always treat it as ``True``.
         """
+
+    async def reconcile_step(
+        self,
+        run_id: str,
+        index: int,
+        status: StepStatus,
+        *,
+        result: Any = None,
+        reconciled: str,
+        fence: str | None,
+    ) -> bool:
+        """Write what a reconcile found out into step ``index`` of ``run_id``, only while the
+        step is ``unknown`` and the run is ``cancelled`` or ``failed``, or held by ``fence``:
+        its new ``status`` (``committed`` with ``result``, ``interrupted``, or ``unknown``
+        still) and the ``reconciled`` column's text (``_core.reconcile``). True if written;
+        False if the step was no longer ``unknown`` or another owner holds the run."""
+
+    async def remember_cancel(self, run_id: str, reason: str, expires_at: float) -> bool:
+        """Remember a cancel pressed before run ``run_id`` exists (``cancel --before-start``),
+        until ``expires_at`` (epoch seconds; a later one for the same id replaces it), and drop
+        the remembered cancels that expired. False, remembering nothing, if the run exists.
+
+        A run created with that id before then (:meth:`create_run`) is created ``cancelled``
+        with ``reason`` (events ``pending``, then ``pending -> cancelled``): nothing runs."""
 
     async def append_partial(
         self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None

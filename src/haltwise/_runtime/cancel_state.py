@@ -72,8 +72,9 @@ class CancelState:
     #: scope waits for them
     _holds: int = 0
     _scope_cancel_held: bool = False
-    #: remote calls in flight (see :meth:`hold_for_remote`): how each is stopped
-    _remote: list[Callable[[], None]] = field(default_factory=list)
+    #: cooperative stops in progress (see :meth:`hold_for`): how each is stopped, and whether
+    #: it holds the task's scope under a forced cancel too
+    _stoppers: dict[Callable[[], None], bool] = field(default_factory=dict)
 
     @property
     def requested(self) -> bool:
@@ -100,14 +101,21 @@ class CancelState:
             for scope in self._shields:
                 scope.cancel()
         if changed:
-            for stop in list(self._remote):
+            for stop in list(self._stoppers):
                 stop()
         if changed and self.task_scope is not None:
-            if (self._holds and not self.forced) or self._remote:
+            if self._held():
                 self._scope_cancel_held = True
             else:
                 self.task_scope.cancel()
         return changed
+
+    def _held(self) -> bool:
+        """Whether the cancel of the task's scope waits (see :meth:`hold_task_scope` and
+        :meth:`hold_for`)."""
+        if self.forced:
+            return any(self._stoppers.values())
+        return bool(self._holds or self._stoppers)
 
     def force(self) -> None:
         """Settle as forced from now on, with no request to record: a takeover of a run whose
@@ -154,22 +162,27 @@ class CancelState:
         self._holds += delta
         self._release_held()
 
-    def hold_for_remote(self, stop: Callable[[], None]) -> None:
-        """A call to a remote service began in the task (:func:`~.task_api.remote_call`).
+    def hold_for(self, stop: Callable[[], None], *, through_force: bool = False) -> None:
+        """Work in the task that must stop cooperatively began: a call to a remote service
+        whose cancel must still be sent (:func:`~.task_api.remote_call`), a framework's run that
+        must write its own state before it stops (LangGraph's drain).
 
-        Until :meth:`release_remote`, a cancel request (forced or not) calls ``stop`` (which
-        cancels that call alone) and holds back the cancel of the task's scope, which would
-        also cut the client's own tasks (the transport that must still send the remote cancel).
+        Until :meth:`release_for`, a cancel request calls ``stop`` (at once if one was made
+        already: then the task's scope is cancelled already too) and holds back the cancel of
+        the task's scope, which would also cut that work's own tasks; ``through_force``: also
+        under a forced cancel (the work bounds itself then).
         """
-        self._remote.append(stop)
+        self._stoppers[stop] = through_force
+        if self.reason is not None:
+            stop()
 
-    def release_remote(self, stop: Callable[[], None]) -> None:
-        """The remote call of :meth:`hold_for_remote` has ended (and its cancel was sent)."""
-        self._remote.remove(stop)
+    def release_for(self, stop: Callable[[], None]) -> None:
+        """The work of :meth:`hold_for` has stopped (or ended): the held cancel goes on."""
+        self._stoppers.pop(stop, None)
         self._release_held()
 
     def _release_held(self) -> None:
-        if self._holds or self._remote or not self._scope_cancel_held:
+        if self._held() or not self._scope_cancel_held:
             return
         self._scope_cancel_held = False
         if self.task_scope is not None:

@@ -11,7 +11,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from .._core.budget import Budget, Spent
-from .._core.outcome import Outcome, Retry, StepRecord, blocks_resume, would_repeat
+from .._core.outcome import (
+    Outcome,
+    Retry,
+    StepRecord,
+    awaits_hook,
+    blocks_resume,
+    would_repeat,
+)
 from .._core.policy import CancelPolicy, effective_cancel
 from .._core.records import Event, RunRecord, RunSnapshot
 from .._core.states import State, StepStatus
@@ -54,7 +61,8 @@ def retry_words(outcome: Outcome) -> str:
     """The outcome's retry advice as a sentence a person can act on.
 
     ``restart``: "safe to restart from scratch ..."; ``resume``: names the tools a restart would
-    repeat; ``reconcile``: names each ``unknown`` step and the resume options that settle it.
+    repeat, and the steps whose ``reconcile`` hook resume asks first; ``reconcile``: names each
+    ``unknown`` step and the resume options that settle it.
     """
     match outcome.retry:
         case Retry.NONE:
@@ -62,8 +70,16 @@ def retry_words(outcome: Outcome) -> str:
         case Retry.RESTART:
             return "safe to restart from scratch (resuming is safe too)"
         case Retry.RESUME:
+            asked = [s for s in outcome.steps if awaits_hook(s)]
+            hooks = "; ".join(
+                f"resume asks the reconcile hook of step {s.index} ({s.tool}) what happened"
+                for s in asked
+            )
             repeated = _unique(step.tool for step in outcome.steps if would_repeat(step))
-            return f"resume: restarting would repeat {', '.join(repeated)}"
+            if not repeated:
+                return f"resume: {hooks}"
+            words = f"resume: restarting would repeat {', '.join(repeated)}"
+            return f"{words}; {hooks}" if hooks else words
         case Retry.RECONCILE:
             blocked = [s for s in outcome.steps if blocks_resume(s)]
             return "; ".join(

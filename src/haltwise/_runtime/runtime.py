@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequen
 from dataclasses import replace
 from functools import partial
 from types import TracebackType
-from typing import Any, TypeVar, cast, final
+from typing import Any, Literal, TypeVar, cast, final, overload
 
 import anyio
 from anyio.abc import TaskGroup
@@ -54,8 +54,9 @@ from .fork import ForkPlan, plan_fork
 from .operator import registered_task, stand_in_task
 from .pause import deliver_pause_signals, relay_to_children
 from .pause_state import PauseGate
+from .reconcile import ask_hooks, record_operator_answers
 from .run_context import Probe, RunContext, RunTask
-from .seat import Seat, cancel_batch, nobody_works
+from .seat import DEFAULT_BEFORE_START_TTL, Seat, cancel_batch, check_ttl, nobody_works
 from .steps import execute_step
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
@@ -278,10 +279,11 @@ class Runtime:
             parent=parent,
         )
         existing, created = await self.store.create_run(new)
-        if not created:
+        if not created or existing.state is State.CANCELLED:
             self._leased_at.pop(run_id, None)
-            same_call(existing, new.task, inputs, parent=parent)
-            return TaskHandle(self, run_id)
+            if not created:
+                same_call(existing, new.task, inputs, parent=parent)
+            return TaskHandle(self, run_id)  # (created cancelled: a cancel pressed before it)
         ctx = self._context(run_id, task, None, {}, frozenset(), probe)
         if "budget" in inputs:
             ctx.set_budget(Budget.from_json(inputs["budget"]))
@@ -361,6 +363,23 @@ class Runtime:
                 task_id=run.id,
             )
         return the_task
+
+    async def reconcile(self, task_id: str, *, task: Task[..., Any] | None = None) -> Outcome:
+        """Ask the ``reconcile`` hooks of run ``task_id``'s ``unknown`` steps what happened and
+        journal the answers (``haltwise reconcile ID``); the run's outcome afterwards.
+
+        A hook is asked for each ``unknown`` step of a non-idempotent tool loaded in this
+        process that declares one; an answer is written only into a run that is ``cancelled``
+        or ``failed`` (a run being worked asks its hooks itself when it is resumed or taken
+        over). ``task`` defaults to the task registered under the run's name. Raises
+        :class:`~haltwise.UnknownRunError` for an unknown id, and
+        :class:`~haltwise.HaltwiseError` if the run's task is not loaded here.
+        """
+        self._require_entered()
+        snapshot = await self.store.load(task_id)
+        ctx = self._context(task_id, self._task_of(snapshot.run, task), snapshot, {}, frozenset())
+        snapshot = await ask_hooks(ctx, snapshot, ())
+        return snapshot.outcome()
 
     async def fork_plan(
         self, task_id: str, *, from_step: int, new_id: str | None = None
@@ -466,6 +485,7 @@ class Runtime:
         ctx = self._context(snapshot.run.id, task, snapshot, dict(done), again)
         try:
             snapshot = await settle_takeover(ctx, snapshot)
+            snapshot = await ask_hooks(ctx, snapshot, {*done, *again})
             refuse_unknown(snapshot, done, again)
         except ResumeRefusedError as refused:
             await fail_refused(ctx, snapshot, refused)
@@ -499,10 +519,9 @@ class Runtime:
         """
         task_id = snapshot.run.id
         fence = self.owner.token
-        for index, result in done.items():
-            await self.store.settle_step(
-                task_id, index, StepStatus.COMMITTED, result=result, fence=fence
-            )
+        if done or again:
+            answering = self._context(task_id, task, snapshot, done, again)
+            await record_operator_answers(answering, snapshot, done, again)
         state = snapshot.run.state
         # The failed step whose error ended the run runs again; the others replay their errors.
         ended = ended_by(
@@ -592,17 +611,60 @@ class Runtime:
             same_call(record, name or task.name, json.loads(dump_json(inputs, "the inputs")))
         return record.id, created
 
-    async def cancel(self, task_id: str, *, reason: str = "user", force: bool = False) -> RunRecord:
+    @overload
+    async def cancel(
+        self,
+        task_id: str,
+        *,
+        reason: str = ...,
+        force: bool = ...,
+        before_start: Literal[False] = ...,
+    ) -> RunRecord: ...
+    @overload
+    async def cancel(
+        self,
+        task_id: str,
+        *,
+        reason: str = ...,
+        force: bool = ...,
+        before_start: bool,
+        ttl: float = ...,
+    ) -> RunRecord | None: ...
+    async def cancel(
+        self,
+        task_id: str,
+        *,
+        reason: str = "user",
+        force: bool = False,
+        before_start: bool = False,
+        ttl: float = DEFAULT_BEFORE_START_TTL,
+    ) -> RunRecord | None:
         """Record a cancel request for ``task_id`` (any process may hold the run).
 
         Returns the run as it is right after the request: ``cancelled`` for a ``pending`` run,
         ``cancelling`` for a running one, unchanged for a final one. A run nobody works (its
         owner is gone, or it was released) is settled here by its policies and returned
         ``cancelled``; if that needs a compensation from a task not loaded in this process, it
-        is returned ``cancelling``, left for a process that has the code. Raises
-        :class:`~haltwise.UnknownRunError` for an unknown id.
+        is returned ``cancelling``, left for a process that has the code.
+        Raises :class:`~haltwise.UnknownRunError` for an unknown id.
+
+        ``before_start=True`` is a stop pressed before the run exists: for an id no run has
+        yet, the cancel is remembered for ``ttl`` seconds (default 600) and None is returned; a
+        run started or submitted with that id within that time is recorded ``cancelled`` at
+        once (``pending -> cancelled``, this reason, nothing run), and :meth:`start` returns
+        its handle. An id that exists is cancelled as usual. Raises
+        :class:`~haltwise.InputError` for a ``ttl`` that is not a finite number of seconds > 0.
         """
-        record = await self._seat.request_cancel(task_id, reason, force=force)
+        if not before_start:
+            record = await self._seat.request_cancel(task_id, reason, force=force)
+            return await self._after_cancel(record)
+        check_ttl(ttl)
+        try:
+            record = await self._seat.request_cancel(task_id, reason, force=force)
+        except UnknownRunError:
+            if await self._seat.remember_cancel(task_id, reason, ttl):
+                return None
+            record = await self._seat.request_cancel(task_id, reason, force=force)  # it began
         return await self._after_cancel(record)
 
     async def _cancel_own(

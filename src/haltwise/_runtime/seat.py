@@ -38,12 +38,14 @@ if TYPE_CHECKING:
     from .._journal.check import CheckReport
 
 __all__ = [
+    "DEFAULT_BEFORE_START_TTL",
     "CancelResult",
     "Seat",
     "cancel_batch",
     "check_journal",
     "check_no_nul",
     "check_reason",
+    "check_ttl",
     "held_by_live_owner",
     "nobody_works",
     "open_seat",
@@ -119,6 +121,14 @@ class Seat:
         check_reason(reason)
         check_no_nul(task_id, "a run id")
         return await self._store.request_cancel(task_id, reason, force=force, fence=fence)
+
+    async def remember_cancel(self, task_id: str, reason: str, ttl: float) -> bool:
+        """Remember a cancel of ``task_id`` for ``ttl`` seconds, before its run exists (see
+        :meth:`haltwise.Runtime.cancel` with ``before_start``); False if the run exists."""
+        check_reason(reason)
+        check_no_nul(task_id, "a run id")
+        check_ttl(ttl)
+        return await self._store.remember_cancel(task_id, reason, time.time() + ttl)
 
     async def request_cancels(
         self,
@@ -255,6 +265,16 @@ def cancel_batch(
         states=states,
         settled_here=tuple(settled_here),
     )
+
+
+#: how long a cancel pressed before its run exists is remembered (``cancel --before-start``)
+DEFAULT_BEFORE_START_TTL = 600.0
+
+
+def check_ttl(ttl: object) -> None:
+    """How long a cancel is remembered before its run exists: a finite number of seconds > 0."""
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < math.inf:
+        raise InputError(f"ttl must be a finite number of seconds > 0, not {ttl!r}")
 
 
 def check_reason(reason: object) -> None:

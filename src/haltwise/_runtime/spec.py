@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 
-from .._core.policy import ToolPolicy
+from .._core.policy import CancelPolicy, ToolPolicy
 
 P = ParamSpec("P")
 R_co = TypeVar("R_co", covariant=True)
@@ -66,7 +66,9 @@ class ToolSpec:
         "defer_settle",
         "effective_cancel",
         "fn",
+        "hooked",
         "is_async",
+        "keeps_args",
         "key",
         "name",
         "policy",
@@ -92,6 +94,11 @@ class ToolSpec:
         #: next write: read at every step, so worked out once here
         self.effective_cancel = policy.effective_cancel
         self.defer_settle = policy.may_defer_settle
+        #: a step left ``unknown`` has a ``reconcile`` hook to ask (an idempotent one's too: a
+        #: ``Happened`` saves the call), which is called with the call's arguments: they are
+        #: journaled, as a rollback tool's are (for its compensation after a crash)
+        self.hooked = policy.reconcile is not None
+        self.keeps_args = self.effective_cancel is CancelPolicy.ROLLBACK or self.hooked
         #: ``name@module:qualname``: what tells this tool from others of the same name
         self.key = f"{name}@{qualified_name(fn)}"
         if register:

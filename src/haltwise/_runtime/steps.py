@@ -45,6 +45,7 @@ from .._core.exceptions import (
 )
 from .._core.outcome import ErrorInfo, StepRecord, blocks_resume
 from .._core.policy import CancelPolicy
+from .._core.reconcile import HOOK_NOT_ASKED
 from .._core.records import JSONText, dump_json, load_json
 from .._core.states import StepStatus
 from .._journal.store import StepStart
@@ -217,10 +218,12 @@ def _named_exception(name: str, spec: ToolSpec) -> type[BaseException] | None:
 
 
 def _args_json(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """The arguments a ``rollback`` tool's step journals (to compensate after a crash)."""
+    """The arguments a ``rollback`` tool's step journals (to compensate after a crash), and a
+    tool's with a ``reconcile`` hook (to ask it after a crash)."""
+    kept = "to compensate" if spec.effective_cancel is CancelPolicy.ROLLBACK else "to reconcile"
     return dump_json(
         {"args": list(args), "kwargs": kwargs, "tool": spec.key},
-        f"the arguments of rollback tool {spec.name!r} (kept to compensate after a crash)",
+        f"the arguments of tool {spec.name!r} (kept {kept} after a crash)",
     )
 
 
@@ -233,11 +236,15 @@ async def settle(
     error: ErrorInfo | None = None,
     durable: bool = True,
     step: StepContext | None = None,
+    hooked: bool = False,
 ) -> None:
     """Journal how a step ended; the store completes it even if a cancel arrives meanwhile.
 
     ``durable=False`` lets the store commit it with the next write (see ``may_defer_settle``).
     ``step``: the step's context, whose spend the settlement journals.
+    ``hooked``: the step's tool has a ``reconcile`` hook (:attr:`ToolSpec.hooked`); a step it
+    leaves ``unknown`` is marked as waiting for that hook (the retry advice is then
+    ``resume``, which asks it).
     """
     await run.store.settle_step(
         run.run_id,
@@ -249,6 +256,10 @@ async def settle(
         durable=durable,
         spend=None if step is None else step.spend_row(),
     )
+    if hooked and status is StepStatus.UNKNOWN:
+        await run.store.reconcile_step(
+            run.run_id, index, status, reconciled=HOOK_NOT_ASKED, fence=run.fence
+        )
     if run.trace is not None:
         end_step(run.trace, index, status, error)
 
@@ -418,9 +429,7 @@ class _Flight:
             policy.idempotent,
             key,  # idempotency_key
             (  # args
-                _args_json(self.spec, self.args, self.kwargs)
-                if self.policy is CancelPolicy.ROLLBACK
-                else None
+                _args_json(self.spec, self.args, self.kwargs) if self.spec.keeps_args else None
             ),
             run.cancel.requested,  # cleanup
             self.call_id,
@@ -635,7 +644,14 @@ class _Flight:
         self.failed_as = status
         if isinstance(error, TimeoutError):
             self.run.note_step_error(error)
-        await settle(self.run, self.index, status, error=ErrorInfo.of(error), step=self.step)
+        await settle(
+            self.run,
+            self.index,
+            status,
+            error=ErrorInfo.of(error),
+            hooked=self.spec.hooked,
+            step=self.step,
+        )
 
     async def _tool_cancelled(self, cancel: Cancelled) -> NoReturn:
         """The body raised :class:`Cancelled`: a cooperating stop, or the tool cancelling its
@@ -681,7 +697,9 @@ class _Flight:
 
     async def _settle_by_policy(self) -> None:
         status, result = await self._cancelled_status()
-        await settle(self.run, self.index, status, result=result, step=self.step)
+        await settle(
+            self.run, self.index, status, result=result, hooked=self.spec.hooked, step=self.step
+        )
 
     async def _cancelled_status(self) -> tuple[StepStatus, JSONText | None]:
         """The status a cancel leaves (and the result, for a body that finished anyway)."""

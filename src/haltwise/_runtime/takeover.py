@@ -10,6 +10,7 @@ from .._core.outcome import StepRecord, blocks_resume, saga_steps
 from .._core.policy import CancelPolicy, effective_cancel
 from .._core.records import RunSnapshot
 from .._core.states import StepStatus
+from .reconcile import hook_of
 from .run_context import RunContext
 from .spec import TOOLS
 from .steps import compensate, settle
@@ -51,7 +52,7 @@ async def settle_orphans(run: RunContext, steps: Sequence[StepRecord]) -> None:
         status = orphan_status(step)
         if status is None:
             status = await compensate_journaled(run, step)
-        await settle(run, step.index, status)
+        await settle(run, step.index, status, hooked=hook_of(step) is not None)
 
 
 async def run_saga(run: RunContext, steps: Sequence[StepRecord]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,8 +23,10 @@ __all__ = [
     "cancel_current_run",
     "cancel_requested",
     "checkpoint",
+    "cooperative_stop",
     "current_run",
     "emit",
+    "end_cooperative_stop",
     "end_turn",
     "idempotency_key",
     "journaled_outcome",
@@ -40,6 +43,10 @@ T = TypeVar("T")
 FORCED_REMOTE_CANCEL = 1.0
 #: the runs whose framework turn holds back the cancel of the task's scope (see turn_begins)
 _TURNS: weakref.WeakSet[RunContext] = weakref.WeakSet()
+#: the cooperative stops of each run, by key, and how each is released (see cooperative_stop)
+_STOPS: weakref.WeakKeyDictionary[RunContext, dict[object, Callable[[], None]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def emit(value: Any) -> None:
@@ -214,7 +221,7 @@ async def remote_call(
 
     if cancel.requested:
         return await call()  # the task's scope is cancelled already: the call never starts
-    cancel.hold_for_remote(stop)
+    cancel.hold_for(stop, through_force=True)
     try:
         try:
             with scope:
@@ -224,7 +231,7 @@ async def remote_call(
             raise
         await _flush_within(bound, flush)
     finally:
-        cancel.release_remote(stop)
+        cancel.release_for(stop)
     await anyio.lowlevel.checkpoint()  # the run's cancel lands here
     run.raise_if_cancelled()
     raise AssertionError("a remote call was cancelled with no cancel of its run")
@@ -274,3 +281,58 @@ async def steps_settled() -> None:
     run = current_run()
     if run is not None:
         await run.all_settled()
+
+
+def cooperative_stop(key: object, stop: Callable[[], None], *, margin: float) -> None:
+    """Let a framework's run inside the current task stop by itself when the run is cancelled,
+    so that it writes its own state first (LangGraph's drain at the next superstep boundary).
+
+    From now on a cancel request calls ``stop`` (at once if one was made already) and holds back
+    the cancel of the task's scope, which would cut the framework's loop before it wrote its
+    state; the steps in flight settle by their policies as usual. The hold ends with
+    :func:`end_cooperative_stop` (the framework's run ended), under a forced cancel, or, after
+    a cancel request, once no step of the run has been in flight for ``margin`` seconds (a
+    framework that does not stop by itself is cut then). ``key`` names the framework's run
+    (held with the haltwise run, so kept alive until that ends): a second call with the same
+    key does nothing. Nothing outside a task.
+    """
+    run = current_run()
+    if run is None:
+        return
+    held = _STOPS.setdefault(run, {})
+    if key in held:
+        return
+    cancel = run.cancel
+    loop = asyncio.get_running_loop()
+    timer: list[asyncio.TimerHandle] = []
+    idle = [False]
+
+    def release() -> None:
+        for handle in timer:
+            handle.cancel()
+        cancel.release_for(stopping)
+
+    def check() -> None:
+        timer.clear()
+        if idle[0] and not run.flights:
+            release()  # idle for a whole margin
+            return
+        idle[0] = not run.flights
+        timer.append(loop.call_later(margin, check))
+
+    def stopping() -> None:
+        stop()
+        if not timer:
+            timer.append(loop.call_later(margin, check))
+
+    held[key] = release
+    cancel.hold_for(stopping)
+
+
+def end_cooperative_stop(key: object) -> None:
+    """The framework's run ``key`` of :func:`cooperative_stop` has ended: a cancel of the
+    haltwise run no longer waits for it."""
+    run = current_run()
+    release = _STOPS.get(run, {}).pop(key, None) if run is not None else None
+    if release is not None:
+        release()

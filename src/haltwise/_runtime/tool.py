@@ -173,6 +173,7 @@ def tool(
     timeout: float | None = None,
     retries: int = 0,
     backoff: tuple[float, float, float] | None = None,
+    reconcile: Callable[..., Any] | None = None,
     name: str | None = None,
 ) -> Callable[[Callable[P, Any]], Tool[P, Any]]: ...
 
@@ -189,6 +190,7 @@ def tool(
     timeout: float | None = None,
     retries: int = 0,
     backoff: tuple[float, float, float] | None = None,
+    reconcile: Callable[..., Any] | None = None,
     name: str | None = None,
 ) -> Any:
     """Declare a tool and its cancel policy (CONTRACT.md, "Tool policies").
@@ -209,8 +211,16 @@ def tool(
     (first_s, factor, max_s)`` (default ``(1, 2, 30)``: 1 s, 2 s, 4 s ... at most 30 s; no
     jitter). A rollback call's failed attempt is compensated before the next; a cancel is never
     retried, and one that arrives during the wait lands at once; an attempt whose compensation
-    failed (``unknown``) is not retried. Bad declarations raise :class:`~haltwise.PolicyError`
-    here, at once.
+    failed (``unknown``) is not retried.
+
+    ``reconcile`` finds out what happened to a step left ``unknown`` (grace ran out, a forced
+    cancel, a crash mid-call): called with the same arguments as the tool (plain or async;
+    :func:`haltwise.idempotency_key` inside it gives the step's key), it returns
+    :class:`~haltwise.Happened` ``(result)`` (the step becomes ``committed`` with that
+    result), :class:`~haltwise.NotHappened` ``()`` (``interrupted``: it runs again on resume)
+    or None when it cannot tell (an exception counts as None: the step stays ``unknown``).
+    Resume, a worker's takeover, ``haltwise reconcile`` and the API ask it before they refuse.
+    Bad declarations raise :class:`~haltwise.PolicyError` here, at once.
     """
 
     def decorate(function: Callable[..., Any]) -> Tool[..., Any]:
@@ -227,6 +237,7 @@ def tool(
             timeout=timeout,
             retries=retries,
             backoff=backoff,
+            reconcile=reconcile,
         )
         return tool_function(ToolSpec(function, policy, tool_name))
 
@@ -244,6 +255,7 @@ def _policy(
     timeout: float | None,
     retries: int,
     backoff: tuple[float, float, float] | None,
+    reconcile: Callable[..., Any] | None = None,
 ) -> ToolPolicy:
     """The policy the keywords of :func:`tool` (and :func:`step`) declare, validated."""
     return ToolPolicy.declare(
@@ -256,6 +268,7 @@ def _policy(
         timeout=timeout,
         retries=retries,
         backoff=backoff,
+        reconcile=reconcile,
     )
 
 

@@ -6,12 +6,24 @@
   ``ToolCall``'s ``id`` (injected as LangChain's ``InjectedToolCallId``).
 - :class:`HaltwiseMiddleware` for ``langchain.agents.create_agent(..., middleware=[...])``:
   every model call is one ``interruptible``, ``read`` step whose ``AIMessage`` is journaled (a
-  resume replays it instead of asking the model again); every tool call runs under
+  resume replays it instead of asking the model again; the step's fingerprint is a digest of the
+  request: messages, system message, tools offered, tool choice, settings, so a replay whose
+  request differs fails with ``NonDeterminismError``); every tool call runs under
   ``haltwise.call_id(tool_call["id"])``, and a tool that is not a haltwise tool becomes a step
   of its own (undeclared policy: it behaves as ``finish``); before each model call, a tool call
   of the conversation that has no ``ToolMessage`` gets one from the journal (a committed call
   its journaled result, any other a text saying what became of it), right after its
   ``AIMessage``.
+- A haltwise cancel drains the graph (LangGraph's ``RunControl.request_drain``): from the
+  first model or tool call the middleware sees in a graph run until the run ends, a (not
+  forced) cancel requests the drain and holds back the cancel of the task's scope
+  (:func:`haltwise._runtime.task_api.cooperative_stop`); each tool call in flight settles by
+  its policy and returns its ``ToolMessage`` (its journaled result if committed, else a text
+  saying what became of it), so LangGraph completes the superstep, writes the thread's
+  checkpoint with every call closed, and raises ``GraphDrained`` (registered as a host cancel:
+  the run ends ``cancelled`` with the cancel's reason). A model call in flight is interrupted
+  and its node raises ``GraphDrained``. A new run continuing the thread, in any process, never
+  repeats a committed call.
 - LangGraph's own cancel (cancelling the task that runs ``ainvoke``/``astream``) reaches the tool
   calls and the model call in flight: each settles by its policy, and the run is cancelled with
   reason ``"host"``.
@@ -21,6 +33,7 @@ Needs the ``langchain`` extra: ``pip install 'haltwise[langchain]'``.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import typing
@@ -31,6 +44,7 @@ from ._common import require
 
 require("langchain", "langchain.agents", "langchain")
 
+import anyio  # noqa: E402
 import pydantic  # noqa: E402
 from langchain.agents.middleware import (  # noqa: E402
     AgentMiddleware,
@@ -46,11 +60,14 @@ from langchain_core.messages import (  # noqa: E402
     messages_from_dict,
 )
 from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool  # noqa: E402
+from langgraph.errors import GraphDrained  # noqa: E402
 from langgraph.prebuilt.tool_node import ToolCallRequest  # noqa: E402
+from langgraph.runtime import RunControl, Runtime, get_runtime  # noqa: E402
 from langgraph.types import Command  # noqa: E402
 
 import haltwise  # noqa: E402
 
+from .._runtime.task_api import cooperative_stop, end_cooperative_stop  # noqa: E402
 from ._common import (  # noqa: E402
     MODEL_STEP,
     call_id,
@@ -69,6 +86,14 @@ __all__ = ["HaltwiseMiddleware", "close_dangling", "tool"]
 
 #: ``StructuredTool.metadata`` key marking a tool made by :func:`tool`
 _MARK = "haltwise"
+#: the reason a graph drained by a haltwise cancel gives (``GraphDrained.reason``)
+DRAIN_REASON = "haltwise-cancel"
+#: how long a graph asked to drain may stay busy with no haltwise step in flight before the
+#: run's cancel cuts it (it normally drains at once: this only bounds a graph that does not)
+DRAIN_MARGIN = 5.0
+
+# A drained graph raises GraphDrained out of ainvoke/astream: a cancel, never a failure.
+haltwise.register_host_cancel(GraphDrained)
 
 
 def tool(haltwise_tool: haltwise.Tool[..., Any]) -> BaseTool:
@@ -114,11 +139,17 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
         super().__init__()
         self.step_name = name
 
+    async def aafter_agent(self, state: Any, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """The graph run ends: a later cancel of the haltwise run no longer waits for it."""
+        _stop_draining(runtime.control)
+        return None
+
     async def awrap_model_call(
         self,
         request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
     ) -> ModelResponse[Any]:
+        _drain_on_cancel(request.runtime)
         if _open_calls(request.messages):
             closed = close_dangling(request.messages, await current_run_outcome())
             request = request.override(messages=closed)
@@ -129,7 +160,13 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
                 _record(message, request.model)
             return [message_to_dict(message) for message in response.result]
 
-        data = await model_request(ask, name=self.step_name)
+        try:
+            data = await model_request(ask, name=self.step_name, request=_request_view(request))
+        except (haltwise.Cancelled, asyncio.CancelledError):
+            if _draining(request.runtime):
+                # the model's answer is not needed: the graph stops at this superstep's start
+                raise GraphDrained(DRAIN_REASON) from None
+            raise
         return ModelResponse(result=messages_from_dict(data))
 
     async def awrap_tool_call(
@@ -137,11 +174,22 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
         request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
     ) -> ToolMessage | Command[Any]:
+        runtime = getattr(request.runtime, "runtime", None) or _graph_runtime()
+        _drain_on_cancel(runtime)
         ours = request.tool is not None and bool((request.tool.metadata or {}).get(_MARK))
-        with call_id(request.tool_call.get("id")):
-            if ours:
-                return await handler(request)
-            return await _foreign_tool_step(request, handler)
+        cid = request.tool_call.get("id") or ""
+        try:
+            with call_id(cid):
+                if ours:
+                    return await handler(request)
+                return await _foreign_tool_step(request, handler)
+        except (haltwise.Cancelled, asyncio.CancelledError):
+            if not (cid and _draining(runtime)):
+                raise
+        # A haltwise cancel stopped the call and the graph drains: the call gets its result
+        # (what the journal says became of it) so that the superstep, and the checkpoint
+        # LangGraph writes for it, hold it.
+        return await _closed_call(cid, request.tool_call["name"])
 
 
 def _record(message: Any, model: Any) -> None:
@@ -159,21 +207,118 @@ async def _foreign_tool_step(
     request: ToolCallRequest,
     handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
 ) -> ToolMessage | Command[Any]:
-    """A tool that is not a haltwise tool, as one step (undeclared policy) of its tool's name."""
+    """A tool that is not a haltwise tool, as one step (undeclared policy) of its tool's name.
 
-    async def call() -> dict[str, Any]:
-        answer = await handler(request)
-        if not isinstance(answer, ToolMessage):
-            raise haltwise.HaltwiseError(
-                f"tool {request.tool_call['name']!r} returned a Command, which haltwise cannot "
-                "journal; make it a @haltwise.tool"
-            )
-        return message_to_dict(answer)
+    The step is the tool's own run (its ``ainvoke``), not the rest of the chain: an inner
+    middleware's ``interrupt()`` (``HumanInTheLoopMiddleware``'s approval) happens outside any
+    step, so it is not journaled as a failure, and a resume with the approval runs the tool as
+    the call's one step."""
+    if request.tool is None:
+        return await handler(request)
+    return await handler(request.override(tool=_StepTool.around(request.tool)))
 
-    data = await journaled(call, name=request.tool_call["name"])
-    (message,) = messages_from_dict([data])
-    assert isinstance(message, ToolMessage)
-    return message
+
+class _StepTool(BaseTool):
+    """``inner``, each ``ainvoke`` one step of its name (see :func:`_foreign_tool_step`)."""
+
+    inner: BaseTool
+
+    @classmethod
+    def around(cls, inner: BaseTool) -> _StepTool:
+        return cls(
+            name=inner.name,
+            description=inner.description,
+            args_schema=inner.args_schema,
+            inner=inner,
+        )
+
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("haltwise runs a LangChain tool asynchronously only")
+
+    async def ainvoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
+        inner = self.inner
+
+        async def call() -> dict[str, Any]:
+            answer = await inner.ainvoke(input, config, **kwargs)
+            if not isinstance(answer, ToolMessage):
+                raise haltwise.HaltwiseError(
+                    f"tool {inner.name!r} returned a {type(answer).__name__}, which haltwise "
+                    "cannot journal; make it a @haltwise.tool"
+                )
+            return message_to_dict(answer)
+
+        data = await journaled(call, name=inner.name)
+        (message,) = messages_from_dict([data])
+        return message
+
+
+def _request_view(request: ModelRequest[Any]) -> dict[str, Any]:
+    """What the model is asked, for the request's fingerprint: each message's kind, content,
+    tool calls and call id (not the ids LangGraph gives messages afresh in every run), the
+    system message, the tools offered, the tool choice and the model settings."""
+
+    def seen(message: BaseMessage) -> dict[str, Any]:
+        view: dict[str, Any] = {"type": message.type, "content": message.content}
+        if isinstance(message, AIMessage) and message.tool_calls:
+            view["calls"] = [(c.get("id"), c["name"], c["args"]) for c in message.tool_calls]
+        if isinstance(message, ToolMessage):
+            view["call"] = message.tool_call_id
+        return view
+
+    system = request.system_message
+    return {
+        "messages": [seen(m) for m in request.messages],
+        "system": None if system is None else system.content,
+        "tools": sorted(
+            t.name if isinstance(t, BaseTool) else str(t.get("name")) for t in request.tools
+        ),
+        "tool_choice": request.tool_choice,
+        "settings": request.model_settings,
+    }
+
+
+def _graph_runtime() -> Runtime[Any] | None:
+    try:
+        return get_runtime()
+    except RuntimeError:  # not inside a graph run
+        return None
+
+
+def _drain_on_cancel(runtime: Runtime[Any] | None) -> None:
+    """From now on a cancel of the current haltwise run drains the graph run ``runtime``
+    belongs to (once per graph run): LangGraph finishes the superstep in flight, writes its
+    checkpoint and raises ``GraphDrained``, and the run's cancel waits for that (see
+    :func:`haltwise._runtime.task_api.cooperative_stop`)."""
+    control = getattr(runtime, "control", None)
+    if control is not None:
+        cooperative_stop(
+            id(control), lambda: control.request_drain(DRAIN_REASON), margin=DRAIN_MARGIN
+        )
+
+
+def _stop_draining(control: RunControl | None) -> None:
+    if control is not None:
+        end_cooperative_stop(id(control))
+
+
+def _draining(runtime: Runtime[Any] | None) -> bool:
+    """Whether the graph run is draining because of a haltwise cancel."""
+    control = getattr(runtime, "control", None)
+    return control is not None and control.drain_reason == DRAIN_REASON
+
+
+async def _closed_call(cid: str, name: str) -> ToolMessage:
+    """The ``ToolMessage`` of a call a cancel stopped: its journaled result if it committed,
+    else a text saying what became of it (the same text in every process)."""
+    with anyio.CancelScope(shield=True):
+        outcome = await current_run_outcome()
+    done = settled_calls(outcome).get(cid)
+    content = (
+        _content(done.result)
+        if done is not None and done.status is haltwise.StepStatus.COMMITTED
+        else unsettled_text(done)
+    )
+    return ToolMessage(content=content, tool_call_id=cid, name=name)
 
 
 def close_dangling(

@@ -246,10 +246,27 @@ async def _cancel(request: Request, served: Served, run_id: str) -> Response:
     body = await read_body(request, CancelBody)
     batch = await served.runtime.cancel_many([run_id], reason=body.reason, force=body.force)
     if batch.unknown:
+        if body.before_start:
+            return await _cancel_before_start(served, run_id, body)
         raise ApiError(404, "unknown_run", f"no run with id {run_id!r} in the store")
     state = batch.states[run_id]
     status = 200 if batch.already_final else 202
-    return JSONResponse({"id": run_id, "state": state.value}, status_code=status)
+    answer: dict[str, Any] = {"id": run_id, "state": state.value}
+    if body.before_start:
+        answer["remembered"] = []
+    return JSONResponse(answer, status_code=status)
+
+
+async def _cancel_before_start(served: Served, run_id: str, body: CancelBody) -> Response:
+    """``{"before_start": true}`` for an id no run has yet: its cancel is remembered for
+    ``ttl`` seconds (202, ``"state": null``, ``"remembered": [id]``); a run that began
+    meanwhile is cancelled as usual."""
+    record = await served.runtime.cancel(
+        run_id, reason=body.reason, force=body.force, before_start=True, ttl=body.ttl
+    )
+    remembered = [run_id] if record is None else []
+    state = None if record is None else record.state.value
+    return JSONResponse({"id": run_id, "state": state, "remembered": remembered}, status_code=202)
 
 
 async def _pause(request: Request, served: Served, run_id: str) -> Response:
@@ -302,6 +319,15 @@ async def _resume(request: Request, served: Served, run_id: str) -> Response:
     return JSONResponse({"id": run_id, "state": state.value}, status_code=status)
 
 
+async def _reconcile(request: Request, served: Served, run_id: str) -> Response:
+    """As ``haltwise reconcile`` (with FILE.py only): the hooks of the run's ``unknown`` steps
+    asked and their answers journaled; 200 with the run's outcome (its steps among it)."""
+    await read_body(request, EmptyBody)
+    task = await _served_task(served, run_id)
+    outcome = await served.runtime.reconcile(run_id, task=task)
+    return JSONResponse(outcome.to_json())
+
+
 def _step_results(assume_done: dict[str, Any]) -> dict[int, Any]:
     results = {}
     for key, value in assume_done.items():
@@ -334,6 +360,7 @@ _ACTIONS = {
     "pause": _pause,
     "unpause": _unpause,
     "resume": _resume,
+    "reconcile": _reconcile,
     "fork": _fork,
 }
 

@@ -67,6 +67,10 @@ class CancelBody(_Body):
 
     reason: StrictStr = Field("user", min_length=1, max_length=10_000)
     force: StrictBool = False
+    #: a stop pressed before the run exists: an unknown id's cancel is remembered for ``ttl``
+    before_start: StrictBool = False
+    #: seconds (with ``before_start``)
+    ttl: float = Field(600.0, gt=0, allow_inf_nan=False)
 
 
 class BulkCancelBody(_Body):

@@ -165,6 +165,13 @@ def openapi_document() -> dict[str, Any]:
         "/api/runs/{id}/resume": _post(
             "resume the run in the server (with FILE.py only)", ResumeBody, "404", "409", ok="202"
         ),
+        "/api/runs/{id}/reconcile": _post(
+            "ask the reconcile hooks of the run's unknown steps, journal the answers "
+            "(with FILE.py only): 200 with the run's outcome and steps",
+            EmptyBody,
+            "404",
+            "409",
+        ),
         "/api/runs/{id}/fork": _post(
             "fork the run from a step: the plan (dry_run), or the fork run in the server "
             "(with FILE.py only)",

@@ -362,11 +362,18 @@ function resumeDialog(run, box) {
   form.append(el("p", { text: "Before resuming, say what happened to each unknown step:" }));
   for (const step of unknown) {
     const name = `step-${step.index}`;
-    form.append(el("fieldset", {},
-      el("legend", { text: `step ${step.index} ${step.tool}` }),
-      el("label", {}, el("input", { type: "radio", name, value: "done", checked: true }), " it happened; its result (JSON): "),
+    // A step whose tool has a reconcile hook: asking it is the default (the resume asks it).
+    // Otherwise nothing is chosen for the operator: one click must not record a post as done.
+    const hooked = step.reconcile_hook === true;
+    const set = el("fieldset", {}, el("legend", { text: `step ${step.index} ${step.tool}` }));
+    if (hooked) {
+      set.append(el("label", {}, el("input", { type: "radio", name, value: "hook", checked: true }), " ask the tool's reconcile hook"));
+    }
+    set.append(
+      el("label", {}, el("input", { type: "radio", name, value: "done" }), " it happened; its result (JSON): "),
       el("input", { name: `${name}-result`, value: "null" }),
-      el("label", {}, el("input", { type: "radio", name, value: "rerun" }), " it did not happen: run it again")));
+      el("label", {}, el("input", { type: "radio", name, value: "rerun" }), " it did not happen: run it again"));
+    form.append(set);
   }
   form.append(el("button", { type: "submit", text: "Resume" }));
   form.addEventListener("submit", (event) => {
@@ -374,7 +381,13 @@ function resumeDialog(run, box) {
     const body = { assume_done: {}, rerun: [] };
     try {
       for (const step of unknown) {
-        const choice = form.querySelector(`input[name="step-${step.index}"]:checked`).value;
+        const checked = form.querySelector(`input[name="step-${step.index}"]:checked`);
+        if (!checked) {
+          toast(`say what happened to step ${step.index} (${step.tool}) first`, true);
+          return;
+        }
+        const choice = checked.value;
+        if (choice === "hook") continue;
         if (choice === "rerun") body.rerun.push(step.index);
         else body.assume_done[String(step.index)] = JSON.parse(form.querySelector(`input[name="step-${step.index}-result"]`).value || "null");
       }
