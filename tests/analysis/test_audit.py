@@ -103,7 +103,9 @@ def test_each_code_fires_alone_on_a_tool_built_for_it(
 
 
 def test_codes_are_exactly_the_contract_ones() -> None:
-    assert {code.value for code in FindingCode} == {t[0] for t in TRIGGERS}
+    # the codes of a tool's findings; a task's (no-budget) is tested with a file below
+    tasks = {"no-budget"}
+    assert {code.value for code in FindingCode} == {t[0] for t in TRIGGERS} | tasks
 
 
 CLEAN = [
