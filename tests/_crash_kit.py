@@ -57,14 +57,19 @@ KILLS_AT_MOST = 30
 
 
 def kill_and_resume(
-    store: str, run_id: str, world: Path, rng: random.Random, agent: Path = AGENT
+    store: str,
+    run_id: str,
+    world: Path,
+    rng: random.Random,
+    agent: Path = AGENT,
+    **env: str,
 ) -> int:
     """Kill ``agent`` at random moments (0-0.15 s after it says ``started``), resuming it each
     time, until its run completes or it was killed ``KILLS_AT_MOST`` times, then let it finish;
-    return how many kills."""
+    return how many kills. ``env`` is added to the agent's environment."""
     kills = 0
     while True:
-        proc = spawn(store, run_id, world, agent)
+        proc = spawn(store, run_id, world, agent, **env)
         wait_started(proc)
         if kills < KILLS_AT_MOST:
             try:

@@ -8,7 +8,7 @@ While the world holds a file named ``hold``, every step's body waits just after 
 execution: a test keeps steps in flight with it, for as long as it needs, however loaded the
 machine.
 
-usage: python crash_agent.py STORE_URL RUN_ID WORLD_DIR
+usage: python crash_agent.py STORE_URL RUN_ID WORLD_DIR  (CRASH_AS_CHILD=1: as a child run)
 """
 
 from __future__ import annotations
@@ -87,6 +87,12 @@ async def thirty() -> list[object]:
     return results
 
 
+@haltwise.task(name="crash_agent:parent")
+async def parent() -> list[object]:
+    """``thirty`` as a child run (``RUN_ID/0``): its parent's one step."""
+    return [await thirty()]
+
+
 async def main(store: str, run_id: str, task: haltwise.Task[..., Any] = thirty) -> int:
     """Resume run ``run_id`` of ``task``, or start it; print ``started``, then its state."""
     async with haltwise.Runtime(store) as runtime:
@@ -104,4 +110,6 @@ async def main(store: str, run_id: str, task: haltwise.Task[..., Any] = thirty) 
 
 
 if __name__ == "__main__":
-    sys.exit(anyio.run(main, sys.argv[1], sys.argv[2]))
+    # CRASH_AS_CHILD=1: the thirty steps run as a child run of a parent (the soak's variant)
+    as_child = os.environ.get("CRASH_AS_CHILD") == "1"
+    sys.exit(anyio.run(main, sys.argv[1], sys.argv[2], parent if as_child else thirty))

@@ -245,6 +245,7 @@ async def explore_async(
     recorder: Recorder | None = None,
     name: str | None = None,
     pauses: bool = False,
+    progress: Progress | None = None,
 ) -> ExploreReport:
     """:func:`explore` for async code, with the task's arguments as ``args`` and ``kwargs``.
 
@@ -252,6 +253,8 @@ async def explore_async(
     every tool's function is wrapped by ``recorder`` (another recorder watching at the same
     time raises :class:`~haltwise.HaltwiseError`). ``name`` is how the report names the task
     (the command line passes ``FILE.py:TASK``); by default the task's own name.
+    ``progress(done, total, what)`` is called after the uninterrupted run (``done`` 1) and after
+    each scenario, ``what`` naming it (``haltwise explore`` shows a progress bar with it).
     """
     if not isinstance(task, Task):
         raise InputError(f"{task!r} is not a @haltwise.task")
@@ -260,6 +263,7 @@ async def explore_async(
     watcher = recorder if recorder is not None else Recorder()
     with _scratch(store_dir) as root, watcher.watching():
         explorer = _Explorer(task, call_args, call_kwargs, root, reset, watcher)
+        explorer.progress = progress
         return await explorer.explore(name or task.name, pauses=pauses)
 
 
@@ -302,6 +306,10 @@ class _Probe:
             await self.runtime.cancel(self.run_id, reason="explore", force=self.force)
 
 
+#: ``progress(done, total, what)`` of :func:`explore_async`
+Progress = Callable[[int, int, str], None]
+
+
 class _Explorer:
     """Drives the baseline and one trial per cancel point, each in its own scratch store."""
 
@@ -321,21 +329,31 @@ class _Explorer:
         self.reset = reset
         self.recorder = recorder
 
+    progress: Progress | None = None
+
+    def _tick(self, done: list[int], total: int, what: str) -> None:
+        done[0] += 1
+        if self.progress is not None:
+            self.progress(done[0], total, what)
+
     async def explore(self, name: str, *, pauses: bool = False) -> ExploreReport:
         baseline = await self._baseline()
-        points = [
-            await self._trial(number, point, force, baseline)
-            for number, point in enumerate(baseline.points)
-            for force in (False, True)
-        ]
+        count = len(baseline.points)
+        total = 1 + 2 * count + (count if pauses else 0)
+        done = [0]
+        self._tick(done, total, "the uninterrupted run")
+        points = []
+        for number, point in enumerate(baseline.points):
+            for force in (False, True):
+                points.append(await self._trial(number, point, force, baseline))
+                self._tick(done, total, f"cancel {point.label}{' (force)' if force else ''}")
         paused = None
         if pauses:
-            paused = tuple(
-                [
-                    await self._pause_trial(number, point, baseline)
-                    for number, point in enumerate(baseline.points)
-                ]
-            )
+            pause_reports = []
+            for number, point in enumerate(baseline.points):
+                pause_reports.append(await self._pause_trial(number, point, baseline))
+                self._tick(done, total, f"pause {point.label}")
+            paused = tuple(pause_reports)
         return ExploreReport(
             task=name, baseline=baseline.outcome, points=tuple(points), pauses=paused
         )

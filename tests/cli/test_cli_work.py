@@ -45,8 +45,10 @@ def worker(env: Env, *extra: str) -> subprocess.Popen[str]:
 def test_submit_prints_the_id_and_records_a_pending_run_once(env: Env) -> None:
     first = env.hw("submit", "agent.py:flow", "--input", '{"policy": "finish"}', "--id", "q1")
     assert (first.returncode, first.stdout) == (0, "q1\n"), first.stderr
-    again = env.hw("submit", "agent.py:flow", "--input", '{"policy": "rollback"}', "--id", "q1")
-    assert (again.returncode, again.stdout) == (0, "q1\n")
+    again = env.hw("submit", "agent.py:flow", "--input", '{"policy": "finish"}', "--id", "q1")
+    assert (again.returncode, again.stdout) == (0, "q1\n")  # the same call: nothing recorded
+    other = env.hw("submit", "agent.py:flow", "--input", '{"policy": "rollback"}', "--id", "q1")
+    assert other.returncode == 2 and "q1" in error_line(other)  # a reused id, other inputs
     runs = json.loads(env.hw("list", "--json").stdout)["runs"]
     assert runs == [
         {
@@ -85,8 +87,16 @@ def test_a_worker_works_submitted_runs_and_hands_over_on_sigterm(env: Env) -> No
     for i in range(3):
         env.wait_for(f"w{i}", "completed", lambda s: s["state"] == "completed")
     env.wait_for("held", "its finish step in flight", lambda s: step_is(s, 2, "running"))
-    proc.send_signal(signal.SIGTERM)
     assert proc.stderr is not None
+    # a line per run it starts and per run that ends (issue 29, item 7)
+    said: list[str] = []
+    ended = {f"haltwise: run w{i} completed" for i in range(3)}
+    while not ended <= set(said):
+        line = proc.stderr.readline()
+        assert line, f"the worker ended; it said {said}"
+        said.append(line.strip())
+    assert {f"haltwise: working run {i}" for i in ("w0", "w1", "w2", "held")} <= set(said)
+    proc.send_signal(signal.SIGTERM)
     while "handing over" not in (line := proc.stderr.readline()):
         assert line, "the worker ended without handing over"
     env.release("send_email")  # the finish step finishes within its grace
@@ -112,7 +122,8 @@ def test_a_second_signal_stops_a_worker_at_once(env: Env) -> None:
     env.wait_for("h", "its finish step in flight", lambda s: step_is(s, 2, "running"))
     proc.send_signal(signal.SIGTERM)
     assert proc.stderr is not None
-    assert "worker stopping" in proc.stderr.readline()  # the first signal was taken
+    while "worker stopping" not in (line := proc.stderr.readline()):  # the signal was taken
+        assert line.startswith("haltwise: working run"), line
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=PATIENCE) == 128 + signal.SIGTERM
     env.release("send_email")
@@ -164,3 +175,9 @@ def test_explore_catches_a_tool_that_claims_idempotent_but_charges_twice(env: En
     assert any("idempotent" in v for v in violations), violations
     human = env.hw("explore", "broken.py:pay")
     assert human.returncode == 1 and "idempotent" in human.stdout
+    # a line per scenario on stderr while it works (a pipe gets no bar: issue 29, item 7)
+    lines = [line for line in human.stderr.splitlines() if line.startswith("explore: ")]
+    total = 1 + len(report["points"])
+    assert lines[0] == f"explore: 1/{total} the uninterrupted run", human.stderr
+    assert lines[-1].startswith(f"explore: {total}/{total} cancel "), lines[-1]
+    assert len(lines) == total

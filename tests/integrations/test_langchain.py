@@ -233,12 +233,33 @@ def test_close_dangling_puts_the_result_right_after_its_call() -> None:
     assert str(fixed[2].content).startswith("[haltwise] interrupted")
 
 
+@haltwise.task
+async def shop_cancelled_by_langgraph_and_go_on(prompt: str) -> str:
+    """The same, and the body catches the graph task's cancel and goes on (the body's own task
+    was not cancelled: only the adapter can tell the run was)."""
+    run = asyncio.ensure_future(make_agent().ainvoke({"messages": [HumanMessage(prompt)]}))
+    await Kit.entered["charge"].wait(timeout=fw_kit.PATIENCE)
+    run.cancel()
+    try:
+        await run
+    except asyncio.CancelledError:
+        pass
+    await asyncio.sleep(0)  # the body goes on: the run's cancel lands at its next await
+    return "stopped"
+
+
+@pytest.mark.parametrize("body", ["propagates", "goes on"])
 async def test_langgraphs_own_cancel_is_a_haltwise_cancel_and_finish_is_honoured(
-    sqlite_url: str,
+    sqlite_url: str, body: str
 ) -> None:
     load(turns("finish"))
+    task = (
+        shop_cancelled_by_langgraph
+        if body == "propagates"
+        else (shop_cancelled_by_langgraph_and_go_on)
+    )
     async with haltwise.Runtime(sqlite_url) as runtime:
-        handle = await runtime.start(shop_cancelled_by_langgraph, "buy tea", task_id="own")
+        handle = await runtime.start(task, "buy tea", task_id="own")
         await Kit.entered["charge"].wait(timeout=fw_kit.PATIENCE)
         Kit.release["charge"].set()
         outcome = await handle.outcome()

@@ -87,6 +87,10 @@ def effects(tmp_path: Path) -> list[str]:
     return log.read_text().split() if log.exists() else []
 
 
+#: what each mcp_session's server said of itself in its answer to initialize
+SERVER_INFO: list[Any] = []
+
+
 @asynccontextmanager
 async def mcp_session(agent: Path) -> AsyncIterator[ClientSession]:
     params = StdioServerParameters(
@@ -95,7 +99,7 @@ async def mcp_session(agent: Path) -> AsyncIterator[ClientSession]:
         cwd=str(agent.parent),
     )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
+        SERVER_INFO.append((await session.initialize()).server_info)
         yield session
 
 
@@ -138,6 +142,8 @@ def key(run_id: str) -> dict[str, Any]:
 async def test_lists_each_task_as_a_tool_with_its_schema_and_policy_hints(served: Path) -> None:
     async with mcp_session(served) as session:
         listed = (await session.list_tools()).tools
+    info = SERVER_INFO[-1]  # the server names itself and its version (issue 29, item 8)
+    assert (info.name, info.version) == ("haltwise", haltwise.__version__)
     assert [tool.name for tool in listed] == ["research"]
     research = listed[0]
     assert research.input_schema["required"] == ["topic"]

@@ -20,8 +20,13 @@ import haltwise
 import toolkit
 from _crash_kit import check_world, spawn, wait_started
 from _paths import TESTS
+from _pg import PostgresServer, create_database
 from _wait import wait_until
 from haltwise import State, StepStatus
+from haltwise._core.policy import Effect
+from haltwise._journal import open_store
+from haltwise._journal.owner import new_owner
+from haltwise._journal.store import NewRun, StepStart
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fresh_toolkit")]
 
@@ -432,3 +437,67 @@ async def test_a_runtime_whose_server_closed_its_connections_still_ends_its_runs
     async with haltwise.Runtime(pg_url) as rt:
         assert (await rt.status("cut")).state is State.CANCELLED
     assert (await anyio.to_thread.run_sync(haltwise.verify_store, pg_url)).ok
+
+
+@pytest.mark.parametrize("mode", ["immediate", "fast"])
+async def test_a_settlement_lost_with_the_server_stops_its_own_run_and_no_other(
+    mode: str,
+) -> None:
+    # Issue 28: PostgreSQL restarted while two runs' deferred settlements were in flight: the
+    # store kept one error for the store, raised to whichever operation came next, and the
+    # other run's final transition committed once the server was back: `completed` with its
+    # step `running`, for good. Each run's own writes must fail, and only its own.
+    server = PostgresServer()  # its own server: this test stops and starts it
+    await anyio.to_thread.run_sync(server.start)
+    try:
+        url = create_database(server.dsn)
+        store = open_store(url)
+        await store.open()
+        try:
+            owner = new_owner()
+            fence = owner.token
+            for run_id in ("a", "b", "c"):
+                await store.create_run(
+                    NewRun(id=run_id, task="t", inputs={}, state=State.RUNNING, owner=owner)
+                )
+            start = StepStart(
+                index=0, tool="look", cancel="interruptible", effect=Effect.READ,
+                idempotent=False, idempotency_key="k",
+            )  # fmt: skip
+            for run_id in ("a", "b"):
+                await store.start_step(run_id, start, fence=fence)
+                await store.settle_step(
+                    run_id, 0, StepStatus.COMMITTED, result=1, fence=fence, durable=False
+                )
+            stop = ("pg_ctl", "stop", "-m", mode, "-w", "-D", str(server.data))
+            await anyio.to_thread.run_sync(lambda: server._run(*stop))
+            with pytest.raises(haltwise.StoreError):  # the server is down
+                await store.transition("a", State.COMPLETED, expected={State.RUNNING}, fence=fence)
+            again = ("pg_ctl", "restart", "-w", "-D", str(server.data), "-l", str(server.log))
+            await anyio.to_thread.run_sync(lambda: server._run(*again))
+            # Another run's operations never hear of b's lost settlement (a's rode with b's
+            # start: durable) ...
+            await store.start_step("c", start, fence=fence)
+            await store.request_pause("c")
+            await store.transition(
+                "a", State.COMPLETED, expected={State.RUNNING}, fence=fence, owner=None
+            )
+            # ... and b does not end while its settlement is not durable, however often asked.
+            for _ in range(2):
+                with pytest.raises(haltwise.StoreError):
+                    await store.transition(
+                        "b", State.COMPLETED, expected={State.RUNNING}, fence=fence
+                    )
+            snapshot = await store.load("b")
+            assert snapshot.run.state is State.RUNNING, snapshot.run
+            assert snapshot.steps[0].status is StepStatus.RUNNING, snapshot.steps
+            # Released (the runtime's answer to a failed write), a takeover settles them.
+            await store.release("b", fence)
+            assert await store.claim("b", new_owner(), lease_until=time.time() + 60,
+                                     expected_owner=None)  # fmt: skip
+        finally:
+            await store.close()
+        report = await anyio.to_thread.run_sync(haltwise.verify_store, url)
+        assert [(f.code, f.run) for f in report.findings] == [], report.findings
+    finally:
+        await anyio.to_thread.run_sync(server.stop)

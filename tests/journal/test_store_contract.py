@@ -1965,3 +1965,40 @@ async def test_completion_racing_a_cancel_ends_in_one_final_state(store_url: str
     # would have passed before).
     completed = sum(n for key, n in outcomes.items() if key.endswith("completed"))
     assert 0 < completed < RACES, outcomes
+
+
+async def test_a_refused_deferred_settlement_is_its_own_runs_error_alone(store_url: str) -> None:
+    # Issue 28: a deferred settlement of a run taken over meanwhile was refused by its fence,
+    # and the error answered the next operation on the store, whoever's (a pause of r181 got
+    # "run 'r147/0' is no longer held by this process"). It belongs to its run alone.
+    async with opened(store_url) as store, opened(store_url) as taker:
+        await reach(store, "lost", State.RUNNING)
+        await reach(store, "other", State.RUNNING)
+        await store.start_step("lost", step(0), fence=OWNER.token)
+        assert await taker.claim("lost", OTHER, lease_until=9e9, expected_owner=OWNER.token)
+        await store.settle_step(
+            "lost", 0, StepStatus.COMMITTED, result=0, fence=OWNER.token, durable=False
+        )
+        await store.request_pause("other")
+        await store.start_step("other", step(0), fence=OWNER.token)
+        await store.settle_step("other", 0, StepStatus.COMMITTED, result=0, fence=OWNER.token)
+        await store.request_unpause("other")
+        assert (await store.load("other")).steps[0].status is StepStatus.COMMITTED
+        assert (await store.load("lost")).steps[0].status is StepStatus.RUNNING
+        with pytest.raises(LostOwnershipError):
+            await store.transition(
+                "lost", State.COMPLETED, expected={State.RUNNING}, fence=OWNER.token
+            )
+
+
+async def test_check_finds_a_final_run_with_a_running_step(store_url: str) -> None:
+    # Issue 28: the state a lost settlement used to leave (the run's final transition committed
+    # after it). Nothing takes a final run over, so check must say so and what to do, not
+    # "resume or a worker will settle it".
+    async with opened(store_url) as store:
+        await reach(store, "ended", State.RUNNING)
+        await store.start_step("ended", step(0), fence=OWNER.token)
+        await store.transition("ended", State.COMPLETED, expected={State.RUNNING}, owner=None)
+        findings = (await verify(store)).findings
+    assert [(f.run, f.code) for f in findings] == [("ended", "step-running-in-final-run")]
+    assert "by hand" in findings[0].message

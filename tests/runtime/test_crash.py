@@ -20,18 +20,24 @@ from haltwise import State, StepStatus
 from haltwise._runtime.loader import load_target
 
 
-def run_crash_test(store: str, tmp_path: Path, kills: int, seed: int) -> None:
-    """Crash runs of the agent, each resumed until done, until ``kills`` kills happened."""
+def run_crash_test(
+    store: str, tmp_path: Path, kills: int, seed: int, *, as_child: bool = False
+) -> int:
+    """Crash runs of the agent, each resumed until done, until ``kills`` kills happened; return
+    how many runs. ``as_child``: the agent's thirty steps are a child run of its run (each
+    resume of the parent resumes the child through the parent's child step)."""
     rng = random.Random(seed)
+    env = {"CRASH_AS_CHILD": "1"} if as_child else {}
     total = 0
     round_ = 0
     while total < kills:
         world = tmp_path / f"world{round_}"
         world.mkdir()
         run_id = f"crash{round_}"
-        done = kill_and_resume(store, run_id, world, rng)
+        done = kill_and_resume(store, run_id, world, rng, **env)
+        worked = f"{run_id}/0" if as_child else run_id
 
-        async def load(run_id: str = run_id) -> haltwise.Outcome:
+        async def load(run_id: str = worked) -> haltwise.Outcome:
             async with haltwise.Runtime(store) as rt:
                 return await rt.status(run_id)
 
@@ -40,6 +46,8 @@ def run_crash_test(store: str, tmp_path: Path, kills: int, seed: int) -> None:
         assert report.ok, report.findings
         total += done
         round_ += 1
+    print(f"soak: {total} kills over {round_} runs (child runs: {as_child}), {store.split(':')[0]}")
+    return round_
 
 
 def test_kill_9_at_random_moments_loses_and_repeats_nothing(
@@ -49,8 +57,15 @@ def test_kill_9_at_random_moments_loses_and_repeats_nothing(
 
 
 @pytest.mark.slow
-def test_kill_9_soak(sqlite_url: str, tmp_path: Path) -> None:
-    run_crash_test(sqlite_url, tmp_path, kills=300, seed=int(time.time()))
+@pytest.mark.parametrize("as_child", [False, True], ids=["runs", "child-runs"])
+def test_kill_9_soak(sqlite_url: str, tmp_path: Path, as_child: bool) -> None:
+    run_crash_test(sqlite_url, tmp_path, kills=300, seed=int(time.time()), as_child=as_child)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("as_child", [False, True], ids=["runs", "child-runs"])
+def test_kill_9_soak_on_postgres(pg_url: str, tmp_path: Path, as_child: bool) -> None:
+    run_crash_test(pg_url, tmp_path, kills=150, seed=int(time.time()), as_child=as_child)
 
 
 def test_check_reports_an_orphaned_step_until_takeover(sqlite_url: str, tmp_path: Path) -> None:

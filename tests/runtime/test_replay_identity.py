@@ -144,6 +144,33 @@ async def test_a_failed_step_the_task_went_past_replays_its_error(store_url: str
     await check_store(store_url)
 
 
+@haltwise.task(name="identity:went_past_fresh_ids")
+async def went_past_fresh_ids() -> list[str]:
+    """As a framework whose model gives every call a new id: the failed call, then its retry."""
+    seen = []
+    for _ in range(2):
+        try:
+            with haltwise.call_id(f"call_{uuid.uuid4().hex}"):
+                seen.append(await send("bob"))
+                break
+        except MailBounced as error:
+            seen.append(f"bounced: {error}")
+            plan.pop("bounce", None)  # the server takes the next one
+    if plan.pop("fail_after", None):
+        raise RuntimeError("the agent loop broke")
+    return seen
+
+
+async def test_a_failed_call_under_a_fresh_id_replays_its_error(store_url: str) -> None:
+    plan.update(bounce="bob", fail_after=True)
+    async with haltwise.Runtime(store_url) as rt:
+        failed = await (await rt.start(went_past_fresh_ids, task_id="wf")).outcome()
+        assert failed.state is State.FAILED
+        resumed = await (await rt.resume("wf")).outcome()
+    assert resumed.result == ["bounced: bob bounced", "sent to bob"], resumed
+    assert ledger == {("send", "bob"): 2}, "the failed call and its retry, each once"
+
+
 @haltwise.task(name="identity:ends_on_error")
 async def ends_on_error() -> str:
     try:

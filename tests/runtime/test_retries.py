@@ -350,6 +350,9 @@ def test_audit_reports_retries_on_a_non_idempotent_external_tool() -> None:
     def charge_once() -> None: ...
 
     report = audit_tools([charge, charge_once])
-    assert [(f.tool, f.code.value) for f in report.findings] == [
-        ("charge", "retries-repeat-effect")
-    ]
+    # (charge, with no reconcile hook, is also issue 32's no-reconcile: a forced cancel of it
+    # needs a person; charge_once is idempotent, so neither finding is its)
+    assert {(f.tool, f.code.value) for f in report.findings} == {
+        ("charge", "retries-repeat-effect"),
+        ("charge", "no-reconcile"),
+    }

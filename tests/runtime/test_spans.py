@@ -326,3 +326,36 @@ def test_without_opentelemetry_nothing_of_it_is_imported(sqlite_url: str) -> Non
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+async def test_a_trace_continues_through_meta_as_remote_tools_and_haltwise_mcp_pass_it(
+    spans: Spans, sqlite_url: str
+) -> None:
+    """``remote_tools`` puts the calling step's trace context in the request's ``_meta``
+    (``inject_trace``), and ``haltwise mcp`` starts the run inside the context it finds there
+    (``continued_trace``): the remote run's span is a child of the calling step's span."""
+    from haltwise._runtime.spans import continued_trace, inject_trace
+
+    carried: dict[str, Any] = {}
+
+    @haltwise.tool(cancel="interruptible", effect="read")
+    async def call_remote() -> None:
+        inject_trace(carried)
+
+    @haltwise.task(name="test_spans:caller")
+    async def caller() -> None:
+        await call_remote()
+
+    toolkit.release.set()
+    async with haltwise.Runtime(sqlite_url) as rt:
+        await (await rt.start(caller, task_id="caller")).outcome()
+        meta = {"haltwise/idempotency-key": "k", **carried}
+        with continued_trace(meta):
+            await (await rt.start(paying, "read_async", task_id="remote")).outcome()
+    (step,) = spans.named("execute_tool call_remote")
+    assert carried["traceparent"].split("-")[2] == f"{step.context.span_id:016x}"
+    (remote,) = spans.run("remote")
+    assert remote.parent is not None and remote.parent.span_id == step.context.span_id
+    assert remote.context.trace_id == step.context.trace_id
+    with continued_trace({"no": "trace"}):  # no traceparent: a new trace, no error
+        pass

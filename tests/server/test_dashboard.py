@@ -293,6 +293,93 @@ def test_an_orphan_the_server_cannot_settle_says_why_it_stays_cancelling(
         server.stop()
 
 
+# -- issue 29, items 9-12: what a new user meets on the dashboard --------------------------------
+
+
+def screenshots(tmp_path: Path) -> Path:
+    """Where the test leaves its screenshots: ``$HALTWISE_SCREENSHOTS`` (docs/ when taking the
+    ones the docs show), else the test's own folder."""
+    import os
+
+    return Path(os.environ.get("HALTWISE_SCREENSHOTS") or tmp_path)
+
+
+def test_a_read_only_page_offers_no_change_and_the_pages_say_what_they_mean(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    server = start_server(tmp_path, sqlite_url, env={"HALTWISE_READ_TOKEN": "reader-token"})
+    driver = chromium()
+    try:
+        in_flight(server, "ro1")
+        assert server.post("/api/runs", {"task": "quick", "id": "done1"}).status == 201
+        server.wait_for("done1", "completed", lambda r: r["state"] == "completed")
+        # item 9: the read-only token sees the run, and no button it would be refused
+        driver.get(f"{server.base}/?token=reader-token")
+        driver.get(f"{server.base}/#/run/ro1")
+        wait(driver, "the read-only note", lambda d: d.find_elements(By.ID, "read-only"))
+        for button in ("cancel", "force", "pause", "resume"):
+            assert not driver.find_elements(By.ID, button), button
+        driver.get(f"{server.base}/#/")
+        wait(driver, "the runs list", lambda d: row_state(d, "ro1") == "running")
+        assert not driver.find_elements(By.ID, "cancel-selected")
+        assert not driver.find_elements(By.CSS_SELECTOR, "input.pick")
+        # the operator: the retry advice says its word once (item 10)
+        driver.get(f"{server.base}/?token={server.token}")
+        driver.get(f"{server.base}/#/run/done1")
+        wait(driver, "the advice", lambda d: d.find_element(By.ID, "retry").text.strip())
+        advice = driver.find_element(By.ID, "retry").text
+        assert advice.split(" — ")[0] == "none" and "none: " not in advice, advice
+        # item 11: the audit page says "not used" for an interruptible tool's grace, and what a
+        # cancel mid-call leaves
+        driver.get(f"{server.base}/#/audit")
+        wait(
+            driver,
+            "the audit table",
+            lambda d: d.find_elements(By.CSS_SELECTOR, "#audit td.leaves"),
+        )
+        graces = texts(driver, "#audit td.grace")
+        assert graces[0] == "not used", graces  # search, interruptible
+        assert all(cell for cell in texts(driver, "#audit td.leaves"))
+        # item 12: a run found by its id; runs cancelled by ticking them; cancelling and
+        # cancelled in colours apart
+        driver.get(f"{server.base}/#/")
+        wait(driver, "the runs list", lambda d: row_state(d, "ro1") == "running")
+        # when each run began and how long it took
+        done1 = '#runs tr[data-id="done1"]'
+        wait(
+            driver,
+            "the run's start and duration",
+            lambda d: (
+                texts(d, f"{done1} td.started")[0]
+                and texts(d, f"{done1} td.took")[0].endswith(("ms", " s"))
+            ),
+        )
+        driver.find_element(By.CSS_SELECTOR, 'input.pick[data-pick="ro1"]').click()
+        click(driver, "Cancel selected", By.ID, "cancel-selected")
+        server.wait_for("ro1", "cancelled", lambda r: r["state"] == "cancelled")
+        wait(driver, "the list showing it", lambda d: row_state(d, "ro1") == "cancelled")
+        colour = driver.find_element(
+            By.CSS_SELECTOR, '#runs tr[data-id="ro1"] .badge'
+        ).value_of_css_property("background-color")
+        amber = "rgba(254, 243, 199, 1)"  # cancelling's
+        assert colour != amber, colour
+        driver.save_screenshot(str(screenshots(tmp_path) / "dashboard-runs-bulk.png"))
+        driver.find_element(By.ID, "find-id").send_keys("done1\n")
+        wait(driver, "the run's page", lambda d: d.find_elements(By.ID, "fork"))
+        # a dead server: the page says it is stale
+        assert server.stop() == 0
+        wait(
+            driver,
+            "the stale banner",
+            lambda d: d.find_element(By.ID, "live").text == "disconnected: this page is stale",
+        )
+        driver.save_screenshot(str(screenshots(tmp_path) / "dashboard-stale.png"))
+    finally:
+        driver.quit()
+        server.release("think")
+        server.stop()
+
+
 #: The served agent plus a task whose budget lets one tool call begin, then pauses the run.
 METERED = (
     AGENT

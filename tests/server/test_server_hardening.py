@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from _serve import Served, start_server
+from _serve import AGENT, PATIENCE, Served, start_server
 from haltwise.server._app import _ACTIONS
 
 
@@ -61,3 +61,46 @@ def test_a_nul_in_a_path_id_is_an_unknown_run_on_both_stores(served_on: Served) 
             assert answer.status == 404, (method, action, answer.status, answer.body)
             assert answer.error_code == "unknown_run"
     assert served_on.get("/api/runs").status == 200
+
+
+BREAKABLE = (
+    AGENT
+    + """
+
+import haltwise._runtime.runtime as _runtime
+
+_watch = _runtime.Runtime._watch
+
+
+async def _breakable_watch(self):
+    # The fault: a task of the runtime's own fails once the test makes the file.
+    async with anyio.create_task_group() as group:
+        group.start_soon(_watch, self)
+        while not (HERE / "break-runtime").exists():
+            await anyio.sleep(0.01)
+        raise RuntimeError("injected fault in the runtime's watcher")
+
+
+_runtime.Runtime._watch = _breakable_watch
+"""
+)
+
+
+def test_a_server_whose_runtime_fails_says_so_on_one_line_and_stops(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    # Issue 28: the runtime's block ended under a server (one of its tasks failed): it cancelled
+    # its runs with reason shutdown, said nothing, and its API went on answering.
+    served = start_server(tmp_path, sqlite_url, agent=BREAKABLE)
+    try:
+        answer = served.post("/api/runs", {"task": "pay", "input": {"amount": 3}})
+        assert answer.status in (200, 201, 202), answer.json()
+        (tmp_path / "break-runtime").touch()
+        out, err = served.process.communicate(timeout=PATIENCE)
+    finally:
+        served.stop()
+    assert served.process.returncode == 2, (out, err)  # a HaltwiseError, as every store error
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if "haltwise: serving on" not in line]
+    assert lines[0] == "haltwise: serve stopping: its runtime stopped working runs", err
+    assert "runtime failed" in lines[-1] and "injected fault" in lines[-1], err

@@ -485,26 +485,62 @@ def _md_finding(finding: Finding) -> tuple[str, ...]:
 # -- rich --------------------------------------------------------------------------------------
 
 
+#: Below this many columns the policy table would crop its last column to a letter a line
+#: (issue 29, item 5): each tool is then a block of lines instead.
+_TABLE_WIDTH = 120
+
+
+def _rich_cells(row: ToolRow) -> list[Any]:
+    from rich.text import Text
+
+    cells = [Text(cell) for cell in _md_tool(row)]
+    cells[0] = Text(row.name, style="bold")
+    cells[5] = Text(row.compensate or "")
+    if not row.declared:
+        cells[1] = Text("undeclared", style="bold yellow")
+    return cells
+
+
+def _render_narrow(report: AuditReport, console: Console) -> None:
+    """The policy table for a narrow terminal: per tool, a line with its policy, then what a
+    cancel mid-call leaves, indented (every column of the table, none cropped)."""
+    from rich.text import Text
+
+    console.print(Text("Tool cancel policies", style="italic"))
+    for row in report.tools:
+        cells = _rich_cells(row)
+        line = Text.assemble(
+            cells[0],
+            "  ",
+            cells[1],
+            ", ",
+            cells[2],
+            ", idempotent" if row.idempotent else ", not idempotent",
+            f", grace {_md_tool(row)[4]}",
+            *((", compensate ", cells[5]) if row.compensate else ()),
+        )
+        console.print(line)
+        console.print(Text(f"  a cancel mid-call leaves: {_md_tool(row)[6]}"))
+
+
 def _render_rich(report: AuditReport, console: Console) -> None:
     # Imported here so that importing haltwise (and auditing as data) does not load rich.
     from rich.table import Table
     from rich.text import Text
 
-    tools = Table(title="Tool cancel policies", title_justify="left")
-    # The tool column asks for its longest name (up to 24), so that at 80 columns a name is not
-    # cut in two; the other columns fold as they must.
-    longest = max((len(row.name) for row in report.tools), default=0)
-    for column in _MD_COLUMNS:
-        width = min(longest, 24) if column == "tool" else None
-        tools.add_column(column, overflow="fold", min_width=width or None)
-    for row in report.tools:
-        cells = [Text(cell) for cell in _md_tool(row)]
-        cells[0] = Text(row.name, style="bold")
-        cells[5] = Text(row.compensate or "")
-        if not row.declared:
-            cells[1] = Text("undeclared", style="bold yellow")
-        tools.add_row(*cells)
-    console.print(tools)
+    if console.width < _TABLE_WIDTH:
+        _render_narrow(report, console)
+    else:
+        tools = Table(title="Tool cancel policies", title_justify="left")
+        # The tool column asks for its longest name (up to 24), so that a name is not cut in
+        # two; the other columns fold as they must.
+        longest = max((len(row.name) for row in report.tools), default=0)
+        for column in _MD_COLUMNS:
+            width = min(longest, 24) if column == "tool" else None
+            tools.add_column(column, overflow="fold", min_width=width or None)
+        for row in report.tools:
+            tools.add_row(*_rich_cells(row))
+        console.print(tools)
     if not report.findings:
         console.print(Text("No findings.", style="green"))
         return

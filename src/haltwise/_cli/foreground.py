@@ -164,6 +164,17 @@ def worker_names(file: str, module_tasks: dict[str, Task[..., Any]]) -> dict[str
     return {run_name(f"{file}:{attribute}"): task for attribute, task in module_tasks.items()}
 
 
+def claimed_names(file: str, module_tasks: dict[str, Task[..., Any]]) -> dict[str, Task[..., Any]]:
+    """The names a worker of ``file`` claims runs by: the command line's (:func:`worker_names`,
+    ``agent.py:research``) and each task's own name, which Python records for a run it
+    submits after importing the file as a module (``Runtime.submit(research)`` in code that
+    did ``from agent import research`` records ``agent:research``)."""
+    names = worker_names(file, module_tasks)
+    for attribute, task in module_tasks.items():
+        names.setdefault(f"{Path(file).stem}:{attribute}", task)
+    return names
+
+
 def source_of(target: str, module_file: str | None) -> str | None:
     """The absolute path to record for ``resume`` when ``target`` names a file, else None."""
     file_part = target.rpartition(":")[0]

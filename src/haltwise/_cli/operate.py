@@ -15,13 +15,20 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .._core.exceptions import HaltwiseError, UnknownRunError
+from .._core.exceptions import HaltwiseError, InputError, UnknownRunError
 from .._core.records import RunRecord
 from .._core.states import State
 from .._core.views import CancelBatch, RunDetail, RunPage
 from .._runtime.explain import journaled_file, stays_cancelling
 from .._runtime.operator import MAX_LIMIT
-from .._runtime.seat import CancelResult, cancel_batch, nobody_works, open_seat, reading
+from .._runtime.seat import (
+    CancelResult,
+    cancel_batch,
+    nobody_works,
+    open_seat,
+    reading,
+    safe_url,
+)
 from .base import (
     fail,
     json_option,
@@ -292,12 +299,13 @@ def status_command(task_id: str, as_json: bool, store: str | None) -> int:
     async def main() -> RunDetail:
         async with reading(store) as seat:
             if seat is None:
+                refuse_missing_folder(store)
                 raise HaltwiseError(f"no run with id {task_id!r}: there is no store at {where()}")
             return await seat.inspect(task_id)
 
     detail = run_async(main)
     if as_json:
-        print_json(detail.outcome.to_json())
+        print_json(detail.status_json())
         return 0
     from .._core.records import RunSnapshot
     from .render import Screen, cancelling_line, pause_line
@@ -333,6 +341,7 @@ def list_command(
     async def main() -> RunPage | None:
         async with reading(store) as seat:
             if seat is None:
+                refuse_missing_folder(store)
                 return None  # nothing has run with this store yet: reading creates none
             return await seat.list_runs(state=state, task=task, limit=limit)
 
@@ -355,6 +364,25 @@ def _summary(outcome: Outcome) -> None:
     from .render import Screen
 
     Screen().outcome(outcome)
+
+
+def refuse_missing_folder(store: str | None) -> None:
+    """Raise :class:`InputError` naming the folder when the store named by ``--store`` or
+    ``$HALTWISE_STORE`` is a SQLite file in a folder that does not exist: a typo in a path, not
+    a project where nothing has run yet (the default store's folder is made by the first run).
+    Nothing is created."""
+    import os
+    from pathlib import Path
+    from urllib.parse import urlsplit
+
+    named = store or os.environ.get("HALTWISE_STORE")
+    if not named or not named.startswith("sqlite:"):
+        return
+    folder = Path(urlsplit(named).path[1:]).parent
+    if not folder.is_dir():
+        raise InputError(
+            f"--store {safe_url(named)}: there is no store there (no folder {str(folder)!r})"
+        )
 
 
 def where() -> str:

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, final
 
@@ -37,7 +37,14 @@ if TYPE_CHECKING:
     from .. import CheckReport
     from .._analysis.audit import AuditReport
 
-__all__ = ["LiveView", "Screen", "cancelling_line", "pause_line", "retry_words"]
+__all__ = [
+    "LiveView",
+    "Screen",
+    "cancelling_line",
+    "explore_progress",
+    "pause_line",
+    "retry_words",
+]
 
 #: How a partial result longer than this is cut in human output (the JSON keeps it whole).
 _PARTIAL_WIDTH = 200
@@ -144,11 +151,22 @@ class _SafeConsole(Console):
         )
 
 
+#: The width for a pipe or a file (no terminal, no ``COLUMNS``): wide enough that a row of
+#: ``list`` (a 32-character id, a task name, a reason) or of ``audit`` stays on one line, as a
+#: log or a ``grep`` wants it; rich's 80 folded ids and task names mid-word.
+_PIPE_WIDTH = 200
+
+
 def console_width() -> int | None:
-    """The width to render at: the terminal's or ``$COLUMNS``, unless that is unusable."""
+    """The width to render at: ``$COLUMNS`` or the terminal's, unless that is unusable; for a
+    pipe, :data:`_PIPE_WIDTH`."""
     columns = os.environ.get("COLUMNS")
     if columns is None:
-        return None  # rich asks the terminal, else uses 80
+        try:
+            piped = not os.isatty(sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            piped = True
+        return _PIPE_WIDTH if piped else None  # a terminal: rich asks it
     try:
         width = int(columns)
     except ValueError:
@@ -210,9 +228,20 @@ class Screen:
             self.note("no runs")
             return
         table = Table(box=None, pad_edge=False)
-        for column in ("id", "task", "state", "reason", "retry", "spent"):
-            # an id is what a reader copies, a state and an advice are one word: never cut
-            table.add_column(column, overflow="fold", no_wrap=column in _WHOLE)
+        # ids and task names are never cut mid-word (they are copied into the next command):
+        # they ask for their longest, up to a limit; the reason and the spend fold to what is left
+        for column, limit in (
+            ("id", 40),
+            ("task", 32),
+            ("state", 10),
+            ("reason", 0),
+            ("retry", 8),
+            ("spent", 0),
+        ):
+            longest = max((len(_column_text(run, column)) for run in runs), default=0)
+            table.add_column(
+                column, overflow="fold", min_width=min(longest, limit) or None, ratio=None
+            )
         for run in runs:
             table.add_row(
                 Text(run.id),
@@ -238,6 +267,50 @@ class Screen:
         with Live(Text(""), console=self.console, refresh_per_second=10, transient=True) as live:
             view.attach(live)
             yield view
+
+
+@contextmanager
+def explore_progress() -> Iterator[Callable[[int, int, str], None]]:
+    """What ``explore`` shows while it works, on stderr: rich's progress bar on a terminal,
+    else a line per scenario (``explore: 3/25 cancel before step 1 (search)``), so a CI log
+    shows it moving."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    if not sys.stderr.isatty():
+
+        def line(done: int, total: int, what: str) -> None:
+            print(f"explore: {done}/{total} {escape_controls(what)}", file=sys.stderr, flush=True)
+
+        yield line
+        return
+    columns = (
+        TextColumn("explore"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}", markup=False),
+    )
+    with Progress(*columns, console=_SafeConsole(stderr=True), transient=True) as bar:
+        job = bar.add_task("the uninterrupted run", total=None)
+
+        def tick(done: int, total: int, what: str) -> None:
+            bar.update(job, completed=done, total=total, description=escape_controls(what))
+
+        yield tick
+
+
+def _column_text(run: RunSummary, column: str) -> str:
+    """The text of ``run``'s cell in ``list``'s ``column``."""
+    if column == "id":
+        return run.id
+    if column == "task":
+        return run.task
+    if column == "state":
+        return run.state.value
+    if column == "retry":
+        return run.retry.value if run.state.is_final else ""
+    if column == "spent":
+        return spent_words(run.spent)
+    return run.reason or ""
 
 
 @final
@@ -323,9 +396,6 @@ def _summary(outcome: Outcome, notes: Sequence[str]) -> Iterator[RenderableType]
     else:
         yield Text("retry: the run is still active")
 
-
-#: The columns of ``list`` never folded (the others fold to make room for them).
-_WHOLE = frozenset({"id", "state", "retry"})
 
 #: The most the tool column asks for so that a name is not cut in two.
 _UNBROKEN = 22

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import click
 
-from .._core.exceptions import InputError
+from .._core.exceptions import HaltwiseError, InputError
 from .._runtime.runtime import Runtime
 from .._runtime.tool import Task
 from .base import run_async, store_option
@@ -91,7 +91,14 @@ def serve_command(
             await _serve(app, listener, served, concurrency, events)
         return 0
 
-    return run_async(main)
+    try:
+        return run_async(main)
+    except HaltwiseError:
+        raise
+    except Exception as error:  # the runtime's block ended on an error of its own tasks
+        raise HaltwiseError(
+            f"serve stopped: its runtime failed ({type(error).__name__}: {error})"
+        ) from None
 
 
 def _load(file: str) -> tuple[dict[str, Task[..., Any]], Path, dict[str, Any]]:
@@ -177,6 +184,8 @@ async def _serve(
 ) -> None:
     import uvicorn
 
+    from ..server._protocol import TimedH11Protocol
+
     class Server(uvicorn.Server):
         """uvicorn, with the signals handled by haltwise and the event streams ended first."""
 
@@ -196,6 +205,7 @@ async def _serve(
         lifespan="off",
         timeout_graceful_shutdown=5,
         server_header=False,
+        http=TimedH11Protocol,  # read timeouts on headers and bodies (issue 29, item 19)
     )
     server = Server(config)
     stop = anyio.Event()
@@ -206,9 +216,25 @@ async def _serve(
         async with anyio.create_task_group() as work:
             if served.tasks is not None:
                 work.start_soon(_work, served, stop, concurrency)
-            await server.serve(sockets=[listener])
+            try:
+                await server.serve(sockets=[listener])
+            except anyio.get_cancelled_exc_class():
+                if not server.should_exit:
+                    await _stop_answering(server)
+                raise
             stop.set()  # the worker hands its runs over, then this block ends
         group.cancel_scope.cancel()
+
+
+async def _stop_answering(server: Any) -> None:
+    """Nobody stopped the server, yet it is cancelled: the runtime's block is ending under it
+    (one of its tasks failed; the error follows once its runs have stopped). Say so on one
+    line and stop answering now: uvicorn, cut short in its loop, would skip its shutdown and
+    go on answering for a runtime that no longer works its runs."""
+    click.echo("haltwise: serve stopping: its runtime stopped working runs", err=True)
+    with anyio.CancelScope(shield=True):
+        server.should_exit = True
+        await server.shutdown()
 
 
 async def _work(served: Any, stop: anyio.Event, concurrency: int) -> None:

@@ -12,7 +12,7 @@ from .._core.exceptions import InputError
 from .._runtime.seat import check_journal
 from .base import json_option, run_async, store_option
 from .foreground import parse_input
-from .render import Screen
+from .render import Screen, explore_progress
 
 
 @click.command("check")
@@ -58,8 +58,11 @@ def explore_command(
     _, task = load_target(target)
     if task is None:
         raise InputError(f"{target!r}: name the task to explore as FILE.py:TASK")
-    explore = functools.partial(explore_async, task, kwargs=kwargs, name=target, pauses=pauses)
-    report = anyio.run(explore)
+    with explore_progress() as progress:
+        explore = functools.partial(
+            explore_async, task, kwargs=kwargs, name=target, pauses=pauses, progress=progress
+        )
+        report = anyio.run(explore)
     if as_json:
         click.echo(json.dumps(report.to_json()))
     else:

@@ -10,11 +10,13 @@ import click
 
 from .._core.budget import Budget
 from .._core.exceptions import BadRow, InputError
+from .._core.outcome import Outcome
 from .._runtime.runtime import Runtime
 from .._runtime.tool import Task
 from .._runtime.worker import Worker
 from .base import budget_option, run_async, store_option
-from .foreground import check_fits, parse_input, run_name, source_of, worker_names
+from .foreground import check_fits, claimed_names, parse_input, run_name, source_of
+from .text import escape_controls
 
 
 @click.command("submit")
@@ -92,10 +94,11 @@ def worker_command(file: str, concurrency: int, store: str | None) -> int:
         async with Runtime(store) as runtime:
             worker = Worker(
                 runtime,
-                worker_names(file, tasks),
+                claimed_names(file, tasks),
                 concurrency=concurrency,
                 on_hand_over=_say_handing_over,
                 on_bad_row=_say_skipping,
+                on_run=_say_run,
             )
             stop = anyio.Event()
             async with anyio.create_task_group() as group:
@@ -105,6 +108,16 @@ def worker_command(file: str, concurrency: int, store: str | None) -> int:
         return 0
 
     return run_async(main)
+
+
+def _say_run(run_id: str, outcome: Outcome | None) -> None:
+    """A line on stderr per run this worker starts working and per run that ends here."""
+    shown = escape_controls(run_id)
+    if outcome is None:
+        click.echo(f"haltwise: working run {shown}", err=True)
+        return
+    reason = f" ({escape_controls(outcome.reason)})" if outcome.reason else ""
+    click.echo(f"haltwise: run {shown} {outcome.state.value}{reason}", err=True)
 
 
 def _say_skipping(row: BadRow) -> None:

@@ -35,7 +35,13 @@ class ChangeKind(StrEnum):
 @final
 @dataclass(frozen=True, slots=True)
 class Change:
-    """One committed change of the journal, numbered by ``seq`` (ascending, store-wide)."""
+    """One committed change of the journal, numbered by ``seq`` (ascending, store-wide).
+
+    Besides ``index`` and ``status`` (whose meaning depends on ``kind``), a change read from the
+    feed carries what it is about, so a reader need not fetch the run: a transition its
+    ``source`` state (None for a run's creation) and ``reason``; a step its ``tool``; a partial
+    result its ``value`` (``has_value`` False when the row is gone, as after a prune).
+    """
 
     seq: int
     run_id: str
@@ -43,9 +49,17 @@ class Change:
     index: int | None
     status: str | None
     at: float
+    source: str | None = None
+    reason: str | None = None
+    tool: str | None = None
+    value: Any = None
+    has_value: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        """``{"seq", "run", "kind", "index", "status", "at"}`` and, by kind, what the change is
+        about: a transition ``"from"``, ``"to"``, ``"reason"``; a step ``"step"`` (its index),
+        ``"tool"``; a partial result ``"position"`` (its place in the run's list), ``"value"``."""
+        data: dict[str, Any] = {
             "seq": self.seq,
             "run": self.run_id,
             "kind": self.kind.value,
@@ -53,6 +67,15 @@ class Change:
             "status": self.status,
             "at": self.at,
         }
+        if self.kind is ChangeKind.TRANSITION:
+            data.update({"from": self.source, "to": self.status, "reason": self.reason})
+        elif self.kind is ChangeKind.STEP:
+            data.update({"step": self.index, "tool": self.tool})
+        elif self.kind is ChangeKind.PARTIAL:
+            data["position"] = self.index
+            if self.has_value:
+                data["value"] = self.value
+        return data
 
 
 @final
@@ -154,11 +177,18 @@ class RunDetail:
     updated_at: float
     stays_cancelling: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        """The ``status --json`` object plus ``owner``, ``events``, ``waiting``,
-        ``stays_cancelling`` and timings."""
+    def status_json(self) -> dict[str, Any]:
+        """The ``status --json`` object: the outcome's, each step with the times of its last
+        attempt (``started_at``, ``settled_at``: epoch seconds, ``settled_at`` null while it
+        runs)."""
         data = self.outcome.to_json()
         data["steps"] = [self._step_json(step) for step in self.outcome.steps]
+        return data
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``status --json`` object (:meth:`status_json`) plus ``owner``, ``events``,
+        ``waiting``, ``stays_cancelling`` and timings: ``GET /api/runs/{id}``'s."""
+        data = self.status_json()
         data["owner"] = (
             None
             if self.owner is None

@@ -178,6 +178,14 @@ def _check_steps(
                 f"step {step.index} ({step.tool}) is running but the run is paused; a run "
                 "pauses only once its steps in flight have ended",
             )
+        elif step.status is StepStatus.RUNNING and run.state.is_final:
+            yield Finding(
+                run.id,
+                "step-running-in-final-run",
+                f"step {step.index} ({step.tool}) is running but the run is {run.state}: it "
+                "ended while that step's settlement was not durable, and nothing takes a final "
+                "run over; find out whether the step's effect happened and reconcile it by hand",
+            )
         elif step.status is StepStatus.RUNNING and not live:
             yield Finding(
                 run.id,

@@ -27,6 +27,7 @@ from .._core.budget import Spent
 from .._core.exceptions import InputError
 from .._core.outcome import advice
 from .._core.reconcile import HOOK_NOT_ASKED
+from .._core.records import load_json
 from .._core.states import FINAL_STATES, State
 from .._core.views import Change, ChangeKind, RunSummary, StepTimes
 from .rows import RUN_COLUMNS, cancelled_written, run_columns
@@ -70,7 +71,6 @@ FROM {runs} r
 # a hashed subplan over every step of the store; these stay one index probe per listed run.)
 
 _SUMMARY_COLUMNS = ("id", "task", "state", "reason", "created_at", "updated_at")
-_CHANGE_COLUMNS = "seq, run_id, kind, idx, status, at"
 
 
 @final
@@ -265,8 +265,17 @@ class OperatorSQL:
     # -- the change feed -----------------------------------------------------------------------
 
     def changes_after(self) -> str:
+        """The changes after a ``seq``, each with what it is about (:class:`Change`): a
+        transition's event, a partial result's value, a step's tool."""
         return self.sql(
-            f"SELECT {_CHANGE_COLUMNS} FROM {{changes}} WHERE seq > ? ORDER BY seq LIMIT ?"
+            "SELECT c.seq, c.run_id, c.kind, c.idx, c.status, c.at, e.source, e.reason, "
+            "p.value, s.tool FROM {changes} c "
+            "LEFT JOIN {events} e ON c.kind = 'transition' AND e.run_id = c.run_id "
+            "AND e.seq = c.idx "
+            "LEFT JOIN {partials} p ON c.kind = 'partial' AND p.run_id = c.run_id "
+            "AND p.seq = c.idx "
+            "LEFT JOIN {steps} s ON c.kind = 'step' AND s.run_id = c.run_id AND s.idx = c.idx "
+            "WHERE c.seq > ? ORDER BY c.seq LIMIT ?"
         )
 
     def last_change(self) -> str:
@@ -323,7 +332,14 @@ def summary_from_row(row: Sequence[Any]) -> RunSummary:
 
 
 def change_from_row(row: Sequence[Any]) -> Change:
-    seq, run_id, kind, index, status, at = row
+    """A :class:`Change` from a row of :meth:`OperatorSql.changes_after` (or of its first six
+    columns only)."""
+    seq, run_id, kind, index, status, at = row[:6]
+    source, reason, value, tool = (*row[6:10], None, None, None, None)[:4]
+    try:
+        parsed, has_value = (load_json(value), True) if value is not None else (None, False)
+    except ValueError:  # a damaged row: the feed goes on; `haltwise check` names it
+        parsed, has_value = None, False
     return Change(
         seq=int(seq),
         run_id=run_id,
@@ -331,6 +347,11 @@ def change_from_row(row: Sequence[Any]) -> Change:
         index=None if index is None else int(index),
         status=status,
         at=float(at),
+        source=source,
+        reason=reason,
+        tool=tool,
+        value=parsed,
+        has_value=has_value,
     )
 
 

@@ -717,6 +717,9 @@ class PostgresStore:
         def plan(current: RunRecord, now: float) -> RunWrite:
             return plan_transition(current, target, expected, fields, fence=fence, now=now)
 
+        if fence is not None:  # the owner's own transition: never past a lost settlement
+            await self._steps.flush((run_id,))
+            self._steps.raise_deferred_error(run_id, fence)
         written = await self._request(run_id, plan)
         return written if returning else None
 
@@ -858,7 +861,10 @@ class PostgresStore:
             await _notify(conn, run_id)
             return True
 
-        return await self._run(op)
+        claimed = await self._run(op)
+        if claimed and expected_owner != owner.token:  # changed hands (not a renewal)
+            self._steps.forget_errors(run_id)
+        return claimed
 
     async def release(self, run_id: str, owner_token: str) -> None:
         async def op(conn: _Conn) -> None:
@@ -867,6 +873,7 @@ class PostgresStore:
                 await _notify(conn, run_id)
 
         await self._run(op)
+        self._steps.forget_errors(run_id)
 
     async def heartbeat(self, owner_token: str, lease_until: float) -> int:
         async def op(conn: _Conn) -> list[DictRow]:
@@ -912,7 +919,7 @@ class PostgresStore:
         # One statement with every run's step writes queued meanwhile (see postgres_steps): the
         # fence check with its share lock, the upsert and the run's cancel state together.
         row = _start_row(run_id, step, fence, time.time())
-        self._steps.raise_deferred_error()
+        self._steps.raise_deferred_error(run_id, fence)
         with shielded():  # see Store.start_step
             started = await self._steps.start(row)
             if started is None:
@@ -953,7 +960,7 @@ class PostgresStore:
             calls,
             fence,
         )
-        self._steps.raise_deferred_error()
+        self._steps.raise_deferred_error(run_id, fence)
         if not durable:
             self._steps.defer(row)  # no wait: nothing to shield
             return
@@ -1000,6 +1007,8 @@ class PostgresStore:
             await _check_fence(conn, run_id, fence)
             await conn.execute(_SQL.insert_partial, row)
 
+        await self._steps.flush((run_id,))
+        self._steps.raise_deferred_error(run_id, fence)
         await self._run(op)
 
     def append_partial_blocking(
@@ -1008,6 +1017,7 @@ class PostgresStore:
         partial = _partial_row(run_id, seq, value, origin)
         if self._pool is None:
             raise StoreError(f"store {self._where} is not open")
+        self._steps.raise_deferred_error(run_id, fence)
         with self._sync_lock:
             try:
                 if self._sync_conn is None or self._sync_conn.closed:
@@ -1015,15 +1025,21 @@ class PostgresStore:
                         self.url, autocommit=True, row_factory=dict_row, **self._connect_options()
                     )
                 conn = self._sync_conn
-                with conn.transaction():
-                    # Deferred settlements first: they commit with this write, in order.
-                    write_deferred(conn, self._steps.take_deferred())
-                    # No row lock here (see the module docstring): the last committed owner.
-                    row = conn.execute(_SQL.fence_row, (run_id,)).fetchone()
-                    if row is None:
-                        raise UnknownRunError(run_id)
-                    check_fence(run_id, row["owner_token"], fence)
-                    conn.execute(_SQL.insert_partial, partial)
+                taken = self._steps.take_deferred()
+                try:
+                    with conn.transaction():
+                        # Deferred settlements first: they commit with this write, in order.
+                        write_deferred(conn, taken)
+                        # No row lock here (see the module docstring): the last committed owner.
+                        row = conn.execute(_SQL.fence_row, (run_id,)).fetchone()
+                        if row is None:
+                            raise UnknownRunError(run_id)
+                        check_fence(run_id, row["owner_token"], fence)
+                        conn.execute(_SQL.insert_partial, partial)
+                except BaseException:
+                    # Rolled back: the settlements it took (of any run) are not written.
+                    self._steps.give_back(taken)
+                    raise
             except psycopg.Error as error:
                 if self._sync_conn is not None and self._sync_conn.broken:
                     self._sync_conn.close()

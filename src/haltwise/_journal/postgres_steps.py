@@ -299,7 +299,10 @@ class StepWriter:
         #: deferred settlements; guarded by _lock (the blocking partial path takes them)
         self._deferred: list[_Write] = []
         self._lock = threading.Lock()
-        self._deferred_error: StoreError | None = None
+        #: (run, fence) -> the error of a deferred settlement of the run that was not written
+        #: (guarded by _lock): raised to every later write of that run under that fence
+        #: (:meth:`raise_deferred_error`), and to no other operation
+        self._deferred_errors: dict[tuple[str, str], StoreError] = {}
         self._wake: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._flushes: list[asyncio.Future[None]] = []
@@ -390,13 +393,13 @@ class StepWriter:
     async def flush(self, runs: Collection[str] | None = None) -> None:
         """Wait until the deferred settlements made so far (of ``runs``, or of every run) are
         committed, committing them now (asynchronously, see the module docstring): the
-        batches under way that hold some, and a round taking the others; then raise the error
-        of any deferred settlement that failed."""
+        batches under way that hold some, and a round taking the others. A settlement that
+        failed is not raised here: it is its run's owner's to learn, at its next write under
+        that fence (:meth:`raise_deferred_error`), never another operation's."""
         if self._task is not None:
             waits = self._flushes_for(None if runs is None else set(runs))
             if waits:
                 await asyncio.shield(asyncio.gather(*waits))
-        self.raise_deferred_error()
 
     def _flushes_for(self, runs: set[str] | None) -> list[asyncio.Future[None]]:
         """What :meth:`flush` waits for (nothing if none of ``runs``' settlements is deferred)."""
@@ -414,10 +417,31 @@ class StepWriter:
             waits.append(done)
         return waits
 
-    def raise_deferred_error(self) -> None:
-        error, self._deferred_error = self._deferred_error, None
-        if error is not None:
-            raise error
+    def raise_deferred_error(self, run_id: str, fence: str | None) -> None:
+        """Raise the error of a deferred settlement of run ``run_id`` under ``fence`` that was
+        not written (a lost connection, a fence that refused it), at every write of the run
+        under that fence: its settlement is not durable, so nothing the run does after it may
+        become durable (its final transition least of all). The run's attempt ends there, as
+        after a crash; a takeover (a new fence) settles the step. (Flush first.)"""
+        if self._deferred_errors and fence is not None:
+            with self._lock:
+                error = self._deferred_errors.get((run_id, fence))
+            if error is not None:
+                raise error
+
+    def forget_errors(self, run_id: str) -> None:
+        """The run changed hands (a claim, a release): its old fence's errors are moot."""
+        if self._deferred_errors:
+            with self._lock:
+                for key in [key for key in self._deferred_errors if key[0] == run_id]:
+                    del self._deferred_errors[key]
+
+    def give_back(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Deferred settlements taken by :meth:`take_deferred` whose transaction rolled back
+        (any thread): deferred again, ahead of the others, for the next round or flush (a
+        settlement written twice is the same row; the fence keeps a lost run's out)."""
+        with self._lock:
+            self._deferred[:0] = [_Write(False, row) for row in rows]
 
     def take_deferred(self) -> list[tuple[Any, ...]]:
         """Hand the deferred settlements to a caller that commits them itself, before its own
@@ -533,8 +557,9 @@ class StepWriter:
                 write.done.set_result(found.get((write.start, *write.key)))
 
     def _fail(self, write: _Write, error: StoreError) -> None:
-        if write.done is None:
-            self._deferred_error = error  # raised to the next caller (see Store)
+        if write.done is None:  # raised to the run's later writes (raise_deferred_error)
+            with self._lock:
+                self._deferred_errors.setdefault((write.key[0], write.row[-1]), error)
         elif not write.done.done():
             write.done.set_exception(error)
 

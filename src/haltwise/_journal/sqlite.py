@@ -342,6 +342,8 @@ class SQLiteStore:
         self._data_version = 0
         self._changes = 0  # changes of data_version seen by any waiter
         self._identity: tuple[int, int] | None = None  # (device, inode) of the file as opened
+        #: (device, inode) of its write-ahead log, once there is one (see _check_file)
+        self._wal_identity: tuple[int, int] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -357,6 +359,7 @@ class SQLiteStore:
         self._watch = self._connect()
         self._data_version = self._read_data_version()
         self._identity = _file_identity(self.path)
+        self._wal_identity = _file_identity(self.path + "-wal")
 
     def _make_directory(self) -> None:
         try:
@@ -541,10 +544,12 @@ class SQLiteStore:
             lease_until=lease_until,
             settle_on_cancel=settle_on_cancel,
         )
+        self._writer.raise_deferred(run_id, fence)
         return self._writer.call(_Transition(run_id, target, expected, fields, fence, returning))
 
     def transition_then(self, then: WriteDone, run_id: str, target: State, **fields: Any) -> bool:
         expected, fence = fields.pop("expected"), fields.pop("fence", None)
+        self._writer.raise_deferred(run_id, fence)
         written = transition_fields(target, **fields)
         self._writer.call_then(_Transition(run_id, target, expected, written, fence, False), then)
         return True
@@ -605,6 +610,8 @@ class SQLiteStore:
             return cursor.rowcount == 1
 
         claimed: bool = await self._writer.call(op)
+        if claimed and expected_owner != owner.token:  # changed hands (not a renewal)
+            self._writer.forget_errors(run_id)
         return claimed
 
     async def release(self, run_id: str, owner_token: str) -> None:
@@ -612,6 +619,7 @@ class SQLiteStore:
             conn.execute(_SQL.release, (run_id, owner_token))
 
         await self._writer.call(op)
+        self._writer.forget_errors(run_id)
 
     async def heartbeat(self, owner_token: str, lease_until: float) -> int:
         def op(conn: sqlite3.Connection) -> int:
@@ -655,6 +663,7 @@ class SQLiteStore:
             run_id,
             fence,
         )
+        self._writer.raise_deferred(run_id, fence)
         started: StepStarted = await self._writer.call(
             partial(_start_step, parameters), atomic=True, shield=True
         )
@@ -688,10 +697,11 @@ class SQLiteStore:
             fence,
         )
         op = _SettleStep(parameters)
+        self._writer.raise_deferred(run_id, fence)
         if durable:
             await self._writer.call(op, atomic=True, shield=True)
         else:
-            self._writer.defer(op)
+            self._writer.defer(op, run_id, fence)
 
     async def reconcile_step(
         self,
@@ -724,11 +734,13 @@ class SQLiteStore:
     async def append_partial(
         self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
     ) -> None:
+        self._writer.raise_deferred(run_id, fence)
         await self._writer.call(self._partial_op(run_id, seq, value, fence, origin), atomic=True)
 
     def append_partial_blocking(
         self, run_id: str, seq: int, value: Any, *, fence: str, origin: PartialKey | None = None
     ) -> None:
+        self._writer.raise_deferred(run_id, fence)
         self._writer.call_blocking(self._partial_op(run_id, seq, value, fence, origin), atomic=True)
 
     def _partial_op(
@@ -959,6 +971,25 @@ class SQLiteStore:
                 f"store {self.path}: the file was deleted or replaced while in use; nothing "
                 "written since is durable"
             )
+        if self._writer.lost is None:
+            # Its write-ahead log too: SQLite unlinks it only when the last connection closes
+            # (this store holds two open), so a -wal that is gone or another file was deleted
+            # or replaced under it, and every commit since lives in a file nobody will read.
+            wal = _file_identity(self.path + "-wal")
+            if self._wal_identity is None:
+                self._wal_identity = wal  # created by the first transaction, after the open
+            elif wal != self._wal_identity:
+                self._writer.stop_for_good(
+                    lambda kept: StoreGoneError(
+                        f"store {self.path}: its write-ahead log ({self.path}-wal) was deleted "
+                        "or replaced while in use; the store takes no more writes ("
+                        + (
+                            "what it had committed was copied into the database file)"
+                            if kept
+                            else "what it committed since is lost)"
+                        )
+                    )
+                )
         if self._writer.lost is not None:
             raise self._writer.lost
 

@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from .._core.exceptions import StoreError
@@ -243,10 +244,10 @@ class Writer:
         self._deferred: list[_Item] = []
         #: monotonic time when _deferred last became non-empty
         self._deferred_since = 0.0
-        self._deferred_error: BaseException | None = None
-        #: who learns how a deferred settlement went: one bound method for them all, not one
-        #: object per settlement (10,000 of them may wait for one commit)
-        self._on_deferred: _Deliver = self._deferred_done
+        #: (run, fence) -> the error of a deferred settlement of the run that was not written
+        #: (guarded by _lock): raised to every later write of that run under that fence
+        #: (:meth:`raise_deferred`), and to no other operation
+        self._deferred_errors: dict[tuple[str, str], BaseException] = {}
         #: set once the store's file is gone: every later operation raises it
         self.lost: StoreError | None = None
         # _lock guards _deferred and _pending (items queued or in the writer's hands);
@@ -379,6 +380,8 @@ class Writer:
         """
         conn = self.conn
         assert conn is not None
+        if self.lost is not None:  # (under conn_lock: see stop_for_good)
+            return [(None, self.lost)] * len(batch)
         grouped = True
         while True:
             try:
@@ -540,10 +543,7 @@ class Writer:
             raise StoreError(f"store {self.path} is not open")
         if self.lost is not None:
             raise self.lost
-        with self._lock:  # the writer thread sets it under the same lock: no failure is lost
-            error, self._deferred_error = self._deferred_error, None
-            if error is not None:
-                raise error
+        with self._lock:
             loop = item.loop
             batching = self._batch_loop is loop and bool(self._loop_batch)
             if (not self.fast_path or batching) and loop is not None and not item.bulk:
@@ -654,17 +654,58 @@ class Writer:
                 deferred, self._deferred = self._deferred, []
                 self._enqueue(deferred)
 
-    def defer(self, op: Op) -> None:
+    def stop_for_good(self, error: Callable[[bool], StoreError]) -> bool:
+        """The store's write-ahead log is gone (deleted or replaced under it): take no more
+        writes, and copy what this connection committed into the database file while its open
+        log still holds it (a checkpoint through the open file: the log's frames are in the
+        unlinked file, which no other connection will ever read). ``lost`` is then
+        ``error(kept)``: every later operation raises it; True if the copy was made.
+
+        Under the connection's lock, so that no commit of this store lands after the copy:
+        a batch that takes the lock later fails with ``lost`` (:meth:`_execute`)."""
+        with self.conn_lock:
+            kept = False
+            conn = self.conn
+            if conn is not None and not conn.in_transaction:
+                try:
+                    busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                    kept = busy == 0
+                except sqlite3.Error:
+                    kept = False
+            self.lost = error(kept)
+            return kept
+
+    def defer(self, op: Op, run_id: str, fence: str) -> None:
+        """Hold settlement ``op`` of run ``run_id`` (written under ``fence``) for the next
+        commit; if it fails, the run's later writes under that fence raise its error."""
         with self._lock:
             if not self._deferred:
                 self._deferred_since = time.monotonic()
-            self._deferred.append(_Item(op, True, self._on_deferred, atomic=True))
+            deliver = partial(self._deferred_done, (run_id, fence))
+            self._deferred.append(_Item(op, True, deliver, atomic=True))
 
-    def _deferred_done(self, value: Any, error: BaseException | None) -> None:
+    def _deferred_done(self, key: tuple[str, str], value: Any, error: BaseException | None) -> None:
         if error is not None:
-            with self._lock:  # raised to the next caller of this writer; the first one kept
-                if self._deferred_error is None:
-                    self._deferred_error = error
+            with self._lock:
+                self._deferred_errors.setdefault(key, error)
+
+    def raise_deferred(self, run_id: str, fence: str | None) -> None:
+        """Raise the error of a deferred settlement of run ``run_id`` under ``fence`` that was
+        not written, at every write of the run under that fence: nothing the run does after
+        the settlement may become durable without it (its final transition least of all). Its
+        attempt ends there, as after a crash; a takeover (a new fence) settles the step."""
+        if self._deferred_errors and fence is not None:
+            with self._lock:
+                error = self._deferred_errors.get((run_id, fence))
+            if error is not None:
+                raise error
+
+    def forget_errors(self, run_id: str) -> None:
+        """The run changed hands (a claim, a release): its old fence's errors are moot."""
+        if self._deferred_errors:
+            with self._lock:
+                for key in [key for key in self._deferred_errors if key[0] == run_id]:
+                    del self._deferred_errors[key]
 
     def call(
         self,

@@ -222,7 +222,7 @@ def _final_transition(
     """The run's transition to ``target`` (with ``fields``, fenced by its owner): submitted
     with ``then`` if given and the store can (None), else the store's write, not awaited."""
     store = ctx.store
-    ctx.ended = (target, None)
+    ctx.record_end(target)
     if then is not None and store.transition_then(
         then, ctx.run_id, target, fence=ctx.fence, **fields
     ):
@@ -262,7 +262,7 @@ def _own_cancel_reason(ctx: RunContext, ending: Ending) -> str | None:
 
 async def finish_failed(ctx: RunContext, error: BaseException) -> None:
     """Record ``failed``, or ``cancelled`` if a cancel request won the race."""
-    ctx.ended = (State.FAILED, ErrorInfo.of(error))
+    ctx.record_end(State.FAILED, ErrorInfo.of(error))
     try:
         await ctx.store.transition(
             ctx.run_id,

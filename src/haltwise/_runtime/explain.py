@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Literal
 
 from .._core.budget import Budget, Spent
 from .._core.outcome import (
@@ -29,6 +30,7 @@ __all__ = [
     "journaled_file",
     "needs_code",
     "retry_words",
+    "settle_words",
     "stays_cancelling",
     "waiting_for",
 ]
@@ -57,12 +59,29 @@ def budget_words(limit: Budget | None, spent: Spent) -> str:
     return ", ".join(parts) + f" (on exhaust: {limit.on_exhaust})"
 
 
-def retry_words(outcome: Outcome) -> str:
-    """The outcome's retry advice as a sentence a person can act on.
+#: Where advice is read: ``"cli"`` (the command line: its flags) or ``"api"`` (the HTTP API's
+#: ``retry_why`` and the dashboard: the resume body's fields and the Resume button).
+Face = Literal["cli", "api"]
+
+
+def settle_words(index: int, face: Face = "cli") -> str:
+    """How to say what happened to ``unknown`` step ``index`` and resume, in ``face``'s terms:
+    the one place the options are phrased (a new option, such as asking a reconcile hook, is
+    added here for every face)."""
+    if face == "api":
+        return (
+            f"resume with the Resume button (or the resume body's "
+            f'"assume_done": {{"{index}": its result}} or "rerun": [{index}])'
+        )
+    return f"resume with --assume-done {index} or --rerun {index}"
+
+
+def retry_words(outcome: Outcome, face: Face = "cli") -> str:
+    """The outcome's retry advice as a sentence a person can act on, in ``face``'s terms.
 
     ``restart``: "safe to restart from scratch ..."; ``resume``: names the tools a restart would
     repeat, and the steps whose ``reconcile`` hook resume asks first; ``reconcile``: names each
-    ``unknown`` step and the resume options that settle it.
+    ``unknown`` step and the resume options that settle it (:func:`settle_words`).
     """
     match outcome.retry:
         case Retry.NONE:
@@ -84,7 +103,7 @@ def retry_words(outcome: Outcome) -> str:
             blocked = [s for s in outcome.steps if blocks_resume(s)]
             return "; ".join(
                 f"reconcile step {s.index} ({s.tool}) first: check whether it happened, then "
-                f"resume with --assume-done {s.index} or --rerun {s.index}"
+                f"{settle_words(s.index, face)}"
                 for s in blocked
             )
 

@@ -136,7 +136,7 @@ async def inspect_run(store: Store, run_id: str) -> RunDetail:
         events=journal.events,
         step_times=journal.step_times,
         waiting=waiting,
-        retry_why=retry_words(outcome) if run.state.is_final else _if_now(outcome),
+        retry_why=retry_words(outcome, "api") if run.state.is_final else _if_now(outcome),
         created_at=run.created_at,
         updated_at=run.updated_at,
         stays_cancelling=stays,
@@ -155,7 +155,7 @@ def nobody_works(run: Leased, own_token: str | None = None) -> bool:
 
 
 def _if_now(outcome: Outcome) -> str:
-    return f"the run is still active; if it stopped now: {retry_words(outcome)}"
+    return f"the run is still active; if it stopped now: {retry_words(outcome, 'api')}"
 
 
 async def feed(

@@ -17,7 +17,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Container, Coroutine, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -34,7 +34,7 @@ from .._core.states import State, StepStatus
 from .cancel_state import NATIVE_CANCEL, CancelState
 from .pause_state import PauseGate
 from .progress import Pulse
-from .spans import RunTrace, run_event
+from .spans import RunTrace, begin_run, end_run, run_event
 
 if TYPE_CHECKING:
     from .._journal.store import Store
@@ -156,7 +156,8 @@ class Numbering:
 
     A call whose id matches no journaled step is the earliest committed step made under a call
     id with the same tool and argument fingerprint that this attempt has not replayed yet, if
-    there is one: a provider gives the same call a new id when the model is asked again.
+    there is one: a provider gives the same call a new id when the model is asked again. (A
+    ``failed`` step that replays its error counts as committed here.)
     """
 
     in_order: list[int] = field(default_factory=list)
@@ -169,7 +170,11 @@ class Numbering:
     matched_by: dict[int, tuple[str, tuple[str, str | None]]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, steps: tuple[StepRecord, ...]) -> Numbering:
+    def of(cls, steps: tuple[StepRecord, ...], run_again: Container[int] = ()) -> Numbering:
+        """The numbering of a run whose journal holds ``steps``. ``run_again``: the ``failed``
+        steps that run again (the one whose error ended the run, those the caller named); every
+        other failed step replays its error as a committed one its result, and is matched by its
+        arguments the same way."""
         numbering = cls(next_new=max((step.index for step in steps), default=-1) + 1)
         for step in sorted(steps, key=lambda step: step.index):
             if step.cleanup:
@@ -178,7 +183,11 @@ class Numbering:
                 numbering.in_order.append(step.index)
                 continue
             numbering.by_call_id[step.call_id] = step.index
-            if step.status is StepStatus.COMMITTED:
+            if step.status is StepStatus.COMMITTED or (
+                step.status is StepStatus.FAILED
+                and step.error is not None
+                and step.index not in run_again
+            ):
                 key = (step.tool, step.fingerprint)
                 numbering.by_match.setdefault(key, []).append(step.index)
                 numbering.matched_by[step.index] = (step.call_id, key)
@@ -319,9 +328,10 @@ class RunContext:
             return cls(journal={}, **fields)
         steps = snapshot.steps
         spent = Spent.of(steps)
+        run_again = {fields.get("ended_by"), *fields.get("rerun", ())}
         run = cls(
             journal={step.index: step for step in steps if not step.cleanup},
-            numbering=Numbering.of(steps),
+            numbering=Numbering.of(steps, run_again),
             emitted=frozenset(snapshot.partial_keys),
             next_partial=len(snapshot.partials),
             spent_usd=spent.usd,
@@ -406,6 +416,23 @@ class RunContext:
                 )
             for flight in list(self.flights.values()):
                 flight.on_cancel()
+
+    def record_end(self, state: State, error: ErrorInfo | None = None) -> None:
+        """The final state this attempt is writing (with a failure's error): what its span
+        says when the run stops being worked here (see :mod:`.spans`)."""
+        self.ended = (state, error)
+
+    def open_trace(self) -> None:
+        """Open this attempt's run span, a child of the caller's current span (None when spans
+        are not recorded)."""
+        self.trace = begin_run(self.run_id, self.task.name)
+
+    def close_trace(self) -> None:
+        """End this attempt's run span (if any) with what the attempt recorded."""
+        trace, self.trace = self.trace, None
+        if trace is not None:
+            state, error = self.ended or (None, None)
+            end_run(trace, state, error, self.cancel.reason, self.journal)
 
     def raise_if_cancelled(self) -> None:
         """The checkpoint: raise the poison or :class:`Cancelled` if one is due."""

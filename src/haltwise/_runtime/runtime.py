@@ -962,7 +962,12 @@ class Runtime:
         run = snapshot.run
         owner = run.owner
         if owner is not None and owner.token == self.owner.token:
-            return False  # claimed for us already (a worker's claim_pending)
+            if run.id in self._leased_at:
+                return False  # claimed for us already (a worker's claim_pending)
+            # Ours, no longer worked (its journal failed under it): released, then claimed
+            # afresh, so that its failed attempt's unwritten settlements are the store's past.
+            await self.store.release(run.id, self.owner.token)
+            owner = None
         if owner is not None and held_by_live_owner(run):
             raise RunOwnedError(run.id, owner.describe())
         claimed = await self.store.claim(
@@ -1017,7 +1022,7 @@ class Runtime:
         ctx.held_until = self._leased_at.pop(ctx.run_id, -math.inf) + self.lease
         self._active[ctx.run_id] = ctx
         self.store.set_concurrency(len(self._active) + self._side_steps)
-        ctx.trace = spans.begin_run(ctx.run_id, ctx.task.name)  # in the caller's context
+        ctx.open_trace()  # in the caller's context: its current span is the run span's parent
         self._launches += 1
         self._wake.set()
         self._task_group.start_soon(
@@ -1096,10 +1101,7 @@ class Runtime:
 
     def _stop_working(self, ctx: RunContext) -> None:
         """The run is no longer worked here (its final write is committed, or it stopped)."""
-        if ctx.trace is not None:
-            state, error = ctx.ended or (None, None)
-            spans.end_run(ctx.trace, state, error, ctx.cancel.reason, ctx.journal)
-            ctx.trace = None
+        ctx.close_trace()
         self._active.pop(ctx.run_id, None)
         self.store.set_concurrency(len(self._active) + self._side_steps)
         ctx.done.set()

@@ -45,8 +45,10 @@ __all__ = [
     "begin_run",
     "begin_step",
     "compensation_span",
+    "continued_trace",
     "end_run",
     "end_step",
+    "inject_trace",
     "link_earlier",
     "run_current",
     "run_event",
@@ -265,3 +267,31 @@ def run_event(run: RunTrace | None, name: str, attributes: Mapping[str, Any] | N
     """A span event on the attempt's run span (``haltwise.cancel.requested``, ...)."""
     if run is not None:
         run.span.add_event(name, dict(attributes or {}))
+
+
+def inject_trace(carrier: dict[str, Any]) -> None:
+    """Put the current trace context in ``carrier`` (``traceparent``, ``tracestate``: the
+    application's propagator), as ``remote_tools`` does in a call's ``_meta``; nothing when no
+    span is current or OpenTelemetry is not installed."""
+    if _trace() is None or not _trace().get_current_span().get_span_context().is_valid:
+        return
+    from opentelemetry.propagate import inject
+
+    inject(carrier)
+
+
+@contextmanager
+def continued_trace(carrier: Any) -> Iterator[None]:
+    """Inside, the trace context ``carrier`` holds (a request's ``_meta``) is the current one,
+    so that a run started there continues the caller's trace (``haltwise mcp``)."""
+    if _trace() is None or not isinstance(carrier, Mapping) or "traceparent" not in carrier:
+        yield
+        return
+    from opentelemetry import context
+    from opentelemetry.propagate import extract
+
+    token = context.attach(extract(dict(carrier)))
+    try:
+        yield
+    finally:
+        context.detach(token)

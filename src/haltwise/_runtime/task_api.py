@@ -294,11 +294,11 @@ def cooperative_stop(key: object, stop: Callable[[], None], *, margin: float) ->
     a cancel request, once no step of the run has been in flight for ``margin`` seconds (a
     framework that does not stop by itself is cut then). ``key`` names the framework's run
     (held with the haltwise run, so kept alive until that ends): a second call with the same
-    key does nothing. Nothing outside a task.
+    key does nothing. Nothing outside a task, or inside :func:`shield`.
     """
     run = current_run()
-    if run is None:
-        return
+    if run is None or SHIELDED.get():
+        return  # inside haltwise.shield a cancel does not stop the work
     held = _STOPS.setdefault(run, {})
     if key in held:
         return

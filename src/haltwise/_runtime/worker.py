@@ -22,6 +22,7 @@ from .._core.exceptions import (
     StoreError,
     UnknownRunError,
 )
+from .._core.outcome import Outcome
 from .._core.records import RunRecord
 from .._core.states import State
 from .._journal.owner import owner_alive
@@ -50,6 +51,7 @@ class Worker:
         concurrency: int = 4,
         on_hand_over: Callable[[int], None] | None = None,
         on_bad_row: Callable[[BadRow], None] | None = None,
+        on_run: Callable[[str, Outcome | None], None] | None = None,
     ) -> None:
         if concurrency < 1:
             raise InputError("concurrency must be at least 1")
@@ -60,6 +62,9 @@ class Worker:
         self.on_hand_over = on_hand_over
         #: called once for each journal row that does not parse: the worker skips its run
         self.on_bad_row = on_bad_row
+        #: called with a run's id and None when this worker starts working it (a pending run
+        #: claimed, or a run taken over), and with its outcome once it has ended here
+        self.on_run = on_run
         self._bad_rows: set[BadRow] = set()
         self.handles: dict[str, TaskHandle] = {}
         self._next_scan = 0.0
@@ -103,6 +108,7 @@ class Worker:
         Looking for orphans reads every active run of the store, so it is done at most every
         ``ORPHAN_SCAN_INTERVAL`` seconds; pending runs are claimed on every change.
         """
+        await self._report_ended()
         now = time.monotonic()
         if self._busy() < self.concurrency and now >= self._next_scan:
             self._next_scan = now + ORPHAN_SCAN_INTERVAL
@@ -125,6 +131,19 @@ class Worker:
         for record in claimed:
             lowlevel.claimed(self.runtime, record.id, leased_at)
             await self._adopt(record.id)
+
+    async def _report_ended(self) -> None:
+        """Tell :attr:`on_run` of each run worked here that has ended since the last look."""
+        if self.on_run is None:
+            return
+        for run_id, handle in list(self.handles.items()):
+            if not self.runtime.is_active(run_id):
+                del self.handles[run_id]
+                try:
+                    outcome: Outcome | None = await handle.status()
+                except (UnknownRunError, CorruptRowError):
+                    outcome = None  # pruned meanwhile, or unreadable: `check` says which
+                self.on_run(run_id, outcome)
 
     async def _orphans(self) -> list[str]:
         store = self.runtime.store
@@ -174,3 +193,5 @@ class Worker:
             return
         if handle is not None:
             self.handles[run_id] = handle
+            if self.on_run is not None:
+                self.on_run(run_id, None)

@@ -7,10 +7,12 @@ charge is made twice. The adapters close every such call: a committed call gets 
 result, any other one a text saying what became of it.
 
 What a call became is read from a run's outcome (its steps carry the call id they were made
-under): the outcome the caller passes, and, inside a task, the current run's own journal; plus,
-for calls this process saw commit, a bounded in-process record kept by the adapters' tool
-wrappers. (Reading the current run's journal goes through the run context: the public API has no
-read of a run from inside it.)
+under): the outcome the caller passes, and, inside a task, the current run's own journal
+(:func:`calls_in`, :func:`journaled_call`): the same answer in every process. The OpenAI Agents
+and Pydantic AI adapters read nothing else. :func:`settled_calls` adds a bounded in-process
+record of the calls this process saw commit, kept by :func:`call_tool` (the LangChain adapter's
+wrappers). (Reading the current run's journal goes through the run context: the public API has
+no read of a run from inside it.)
 """
 
 from __future__ import annotations

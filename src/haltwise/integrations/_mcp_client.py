@@ -44,6 +44,7 @@ from mcp.shared.exceptions import MCPError
 import haltwise
 
 from .._core.exceptions import McpToolError
+from .._runtime.spans import inject_trace
 from .._runtime.task_api import remote_call
 from ._mcp_server import IDEMPOTENCY_KEY
 
@@ -104,7 +105,8 @@ def _remote_tool(
 
     async def call_remote(**arguments: Any) -> Any:
         try:
-            key = {IDEMPOTENCY_KEY: haltwise.idempotency_key()}
+            key: dict[str, Any] = {IDEMPOTENCY_KEY: haltwise.idempotency_key()}
+            inject_trace(key)  # the remote run continues this step's trace
             meta: types.RequestParamsMeta | None = cast("types.RequestParamsMeta", key)
         except haltwise.NotInTaskError:
             meta = None  # called outside a task: a plain call

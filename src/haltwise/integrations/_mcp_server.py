@@ -40,6 +40,7 @@ from .._core.states import State
 from .._runtime import lowlevel
 from .._runtime.describe import mcp_annotations, parameters_schema
 from .._runtime.runtime import Runtime, TaskHandle
+from .._runtime.spans import continued_trace
 from .._runtime.spec import Tool, ToolSpec
 from ._mcp_tasks import ServedTask, served_tasks
 
@@ -110,7 +111,12 @@ class TaskServer:
 
     def server(self) -> Server[Any]:
         """A lowlevel MCP server whose ``tools/list`` and ``tools/call`` are these handlers."""
-        return Server("haltwise", on_list_tools=self.list_tools, on_call_tool=self.call_tool)
+        return Server(
+            "haltwise",
+            version=_haltwise_version(),
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+        )
 
     async def list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -126,7 +132,8 @@ class TaskServer:
         arguments = dict(params.arguments or {})
         try:
             served.task.bind_inputs((), arguments)
-            handle = await self._start(served, arguments, _run_id(ctx))
+            with continued_trace(ctx.meta):  # the client's trace, when its _meta carries one
+                handle = await self._start(served, arguments, _run_id(ctx))
         except HaltwiseError as error:  # bad arguments, a resume refused
             return _error_text(str(error))
         try:
@@ -227,3 +234,13 @@ async def serve(file: str | os.PathLike[str], *, store: str | None = None) -> No
     async with Runtime(store) as runtime, stdio_server() as (read_stream, write_stream):
         server = TaskServer(runtime, served, tools).server()
         await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def _haltwise_version() -> str:
+    """The installed haltwise's version, as ``serverInfo.version`` reports it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("haltwise")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "0+unknown"

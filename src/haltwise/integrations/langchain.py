@@ -71,6 +71,7 @@ from .._runtime.task_api import cooperative_stop, end_cooperative_stop  # noqa: 
 from ._common import (  # noqa: E402
     MODEL_STEP,
     call_id,
+    cancel_run_for_host,
     journaled,
     model_request,
     record_usage,
@@ -162,10 +163,11 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
 
         try:
             data = await model_request(ask, name=self.step_name, request=_request_view(request))
-        except (haltwise.Cancelled, asyncio.CancelledError):
+        except (haltwise.Cancelled, asyncio.CancelledError) as stop:
             if _draining(request.runtime):
                 # the model's answer is not needed: the graph stops at this superstep's start
                 raise GraphDrained(DRAIN_REASON) from None
+            await _host_stop(stop, request.runtime)
             raise
         return ModelResponse(result=messages_from_dict(data))
 
@@ -183,8 +185,9 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
                 if ours:
                     return await handler(request)
                 return await _foreign_tool_step(request, handler)
-        except (haltwise.Cancelled, asyncio.CancelledError):
+        except (haltwise.Cancelled, asyncio.CancelledError) as stop:
             if not (cid and _draining(runtime)):
+                await _host_stop(stop, runtime)
                 raise
         # A haltwise cancel stopped the call and the graph drains: the call gets its result
         # (what the journal says became of it) so that the superstep, and the checkpoint
@@ -299,6 +302,17 @@ def _drain_on_cancel(runtime: Runtime[Any] | None) -> None:
 def _stop_draining(control: RunControl | None) -> None:
     if control is not None:
         end_cooperative_stop(id(control))
+
+
+async def _host_stop(stop: BaseException, runtime: Runtime[Any] | None) -> None:
+    """LangGraph cancelled a node of ours although haltwise asked for no cancel: its graph run
+    was cancelled (``Task.cancel()`` of the task running ``ainvoke``/``astream``, also one the
+    task's body made and goes on after). The run is cancelled with reason ``host``, and the
+    graph run no longer holds the cancel of the task's scope back (its loop is gone)."""
+    if not isinstance(stop, asyncio.CancelledError) or haltwise.cancel_requested():
+        return
+    _stop_draining(getattr(runtime, "control", None))
+    await cancel_run_for_host()
 
 
 def _draining(runtime: Runtime[Any] | None) -> bool:

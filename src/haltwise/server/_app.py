@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, final
-from urllib.parse import unquote
+from urllib.parse import unquote_to_bytes
 
 import anyio
 from starlette.applications import Starlette
@@ -38,6 +38,7 @@ from ._bodies import (
     SubmitBody,
     UnpauseBody,
     read_body,
+    whole_number,
 )
 from ._errors import ApiError, error_response, from_haltwise, on_api_error, on_haltwise_error
 from ._openapi import openapi_document
@@ -120,19 +121,28 @@ def _index(served: Served) -> Callable[[Request], Awaitable[Response]]:
         if token is not None:
             return _log_in(served.tokens, token)
         try:
-            authorise(request, served.tokens, change=False)
+            role = authorise(request, served.tokens, change=False)
         except ApiError:
             return _page(401, "Open the address that 'haltwise serve' printed (with ?token=).")
-        response = HTMLResponse(_asset("index.html").replace(_STATES_MARK, _states_json()))
+        page = _asset("index.html").replace(_STATES_MARK, _states_json())
+        # what the session may do, so a read-only page shows no button it would be refused
+        page = page.replace(_SESSION_MARK, json.dumps({"role": role.value}))
+        response = HTMLResponse(page)
         response.headers.update(_HEADERS)
         return response
 
     return index
 
 
+#: Seconds the dashboard's session cookie lasts (a working day): then the address with
+#: ``?token=`` logs in again.
+SESSION_MAX_AGE = 12 * 3600
+
 #: Where index.html takes the run states, inside ``<script id="states" type="application/json">``
 #: (a data block: the page's script reads it, and the content security policy allows it).
 _STATES_MARK = "{{states}}"
+#: Where index.html takes the session's role (``{"role": "operator" | "read"}``).
+_SESSION_MARK = "{{session}}"
 
 
 def _states_json() -> str:
@@ -162,7 +172,12 @@ def _log_in(tokens: Tokens, token: str) -> Response:
         return _page(401, "That token is not valid for this server.")
     response = RedirectResponse("/", status_code=303)
     response.set_cookie(
-        SESSION_COOKIE, tokens.session_for(role), httponly=True, samesite="strict", path="/"
+        SESSION_COOKIE,
+        tokens.session_for(role),
+        max_age=SESSION_MAX_AGE,
+        httponly=True,
+        samesite="strict",
+        path="/",
     )
     response.headers.update(_HEADERS)
     return response
@@ -195,19 +210,23 @@ async def _runs(request: Request, served: Served) -> Response:
     if request.method == "POST":
         return await _submit(request, served)
     params = request.query_params
-    limit_text = params.get("limit", "100")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= 1000:
-        raise ApiError(400, "malformed", "limit must be a whole number from 1 to 1000")
+    limit = whole_number(params.get("limit", "100"), "limit", low=1, high=1000)
+    if any("\x00" in value for value in params.values()):
+        raise ApiError(400, "malformed", "a query parameter holds a NUL character")
     try:
         page = await served.runtime.list_runs(
             state=params.get("state") or None,
             task=params.get("task") or None,
-            limit=int(limit_text),
+            limit=limit,
             cursor=params.get("cursor") or None,
         )
     except InputError as error:
         raise from_haltwise(error, input_status=400) from None
-    return JSONResponse(page.to_json())
+    listing = page.to_json()
+    if params.get("times") == "1":  # the dashboard's list: when each run began and last moved
+        for row, run in zip(listing["runs"], page.runs, strict=True):
+            row["created_at"], row["updated_at"] = run.created_at, run.updated_at
+    return JSONResponse(listing)
 
 
 async def _run(request: Request, served: Served) -> Response:
@@ -221,7 +240,10 @@ async def _run(request: Request, served: Served) -> Response:
         return EventStream(served.runtime.changes(since, run_id=run_id), served.stopping)
     if method == "POST" and action in _ACTIONS:
         return await _ACTIONS[action](request, served, run_id)
-    raise ApiError(404 if method == "GET" else 405, "not_found", "no such endpoint")
+    if action in _ACTIONS or action in (None, "events"):
+        allowed = "POST" if action in _ACTIONS else "GET"
+        raise ApiError(405, "method_not_allowed", f"use {allowed} here", headers={"Allow": allowed})
+    raise ApiError(404, "not_found", "no such endpoint")
 
 
 def _member(request: Request) -> tuple[str, str | None]:
@@ -229,17 +251,22 @@ def _member(request: Request) -> tuple[str, str | None]:
 
     Every endpoint under ``/api/runs/{id}`` takes its id from here, so the one rule on ids
     from a path is here too: an id with a NUL character names no run (no store can hold one;
-    PostgreSQL would refuse the query), whatever the endpoint: 404, as for any unknown id.
+    PostgreSQL would refuse the query), whatever the endpoint: 404, as for any unknown id. An
+    id whose bytes are not UTF-8 (``%FF``, a surrogate's ``%ED%A0%80``) is malformed: 400.
     """
     raw = request.scope.get("raw_path") or request.scope["path"].encode()
-    tail = raw.split(b"?", 1)[0].decode("latin-1")[len("/api/runs/") :]
-    parts = tail.split("/")
+    tail = raw.split(b"?", 1)[0][len(b"/api/runs/") :]
+    parts = tail.split(b"/")
     if not parts[0] or len(parts) > 2 or (len(parts) == 2 and not parts[1]):
         raise ApiError(404, "not_found", "no such endpoint")
-    run_id = unquote(parts[0], errors="strict")
+    try:
+        run_id = unquote_to_bytes(parts[0]).decode("utf-8")
+        action = parts[1].decode("latin-1") if len(parts) == 2 else None
+    except UnicodeDecodeError:
+        raise ApiError(400, "malformed", "a run id in a path is percent-encoded UTF-8") from None
     if "\x00" in run_id:
         raise ApiError(404, "unknown_run", f"no run with id {run_id!r}: an id holds no NUL")
-    return run_id, parts[1] if len(parts) == 2 else None
+    return run_id, action
 
 
 async def _cancel(request: Request, served: Served, run_id: str) -> Response:
@@ -329,12 +356,8 @@ async def _reconcile(request: Request, served: Served, run_id: str) -> Response:
 
 
 def _step_results(assume_done: dict[str, Any]) -> dict[int, Any]:
-    results = {}
-    for key, value in assume_done.items():
-        if not key.isdigit():
-            raise ApiError(422, "unfit", f"assume_done: {key!r} is not a step number")
-        results[int(key)] = value
-    return results
+    """``assume_done``'s keys as step numbers (the body's model let only ASCII digits in)."""
+    return {int(key): value for key, value in assume_done.items()}
 
 
 async def _fork(request: Request, served: Served, run_id: str) -> Response:
@@ -431,7 +454,8 @@ async def _audit(request: Request, served: Served) -> Response:
 async def _on_http_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
-    return error_response(ApiError(error.status_code, code, str(error.detail)))
+    headers = dict(error.headers or {})  # a 405 keeps starlette's Allow
+    return error_response(ApiError(error.status_code, code, str(error.detail), headers=headers))
 
 
 async def _on_crash(request: Request, error: Exception) -> Response:

@@ -7,11 +7,19 @@ its model (a wrong type, a missing or unknown field) is 422.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+)
 from pydantic import ValidationError as PydanticValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from .._core.exceptions import InputError
 from .._core.records import parse_json_text
@@ -20,6 +28,8 @@ from ._errors import ApiError
 
 __all__ = [
     "BODY_LIMIT",
+    "NO_NUL",
+    "ActiveState",
     "BulkCancelBody",
     "CancelBody",
     "EmptyBody",
@@ -28,6 +38,7 @@ __all__ = [
     "SubmitBody",
     "UnpauseBody",
     "read_body",
+    "whole_number",
 ]
 
 #: The largest body the API reads (bytes).
@@ -36,7 +47,31 @@ BODY_LIMIT = 1024 * 1024
 _M = TypeVar("_M", bound=BaseModel)
 #: the states a bulk cancel may name: every state that is not final (states.FINAL_STATES)
 _ACTIVE_STATES = {state.name: state.value for state in State if not state.is_final}
-_Active = StrEnum("_Active", _ACTIVE_STATES)  # type: ignore[misc]
+ActiveState = StrEnum("ActiveState", _ACTIVE_STATES)  # type: ignore[misc]
+
+#: A text the journal can hold: no NUL character (no store keeps one; PostgreSQL refuses it).
+#: The pattern is in the OpenAPI document, so a client knows it before it sends.
+NO_NUL = r"^[^\x00]*$"
+#: The largest step number or run id length a body may name (a step number fits a 32-bit int).
+MAX_STEP = 2**31 - 1
+
+
+def _whole_number(value: object) -> object:
+    """JSON Schema's ``integer``: an int, or a number with no fraction (``659.0``); never a
+    boolean or a string. Anything else is handed on for the int check to refuse."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("must be a whole number")
+    return value
+
+
+#: A step number as JSON Schema's ``integer`` means it (so ``659.0`` is one).
+StepNumber = Annotated[int, Field(ge=0, le=MAX_STEP), BeforeValidator(_whole_number)]
+#: A run id given in a body: 1 to 1000 characters, no NUL.
+RunId = Annotated[StrictStr, Field(min_length=1, max_length=1000, pattern=NO_NUL)]
+#: A cancel's reason: 1 to 10,000 characters, no NUL.
+Reason = Annotated[StrictStr, Field(min_length=1, max_length=10_000, pattern=NO_NUL)]
 
 
 class _Body(BaseModel):
@@ -65,7 +100,7 @@ class UnpauseBody(_Body):
 class CancelBody(_Body):
     """``POST /api/runs/{id}/cancel``."""
 
-    reason: StrictStr = Field("user", min_length=1, max_length=10_000)
+    reason: Reason = "user"
     force: StrictBool = False
     #: a stop pressed before the run exists: an unknown id's cancel is remembered for ``ttl``
     before_start: StrictBool = False
@@ -78,9 +113,9 @@ class BulkCancelBody(_Body):
 
     ids: list[StrictStr] | None = Field(None, max_length=100_000)
     task: StrictStr | None = Field(None, min_length=1)
-    state: _Active | None = None
+    state: ActiveState | None = None
     all: StrictBool = False
-    reason: StrictStr = Field("user", min_length=1, max_length=10_000)
+    reason: Reason = "user"
     force: StrictBool = False
     dry_run: StrictBool = False
 
@@ -90,14 +125,17 @@ class SubmitBody(_Body):
 
     task: StrictStr = Field(min_length=1)
     input: dict[str, Any] = Field(default_factory=dict)
-    id: StrictStr | None = Field(None, min_length=1, max_length=1000)
+    id: RunId | None = None
 
 
 class ResumeBody(_Body):
     """``POST /api/runs/{id}/resume``: what happened to each ``unknown`` step."""
 
-    assume_done: dict[str, Any] = Field(default_factory=dict)
-    rerun: list[StrictInt] = Field(default_factory=list)
+    #: step number (decimal digits, as JSON keys are text) -> the result the step is taken to have
+    assume_done: dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")], Any] = Field(
+        default_factory=dict, json_schema_extra={"additionalProperties": False}
+    )
+    rerun: list[StepNumber] = Field(default_factory=list)
     deadline: float | None = Field(None, gt=0, allow_inf_nan=False)
 
 
@@ -105,10 +143,19 @@ class ForkBody(_Body):
     """``POST /api/runs/{id}/fork``: a new run whose steps before ``from_step`` are replayed
     from this one (``haltwise fork``); ``dry_run`` only lists what would run again."""
 
-    from_step: StrictInt = Field(ge=0)
-    id: StrictStr | None = Field(None, min_length=1, max_length=1000)
+    from_step: StepNumber
+    id: RunId | None = None
     dry_run: StrictBool = False
     deadline: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+
+def whole_number(text: str, what: str, *, low: int, high: int) -> int:
+    """``text`` (a query parameter or a header) as a whole number from ``low`` to ``high``, in
+    ASCII digits only: ``str.isdigit`` also takes ``\u00b2`` (which ``int`` refuses) and ``\u0661``
+    (an Arabic-Indic one, which ``int`` reads as 1). Anything else is a 400 naming ``what``."""
+    if text.isascii() and text.isdigit() and len(text) <= 18 and low <= int(text) <= high:
+        return int(text)
+    raise ApiError(400, "malformed", f"{what} must be a whole number from {low} to {high}")
 
 
 async def read_body(request: Request, model: type[_M]) -> _M:
@@ -118,11 +165,14 @@ async def read_body(request: Request, model: type[_M]) -> _M:
         raise _too_large()
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > BODY_LIMIT:
-            raise _too_large()
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > BODY_LIMIT:
+                raise _too_large()
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone, or timed out (server/_protocol.py): nobody reads the answer
+        raise ApiError(408, "timeout", "the body was not read in time") from None
     raw = b"".join(chunks)
     try:
         text = raw.decode()
@@ -137,15 +187,23 @@ async def read_body(request: Request, model: type[_M]) -> _M:
     try:
         return model.model_validate(value)
     except PydanticValidationError as error:
-        raise ApiError(422, "unfit", _first_problem(error)) from None
+        raise ApiError(422, "unfit", _problems(error)) from None
 
 
-def _first_problem(error: PydanticValidationError) -> str:
+#: How many of a body's problems a 422 names (the rest are counted).
+_SHOWN_PROBLEMS = 10
+
+
+def _problems(error: PydanticValidationError) -> str:
+    """Every problem of the body, ``field: what`` joined by ``; `` (the first ten, then how
+    many more), so a client fixes them all at once."""
     problems = error.errors(include_url=False, include_input=False)
-    first = problems[0]
-    where = ".".join(str(part) for part in first["loc"]) or "the body"
-    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-    return f"{where}: {first['msg']}{more}"
+    parts = []
+    for problem in problems[:_SHOWN_PROBLEMS]:
+        where = ".".join(str(part) for part in problem["loc"]) or "the body"
+        parts.append(f"{where}: {problem['msg']}")
+    more = len(problems) - _SHOWN_PROBLEMS
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
 def _too_large() -> ApiError:

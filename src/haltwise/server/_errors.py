@@ -30,16 +30,22 @@ __all__ = ["ApiError", "error_response", "from_haltwise"]
 class ApiError(Exception):
     """An answer other than success: HTTP ``status``, a short ``code`` and a one-line message."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = " ".join(message.split())
+        #: headers the answer carries (``Allow`` on a 405)
+        self.headers = dict(headers or {})
 
 
 def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(
-        {"error": {"code": error.code, "message": error.message}}, status_code=error.status
+        {"error": {"code": error.code, "message": error.message}},
+        status_code=error.status,
+        headers=error.headers or None,
     )
 
 

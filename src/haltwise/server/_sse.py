@@ -20,10 +20,12 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from .._core.views import Change
-from ._errors import ApiError
+from ._bodies import whole_number
 
 __all__ = ["EventStream", "since_of"]
 
+#: The largest change number a client may name (18 digits: an int64 holds it).
+MAX_CHANGE = 10**18 - 1
 #: Seconds between keep-alive comments on an idle stream.
 _KEEPALIVE = 15.0
 
@@ -33,9 +35,7 @@ def since_of(request: Request) -> int | None:
     text = request.headers.get("last-event-id") or request.query_params.get("since")
     if text is None or text == "":
         return None
-    if not text.isdigit() or len(text) > 18:
-        raise ApiError(400, "malformed", "Last-Event-ID (or since) must be a change number")
-    return int(text)
+    return whole_number(text, "Last-Event-ID (or since)", low=0, high=MAX_CHANGE)
 
 
 def encode(change: Change) -> bytes:

@@ -7,6 +7,10 @@ const main = document.getElementById("main");
 // the run states and which are final, active (a cancel applies), pausable and resumable: the
 // server puts them in the page from haltwise's one home of the states (haltwise/_core/states.py)
 const STATES = JSON.parse(document.getElementById("states").textContent);
+// what this session's token may do ("operator" or "read"): a read-only page shows no button
+// that would only be refused
+const SESSION = JSON.parse(document.getElementById("session").textContent);
+const READ_ONLY = SESSION.role !== "operator";
 // runs per page of the runs list (the hash may ask for another: #/?limit=20)
 const PAGE_SIZE = 100;
 let stream = null;
@@ -88,8 +92,8 @@ function listen(path, onChange) {
   stream = new EventSource(path);
   const live = document.getElementById("live");
   // (re)connected: whatever changed while the stream was down is fetched once
-  stream.onopen = () => { live.className = "live on"; onChange(null); };
-  stream.onerror = () => { live.className = "live"; };
+  stream.onopen = () => { live.className = "live on"; live.textContent = "● live"; onChange(null); };
+  stream.onerror = () => { live.className = "live off"; live.textContent = "disconnected: this page is stale"; };
   for (const kind of ["transition", "step", "partial"]) {
     stream.addEventListener(kind, (event) => onChange(JSON.parse(event.data)));
   }
@@ -119,10 +123,29 @@ async function showRuns(params) {
     ...STATES.all.map((s) => el("option", { value: s, text: s, selected: s === state })));
   const taskInput = el("input", { name: "task", id: "filter-task", placeholder: "task (agent.py:research)", value: task });
   filters.append(stateSelect, taskInput, el("button", { type: "submit", text: "Filter" }));
+  // a run by its id: straight to its page
+  const find = el("form", { class: "filters", id: "find", onsubmit: (event) => {
+    event.preventDefault();
+    if (idInput.value.trim()) location.hash = `#/run/${encodeURIComponent(idInput.value.trim())}`;
+  } });
+  const idInput = el("input", { name: "id", id: "find-id", placeholder: "run id" });
+  find.append(idInput, el("button", { type: "submit", text: "Open" }));
+  // the runs ticked in the table, cancelled in one request (POST /api/cancel)
+  const picked = new Set();
+  const bulk = el("button", { id: "cancel-selected", class: "danger", disabled: true, text: "Cancel selected", onclick: async () => {
+    try {
+      const answer = await api("POST", "/api/cancel", { ids: [...picked], reason: "user" });
+      toast(`cancelled ${answer.cancelled.length}, already final ${answer.already_final.length}`);
+      picked.clear();
+      bulk.disabled = true;
+    } catch (error) {
+      toast(error.message, true);
+    }
+  } });
   const table = el("table", { id: "runs" });
   const note = el("p", { class: "muted", id: "runs-note" });
   const pages = el("p", { class: "pages", id: "runs-pages" });
-  main.replaceChildren(el("h1", { text: "Runs" }), filters, note, table, pages);
+  main.replaceChildren(el("h1", { text: "Runs" }), filters, find, ...(READ_ONLY ? [] : [bulk]), note, table, pages);
   // a page of this listing: the same filters, from the cursor given ("" = the newest)
   const pageLink = (text, from, id) => {
     const query = new URLSearchParams();
@@ -135,7 +158,7 @@ async function showRuns(params) {
 
   const mine = pageNumber;
   const render = async () => {
-    const query = new URLSearchParams({ limit });
+    const query = new URLSearchParams({ limit, times: "1" });
     if (state) query.set("state", state);
     if (task) query.set("task", task);
     if (cursor) query.set("cursor", cursor);
@@ -147,11 +170,24 @@ async function showRuns(params) {
       return;
     }
     if (mine !== pageNumber) return;
-    const head = el("tr", {}, ...["id", "task", "state", "reason", "retry", "spent", "waiting for"].map((h) => el("th", { text: h })));
+    const head = el("tr", {}, ...(READ_ONLY ? [] : [el("th", { text: "" })]), ...["id", "task", "state", "started", "took", "reason", "retry", "spent", "waiting for"].map((h) => el("th", { text: h })));
+    // how long a final run took, or an active one has been going
+    const took = (run) => seconds((STATES.final.includes(run.state) ? run.updated_at : Date.now() / 1000) - run.created_at);
+    const tick = (run) => {
+      const box = el("input", { type: "checkbox", class: "pick", "data-pick": run.id, disabled: !STATES.active.includes(run.state), checked: picked.has(run.id) });
+      box.addEventListener("change", () => {
+        if (box.checked) picked.add(run.id); else picked.delete(run.id);
+        bulk.disabled = picked.size === 0;
+      });
+      return el("td", {}, box);
+    };
     const rows = answer.runs.map((run) => el("tr", { "data-id": run.id, class: `row-${run.state}` },
+      ...(READ_ONLY ? [] : [tick(run)]),
       el("td", {}, el("a", { href: `#/run/${encodeURIComponent(run.id)}`, text: run.id, class: "run-link" })),
       el("td", { text: run.task }),
       el("td", {}, badge(run.state)),
+      el("td", { text: when(run.created_at), class: "started" }),
+      el("td", { text: took(run), class: "took" }),
       el("td", { text: run.reason || "", class: "reason" }),
       el("td", { text: run.retry }),
       el("td", { text: run.spent ? spentText(run.spent) : "", class: "spent" }),
@@ -251,10 +287,17 @@ function runPage(run) {
   parts.push(el("h2", { text: `Partial results (${run.partials.length})` }),
     el("ol", { id: "partials", start: "0" }, ...run.partials.map((p) => el("li", {}, el("pre", { text: json(p) })))));
   parts.push(el("h2", { text: "Retry advice" }),
-    el("p", { id: "retry" }, el("strong", { text: run.retry }), " — ", el("span", { text: run.retry_why })));
+    el("p", { id: "retry" }, el("strong", { text: run.retry }), " — ", el("span", { text: adviceWhy(run) })));
   parts.push(el("h2", { text: "History" }), el("ul", { class: "events" },
     ...run.events.map((e) => el("li", { text: `${when(e.at)}: ${e.from || "created"} → ${e.to}${e.reason ? ` (${e.reason})` : ""}` }))));
   return parts;
+}
+
+// the advice's sentence without its first word when that word is the advice itself
+// ("resume: restarting would repeat ..." under the heading "resume")
+function adviceWhy(run) {
+  const why = run.retry_why || "";
+  return why.startsWith(`${run.retry}: `) ? why.slice(run.retry.length + 2) : why;
 }
 
 function waitingBox(run) {
@@ -308,6 +351,10 @@ function stepsTable(run) {
 
 function actions(run) {
   const box = el("section", { class: "actions" });
+  if (READ_ONLY) {
+    box.append(el("p", { class: "muted", id: "read-only", text: "Read-only token: this page shows the run; cancel, force, pause and resume need the operator's token." }));
+    return box;
+  }
   const active = STATES.active.includes(run.state);
   const reason = el("input", { id: "cancel-reason", placeholder: "reason (default: user)", maxlength: "500", value: draft.reason });
   reason.addEventListener("input", () => { draft.reason = reason.value; });
@@ -329,9 +376,29 @@ function actions(run) {
     }, text: "Force" }),
     el("button", { id: "pause", disabled: !STATES.pausable.includes(run.state), onclick: () => act("pause", {}, (a) => `pause: ${a.state}`), text: "Pause" }),
     el("button", { id: "unpause", disabled: run.state !== "paused", onclick: () => act("unpause", {}, (a) => `unpause: ${a.state}`), text: "Unpause" }),
-    el("button", { id: "resume", disabled: !STATES.resumable.includes(run.state), onclick: () => resumeDialog(run, box), text: "Resume" }));
+    el("button", { id: "resume", disabled: !STATES.resumable.includes(run.state), onclick: () => resumeDialog(run, box), text: "Resume" }),
+    forkControls(run));
   if (run.state === "paused" && run.reason === "budget") box.append(raiseBudget(run, act));
   return box;
+}
+
+// fork from a step: the plan first (which committed write/external steps would run again),
+// then, confirmed, the fork runs in the server (POST /api/runs/{id}/fork)
+function forkControls(run) {
+  const step = el("input", { id: "fork-step", type: "number", min: "0", max: String(run.steps.length), value: "0", class: "narrow" });
+  const go = el("button", { id: "fork", text: "Fork from step", onclick: async () => {
+    const body = { from_step: Number(step.value) };
+    try {
+      const plan = await api("POST", `${runPath(run.id)}/fork`, { ...body, dry_run: true });
+      const again = plan.will_repeat.map((s) => `${s.index} ${s.tool}`).join(", ");
+      if (!confirm(again ? `The fork runs again: ${again}. Fork?` : "Nothing committed runs again. Fork?")) return;
+      const forked = await api("POST", `${runPath(run.id)}/fork`, body);
+      location.hash = `#/run/${encodeURIComponent(forked.id)}`;
+    } catch (error) {
+      toast(error.message, true);
+    }
+  } });
+  return el("span", { class: "fork" }, step, go);
 }
 
 // A run paused for its budget: raise its limits (the ones filled in; the others stay) and unpause.
@@ -411,10 +478,13 @@ async function showAudit() {
     main.replaceChildren(el("h1", { text: "Audit" }), el("p", { class: "muted", text: error.message }));
     return;
   }
-  const head = el("tr", {}, ...["tool", "cancel", "effect", "idempotent", "grace", "compensate"].map((h) => el("th", { text: h })));
+  const head = el("tr", {}, ...["tool", "cancel", "effect", "idempotent", "grace", "compensate", "a cancel mid-call leaves"].map((h) => el("th", { text: h })));
+  // an interrupted call is not waited for: its grace is "not used", as the command line says
+  const grace = (t) => t.cancel === "interruptible" ? "not used" : `${t.grace} s${t.grace_declared ? "" : " (default)"}`;
   const rows = report.tools.map((t) => el("tr", {},
     el("td", { text: t.name, class: "mono" }), el("td", { text: t.cancel || "undeclared" }), el("td", { text: t.effect }),
-    el("td", { text: t.idempotent ? "yes" : "no" }), el("td", { text: `${t.grace} s` }), el("td", { text: t.compensate || "" })));
+    el("td", { text: t.idempotent ? "yes" : "no" }), el("td", { text: grace(t), class: "grace" }), el("td", { text: t.compensate || "" }),
+    el("td", { text: t.leaves || "", class: "leaves" })));
   const findings = report.findings.length
     ? el("ul", {}, ...report.findings.map((f) => el("li", {}, el("strong", { text: f.code }), ` ${f.tool}: `, el("span", { text: f.message }))))
     : el("p", { text: "no findings" });
