@@ -8,8 +8,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._core.approvals import ApprovalRecord as ApprovalRecord
+    from ._core.approvals import ApprovalState as ApprovalState
+    from ._core.approvals import Decision as Decision
     from ._core.budget import Budget as Budget
     from ._core.budget import Spent as Spent
+    from ._core.exceptions import ApprovalConflictError as ApprovalConflictError
+    from ._core.exceptions import ApprovalExpired as ApprovalExpired
+    from ._core.exceptions import ApprovalRefused as ApprovalRefused
     from ._core.exceptions import BadRow as BadRow
     from ._core.exceptions import Cancelled as Cancelled
     from ._core.exceptions import ChildRunError as ChildRunError
@@ -81,6 +87,7 @@ if TYPE_CHECKING:
     from ._runtime.task_api import idempotency_key as idempotency_key
     from ._runtime.task_api import shield as shield
     from ._runtime.tool import Task as Task
+    from ._runtime.tool import approval as approval
     from ._runtime.tool import step as step
     from ._runtime.tool import task as task
     from ._runtime.tool import tool as tool
@@ -89,8 +96,12 @@ if TYPE_CHECKING:
 #: almost nothing, so a command that only reads or requests (``haltwise cancel ID``) starts fast.
 #: ``tests/test_public_surface.py`` checks that this table and the imports above name the same.
 _LAZY: dict[str, tuple[str, ...]] = {
+    "._core.approvals": ("ApprovalRecord", "ApprovalState", "Decision"),
     "._core.budget": ("Budget", "Spent"),
     "._core.exceptions": (
+        "ApprovalConflictError",
+        "ApprovalExpired",
+        "ApprovalRefused",
         "BadRow",
         "Cancelled",
         "ChildRunError",
@@ -150,7 +161,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "shield",
     ),
     "._runtime.spec": ("Tool",),
-    "._runtime.tool": ("Task", "step", "task", "tool"),
+    "._runtime.tool": ("Task", "approval", "step", "task", "tool"),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}
 
@@ -158,6 +169,11 @@ __version__ = "0.1.0"
 
 
 __all__ = [
+    "ApprovalConflictError",
+    "ApprovalExpired",
+    "ApprovalRecord",
+    "ApprovalRefused",
+    "ApprovalState",
     "AttemptError",
     "BadRow",
     "Budget",
@@ -169,6 +185,7 @@ __all__ = [
     "CheckReport",
     "ChildRunError",
     "CorruptRowError",
+    "Decision",
     "DeliveryGoneError",
     "Effect",
     "ErrorInfo",
@@ -218,6 +235,7 @@ __all__ = [
     "UnknownRunError",
     "UnknownStepError",
     "aemit",
+    "approval",
     "call_id",
     "cancel_current_run",
     "cancel_requested",

@@ -109,7 +109,7 @@ class StepRecord:
             "status": self.status.value,
             "attempts": self.attempts,
         }
-        if self.status is StepStatus.FAILED and self.error is not None:
+        if self.status in _CARRIES_ERROR and self.error is not None:
             data["error"] = self.error.to_json()  # CONTRACT.md: a failed step carries its own
         if self.earlier_errors:
             data["earlier_errors"] = [item.to_json() for item in self.earlier_errors]
@@ -118,6 +118,10 @@ class StepRecord:
         if self.hook_pending or (self.reconciled is not None and self.reconciled.by == "hook"):
             data["reconcile_hook"] = True  # its tool has one (the dashboard offers to ask it)
         return data
+
+
+#: the statuses whose step shows its error (a refused step: the refusal the task saw)
+_CARRIES_ERROR = frozenset({StepStatus.FAILED, StepStatus.REFUSED})
 
 
 def retry_advice(state: State, steps: Sequence[StepRecord]) -> Retry:

@@ -54,6 +54,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from .._core.approvals import ApprovalRecord
 from .._core.exceptions import HaltwiseError, NoStoreError, StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import (
@@ -70,6 +71,8 @@ from .._core.views import Change, RunSummary
 from .coalesce import Coalescer
 from .operator_sql import (
     OperatorSQL,
+    approval_from_row,
+    approval_parameters,
     change_from_row,
     plan_cancels,
     summary_from_row,
@@ -92,7 +95,14 @@ from .rows import (
     steps_from_rows,
     transition_fields,
 )
-from .schema import POSTGRES, SCHEMA_VERSION, TABLES, parse_version, upgrade_statements
+from .schema import (
+    POSTGRES,
+    POSTGRES_CLOCK,
+    SCHEMA_VERSION,
+    TABLES,
+    parse_version,
+    upgrade_statements,
+)
 from .secrets import MASK, redact, safe_url
 from .shield import shielded
 from .sql import (
@@ -112,6 +122,7 @@ from .sql import (
 )
 from .store import (
     UNSET,
+    ApprovalRequest,
     CancelResult,
     JournalRows,
     NewRun,
@@ -124,6 +135,11 @@ from .store import (
 )
 
 _CHANNEL = "haltwise_changes"
+#: the change feed's row of a step row written outside the step writer (an approval request's)
+_STEP_CHANGE = (
+    "INSERT INTO haltwise.changes (run_id, kind, idx, status, at) "
+    f"VALUES (%s, 'step', %s, %s, {POSTGRES_CLOCK})"
+)
 #: a settlement that writes no spend (the step's columns keep what they hold)
 _NO_SPEND: Spend = (None, None, None)
 #: advisory lock key that serialises schema creation between processes opening the store at once
@@ -1238,6 +1254,63 @@ class PostgresStore:
             return None if row is None else row[0]
 
         return await self._run(op, runs=(run_id,))
+
+    async def request_approval(
+        self, run_id: str, request: ApprovalRequest, *, fence: str
+    ) -> ApprovalRecord | None:
+        asked, step_row = approval_parameters(run_id, request, fence)
+        index = request.step.index
+
+        async def op(conn: _Conn) -> ApprovalRecord | None:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(_OPS.approval_request(), asked)
+                if rows.rowcount:
+                    await rows.execute(_OPS.approval_change(), (run_id, index, "awaiting"))
+                await rows.execute(_OPS.approval_step(), step_row)
+                if rows.rowcount:
+                    await rows.execute(_STEP_CHANGE, (run_id, index, "awaiting"))
+                await rows.execute(_OPS.approval_of(), (run_id, index))
+                row = await rows.fetchone()
+            await _notify(conn, run_id)
+            return None if row is None else approval_from_row(row)
+
+        return await self._run(op, runs=(run_id,))
+
+    async def decide_approval(
+        self,
+        run_id: str,
+        index: int,
+        state: str,
+        *,
+        by: str | None,
+        note: str | None,
+        edited: str | None,
+    ) -> tuple[ApprovalRecord | None, bool]:
+        async def op(conn: _Conn) -> tuple[ApprovalRecord | None, bool]:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(_OPS.approval_decide(), (state, by, note, edited, run_id, index))
+                won = bool(rows.rowcount)
+                if won:
+                    await rows.execute(_OPS.approval_change(), (run_id, index, state))
+                    await _notify(conn, run_id)  # wakes the run's owner (its watcher)
+                await rows.execute(_OPS.approval_of(), (run_id, index))
+                row = await rows.fetchone()
+            return (None if row is None else approval_from_row(row)), won
+
+        return await self._run(op, after_steps=False)
+
+    async def approvals(
+        self, run_id: str | None = None, *, limit: int = 100_000
+    ) -> list[ApprovalRecord]:
+        async def op(conn: _Conn) -> list[ApprovalRecord]:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                if run_id is None:
+                    await rows.execute(_OPS.approvals_awaiting(), (limit,))
+                else:
+                    await rows.execute(_OPS.approvals_of_run(), (run_id,))
+                return [approval_from_row(row) for row in await rows.fetchall()]
+
+        return await self._run(op, read_only=True, single=True, after_steps=False)
 
     async def delivery_position(self, destination: str) -> int | None:
         async def op(conn: _Conn) -> int | None:

@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import anyio
 
+from .._core.approvals import ApprovalRecord
 from .._core.exceptions import NoStoreError, StoreError, StoreGoneError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot, dump_json
@@ -33,6 +34,8 @@ from .._core.views import Change, RunSummary
 from .operator_sql import (
     OperatorSQL,
     RunWrites,
+    approval_from_row,
+    approval_parameters,
     change_from_row,
     plan_cancels,
     summary_from_row,
@@ -77,6 +80,7 @@ from .sql import (
 from .sqlite_writer import GroupOp, Op, Outcome, Writer, store_error
 from .store import (
     UNSET,
+    ApprovalRequest,
     CancelResult,
     JournalRows,
     NewRun,
@@ -919,6 +923,59 @@ class SQLiteStore:
 
         earlier: str | None = await self._writer.call(op, write=True)
         return earlier
+
+    async def request_approval(
+        self, run_id: str, request: ApprovalRequest, *, fence: str
+    ) -> ApprovalRecord | None:
+        asked, step_row = approval_parameters(run_id, request, fence)
+        index = request.step.index
+
+        def op(conn: sqlite3.Connection) -> ApprovalRecord | None:
+            if conn.execute(_OPS.approval_request(), asked).rowcount:
+                conn.execute(_OPS.approval_change(), (run_id, index, "awaiting"))
+            # (the step row's change is written by the trigger on steps)
+            conn.execute(_OPS.approval_step(), step_row)
+            row = conn.execute(_OPS.approval_of(), (run_id, index)).fetchone()
+            return None if row is None else approval_from_row(row)
+
+        record: ApprovalRecord | None = await self._writer.call(op, write=True, shield=True)
+        return record
+
+    async def decide_approval(
+        self,
+        run_id: str,
+        index: int,
+        state: str,
+        *,
+        by: str | None,
+        note: str | None,
+        edited: str | None,
+    ) -> tuple[ApprovalRecord | None, bool]:
+        def op(conn: sqlite3.Connection) -> tuple[ApprovalRecord | None, bool]:
+            params = (state, by, note, edited, run_id, index)
+            won = bool(conn.execute(_OPS.approval_decide(), params).rowcount)
+            if won:
+                conn.execute(_OPS.approval_change(), (run_id, index, state))
+            row = conn.execute(_OPS.approval_of(), (run_id, index)).fetchone()
+            return (None if row is None else approval_from_row(row)), won
+
+        decided: tuple[ApprovalRecord | None, bool] = await self._writer.call(
+            op, write=True, shield=True
+        )
+        return decided
+
+    async def approvals(
+        self, run_id: str | None = None, *, limit: int = 100_000
+    ) -> list[ApprovalRecord]:
+        def op(conn: sqlite3.Connection) -> list[ApprovalRecord]:
+            if run_id is None:
+                rows = conn.execute(_OPS.approvals_awaiting(), (limit,)).fetchall()
+            else:
+                rows = conn.execute(_OPS.approvals_of_run(), (run_id,)).fetchall()
+            return [approval_from_row(row) for row in rows]
+
+        found: list[ApprovalRecord] = await self._writer.call(op, write=False)
+        return found
 
     async def delivery_position(self, destination: str) -> int | None:
         def op(conn: sqlite3.Connection) -> int | None:

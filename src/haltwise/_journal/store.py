@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, final
 
+from .._core.approvals import ApprovalRecord
 from .._core.exceptions import BadRow
 from .._core.outcome import ErrorInfo, StepRecord
 from .._core.policy import Effect
@@ -123,6 +124,18 @@ class StepStart:
     call_id: str | None = None
     #: a fingerprint of the call's arguments, compared on replay
     fingerprint: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """An approval request as the step executor journals it (see
+    :meth:`Store.request_approval`): the step's identity as :class:`StepStart` has it, the
+    arguments for the approver (JSON text, by parameter name) and the deadline (epoch
+    seconds, None: none)."""
+
+    step: StepStart
+    arguments: str
+    timeout_at: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,6 +463,40 @@ class Store(Protocol):
     async def swap_trace(self, run_id: str, traceparent: str) -> str | None:
         """Keep ``traceparent`` as the span context of the run's latest attempt, in one
         transaction with reading the one it replaces (None: none was kept)."""
+
+    async def request_approval(
+        self, run_id: str, request: ApprovalRequest, *, fence: str
+    ) -> ApprovalRecord | None:
+        """Journal an approval request as the step's (status ``awaiting``) in one transaction,
+        unless the step has one already that was not cancelled (a takeover or a resume waits
+        on the same request; a cancelled one is asked anew), only while ``fence`` holds the
+        run; return the step's request as it now is (an ``ApprovalRecord``; None when the
+        fence no longer holds and no request exists). Records an ``approval`` change when it
+        made one."""
+        ...
+
+    async def decide_approval(
+        self,
+        run_id: str,
+        index: int,
+        state: str,
+        *,
+        by: str | None,
+        note: str | None,
+        edited: str | None,
+    ) -> tuple[ApprovalRecord | None, bool]:
+        """Decide the step's request, compare-and-set: only a request still ``awaiting`` is
+        decided (to ``state``), in one transaction with its ``approval`` change (and, on
+        PostgreSQL, a notification that wakes the run's owner). Returns the request as it now
+        is (an ``ApprovalRecord``, None if there is none) and whether this call decided it."""
+        ...
+
+    async def approvals(
+        self, run_id: str | None = None, *, limit: int = 100_000
+    ) -> list[ApprovalRecord]:
+        """The approval requests of one run (every state, by step), or without ``run_id``
+        every request still awaiting in the store, oldest first (at most ``limit``)."""
+        ...
 
     async def delivery_position(self, destination: str) -> int | None:
         """The number of the last change acknowledged by ``destination`` (a URL: see

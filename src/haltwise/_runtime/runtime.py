@@ -21,6 +21,7 @@ from typing import Any, Literal, TypeVar, cast, final, overload
 import anyio
 from anyio.abc import TaskGroup
 
+from .._core.approvals import ApprovalRecord
 from .._core.budget import Budget
 from .._core.exceptions import (
     HaltwiseError,
@@ -42,7 +43,9 @@ from .._journal.owner import DEFAULT_LEASE, Leased, held_by_live_owner, new_owne
 from .._journal.shield import shielded
 from .._journal.store import CancelledRun, ForkOf, NewRun, Store
 from . import spans
+from .approvals import deliver_decisions, woken
 from .cancel_state import outside_any_task
+from .describe import check_arguments
 from .ending import (
     call_task,
     fail_refused,
@@ -57,6 +60,7 @@ from .pause_state import PauseGate
 from .reconcile import ask_hooks, record_operator_answers
 from .run_context import Probe, RunContext, RunTask
 from .seat import DEFAULT_BEFORE_START_TTL, Seat, cancel_batch, check_ttl, nobody_works
+from .spec import TOOLS
 from .steps import execute_step
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
@@ -891,6 +895,39 @@ class Runtime:
             await relay_to_children(ctx)
         return record
 
+    async def decide(
+        self,
+        id: str,
+        step: int,
+        approve: bool = True,
+        edit: Mapping[str, Any] | None = None,
+        by: str | None = None,
+        note: str | None = None,
+    ) -> ApprovalRecord:
+        """Decide the approval request of step ``step`` of run ``id`` (CONTRACT.md, "Someone
+        else decides"), from any process: approve it (``edit``: the arguments, by name, that
+        the call runs with instead; the ones not named keep their value) or refuse it
+        (``approve=False``). The decision is journaled with ``by``, the time and ``note``, and
+        reaches the run's owner wherever it runs. A decision is used once: one on a request
+        that is not awaiting (decided already, expired, cancelled, or no request at that step)
+        raises :class:`~haltwise.ApprovalConflictError` naming what happened to it. Returns
+        the request as decided. An edit is validated against the tool's parameters when the
+        tool is declared in this process (:class:`~haltwise.InputError` if it does not fit).
+        """
+        if edit is not None and approve and isinstance(edit, Mapping):
+            current = next((r for r in await self._seat.approvals(id) if r.index == step), None)
+            spec = None if current is None else TOOLS.find(current.tool)
+            if current is not None and spec is not None:
+                check_arguments(spec, {**current.arguments, **edit})
+        record = await self._seat.decide(id, step, approve=approve, edit=edit, by=by, note=note)
+        woken(self.store, id, step)
+        return record
+
+    async def approvals(self, id: str | None = None) -> list[ApprovalRecord]:
+        """The approval requests awaiting a decision in the store, oldest first; with ``id``,
+        that run's requests in every state."""
+        return await self._seat.approvals(id)
+
     def is_paused(self, task_id: str) -> bool:
         """Whether run ``task_id`` is worked here and waiting in a pause."""
         ctx = self._active.get(task_id)
@@ -1146,7 +1183,12 @@ class Runtime:
                 self._wake = anyio.Event()
                 with anyio.move_on_after(self.lease / 3):
                     await self._wake.wait()
-            seen = await self.store.wait_for_change(min(0.25, self.lease / 3), since=seen)
+            was, seen = (
+                seen,
+                await self.store.wait_for_change(min(0.25, self.lease / 3), since=seen),
+            )
+            if seen != was:
+                await deliver_decisions(self.store)  # decided approval requests waited on here
             beat = time.time() >= next_beat
             if self._active and (looked != (seen, self._launches) or beat):
                 looked = (seen, self._launches)

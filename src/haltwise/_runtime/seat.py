@@ -20,11 +20,12 @@ import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
+from .._core.approvals import ApprovalRecord, check_decidable, decided_state
 from .._core.budget import Budget
 from .._core.exceptions import InputError, NoStoreError
-from .._core.records import RunRecord
+from .._core.records import RunRecord, dump_json
 from .._core.states import State
 from .._core.views import CancelBatch, Change, RunDetail, RunPage
 from .._journal import open_store, store_url_from
@@ -159,6 +160,46 @@ class Seat:
             force=force,
             dry_run=dry_run,
         )
+
+    async def approvals(self, task_id: str | None = None) -> list[ApprovalRecord]:
+        """The pending approval requests, oldest first; with ``task_id``, that run's requests
+        in every state."""
+        return await self._store.approvals(task_id)
+
+    async def decide(
+        self,
+        task_id: str,
+        step: int,
+        *,
+        approve: bool,
+        edit: Mapping[str, Any] | None = None,
+        by: str | None = None,
+        note: str | None = None,
+    ) -> ApprovalRecord:
+        """Decide the approval request of step ``step`` (see :meth:`haltwise.Runtime.decide`)."""
+        check_no_nul(task_id, "a run id")
+        if edit is not None and not approve:
+            raise InputError("an edit goes with an approval, not a refusal", task_id=task_id)
+        if edit is not None and not isinstance(edit, Mapping):
+            raise InputError("the edit must be a JSON object of arguments", task_id=task_id)
+        for text, what in ((by, "by"), (note, "a note")):
+            if text is not None:
+                check_no_nul(text, what)
+        current = next((r for r in await self._store.approvals(task_id) if r.index == step), None)
+        if current is None:
+            await self._store.load(task_id)  # an unknown run: UnknownRunError
+        check_decidable(task_id, step, current)
+        assert current is not None
+        edited = None
+        if edit is not None:
+            edited = dump_json({**current.arguments, **edit}, "the edited arguments")
+        record, won = await self._store.decide_approval(
+            task_id, step, decided_state(approve, edit), by=by, note=note, edited=edited
+        )
+        if not won:
+            check_decidable(task_id, step, record)  # raises: another decision came first
+        assert record is not None
+        return record
 
     async def request_pause(self, task_id: str, *, reason: str | None = None) -> RunRecord:
         """Record a pause request (see :meth:`haltwise.Runtime.pause`); the run right after.

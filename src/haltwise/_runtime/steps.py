@@ -49,6 +49,7 @@ from .._core.reconcile import HOOK_NOT_ASKED
 from .._core.records import JSONText, dump_json, load_json
 from .._core.states import StepStatus
 from .._journal.store import StepStart
+from .approvals import ApprovalRule, ask
 from .budget import enforce_budget
 from .cancel_state import NATIVE_CANCEL
 from .pause import pause_point
@@ -273,6 +274,12 @@ class _Phase(Enum):
     AFTER = auto()
     #: between a failed attempt (settled ``failed``) and the next: the backoff wait
     WAIT = auto()
+    #: its approval request waits for a decision (nothing of the call has run)
+    AWAITING = auto()
+
+
+#: the phases in which a cancel interrupts the caller
+_CUT_IN = frozenset({_Phase.BODY, _Phase.WAIT, _Phase.AWAITING})
 
 
 class _Flight:
@@ -345,7 +352,7 @@ class _Flight:
         cancelled here, and that cancel is taken back once the step has settled.
         """
         forced = self.run.cancel.forced
-        if self.phase not in (_Phase.BODY, _Phase.WAIT) or (self.shielded and not forced):
+        if self.phase not in _CUT_IN or (self.shielded and not forced):
             return
         caller = self.caller
         if self.finishing_here and caller is not None:
@@ -372,6 +379,9 @@ class _Flight:
                 self.replayed = True
                 return replayed
         key = journaled.idempotency_key if journaled is not None else run.new_key(self.index)
+        approval = self.spec.approval
+        if approval is not None and approval.needed(self.args, self.kwargs):
+            await self._ask(approval, key, print_)
         retry = 0
         step = StepContext(run, self.index, key, counts_calls=self.spec.counts_calls)
         if journaled is not None:  # run again: what its earlier attempts spent is its own
@@ -400,6 +410,37 @@ class _Flight:
                 CURRENT_STEP.set(outer)
             retry += 1
             await self._wait_to_retry(retry)
+
+    @property
+    def awaiting(self) -> bool:
+        """Its approval request waits for a decision: the run may pause meanwhile."""
+        return self.phase is _Phase.AWAITING
+
+    async def _ask(self, approval: ApprovalRule, key: str, print_: str) -> None:
+        """Ask for the call's approval and wait for the decision (see :func:`approvals.ask`):
+        the arguments become the edited ones if it was edited; a refusal raises."""
+        policy = self.spec.policy
+        start = StepStart(
+            self.index,
+            self.spec.name,
+            policy.cancel._value_ if policy.cancel else None,
+            policy.effect,
+            policy.idempotent,
+            key,
+            None,
+            False,
+            self.call_id,
+            print_,
+        )
+        self.phase = _Phase.AWAITING
+        try:
+            self.args, self.kwargs = await ask(
+                self.run, self.spec, start, approval, self.args, self.kwargs
+            )
+        except NATIVE_CANCEL as cancel:
+            self.phase = _Phase.AFTER
+            self._propagate(cancel)
+        self.phase = _Phase.BEFORE
 
     async def _wait_to_retry(self, retry: int) -> None:
         """The backoff before retry number ``retry`` (the step is settled ``failed`` meanwhile).

@@ -14,9 +14,12 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
+from .._core.approvals import Decision
 from .._core.budget import Budget
-from .._core.exceptions import NotInTaskError, PolicyError
+from .._core.exceptions import ApprovalExpired, ApprovalRefused, NotInTaskError, PolicyError
 from .._core.policy import CancelPolicy, Effect, OnCancel, ToolPolicy
+from .approvals import decided_payload, decision_of, refused_decision
+from .approvals import rule as approval_rule
 from .run_context import CURRENT_RUN, CURRENT_STEP
 from .spec import Tool, ToolSpec, qualified_name
 
@@ -175,6 +178,8 @@ def tool(
     backoff: tuple[float, float, float] | None = None,
     reconcile: Callable[..., Any] | None = None,
     name: str | None = None,
+    approval: str | Callable[..., bool] | None = None,
+    approval_timeout: float | None = None,
 ) -> Callable[[Callable[P, Any]], Tool[P, Any]]: ...
 
 
@@ -192,6 +197,8 @@ def tool(
     backoff: tuple[float, float, float] | None = None,
     reconcile: Callable[..., Any] | None = None,
     name: str | None = None,
+    approval: str | Callable[..., bool] | None = None,
+    approval_timeout: float | None = None,
 ) -> Any:
     """Declare a tool and its cancel policy (CONTRACT.md, "Tool policies").
 
@@ -220,7 +227,16 @@ def tool(
     result), :class:`~haltwise.NotHappened` ``()`` (``interrupted``: it runs again on resume)
     or None when it cannot tell (an exception counts as None: the step stays ``unknown``).
     Resume, a worker's takeover, ``haltwise reconcile`` and the API ask it before they refuse.
-    Bad declarations raise :class:`~haltwise.PolicyError` here, at once.
+
+    ``approval="required"`` (or a function of the call's arguments returning whether this call
+    needs one): inside a run, the call first journals an approval request as its step (status
+    ``awaiting``) and waits for a decision (``haltwise approve`` / ``refuse``,
+    :meth:`Runtime.decide`, the API, the dashboard); approved, it runs (with the edited
+    arguments if edited); refused, the step is ``refused`` and the call raises
+    :class:`~haltwise.ApprovalRefused`. ``approval_timeout`` (seconds): a request not decided
+    by then is ``expired`` (:class:`~haltwise.ApprovalExpired`); without it a request waits
+    until decided or the run is cancelled. CONTRACT.md, "Someone else decides". Bad
+    declarations raise :class:`~haltwise.PolicyError` here, at once.
     """
 
     def decorate(function: Callable[..., Any]) -> Tool[..., Any]:
@@ -239,7 +255,8 @@ def tool(
             backoff=backoff,
             reconcile=reconcile,
         )
-        return tool_function(ToolSpec(function, policy, tool_name))
+        needs = approval_rule(tool_name, approval, approval_timeout)
+        return tool_function(ToolSpec(function, policy, tool_name, approval=needs))
 
     return decorate if fn is None else decorate(fn)
 
@@ -270,6 +287,40 @@ def _policy(
         backoff=backoff,
         reconcile=reconcile,
     )
+
+
+#: haltwise.approval() steps' specs, by (name, timeout)
+_APPROVAL_SPECS: dict[tuple[str, float | None], ToolSpec] = {}
+
+
+async def approval(name: str, *, payload: Any = None, timeout: float | None = None) -> Decision:
+    """Ask for a decision that is no tool call (CONTRACT.md, "Someone else decides"): its
+    request is a step of its own, named ``name``, showing ``payload`` (JSON) to the approver.
+
+    Returns a :class:`~haltwise.Decision` when approved (``payload`` the edited one if the
+    approver edited it) or refused (``approved=False``); raises
+    :class:`~haltwise.ApprovalExpired` when nobody decided within ``timeout`` seconds (None:
+    wait until decided or the run is cancelled). Replayed on resume like any step. Outside a
+    task it raises :class:`~haltwise.NotInTaskError`.
+    """
+    if CURRENT_RUN.get() is None or CURRENT_STEP.get() is not None:
+        raise NotInTaskError("haltwise.approval() is only available inside a running task")
+    spec = _APPROVAL_SPECS.get((name, timeout))
+    if spec is None:
+        policy = _policy(
+            name, "interruptible", "none", True, None, None, timeout=None, retries=0, backoff=None
+        )
+        needs = approval_rule(name, "required", timeout)
+        spec = ToolSpec(decided_payload, policy, name, register=False, approval=needs)
+        if len(_APPROVAL_SPECS) < _STEP_SPECS_MAX:
+            _APPROVAL_SPECS[(name, timeout)] = spec
+    try:
+        result = await call_tool(spec, (), {"payload": payload})
+    except ApprovalExpired:
+        raise
+    except ApprovalRefused as refused:
+        return refused_decision(refused, payload)
+    return decision_of(result)
 
 
 #: haltwise.step() declarations seen so far, by their arguments (bounded: see _step_spec)

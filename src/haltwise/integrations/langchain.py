@@ -102,7 +102,10 @@ def tool(haltwise_tool: haltwise.Tool[..., Any]) -> BaseTool:
     target = haltwise_tool
 
     async def invoke(tool_call_id: str | None = None, **kwargs: Any) -> Any:
-        return _content(await call_tool(target, tool_call_id, **kwargs))
+        try:
+            return _content(await call_tool(target, tool_call_id, **kwargs))
+        except haltwise.ApprovalRefused as refused:
+            return str(refused)  # refused or expired: the model reads why, the agent goes on
 
     return StructuredTool.from_function(
         coroutine=invoke,

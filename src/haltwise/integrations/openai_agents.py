@@ -132,6 +132,8 @@ def function_tool(tool: haltwise.Tool[..., Any]) -> FunctionTool:
             return _output_of(await journaled_call(call_id) if call_id else None)
         except haltwise.ReplayedError as error:
             return default_tool_error_function(ctx, error)  # a failed call the model saw
+        except haltwise.ApprovalRefused as refused:
+            return str(refused)  # refused or expired: the model reads why, the agent goes on
         except haltwise.HaltwiseError:
             raise
         except Exception as error:

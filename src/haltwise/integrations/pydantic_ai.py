@@ -119,6 +119,8 @@ def tool(haltwise_tool: haltwise.Tool[..., Any]) -> Tool[Any]:
         try:
             with call_id_scope(call_id):
                 return await target(**kwargs)
+        except haltwise.ApprovalRefused as refused:
+            return str(refused)  # refused or expired: the model reads why, the agent goes on
         except (haltwise.Cancelled, anyio.get_cancelled_exc_class()):
             if call_id:
                 await _close_in_history(ctx, target.name, call_id)

@@ -32,6 +32,7 @@ __all__ = [
     "ActiveState",
     "BulkCancelBody",
     "CancelBody",
+    "DecisionBody",
     "EmptyBody",
     "ForkBody",
     "ResumeBody",
@@ -126,6 +127,21 @@ class SubmitBody(_Body):
     task: StrictStr = Field(min_length=1)
     input: dict[str, Any] = Field(default_factory=dict)
     id: RunId | None = None
+
+
+class _Decision(StrEnum):
+    APPROVE = "approve"
+    REFUSE = "refuse"
+
+
+class DecisionBody(_Body):
+    """``POST /api/runs/{id}/approvals/{step}``: approve (``edit``: the arguments the call runs
+    with instead, by name) or refuse the step's pending approval request."""
+
+    decision: _Decision
+    edit: dict[str, Any] | None = None
+    by: StrictStr | None = Field(None, max_length=1000)
+    note: StrictStr | None = Field(None, max_length=10_000)
 
 
 class ResumeBody(_Body):

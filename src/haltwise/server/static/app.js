@@ -94,7 +94,7 @@ function listen(path, onChange) {
   // (re)connected: whatever changed while the stream was down is fetched once
   stream.onopen = () => { live.className = "live on"; live.textContent = "● live"; onChange(null); };
   stream.onerror = () => { live.className = "live off"; live.textContent = "disconnected: this page is stale"; };
-  for (const kind of ["transition", "step", "partial"]) {
+  for (const kind of ["transition", "step", "partial", "approval"]) {
     stream.addEventListener(kind, (event) => onChange(JSON.parse(event.data)));
   }
 }
@@ -282,6 +282,8 @@ function runPage(run) {
   if (run.budget) fact("budget", budgetText(run.budget), "run-budget");
   parts.push(facts);
   if (run.state === "cancelling") parts.push(waitingBox(run));
+  const asking = run.steps.filter((s) => s.approval && s.approval.state === "awaiting");
+  if (asking.length) parts.push(approvalsBox(run, asking));
   parts.push(actions(run));
   parts.push(el("h2", { text: "Steps" }), stepsTable(run));
   parts.push(el("h2", { text: `Partial results (${run.partials.length})` }),
@@ -291,6 +293,98 @@ function runPage(run) {
   parts.push(el("h2", { text: "History" }), el("ul", { class: "events" },
     ...run.events.map((e) => el("li", { text: `${when(e.at)}: ${e.from || "created"} → ${e.to}${e.reason ? ` (${e.reason})` : ""}` }))));
   return parts;
+}
+
+// -- approvals ---------------------------------------------------------------------------
+
+function timeLeft(request) {
+  if (request.timeout_at === null || request.timeout_at === undefined) return "no timeout";
+  return `${Math.max(0, Math.ceil(request.timeout_at - Date.now() / 1000))} s left`;
+}
+
+function approvalsBox(run, steps) {
+  const box = el("section", { class: "approvals-box", id: "approvals" });
+  box.append(el("h2", { text: "Approval requested" }));
+  for (const step of steps) {
+    const item = el("div", { class: "approval", "data-step": String(step.index) });
+    item.append(el("p", {}, el("strong", { text: `step ${step.index} ${step.tool}` }), " waits for a decision"));
+    const args = el("pre", { class: "approval-arguments", text: "…" });
+    item.append(args);
+    api("GET", "/api/approvals").then((answer) => {
+      const found = answer.approvals.find((a) => a.run === run.id && a.step === step.index);
+      if (found) {
+        args.textContent = json(found.arguments);
+        args.setAttribute("data-arguments", JSON.stringify(found.arguments));
+      }
+    }).catch(() => {});
+    if (!READ_ONLY) item.append(decisionForm(run, step, args));
+    box.append(item);
+  }
+  return box;
+}
+
+function decisionForm(run, step, args) {
+  const form = el("div", { class: "decision" });
+  const note = el("input", { class: "approval-note", placeholder: "note (optional)", maxlength: "2000" });
+  const by = el("input", { class: "approval-by", placeholder: "who decides (optional)", maxlength: "200" });
+  const edit = el("textarea", { class: "approval-edit", rows: "4", cols: "60", hidden: true });
+  const decide = async (decision, edited) => {
+    const body = { decision };
+    if (edited !== undefined) body.edit = edited;
+    if (by.value.trim()) body.by = by.value.trim();
+    if (note.value.trim()) body.note = note.value.trim();
+    try {
+      const answer = await api("POST", `${runPath(run.id)}/approvals/${step.index}`, body);
+      toast(`step ${step.index}: ${answer.approval ? answer.approval.state : decision}`);
+    } catch (error) {
+      toast(error.message, true);
+    }
+  };
+  const approveEdited = el("button", { class: "approval-approve-edited", hidden: true, text: "Approve with these arguments", onclick: () => {
+    let edited;
+    try { edited = JSON.parse(edit.value); } catch (error) { toast(`not JSON: ${error.message}`, true); return; }
+    if (edited === null || typeof edited !== "object" || Array.isArray(edited)) { toast("the arguments are a JSON object", true); return; }
+    decide("approve", edited);
+  } });
+  form.append(by, note,
+    el("button", { class: "approval-approve", text: "Approve", onclick: () => decide("approve") }),
+    el("button", { class: "approval-edit-open", text: "Edit", onclick: () => {
+      edit.value = args.getAttribute("data-arguments") ? json(JSON.parse(args.getAttribute("data-arguments"))) : "{}";
+      edit.hidden = false;
+      approveEdited.hidden = false;
+    } }),
+    el("button", { class: "approval-refuse danger", text: "Refuse", onclick: () => decide("refuse") }),
+    edit, approveEdited);
+  return form;
+}
+
+async function showApprovals() {
+  main.replaceChildren(el("p", { class: "muted", text: "loading…" }));
+  const mine = pageNumber;
+  const render = async () => {
+    let answer;
+    try {
+      answer = await api("GET", "/api/approvals");
+    } catch (error) {
+      if (mine === pageNumber) main.replaceChildren(el("h1", { text: "Approvals" }), el("p", { class: "error", text: error.message }));
+      return;
+    }
+    if (mine !== pageNumber) return;
+    const head = el("tr", {}, ...["run", "step", "tool", "arguments", "waiting since", "time left"].map((h) => el("th", { text: h })));
+    const rows = answer.approvals.map((a) => el("tr", { "data-run": a.run, "data-step": String(a.step) },
+      el("td", {}, el("a", { href: `#/run/${encodeURIComponent(a.run)}`, class: "mono", text: a.run })),
+      el("td", { text: String(a.step) }),
+      el("td", { text: a.tool, class: "mono" }),
+      el("td", {}, el("pre", { text: json(a.arguments) })),
+      el("td", { text: when(a.requested_at) }),
+      el("td", { class: "time-left", text: timeLeft(a) })));
+    main.replaceChildren(el("h1", { text: `Approvals (${answer.approvals.length} pending)` }),
+      answer.approvals.length
+        ? el("table", { id: "approvals-list" }, el("thead", {}, head), el("tbody", {}, ...rows))
+        : el("p", { id: "no-approvals", text: "No approval request awaits a decision." }));
+  };
+  await render();
+  listen("/api/events", () => soon(render));
 }
 
 // the advice's sentence without its first word when that word is the advice itself
@@ -501,6 +595,7 @@ function route() {
   const hash = location.hash || "#/";
   if (hash.startsWith("#/run/")) return showRun(decodeURIComponent(hash.slice("#/run/".length)));
   if (hash.startsWith("#/audit")) return showAudit();
+  if (hash.startsWith("#/approvals")) return showApprovals();
   const query = hash.includes("?") ? hash.slice(hash.indexOf("?") + 1) : "";
   return showRuns(new URLSearchParams(query));
 }
