@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 from _report import header, percentile, read_event, table
@@ -195,12 +196,28 @@ def main() -> None:
     args = parser.parse_args()
     print(header("Approvals (issue 31)"))
     stores = ["sqlite", "postgres"] if args.store == "both" else [args.store]
+    servers: list[Any] = []
+    try:
+        measure(args, stores, servers)
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def measure(args: argparse.Namespace, stores: list[str], servers: list[Any]) -> None:
     for kind in stores:
         if kind == "sqlite":
             url = f"sqlite:///{tempfile.mkdtemp()}/approvals.db"
-        else:
+        elif args.pg_url:
             url = args.pg_url
-            assert url, "--pg-url (or HALTWISE_BENCH_PG) for PostgreSQL"
+        else:  # a throwaway durable server (the tests' tests/_pg.py, fsync on)
+            sys.path.insert(0, str(HERE.parent / "tests"))
+            from _pg import PostgresServer, create_database
+
+            server = PostgresServer(durable=True)
+            server.start()
+            servers.append(server)
+            url = create_database(server.dsn)
         load = _load()
         decided = anyio.run(decisions, url, args.trials)
         cancelled = anyio.run(cancels, url, args.trials)

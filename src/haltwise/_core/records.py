@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, final
 
+from .budget import Budget
 from .code import CodeVersion
 from .exceptions import InputError
 from .outcome import ErrorInfo, Outcome, StepRecord
@@ -118,6 +119,7 @@ class RunSnapshot:
             partials=self.partials,
             steps=self.steps,
             code=CodeVersion.from_inputs(run.inputs),
+            budget=Budget.from_json(run.inputs.get("budget")),
         )
 
 
