@@ -13,6 +13,14 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 #: example -> lines its output must contain
 PROMISES = {
+    "approval_agent.py": [
+        "awaiting: order-tea step 1 charge_card {'amount_eur': 12, 'item': 'tea'}",
+        "order-tea: charged 10 EUR for tea",
+        "order-car: not bought: [haltwise] refused by ops: too expensive",
+        "order-lamp: cancelled, request cancelled",
+        "a late decision is refused: run 'order-lamp' step 1: the approval request is cancelled",
+        "charges: [10]",
+    ],
     "openai_agents_agent.py": [
         "cancelled (reason user, retry resume): model:committed, price:committed, "
         "model:committed, charge:committed",

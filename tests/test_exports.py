@@ -64,6 +64,8 @@ def test_states_and_advice_are_the_contract_words() -> None:
         "compensated",
         "unknown",
         "failed",
+        "awaiting",
+        "refused",
     }
 
 

@@ -8,6 +8,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._core.approvals import ApprovalRecord as ApprovalRecord
+    from ._core.approvals import ApprovalState as ApprovalState
+    from ._core.approvals import Decision as Decision
+    from ._core.budget import Budget as Budget
+    from ._core.budget import Spent as Spent
+    from ._core.exceptions import ApprovalConflictError as ApprovalConflictError
+    from ._core.exceptions import ApprovalExpired as ApprovalExpired
+    from ._core.exceptions import ApprovalRefused as ApprovalRefused
     from ._core.exceptions import BadRow as BadRow
     from ._core.exceptions import Cancelled as Cancelled
     from ._core.exceptions import ChildRunError as ChildRunError
@@ -61,6 +69,7 @@ if TYPE_CHECKING:
     from ._journal.check import CheckReport as CheckReport
     from ._journal.check import Finding as Finding
     from ._journal.check import verify_store as verify_store
+    from ._runtime.budget import spend as spend
     from ._runtime.cancel_state import register_host_cancel as register_host_cancel
     from ._runtime.fork import ForkPlan as ForkPlan
     from ._runtime.run_api import run as run
@@ -78,6 +87,7 @@ if TYPE_CHECKING:
     from ._runtime.task_api import idempotency_key as idempotency_key
     from ._runtime.task_api import shield as shield
     from ._runtime.tool import Task as Task
+    from ._runtime.tool import approval as approval
     from ._runtime.tool import step as step
     from ._runtime.tool import task as task
     from ._runtime.tool import tool as tool
@@ -86,7 +96,12 @@ if TYPE_CHECKING:
 #: almost nothing, so a command that only reads or requests (``haltwise cancel ID``) starts fast.
 #: ``tests/test_public_surface.py`` checks that this table and the imports above name the same.
 _LAZY: dict[str, tuple[str, ...]] = {
+    "._core.approvals": ("ApprovalRecord", "ApprovalState", "Decision"),
+    "._core.budget": ("Budget", "Spent"),
     "._core.exceptions": (
+        "ApprovalConflictError",
+        "ApprovalExpired",
+        "ApprovalRefused",
         "BadRow",
         "Cancelled",
         "ChildRunError",
@@ -129,6 +144,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "StepWait",
     ),
     "._journal.check": ("CheckReport", "Finding", "verify_store"),
+    "._runtime.budget": ("spend",),
     "._runtime.fork": ("ForkPlan",),
     "._runtime.run_context": ("call_id", "current_task_id"),
     "._runtime.run_api": ("run",),
@@ -145,7 +161,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "shield",
     ),
     "._runtime.spec": ("Tool",),
-    "._runtime.tool": ("Task", "step", "task", "tool"),
+    "._runtime.tool": ("Task", "approval", "step", "task", "tool"),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}
 
@@ -153,8 +169,14 @@ __version__ = "0.1.0"
 
 
 __all__ = [
+    "ApprovalConflictError",
+    "ApprovalExpired",
+    "ApprovalRecord",
+    "ApprovalRefused",
+    "ApprovalState",
     "AttemptError",
     "BadRow",
+    "Budget",
     "CancelBatch",
     "CancelPolicy",
     "Cancelled",
@@ -163,6 +185,7 @@ __all__ = [
     "CheckReport",
     "ChildRunError",
     "CorruptRowError",
+    "Decision",
     "DeliveryGoneError",
     "Effect",
     "ErrorInfo",
@@ -197,6 +220,7 @@ __all__ = [
     "Runtime",
     "SchemaError",
     "SchemaVersionError",
+    "Spent",
     "State",
     "StepRecord",
     "StepStatus",
@@ -211,6 +235,7 @@ __all__ = [
     "UnknownRunError",
     "UnknownStepError",
     "aemit",
+    "approval",
     "call_id",
     "cancel_current_run",
     "cancel_requested",
@@ -222,6 +247,7 @@ __all__ = [
     "register_replayable_error",
     "run",
     "shield",
+    "spend",
     "step",
     "task",
     "tool",

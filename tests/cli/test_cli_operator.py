@@ -249,6 +249,7 @@ def test_cancel_of_a_worked_run_imports_no_runtime_machinery(env: Env) -> None:
         (("status", "r1", "--json"), ()),
         (("status", "r1"), ("rich",)),  # a person's summary is drawn by rich
         (("list", "--json"), ()),
+        (("list", "--awaiting", "--json"), ()),
         (("pause", "r1"), ()),
         (("unpause", "r1"), ()),
         (("prune", "--older-than", "1d"), ()),

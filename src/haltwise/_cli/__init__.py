@@ -47,6 +47,8 @@ COMMANDS = {
     "explore": ("verify", "explore_command"),
     "mcp": ("mcp", "mcp_command"),
     "events": ("events", "events_command"),
+    "approve": ("decide", "approve_command"),
+    "refuse": ("decide", "refuse_command"),
 }
 
 

@@ -10,11 +10,13 @@ human summary of a run is drawn by :mod:`.render`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import click
 
+from .._core.approvals import ApprovalRecord
 from .._core.exceptions import HaltwiseError, InputError, UnknownRunError
 from .._core.records import RunRecord
 from .._core.states import State
@@ -331,12 +333,23 @@ def status_command(task_id: str, as_json: bool, store: str | None) -> int:
     show_default=True,
     help="At most this many runs.",
 )
+@click.option(
+    "--awaiting", is_flag=True, help="List the approval requests awaiting a decision instead."
+)
 @json_option
 @store_option
 def list_command(
-    state: str | None, task: str | None, limit: int, as_json: bool, store: str | None
+    state: str | None,
+    task: str | None,
+    limit: int,
+    awaiting: bool,
+    as_json: bool,
+    store: str | None,
 ) -> int:
-    """List the runs in the store, newest created first."""
+    """List the runs in the store, newest created first (--awaiting: the pending approval
+    requests, oldest first)."""
+    if awaiting:
+        return _list_awaiting(as_json, store)
 
     async def main() -> RunPage | None:
         async with reading(store) as seat:
@@ -358,6 +371,25 @@ def list_command(
 
 
 # -- helpers of these commands ----------------------------------------------------------------
+
+
+def _list_awaiting(as_json: bool, store: str | None) -> int:
+    """``list --awaiting``: the object of ``GET /api/approvals``, or one line a request."""
+
+    async def main() -> list[ApprovalRecord]:
+        async with reading(store) as seat:
+            return [] if seat is None else await seat.approvals()
+
+    pending = run_async(main)
+    if as_json:
+        print_json({"approvals": [record.pending_json() for record in pending]})
+        return 0
+    if not pending:
+        note("no approval request awaits a decision")
+    for record in pending:
+        arguments = json.dumps(record.arguments)
+        click.echo(f"{record.run_id}\t{record.index}\t{record.tool}\t{arguments}")
+    return 0
 
 
 def _summary(outcome: Outcome) -> None:

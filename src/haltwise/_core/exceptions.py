@@ -18,6 +18,9 @@ Cancellation is not an error, so it stands outside the error tree::
         ├── StepTimeoutError      a step ran longer than its tool's timeout= (.task_id, .index)
         ├── UnknownStepError      a run taken over has an unknown step it may not run again
         ├── ChildRunError         a child task's run failed or was cancelled on its own (.task_id)
+        ├── ApprovalRefused       a call's approval was refused (.by, .note, .index)
+        │   └── ApprovalExpired   nobody decided within the request's timeout
+        ├── ApprovalConflictError  a decision on a request that is not awaiting (.state)
         ├── StoreError            the store is unusable: bad URL, not a haltwise store, I/O error
         │   ├── SchemaVersionError  the store was written by a newer haltwise
         │   ├── LostOwnershipError  a write fenced off: another owner holds the run (.task_id)
@@ -210,6 +213,40 @@ class ChildRunError(HaltwiseError):
         super().__init__(f"child run {task_id!r} ended {state}{detail}", task_id=task_id)
         self.state = state
         self.error = error
+
+
+class ApprovalRefused(HaltwiseError):
+    """The call's approval was refused (CONTRACT.md, "Someone else decides"): the call did not
+    run, its step is ``refused``. ``by`` and ``note`` are the decision's; ``index`` the step."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        task_id: str | None = None,
+        index: int | None = None,
+        by: str | None = None,
+        note: str | None = None,
+    ) -> None:
+        super().__init__(message, task_id=task_id)
+        self.index = index
+        self.by = by
+        self.note = note
+
+
+class ApprovalExpired(ApprovalRefused):
+    """Nobody decided on the request within its timeout: the request is ``expired`` and the
+    call did not run."""
+
+
+class ApprovalConflictError(HaltwiseError):
+    """A decision on a request that is not awaiting (decided already, expired, cancelled, or no
+    request at that step): refused, naming what happened to the request (``state``: its state,
+    or None when there is none). Exit 2, HTTP 409."""
+
+    def __init__(self, message: str, *, task_id: str | None = None, state: str | None = None):
+        super().__init__(message, task_id=task_id)
+        self.state = state
 
 
 class StoreError(HaltwiseError):

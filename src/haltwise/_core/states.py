@@ -96,3 +96,7 @@ class StepStatus(StrEnum):
     UNKNOWN = "unknown"
     #: the tool raised; runs again on resume
     FAILED = "failed"
+    #: a request for approval is journaled and waits for a decision; the body has not run
+    AWAITING = "awaiting"
+    #: its approval was refused or expired: the body never ran; a resume replays the refusal
+    REFUSED = "refused"

@@ -8,10 +8,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, final
 
+from .approvals import ApprovalRecord
+from .budget import Spent
 from .outcome import Outcome, Retry, StepRecord
 from .records import Event, Owner, RunRecord
 from .states import State
@@ -26,6 +29,13 @@ class ChangeKind(StrEnum):
     STEP = "step"
     #: a partial result became durable (``index`` is its place in the run's list)
     PARTIAL = "partial"
+    #: an approval request was made or decided (``index`` is the step, ``status`` the
+    #: request's state: ``awaiting``, ``approved``, ``edited``, ``refused``, ``expired``,
+    #: ``cancelled``)
+    APPROVAL = "approval"
+    #: the run's budget is exhausted (``status`` is ``"exhausted"``): it is cancelled or paused
+    #: with reason ``"budget"`` next
+    BUDGET = "budget"
 
 
 @final
@@ -86,15 +96,19 @@ class RunSummary:
     retry: Retry
     created_at: float
     updated_at: float
+    #: what the run spent, by its journal (``_core/budget.Spent``; a listing sums its steps)
+    spent: Spent = field(default_factory=Spent)
 
     def to_json(self) -> dict[str, Any]:
-        """The row of ``list --json``: ``{"id", "task", "state", "reason", "retry"}``."""
+        """The row of ``list --json``: ``{"id", "task", "state", "reason", "retry", "spent"}``
+        (``spent``: ``{"usd", "tokens", "tool_calls"}``, as ``status --json``'s budget)."""
         return {
             "id": self.id,
             "task": self.task,
             "state": self.state.value,
             "reason": self.reason,
             "retry": self.retry.value,
+            "spent": self.spent.to_json(),
         }
 
 
@@ -168,11 +182,13 @@ class RunDetail:
     created_at: float
     updated_at: float
     stays_cancelling: str | None = None
+    #: the run's approval requests by step (CONTRACT.md, "Someone else decides")
+    approvals: Mapping[int, ApprovalRecord] = field(default_factory=dict)
 
     def status_json(self) -> dict[str, Any]:
         """The ``status --json`` object: the outcome's, each step with the times of its last
         attempt (``started_at``, ``settled_at``: epoch seconds, ``settled_at`` null while it
-        runs)."""
+        runs) and, for a step that asked for approval, its ``"approval"``."""
         data = self.outcome.to_json()
         data["steps"] = [self._step_json(step) for step in self.outcome.steps]
         return data
@@ -208,6 +224,9 @@ class RunDetail:
         times = self.step_times.get(step.index)
         if step.error is not None:
             data.setdefault("error", step.error.to_json())
+        record = self.approvals.get(step.index)
+        if record is not None:
+            data["approval"] = record.to_json()
         data["started_at"] = times.started_at if times else None
         data["settled_at"] = times.settled_at if times else None
         return data

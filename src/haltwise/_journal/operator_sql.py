@@ -23,6 +23,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, final
 
+from .._core.approvals import ApprovalRecord, ApprovalState
+from .._core.budget import Spent
 from .._core.exceptions import InputError
 from .._core.outcome import advice
 from .._core.reconcile import HOOK_NOT_ASKED
@@ -32,11 +34,14 @@ from .._core.views import Change, ChangeKind, RunSummary, StepTimes
 from .rows import RUN_COLUMNS, cancelled_written, run_columns
 from .schema import HIGH_WATER_RUN, Dialect
 from .sql import RunWrite, cancel_plan_key, plan_cancel_write
-from .store import CancelledRun, CancelResult
+from .store import ApprovalRequest, CancelledRun, CancelResult
 
 __all__ = [
+    "APPROVAL_COLUMNS",
     "OperatorSQL",
     "RunWrites",
+    "approval_from_row",
+    "approval_parameters",
     "change_from_row",
     "decode_cursor",
     "encode_cursor",
@@ -45,7 +50,12 @@ __all__ = [
     "summary_from_row",
 ]
 
-_TABLES = ("runs", "steps", "partials", "events", "changes", "deliveries")
+_TABLES = ("runs", "steps", "partials", "events", "changes", "deliveries", "approvals")
+#: the columns of an approval request, in the order of ``rows.approval_from_row``
+APPROVAL_COLUMNS = (
+    "run_id, idx, tool, fingerprint, arguments, state, requested_at, timeout_at, decided_by, "
+    "decided_at, note, edited"
+)
 
 #: The columns a page of runs reads, in order (see :func:`summary_from_row`).
 _SUMMARY = """
@@ -58,7 +68,12 @@ SELECT r.id, r.task, r.state, r.reason, r.created_at, r.updated_at,
      LIMIT 1) IS NOT NULL AS repeats,
     (SELECT 1 FROM {steps} s WHERE s.run_id = r.id AND s.status = 'unknown'
      AND s.idempotent = {false} AND s.reconciled = {hook_not_asked}
-     LIMIT 1) IS NOT NULL AS hooked
+     LIMIT 1) IS NOT NULL AS hooked,
+    (SELECT coalesce(sum(s.usd), 0) FROM {steps} s WHERE s.run_id = r.id) AS usd,
+    (SELECT CAST(coalesce(sum(s.tokens), 0) AS BIGINT) FROM {steps} s WHERE s.run_id = r.id)
+        AS tokens,
+    (SELECT CAST(coalesce(sum(coalesce(s.calls, s.attempts)), 0) AS BIGINT) FROM {steps} s
+     WHERE s.run_id = r.id) AS calls
 FROM {runs} r
 """
 # (Scalar subqueries with LIMIT 1, not EXISTS: PostgreSQL turns an EXISTS in the select list into
@@ -184,6 +199,13 @@ class OperatorSQL:
             "SELECT run_id, 'transition', seq, target, {clock} FROM recorded ORDER BY seq"
         )
 
+    def record_budget_exhausted(self) -> str:
+        """A run's budget exhausted, in the change feed (parameter: the run id)."""
+        return self.sql(
+            "INSERT INTO {changes} (run_id, kind, idx, status, at) "
+            "VALUES (?, 'budget', NULL, 'exhausted', {clock})"
+        )
+
     def record_event(self) -> str:
         """An event recorded with its change in the feed (on SQLite its trigger writes the
         change; on PostgreSQL this statement does, see ``schema.TRIGGERS``)."""
@@ -219,6 +241,7 @@ class OperatorSQL:
                 self.sql(f"DELETE FROM {{{table}}} WHERE {key} {self.in_ids}")
                 for table, key in (
                     ("partials", "run_id"),
+                    ("approvals", "run_id"),
                     ("steps", "run_id"),
                     ("events", "run_id"),
                     ("runs", "id"),
@@ -281,6 +304,71 @@ class OperatorSQL:
 
     # -- the events sender's positions ---------------------------------------------------------
 
+    # -- approvals -------------------------------------------------------------------------------
+
+    def approval_request(self) -> str:
+        """Journal an approval request for step ``idx`` of the run, if the step has none yet or
+        its request was cancelled (a resume asks anew), and if ``owner_token`` still holds the
+        run. Parameters: run_id, idx, tool, fingerprint, arguments, timeout_at, run_id,
+        owner_token."""
+        request = self.sql(
+            "INSERT INTO {approvals} (run_id, idx, tool, fingerprint, arguments, state, "
+            "requested_at, timeout_at) SELECT ?, ?, ?, ?, ?, 'awaiting', {clock}, ? "
+            "WHERE EXISTS (SELECT 1 FROM {runs} WHERE id = ? AND owner_token = ?) "
+            "ON CONFLICT (run_id, idx) DO UPDATE SET state = 'awaiting', "
+            "requested_at = excluded.requested_at, timeout_at = excluded.timeout_at, "
+            "decided_by = NULL, decided_at = NULL, note = NULL, edited = NULL, "
+            "fingerprint = excluded.fingerprint, arguments = excluded.arguments "
+            "WHERE {approvals}.state = 'cancelled'"
+        )
+        return request
+
+    def approval_step(self) -> str:
+        """The step row of a request (status ``awaiting``), unless the step has one that is
+        not ``interrupted`` (a resume asking anew after a cancel). Parameters: run_id, idx,
+        tool, cancel, effect, idempotent, idem_key, call_id, fingerprint, run_id, idx."""
+        return self.sql(
+            "INSERT INTO {steps} (run_id, idx, tool, cancel, effect, idempotent, status, "
+            "attempts, idem_key, cleanup, started_at, call_id, fingerprint) "
+            "SELECT ?, ?, ?, ?, ?, ?, 'awaiting', 0, ?, {false}, {clock}, ?, ? "
+            "WHERE EXISTS (SELECT 1 FROM {approvals} WHERE run_id = ? AND idx = ? "
+            "AND state = 'awaiting') "
+            "ON CONFLICT (run_id, idx) DO UPDATE SET status = 'awaiting' "
+            "WHERE {steps}.status = 'interrupted'"
+        )
+
+    def approval_of(self) -> str:
+        return self.sql(
+            f"SELECT {APPROVAL_COLUMNS} FROM {{approvals}} WHERE run_id = ? AND idx = ?"
+        )
+
+    def approvals_of_run(self) -> str:
+        return self.sql(
+            f"SELECT {APPROVAL_COLUMNS} FROM {{approvals}} WHERE run_id = ? ORDER BY idx"
+        )
+
+    def approvals_awaiting(self) -> str:
+        """Every request awaiting a decision, oldest first (parameter: the limit)."""
+        return self.sql(
+            f"SELECT {APPROVAL_COLUMNS} FROM {{approvals}} WHERE state = 'awaiting' "
+            "ORDER BY requested_at, run_id, idx LIMIT ?"
+        )
+
+    def approval_decide(self) -> str:
+        """The decision, compare-and-set: only a request still ``awaiting`` is decided.
+        Parameters: state, decided_by, note, edited, run_id, idx."""
+        return self.sql(
+            "UPDATE {approvals} SET state = ?, decided_by = ?, decided_at = {clock}, note = ?, "
+            "edited = ? WHERE run_id = ? AND idx = ? AND state = 'awaiting'"
+        )
+
+    def approval_change(self) -> str:
+        """The change feed's row of a request made or decided (run_id, idx, state)."""
+        return self.sql(
+            "INSERT INTO {changes} (run_id, kind, idx, status, at) "
+            "VALUES (?, 'approval', ?, ?, {clock})"
+        )
+
     def delivery_position(self) -> str:
         return self.sql("SELECT position FROM {deliveries} WHERE destination = ?")
 
@@ -300,7 +388,7 @@ def summary_from_row(row: Sequence[Any]) -> RunSummary:
     run_id, task, state, reason, created_at, updated_at = run_columns(
         row[0], _SUMMARY_COLUMNS, row[:6]
     )
-    unsafe, repeats, hooked = row[6:]
+    unsafe, repeats, hooked, usd, tokens, calls = row[6:]
     return RunSummary(
         id=run_id,
         task=task,
@@ -314,6 +402,58 @@ def summary_from_row(row: Sequence[Any]) -> RunSummary:
         ),
         created_at=created_at,
         updated_at=updated_at,
+        spent=Spent(float(usd or 0), int(tokens or 0), int(calls or 0)),
+    )
+
+
+def approval_parameters(
+    run_id: str, request: ApprovalRequest, fence: str
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The parameters of :meth:`OperatorSQL.approval_request` and
+    :meth:`OperatorSQL.approval_step` for ``request``."""
+    step = request.step
+    asked = (
+        run_id,
+        step.index,
+        step.tool,
+        step.fingerprint,
+        request.arguments,
+        request.timeout_at,
+        run_id,
+        fence,
+    )
+    row = (
+        run_id,
+        step.index,
+        step.tool,
+        step.cancel,
+        step.effect.value,
+        step.idempotent,
+        step.idempotency_key,
+        step.call_id,
+        step.fingerprint,
+        run_id,
+        step.index,
+    )
+    return asked, row
+
+
+def approval_from_row(row: Sequence[Any]) -> ApprovalRecord:
+    """An approval request from its row (columns :data:`APPROVAL_COLUMNS`)."""
+    run_id, idx, tool, print_, arguments, state, requested, timeout, by, at, note, edited = row
+    return ApprovalRecord(
+        run_id=run_id,
+        index=int(idx),
+        tool=tool,
+        fingerprint=print_,
+        arguments=json.loads(arguments),
+        state=ApprovalState(state),
+        requested_at=float(requested),
+        timeout_at=None if timeout is None else float(timeout),
+        by=by,
+        at=None if at is None else float(at),
+        note=note,
+        edited=None if edited is None else json.loads(edited),
     )
 
 

@@ -54,6 +54,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from .._core.approvals import ApprovalRecord
 from .._core.exceptions import HaltwiseError, NoStoreError, StoreError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import (
@@ -70,6 +71,8 @@ from .._core.views import Change, RunSummary
 from .coalesce import Coalescer
 from .operator_sql import (
     OperatorSQL,
+    approval_from_row,
+    approval_parameters,
     change_from_row,
     plan_cancels,
     summary_from_row,
@@ -92,7 +95,14 @@ from .rows import (
     steps_from_rows,
     transition_fields,
 )
-from .schema import POSTGRES, SCHEMA_VERSION, TABLES, parse_version, upgrade_statements
+from .schema import (
+    POSTGRES,
+    POSTGRES_CLOCK,
+    SCHEMA_VERSION,
+    TABLES,
+    parse_version,
+    upgrade_statements,
+)
 from .secrets import MASK, redact, safe_url
 from .shield import shielded
 from .sql import (
@@ -103,26 +113,35 @@ from .sql import (
     check_fence,
     event_parameters,
     insert_run_parameters,
+    pause_plan,
     pause_signals_of,
     plan_create,
     plan_create_cancelled,
-    plan_pause_write,
     plan_transition,
-    plan_unpause_write,
+    unpause_plan,
 )
 from .store import (
     UNSET,
+    ApprovalRequest,
     CancelResult,
     JournalRows,
     NewRun,
     PauseSignal,
     RunJournal,
+    Spend,
     StepStart,
     StepStarted,
     WriteDone,
 )
 
 _CHANNEL = "haltwise_changes"
+#: the change feed's row of a step row written outside the step writer (an approval request's)
+_STEP_CHANGE = (
+    "INSERT INTO haltwise.changes (run_id, kind, idx, status, at) "
+    f"VALUES (%s, 'step', %s, %s, {POSTGRES_CLOCK})"
+)
+#: a settlement that writes no spend (the step's columns keep what they hold)
+_NO_SPEND: Spend = (None, None, None)
 #: advisory lock key that serialises schema creation between processes opening the store at once
 _SCHEMA_LOCK = 0x68616C74
 _POOL_MAX = 10
@@ -819,11 +838,13 @@ class PostgresStore:
                 del known[next(iter(known))]  # the oldest
         return record
 
-    async def request_pause(self, run_id: str) -> RunRecord:
-        return await self._request(run_id, plan_pause_write)
+    async def request_pause(self, run_id: str, *, reason: str | None = None) -> RunRecord:
+        return await self._request(run_id, pause_plan(reason))
 
-    async def request_unpause(self, run_id: str) -> RunRecord:
-        return await self._request(run_id, plan_unpause_write)
+    async def request_unpause(
+        self, run_id: str, *, budget: dict[str, Any] | None = None
+    ) -> RunRecord:
+        return await self._request(run_id, unpause_plan(budget))
 
     async def pause_signals(
         self, run_ids: Collection[str], *, watched: Collection[str]
@@ -933,6 +954,7 @@ class PostgresStore:
         error: ErrorInfo | None = None,
         fence: str,
         durable: bool = True,
+        spend: Spend | None = None,
     ) -> None:
         # durable=False: held in memory and committed with the next write of this store (see
         # postgres_steps and docs/design.md, "Why a settlement may ride with the next write").
@@ -941,7 +963,19 @@ class PostgresStore:
         else:
             result_text = None if result is None else dump_json(result, f"step {index}'s result")
         error_text = None if error is None else error_to_text(error)
-        row = (run_id, index, status._value_, result_text, error_text, time.time(), fence)
+        usd, tokens, calls = _NO_SPEND if spend is None else spend
+        row = (
+            run_id,
+            index,
+            status._value_,
+            result_text,
+            error_text,
+            time.time(),
+            usd,
+            tokens,
+            calls,
+            fence,
+        )
         self._steps.raise_deferred_error(run_id, fence)
         if not durable:
             self._steps.defer(row)  # no wait: nothing to shield
@@ -1221,6 +1255,63 @@ class PostgresStore:
 
         return await self._run(op, runs=(run_id,))
 
+    async def request_approval(
+        self, run_id: str, request: ApprovalRequest, *, fence: str
+    ) -> ApprovalRecord | None:
+        asked, step_row = approval_parameters(run_id, request, fence)
+        index = request.step.index
+
+        async def op(conn: _Conn) -> ApprovalRecord | None:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(_OPS.approval_request(), asked)
+                if rows.rowcount:
+                    await rows.execute(_OPS.approval_change(), (run_id, index, "awaiting"))
+                await rows.execute(_OPS.approval_step(), step_row)
+                if rows.rowcount:
+                    await rows.execute(_STEP_CHANGE, (run_id, index, "awaiting"))
+                await rows.execute(_OPS.approval_of(), (run_id, index))
+                row = await rows.fetchone()
+            await _notify(conn, run_id)
+            return None if row is None else approval_from_row(row)
+
+        return await self._run(op, runs=(run_id,))
+
+    async def decide_approval(
+        self,
+        run_id: str,
+        index: int,
+        state: str,
+        *,
+        by: str | None,
+        note: str | None,
+        edited: str | None,
+    ) -> tuple[ApprovalRecord | None, bool]:
+        async def op(conn: _Conn) -> tuple[ApprovalRecord | None, bool]:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(_OPS.approval_decide(), (state, by, note, edited, run_id, index))
+                won = bool(rows.rowcount)
+                if won:
+                    await rows.execute(_OPS.approval_change(), (run_id, index, state))
+                    await _notify(conn, run_id)  # wakes the run's owner (its watcher)
+                await rows.execute(_OPS.approval_of(), (run_id, index))
+                row = await rows.fetchone()
+            return (None if row is None else approval_from_row(row)), won
+
+        return await self._run(op, after_steps=False)
+
+    async def approvals(
+        self, run_id: str | None = None, *, limit: int = 100_000
+    ) -> list[ApprovalRecord]:
+        async def op(conn: _Conn) -> list[ApprovalRecord]:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                if run_id is None:
+                    await rows.execute(_OPS.approvals_awaiting(), (limit,))
+                else:
+                    await rows.execute(_OPS.approvals_of_run(), (run_id,))
+                return [approval_from_row(row) for row in await rows.fetchall()]
+
+        return await self._run(op, read_only=True, single=True, after_steps=False)
+
     async def delivery_position(self, destination: str) -> int | None:
         async def op(conn: _Conn) -> int | None:
             async with conn.cursor(row_factory=tuple_row) as rows:
@@ -1236,6 +1327,13 @@ class PostgresStore:
             await conn.execute(_OPS.save_delivery_position(), (destination, position))
 
         await self._run(op, single=True, after_steps=False)
+
+    async def record_budget_exhausted(self, run_id: str) -> None:
+        async def op(conn: _Conn) -> None:
+            await conn.execute(_OPS.record_budget_exhausted(), (run_id,))
+            await _notify(conn, run_id)
+
+        await self._run(op, single=True, runs=(run_id,))
 
     def set_concurrency(self, active_runs: int) -> None:
         """Ignored: every operation already runs on a pooled connection of its own."""

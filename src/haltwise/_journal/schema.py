@@ -211,9 +211,41 @@ _DELIVERIES = Table(
     primary_key=("destination",),
 )
 
+#: Version 15: approval requests (CONTRACT.md, "Someone else decides"), one per step that asked:
+#: bound to the run, the step, the tool and the fingerprint of the arguments asked for;
+#: ``arguments`` (JSON, by parameter name) for the approver; a decision (``state`` other than
+#: ``awaiting``) with who, when, the note and the arguments an edit ran the call with.
+_APPROVALS = Table(
+    "approvals",
+    (
+        _text("run_id", not_null=True),
+        Column("idx", Kind.INTEGER, not_null=True),
+        _text("tool", not_null=True),
+        _text("fingerprint"),
+        _text("arguments", not_null=True),
+        _text("state", not_null=True),
+        Column("requested_at", Kind.REAL, not_null=True),
+        Column("timeout_at", Kind.REAL),
+        _text("decided_by"),
+        Column("decided_at", Kind.REAL),
+        _text("note"),
+        _text("edited"),
+    ),
+    primary_key=("run_id", "idx"),
+)
+
 #: PostgreSQL's index of a run's changes, for prune. SQLite has none since version 9: it cost a
 #: step ~1.5 WAL pages and ~4 us (docs/benchmarks.md), and SQLite's prune scans the table once.
 _CHANGES_BY_RUN = Index("changes_by_run", "changes", ("run_id", "seq"), only="postgresql")
+
+#: Version 16: what a step spent (issue 33), written by its settlement: US dollars, model tokens,
+#: and the tool calls it counts when not its attempts (a model request: 0; a child step: its
+#: child run's). NULL: nothing written (a step's calls are then its attempts).
+_STEP_SPEND = (
+    Column("usd", Kind.REAL),
+    Column("tokens", Kind.INTEGER),
+    Column("calls", Kind.INTEGER),
+)
 
 #: Version 6: the errors of a step's earlier failed attempts (a JSON list of ``{"attempt",
 #: "type", "message"}``), kept when the step runs again (a retry, a resume)
@@ -288,6 +320,7 @@ TABLES: tuple[Table, ...] = (
             *_STEP_IDENTITY,
             _ATTEMPT_ERRORS,
             _RECONCILED,
+            *_STEP_SPEND,
         ),
         primary_key=("run_id", "idx"),
         without_rowid=True,
@@ -317,6 +350,7 @@ TABLES: tuple[Table, ...] = (
     _CHANGES,
     _DELIVERIES,
     _EARLY_CANCELS,
+    _APPROVALS,
 )
 
 INDEXES: tuple[Index, ...] = (
@@ -327,6 +361,7 @@ INDEXES: tuple[Index, ...] = (
     _PAUSING,
     Index("runs_by_state_created", "runs", ("state", "created_at")),
     _CHANGES_BY_RUN,
+    Index("approvals_awaiting", "approvals", ("requested_at",), where="state = 'awaiting'"),
 )
 
 _SQLITE_CLOCK = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -492,6 +527,19 @@ MIGRATIONS: tuple[Migration, ...] = (
         "reconcile answers of steps, cancels pressed before their run exists (issue 32)",
         (AddColumn("steps", _RECONCILED), _EARLY_CANCELS),
     ),
+    Migration(
+        15,
+        "approval requests and their decisions (issue 31)",
+        (
+            _APPROVALS,
+            Index("approvals_awaiting", "approvals", ("requested_at",), where="state = 'awaiting'"),
+        ),
+    ),
+    Migration(
+        16,
+        "what each step spent: usd, tokens, calls (budgets, issue 33)",
+        tuple(AddColumn("steps", column) for column in _STEP_SPEND),
+    ),
 )
 
 #: The version of :data:`TABLES`: 1 for the first schema, then the newest migration's.
@@ -648,8 +696,9 @@ def _default_sql(dialect: Dialect, column: Column) -> str:
 def read_views(dialect: Dialect, found: int) -> list[str]:
     """For a reader that may not upgrade a store of version ``found`` (a read-only SQLite
     connection): temporary views, one per table that later migrations added columns to, that
-    shadow the table and show each missing column with its default, so that the newest
-    statements read the older store as they read a new one.
+    shadow the table and show each missing column with its default, and an empty one per table
+    that later migrations made, so that the newest statements read the older store as they read
+    a new one.
 
     SQLite only (an unqualified name finds a temporary view before the table).
     """
@@ -659,7 +708,17 @@ def read_views(dialect: Dialect, found: int) -> list[str]:
             for change in migration.changes:
                 if isinstance(change, AddColumn):
                     added.setdefault(change.table, []).append(change.column)
-    return [
+    # A table a later migration made is shown empty (the approvals of a store older than them).
+    empty = [
+        f"CREATE TEMP VIEW IF NOT EXISTS {change.name} AS SELECT "
+        + ", ".join(f"NULL AS {column.name}" for column in change.columns)
+        + " WHERE 0"
+        for migration in MIGRATIONS
+        if migration.version > found
+        for change in migration.changes
+        if isinstance(change, Table)
+    ]
+    return empty + [
         f"CREATE TEMP VIEW IF NOT EXISTS {table} AS SELECT *, "
         + ", ".join(f"{_default_sql(dialect, column)} AS {column.name}" for column in columns)
         + f" FROM main.{table}"

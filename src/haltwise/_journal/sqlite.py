@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import anyio
 
+from .._core.approvals import ApprovalRecord
 from .._core.exceptions import NoStoreError, StoreError, StoreGoneError, UnknownRunError
 from .._core.outcome import ErrorInfo
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot, dump_json
@@ -33,6 +34,8 @@ from .._core.views import Change, RunSummary
 from .operator_sql import (
     OperatorSQL,
     RunWrites,
+    approval_from_row,
+    approval_parameters,
     change_from_row,
     plan_cancels,
     summary_from_row,
@@ -66,22 +69,24 @@ from .sql import (
     check_fence,
     event_parameters,
     insert_run_parameters,
+    pause_plan,
     pause_signals_of,
     plan_create,
     plan_create_cancelled,
-    plan_pause_write,
     plan_transition,
-    plan_unpause_write,
     transition_plan_key,
+    unpause_plan,
 )
 from .sqlite_writer import GroupOp, Op, Outcome, Writer, store_error
 from .store import (
     UNSET,
+    ApprovalRequest,
     CancelResult,
     JournalRows,
     NewRun,
     PauseSignal,
     RunJournal,
+    Spend,
     StepStart,
     StepStarted,
     WriteDone,
@@ -194,7 +199,8 @@ RETURNING attempts, (SELECT CASE WHEN state = 'cancelling' THEN 1 WHEN pause THE
 """
 
 _SETTLE_STEP = """
-UPDATE steps SET status = ?, result = ?, error = ?, settled_at = ?
+UPDATE steps SET status = ?, result = ?, error = ?, settled_at = ?, usd = coalesce(?, usd),
+    tokens = coalesce(?, tokens), calls = coalesce(?, calls)
 WHERE run_id = ? AND idx = ? AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND owner_token = ?)
 """
 
@@ -226,6 +232,9 @@ _CANCELLING_NEWS = f"{_CANCELLING} AND (force OR id NOT IN (SELECT value FROM js
 # Step writes are partials of these, not closures: fewer objects for the garbage collector to
 # track per step while it waits for its batch (measurable with a thousand runs waiting).
 
+
+#: a settlement that writes no spend (the step's columns keep what they hold)
+_NO_SPEND: Spend = (None, None, None)
 
 #: a step's first start, in a run neither cancelling nor asked to pause (a record: shared)
 _FIRST_START = StepStarted(1)
@@ -565,11 +574,13 @@ class SQLiteStore:
         record: RunRecord = await self._writer.call(op)
         return record
 
-    async def request_pause(self, run_id: str) -> RunRecord:
-        return await self._request(run_id, plan_pause_write)
+    async def request_pause(self, run_id: str, *, reason: str | None = None) -> RunRecord:
+        return await self._request(run_id, pause_plan(reason))
 
-    async def request_unpause(self, run_id: str) -> RunRecord:
-        return await self._request(run_id, plan_unpause_write)
+    async def request_unpause(
+        self, run_id: str, *, budget: dict[str, Any] | None = None
+    ) -> RunRecord:
+        return await self._request(run_id, unpause_plan(budget))
 
     async def pause_signals(
         self, run_ids: Collection[str], *, watched: Collection[str]
@@ -672,13 +683,18 @@ class SQLiteStore:
         error: ErrorInfo | None = None,
         fence: str,
         durable: bool = True,
+        spend: Spend | None = None,
     ) -> None:
         result_text = None if result is None else dump_json(result, f"step {index}'s result")
+        usd, tokens, calls = _NO_SPEND if spend is None else spend
         parameters = (
             status.value,
             result_text,
             error_to_text(error),
             time.time(),
+            usd,
+            tokens,
+            calls,
             run_id,
             index,
             run_id,
@@ -908,6 +924,59 @@ class SQLiteStore:
         earlier: str | None = await self._writer.call(op, write=True)
         return earlier
 
+    async def request_approval(
+        self, run_id: str, request: ApprovalRequest, *, fence: str
+    ) -> ApprovalRecord | None:
+        asked, step_row = approval_parameters(run_id, request, fence)
+        index = request.step.index
+
+        def op(conn: sqlite3.Connection) -> ApprovalRecord | None:
+            if conn.execute(_OPS.approval_request(), asked).rowcount:
+                conn.execute(_OPS.approval_change(), (run_id, index, "awaiting"))
+            # (the step row's change is written by the trigger on steps)
+            conn.execute(_OPS.approval_step(), step_row)
+            row = conn.execute(_OPS.approval_of(), (run_id, index)).fetchone()
+            return None if row is None else approval_from_row(row)
+
+        record: ApprovalRecord | None = await self._writer.call(op, write=True, shield=True)
+        return record
+
+    async def decide_approval(
+        self,
+        run_id: str,
+        index: int,
+        state: str,
+        *,
+        by: str | None,
+        note: str | None,
+        edited: str | None,
+    ) -> tuple[ApprovalRecord | None, bool]:
+        def op(conn: sqlite3.Connection) -> tuple[ApprovalRecord | None, bool]:
+            params = (state, by, note, edited, run_id, index)
+            won = bool(conn.execute(_OPS.approval_decide(), params).rowcount)
+            if won:
+                conn.execute(_OPS.approval_change(), (run_id, index, state))
+            row = conn.execute(_OPS.approval_of(), (run_id, index)).fetchone()
+            return (None if row is None else approval_from_row(row)), won
+
+        decided: tuple[ApprovalRecord | None, bool] = await self._writer.call(
+            op, write=True, shield=True
+        )
+        return decided
+
+    async def approvals(
+        self, run_id: str | None = None, *, limit: int = 100_000
+    ) -> list[ApprovalRecord]:
+        def op(conn: sqlite3.Connection) -> list[ApprovalRecord]:
+            if run_id is None:
+                rows = conn.execute(_OPS.approvals_awaiting(), (limit,)).fetchall()
+            else:
+                rows = conn.execute(_OPS.approvals_of_run(), (run_id,)).fetchall()
+            return [approval_from_row(row) for row in rows]
+
+        found: list[ApprovalRecord] = await self._writer.call(op, write=False)
+        return found
+
     async def delivery_position(self, destination: str) -> int | None:
         def op(conn: sqlite3.Connection) -> int | None:
             row = conn.execute(_OPS.delivery_position(), (destination,)).fetchone()
@@ -919,6 +988,12 @@ class SQLiteStore:
     async def save_delivery_position(self, destination: str, position: int) -> None:
         def op(conn: sqlite3.Connection) -> None:
             conn.execute(_OPS.save_delivery_position(), (destination, position))
+
+        await self._writer.call(op, write=True)
+
+    async def record_budget_exhausted(self, run_id: str) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(_OPS.record_budget_exhausted(), (run_id,))
 
         await self._writer.call(op, write=True)
 

@@ -22,12 +22,16 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, final
 
+from .._core.approvals import ApprovalRecord
 from .._core.exceptions import BadRow
 from .._core.outcome import ErrorInfo, StepRecord
 from .._core.policy import Effect
 from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot
 from .._core.states import State, StepStatus
 from .._core.views import Change, RunSummary, StepTimes
+
+#: what a step spent, as its settlement writes it: (usd, tokens, calls); see ``_core/budget``
+Spend = tuple[float | None, int | None, int | None]
 
 
 class _Unset:
@@ -120,6 +124,18 @@ class StepStart:
     call_id: str | None = None
     #: a fingerprint of the call's arguments, compared on replay
     fingerprint: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """An approval request as the step executor journals it (see
+    :meth:`Store.request_approval`): the step's identity as :class:`StepStart` has it, the
+    arguments for the approver (JSON text, by parameter name) and the deadline (epoch
+    seconds, None: none)."""
+
+    step: StepStart
+    arguments: str
+    timeout_at: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,9 +302,14 @@ class Store(Protocol):
         error: ErrorInfo | None = None,
         fence: str,
         durable: bool = True,
+        spend: Spend | None = None,
     ) -> None:
         """Record how a step ended; like :meth:`start_step`, completes even if the caller is
         cancelled meanwhile.
+
+        ``spend`` is what the step spent, ``(usd, tokens, calls)`` (see ``_core/budget``),
+        written in the same statement as the settlement; None leaves what an earlier
+        settlement of the step wrote (a takeover's settlement of an orphaned step).
 
         With ``durable=False`` the store may return before the write is durable, provided it
         commits the write before (or together with) the next operation of this store object and
@@ -355,16 +376,23 @@ class Store(Protocol):
         may still change what the caller does). An id in ``acting`` but not in ``run_ids`` is
         not listed."""
 
-    async def request_pause(self, run_id: str) -> RunRecord:
+    async def request_pause(self, run_id: str, *, reason: str | None = None) -> RunRecord:
         """Record a pause request atomically and return the run as it is afterwards.
+
+        ``reason`` (``"budget"``) is recorded as the run's reason with a request it makes.
 
         A ``pending`` or ``running`` run gains ``pause`` (its state does not change: the runtime
         working it moves it to ``paused`` at its next checkpoint with nothing in flight, through
         :meth:`transition`); any other run is left as it is.
         """
 
-    async def request_unpause(self, run_id: str) -> RunRecord:
+    async def request_unpause(
+        self, run_id: str, *, budget: dict[str, Any] | None = None
+    ) -> RunRecord:
         """Undo a pause atomically and return the run as it is afterwards.
+
+        ``budget`` (a budget's ``limit_json``) replaces the run's budget in its inputs in the
+        same write, whatever the unpause does (a run paused for budget, raised).
 
         ``paused`` -> ``running`` (an event, the request cleared, the owner kept); a ``pending``
         or ``running`` run with a pause requested loses the request; any other run is left as
@@ -436,12 +464,50 @@ class Store(Protocol):
         """Keep ``traceparent`` as the span context of the run's latest attempt, in one
         transaction with reading the one it replaces (None: none was kept)."""
 
+    async def request_approval(
+        self, run_id: str, request: ApprovalRequest, *, fence: str
+    ) -> ApprovalRecord | None:
+        """Journal an approval request as the step's (status ``awaiting``) in one transaction,
+        unless the step has one already that was not cancelled (a takeover or a resume waits
+        on the same request; a cancelled one is asked anew), only while ``fence`` holds the
+        run; return the step's request as it now is (an ``ApprovalRecord``; None when the
+        fence no longer holds and no request exists). Records an ``approval`` change when it
+        made one."""
+        ...
+
+    async def decide_approval(
+        self,
+        run_id: str,
+        index: int,
+        state: str,
+        *,
+        by: str | None,
+        note: str | None,
+        edited: str | None,
+    ) -> tuple[ApprovalRecord | None, bool]:
+        """Decide the step's request, compare-and-set: only a request still ``awaiting`` is
+        decided (to ``state``), in one transaction with its ``approval`` change (and, on
+        PostgreSQL, a notification that wakes the run's owner). Returns the request as it now
+        is (an ``ApprovalRecord``, None if there is none) and whether this call decided it."""
+        ...
+
+    async def approvals(
+        self, run_id: str | None = None, *, limit: int = 100_000
+    ) -> list[ApprovalRecord]:
+        """The approval requests of one run (every state, by step), or without ``run_id``
+        every request still awaiting in the store, oldest first (at most ``limit``)."""
+        ...
+
     async def delivery_position(self, destination: str) -> int | None:
         """The number of the last change acknowledged by ``destination`` (a URL: see
         ``haltwise events``), or ``None`` if no sender has delivered there yet."""
 
     async def save_delivery_position(self, destination: str, position: int) -> None:
         """Record, durably, that every change up to ``position`` reached ``destination``."""
+
+    async def record_budget_exhausted(self, run_id: str) -> None:
+        """Record in the change feed that run ``run_id``'s budget is exhausted (kind
+        ``budget``, status ``exhausted``): the run is then cancelled or paused for it."""
 
     def set_concurrency(self, active_runs: int) -> None:
         """A hint: how many runs this process works on the store now.

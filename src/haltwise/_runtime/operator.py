@@ -140,6 +140,7 @@ async def inspect_run(store: Store, run_id: str) -> RunDetail:
         created_at=run.created_at,
         updated_at=run.updated_at,
         stays_cancelling=stays,
+        approvals={record.index: record for record in await store.approvals(run_id)},
     )
 
 

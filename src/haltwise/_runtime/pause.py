@@ -84,9 +84,13 @@ async def relay_to_children(run: RunContext) -> None:
 
 def at_rest(run: RunContext) -> bool:
     """No step of the run is in flight but child runs that are paused (a child step waits for
-    its child run; a pause of the parent pauses the child, and then the parent may pause)."""
+    its child run; a pause of the parent pauses the child, and then the parent may pause) and
+    calls whose approval request awaits a decision (nothing of them has run)."""
     children = run.children
-    return all(index in children and children[index].paused for index in run.flights)
+    return all(
+        (index in children and children[index].paused) or getattr(flight, "awaiting", False)
+        for index, flight in run.flights.items()
+    )
 
 
 def _pausing(run: RunContext) -> bool:

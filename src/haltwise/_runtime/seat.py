@@ -20,10 +20,12 @@ import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
+from .._core.approvals import ApprovalRecord, check_decidable, decided_state
+from .._core.budget import Budget
 from .._core.exceptions import InputError, NoStoreError
-from .._core.records import RunRecord
+from .._core.records import RunRecord, dump_json
 from .._core.states import State
 from .._core.views import CancelBatch, Change, RunDetail, RunPage
 from .._journal import open_store, store_url_from
@@ -159,16 +161,66 @@ class Seat:
             dry_run=dry_run,
         )
 
-    async def request_pause(self, task_id: str) -> RunRecord:
-        """Record a pause request (see :meth:`haltwise.Runtime.pause`); the run right after."""
-        check_no_nul(task_id, "a run id")
-        return await self._store.request_pause(task_id)
+    async def approvals(self, task_id: str | None = None) -> list[ApprovalRecord]:
+        """The pending approval requests, oldest first; with ``task_id``, that run's requests
+        in every state."""
+        return await self._store.approvals(task_id)
 
-    async def request_unpause(self, task_id: str) -> RunRecord:
-        """Withdraw a pause, or record ``paused -> running`` (see
-        :meth:`haltwise.Runtime.unpause`, which also continues a paused orphan)."""
+    async def decide(
+        self,
+        task_id: str,
+        step: int,
+        *,
+        approve: bool,
+        edit: Mapping[str, Any] | None = None,
+        by: str | None = None,
+        note: str | None = None,
+    ) -> ApprovalRecord:
+        """Decide the approval request of step ``step`` (see :meth:`haltwise.Runtime.decide`)."""
         check_no_nul(task_id, "a run id")
-        return await self._store.request_unpause(task_id)
+        if edit is not None and not approve:
+            raise InputError("an edit goes with an approval, not a refusal", task_id=task_id)
+        if edit is not None and not isinstance(edit, Mapping):
+            raise InputError("the edit must be a JSON object of arguments", task_id=task_id)
+        for text, what in ((by, "by"), (note, "a note")):
+            if text is not None:
+                check_no_nul(text, what)
+        current = next((r for r in await self._store.approvals(task_id) if r.index == step), None)
+        if current is None:
+            await self._store.load(task_id)  # an unknown run: UnknownRunError
+        check_decidable(task_id, step, current)
+        assert current is not None
+        edited = None
+        if edit is not None:
+            edited = dump_json({**current.arguments, **edit}, "the edited arguments")
+        record, won = await self._store.decide_approval(
+            task_id, step, decided_state(approve, edit), by=by, note=note, edited=edited
+        )
+        if not won:
+            check_decidable(task_id, step, record)  # raises: another decision came first
+        assert record is not None
+        return record
+
+    async def request_pause(self, task_id: str, *, reason: str | None = None) -> RunRecord:
+        """Record a pause request (see :meth:`haltwise.Runtime.pause`); the run right after.
+        ``reason`` (``"budget"``) is the run's reason while the pause lasts."""
+        check_no_nul(task_id, "a run id")
+        return await self._store.request_pause(task_id, reason=reason)
+
+    async def request_unpause(self, task_id: str, *, budget: Budget | None = None) -> RunRecord:
+        """Withdraw a pause, or record ``paused -> running`` (see
+        :meth:`haltwise.Runtime.unpause`, which also continues a paused orphan). ``budget``
+        raises the run's budget in the same write: its limits replace the run's (those it
+        leaves out stay)."""
+        check_no_nul(task_id, "a run id")
+        if budget is None:
+            return await self._store.request_unpause(task_id)
+        if not isinstance(budget, Budget):
+            raise InputError(f"budget must be a haltwise.Budget, not {budget!r}")
+        snapshot = await self._store.load(task_id)
+        current = Budget.from_json(snapshot.run.inputs.get("budget"))
+        raised = budget if current is None else current.raised(budget)
+        return await self._store.request_unpause(task_id, budget=raised.limit_json())
 
     async def prune(
         self, older_than: float, *, state: State | str | None = None, dry_run: bool = False

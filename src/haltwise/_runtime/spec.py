@@ -62,6 +62,8 @@ class ToolSpec:
     """
 
     __slots__ = (
+        "approval",
+        "counts_calls",
         "defer_settle",
         "effective_cancel",
         "fn",
@@ -74,9 +76,21 @@ class ToolSpec:
     )
 
     def __init__(
-        self, fn: Callable[..., Any], policy: ToolPolicy, name: str, *, register: bool = True
+        self,
+        fn: Callable[..., Any],
+        policy: ToolPolicy,
+        name: str,
+        *,
+        register: bool = True,
+        approval: Any = None,
+        counts_calls: bool = True,
     ) -> None:
         self.fn = fn
+        #: the tool's approval rule (``approvals.ApprovalRule``), None when it needs none
+        self.approval = approval
+        #: each attempt of a call is a tool call of the run's budget (a model request and a
+        #: child step are not: the child's own calls count)
+        self.counts_calls = counts_calls
         self.policy = policy
         self.name = name
         self.is_async = is_async_callable(fn)

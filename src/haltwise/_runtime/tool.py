@@ -14,8 +14,12 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
-from .._core.exceptions import NotInTaskError, PolicyError
+from .._core.approvals import Decision
+from .._core.budget import Budget
+from .._core.exceptions import ApprovalExpired, ApprovalRefused, NotInTaskError, PolicyError
 from .._core.policy import CancelPolicy, Effect, OnCancel, ToolPolicy
+from .approvals import decided_payload, decision_of, refused_decision
+from .approvals import rule as approval_rule
 from .run_context import CURRENT_RUN, CURRENT_STEP
 from .spec import Tool, ToolSpec, qualified_name
 
@@ -112,10 +116,13 @@ class Task(Generic[P, R]):
         *,
         source: str | None = None,
         register: bool = True,
+        budget: Budget | None = None,
     ) -> None:
         self.fn = fn
         self.on_cancel = on_cancel
         self.name = name
+        #: what each run of the task may spend, unless its start gives its own (None: no limit)
+        self.budget = budget
         #: the absolute path of the script or file that defines the task when it is not an
         #: importable module (``python agent.py``, a file the command line loaded): runs record
         #: it, so that ``haltwise resume`` can load the task again
@@ -135,7 +142,9 @@ class Task(Generic[P, R]):
         if self._as_step is None:
             from .children import CHILD_POLICY, child_body
 
-            spec = ToolSpec(child_body(self), CHILD_POLICY, self.name, register=False)
+            spec = ToolSpec(
+                child_body(self), CHILD_POLICY, self.name, register=False, counts_calls=False
+            )
             self._as_step = tool_function(spec)
         return self._as_step(*args, **kwargs)
 
@@ -169,6 +178,8 @@ def tool(
     backoff: tuple[float, float, float] | None = None,
     reconcile: Callable[..., Any] | None = None,
     name: str | None = None,
+    approval: str | Callable[..., bool] | None = None,
+    approval_timeout: float | None = None,
 ) -> Callable[[Callable[P, Any]], Tool[P, Any]]: ...
 
 
@@ -186,6 +197,8 @@ def tool(
     backoff: tuple[float, float, float] | None = None,
     reconcile: Callable[..., Any] | None = None,
     name: str | None = None,
+    approval: str | Callable[..., bool] | None = None,
+    approval_timeout: float | None = None,
 ) -> Any:
     """Declare a tool and its cancel policy (CONTRACT.md, "Tool policies").
 
@@ -214,7 +227,16 @@ def tool(
     result), :class:`~haltwise.NotHappened` ``()`` (``interrupted``: it runs again on resume)
     or None when it cannot tell (an exception counts as None: the step stays ``unknown``).
     Resume, a worker's takeover, ``haltwise reconcile`` and the API ask it before they refuse.
-    Bad declarations raise :class:`~haltwise.PolicyError` here, at once.
+
+    ``approval="required"`` (or a function of the call's arguments returning whether this call
+    needs one): inside a run, the call first journals an approval request as its step (status
+    ``awaiting``) and waits for a decision (``haltwise approve`` / ``refuse``,
+    :meth:`Runtime.decide`, the API, the dashboard); approved, it runs (with the edited
+    arguments if edited); refused, the step is ``refused`` and the call raises
+    :class:`~haltwise.ApprovalRefused`. ``approval_timeout`` (seconds): a request not decided
+    by then is ``expired`` (:class:`~haltwise.ApprovalExpired`); without it a request waits
+    until decided or the run is cancelled. CONTRACT.md, "Someone else decides". Bad
+    declarations raise :class:`~haltwise.PolicyError` here, at once.
     """
 
     def decorate(function: Callable[..., Any]) -> Tool[..., Any]:
@@ -233,7 +255,8 @@ def tool(
             backoff=backoff,
             reconcile=reconcile,
         )
-        return tool_function(ToolSpec(function, policy, tool_name))
+        needs = approval_rule(tool_name, approval, approval_timeout)
+        return tool_function(ToolSpec(function, policy, tool_name, approval=needs))
 
     return decorate if fn is None else decorate(fn)
 
@@ -264,6 +287,40 @@ def _policy(
         backoff=backoff,
         reconcile=reconcile,
     )
+
+
+#: haltwise.approval() steps' specs, by (name, timeout)
+_APPROVAL_SPECS: dict[tuple[str, float | None], ToolSpec] = {}
+
+
+async def approval(name: str, *, payload: Any = None, timeout: float | None = None) -> Decision:
+    """Ask for a decision that is no tool call (CONTRACT.md, "Someone else decides"): its
+    request is a step of its own, named ``name``, showing ``payload`` (JSON) to the approver.
+
+    Returns a :class:`~haltwise.Decision` when approved (``payload`` the edited one if the
+    approver edited it) or refused (``approved=False``); raises
+    :class:`~haltwise.ApprovalExpired` when nobody decided within ``timeout`` seconds (None:
+    wait until decided or the run is cancelled). Replayed on resume like any step. Outside a
+    task it raises :class:`~haltwise.NotInTaskError`.
+    """
+    if CURRENT_RUN.get() is None or CURRENT_STEP.get() is not None:
+        raise NotInTaskError("haltwise.approval() is only available inside a running task")
+    spec = _APPROVAL_SPECS.get((name, timeout))
+    if spec is None:
+        policy = _policy(
+            name, "interruptible", "none", True, None, None, timeout=None, retries=0, backoff=None
+        )
+        needs = approval_rule(name, "required", timeout)
+        spec = ToolSpec(decided_payload, policy, name, register=False, approval=needs)
+        if len(_APPROVAL_SPECS) < _STEP_SPECS_MAX:
+            _APPROVAL_SPECS[(name, timeout)] = spec
+    try:
+        result = await call_tool(spec, (), {"payload": payload})
+    except ApprovalExpired:
+        raise
+    except ApprovalRefused as refused:
+        return refused_decision(refused, payload)
+    return decision_of(result)
 
 
 #: haltwise.step() declarations seen so far, by their arguments (bounded: see _step_spec)
@@ -302,12 +359,27 @@ async def step(
     return await call_tool(spec, args, kwargs)
 
 
-def _step_spec(fn: Callable[..., Any], name: str | None, declared: tuple[Any, ...]) -> ToolSpec:
+async def model_step(fn: Callable[..., Any], /, *args: Any, name: str) -> Any:
+    """``await fn(*args)`` as a model request: one step (``interruptible``, ``read``) that is
+    not a tool call of the run's budget (its tokens are its spend: see ``budget.model_usage``)."""
+    spec = _step_spec(
+        fn, name, ("interruptible", "read", False, None, None, None, 0, None), counts_calls=False
+    )
+    return await call_tool(spec, args, {})
+
+
+def _step_spec(
+    fn: Callable[..., Any],
+    name: str | None,
+    declared: tuple[Any, ...],
+    *,
+    counts_calls: bool = True,
+) -> ToolSpec:
     """The spec of a haltwise.step() call, declared once per distinct set of arguments.
 
     ``declared``: the policy keywords of :func:`step`, in the order of :func:`_policy`'s.
     """
-    key: tuple[Any, ...] = (fn, name, *declared)
+    key: tuple[Any, ...] = (fn, name, *declared, counts_calls)
     try:
         found = _STEP_SPECS.get(key)
     except TypeError:  # an unhashable callable: declared afresh each time
@@ -330,7 +402,9 @@ def _step_spec(fn: Callable[..., Any], name: str | None, declared: tuple[Any, ..
         backoff=backoff,
     )
     # Registered only if a takeover may need it to compensate after a crash.
-    spec = ToolSpec(fn, policy, step_name, register=policy.compensate is not None)
+    spec = ToolSpec(
+        fn, policy, step_name, register=policy.compensate is not None, counts_calls=counts_calls
+    )
     if key:
         if len(_STEP_SPECS) >= _STEP_SPECS_MAX:
             _STEP_SPECS.clear()  # bound methods of short-lived objects must not pile up
@@ -342,7 +416,10 @@ def _step_spec(fn: Callable[..., Any], name: str | None, declared: tuple[Any, ..
 def task(fn: Callable[P, Awaitable[R]], /) -> Task[P, R]: ...
 @overload
 def task(
-    *, on_cancel: str | OnCancel = "keep", name: str | None = None
+    *,
+    on_cancel: str | OnCancel = "keep",
+    name: str | None = None,
+    budget: Budget | None = None,
 ) -> Callable[[Callable[P, Awaitable[R]]], Task[P, R]]: ...
 
 
@@ -352,6 +429,7 @@ def task(
     *,
     on_cancel: str | OnCancel = OnCancel.KEEP,
     name: str | None = None,
+    budget: Budget | None = None,
 ) -> Any:
     """Declare an async function as a task: its runs are journaled, cancellable and resumable.
 
@@ -359,7 +437,11 @@ def task(
     ``"compensate"`` runs the compensations of its committed ``rollback`` steps in reverse order.
     A task that is not an ``async def`` raises :class:`~haltwise.PolicyError`. Its ``name``
     (default ``module:qualname``) is what runs record and what ``resume`` looks it up by.
+    ``budget`` (a :class:`~haltwise.Budget`) is what each run may spend, unless its start gives
+    its own (CONTRACT.md, "Budgets"); anything else raises :class:`~haltwise.PolicyError`.
     """
+    if budget is not None and not isinstance(budget, Budget):
+        raise PolicyError(f"@haltwise.task(budget=...) needs a haltwise.Budget, not {budget!r}")
     try:
         policy = OnCancel(on_cancel)
     except ValueError:
@@ -374,7 +456,7 @@ def task(
                 f"@haltwise.task needs an async function; {label!r} is not one (write 'async def')"
             )
         default_name, source = _name_and_source(function)
-        return Task(function, policy, name or default_name, source=source)
+        return Task(function, policy, name or default_name, source=source, budget=budget)
 
     return decorate if fn is None else decorate(fn)
 

@@ -131,6 +131,7 @@ def unsettled_text(call: SettledCall | None) -> str:
     if call is None or call.status in (
         haltwise.StepStatus.INTERRUPTED,
         haltwise.StepStatus.RUNNING,
+        haltwise.StepStatus.AWAITING,
     ):
         return (
             "[haltwise] interrupted: the run was cancelled before this call finished; "
@@ -143,6 +144,8 @@ def unsettled_text(call: SettledCall | None) -> str:
         )
     if call.status is haltwise.StepStatus.FAILED:
         return "[haltwise] failed: this call raised an error"
+    if call.status is haltwise.StepStatus.REFUSED:
+        return "[haltwise] refused: this call was not approved; it did not run"
     return (
         "[haltwise] unknown: the run was cancelled during this call and whether it took effect "
         "is not known; check before calling it again"

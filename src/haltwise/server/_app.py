@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from .._core.budget import Budget
 from .._core.exceptions import HaltwiseError, InputError
 from .._core.states import FINAL_STATES, PAUSABLE_STATES, RESUMABLE_STATES, State
 from .._runtime.runtime import Runtime
@@ -31,10 +32,12 @@ from ._auth import SESSION_COOKIE, Tokens, authorise
 from ._bodies import (
     BulkCancelBody,
     CancelBody,
+    DecisionBody,
     EmptyBody,
     ForkBody,
     ResumeBody,
     SubmitBody,
+    UnpauseBody,
     read_body,
     whole_number,
 )
@@ -98,6 +101,7 @@ def create_app(served: Served) -> Starlette:
         Route("/api/cancel", bind(_bulk_cancel, change=True), methods=["POST"]),
         Route("/api/events", bind(_all_events), methods=["GET"]),
         Route("/api/audit", bind(_audit), methods=["GET"]),
+        Route("/api/approvals", bind(_approvals), methods=["GET"]),
     ]
     return Starlette(
         routes=routes,
@@ -238,6 +242,10 @@ async def _run(request: Request, served: Served) -> Response:
         return EventStream(served.runtime.changes(since, run_id=run_id), served.stopping)
     if method == "POST" and action in _ACTIONS:
         return await _ACTIONS[action](request, served, run_id)
+    if method == "POST" and action is not None and action.startswith("approvals/"):
+        return await _decide(request, served, run_id, action.removeprefix("approvals/"))
+    if action is not None and action.startswith("approvals/"):
+        raise ApiError(405, "method_not_allowed", "use POST here", headers={"Allow": "POST"})
     if action in _ACTIONS or action in (None, "events"):
         allowed = "POST" if action in _ACTIONS else "GET"
         raise ApiError(405, "method_not_allowed", f"use {allowed} here", headers={"Allow": allowed})
@@ -255,6 +263,8 @@ def _member(request: Request) -> tuple[str, str | None]:
     raw = request.scope.get("raw_path") or request.scope["path"].encode()
     tail = raw.split(b"?", 1)[0][len(b"/api/runs/") :]
     parts = tail.split(b"/")
+    if len(parts) == 3 and parts[1] == b"approvals" and parts[2]:  # .../approvals/{step}
+        parts = [parts[0], b"approvals/" + parts[2]]
     if not parts[0] or len(parts) > 2 or (len(parts) == 2 and not parts[1]):
         raise ApiError(404, "not_found", "no such endpoint")
     try:
@@ -299,7 +309,15 @@ async def _pause(request: Request, served: Served, run_id: str) -> Response:
 
 
 async def _unpause(request: Request, served: Served, run_id: str) -> Response:
-    return await _verb(request, served, run_id, "unpause")
+    body = await read_body(request, UnpauseBody)
+    if body.budget is None:
+        await served.runtime.unpause(run_id)
+    else:
+        limits = body.budget
+        raised = Budget(usd=limits.usd, tokens=limits.tokens, tool_calls=limits.tool_calls)
+        await served.runtime.unpause(run_id, budget=raised)
+    detail = await served.runtime.inspect(run_id)
+    return JSONResponse({"id": run_id, "state": detail.outcome.state.value}, status_code=202)
 
 
 async def _verb(request: Request, served: Served, run_id: str, name: str) -> Response:
@@ -366,6 +384,30 @@ async def _fork(request: Request, served: Served, run_id: str) -> Response:
         {"id": handle.id, "state": state.value, "fork": {**plan.to_json(), "id": handle.id}},
         status_code=202,
     )
+
+
+async def _approvals(request: Request, served: Served) -> Response:
+    """``GET /api/approvals``: every pending approval request, oldest first."""
+    pending = await served.runtime.approvals()
+    return JSONResponse({"approvals": [record.pending_json() for record in pending]})
+
+
+async def _decide(request: Request, served: Served, run_id: str, step_text: str) -> Response:
+    """``POST /api/runs/{id}/approvals/{step}``: 200 with the step; 409 if the request is not
+    awaiting (decided already, expired, cancelled, or none)."""
+    if not step_text.isdigit():
+        raise ApiError(404, "not_found", "no such endpoint: the step is a number")
+    step = int(step_text)
+    body = await read_body(request, DecisionBody)
+    approve = body.decision == "approve"
+    if body.edit is not None and not approve:
+        raise ApiError(422, "unfit", "an edit goes with an approval, not a refusal")
+    await served.runtime.decide(
+        run_id, step, approve=approve, edit=body.edit, by=body.by, note=body.note
+    )
+    detail = (await served.runtime.inspect(run_id)).to_json()
+    found = [item for item in detail["steps"] if item["index"] == step]
+    return JSONResponse(found[0] if found else {"index": step})
 
 
 _ACTIONS = {

@@ -9,7 +9,15 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+)
 from pydantic import ValidationError as PydanticValidationError
 from starlette.requests import ClientDisconnect, Request
 
@@ -24,10 +32,12 @@ __all__ = [
     "ActiveState",
     "BulkCancelBody",
     "CancelBody",
+    "DecisionBody",
     "EmptyBody",
     "ForkBody",
     "ResumeBody",
     "SubmitBody",
+    "UnpauseBody",
     "read_body",
     "whole_number",
 ]
@@ -73,6 +83,21 @@ class EmptyBody(_Body):
     """``POST /api/runs/{id}/pause`` and ``/unpause``: no fields (an empty body is fine)."""
 
 
+class BudgetLimits(_Body):
+    """A budget's limits raised by an unpause: the ones given replace the run's."""
+
+    usd: float | None = Field(None, ge=0, allow_inf_nan=False)
+    tokens: StrictInt | None = Field(None, ge=0)
+    tool_calls: StrictInt | None = Field(None, ge=0)
+
+
+class UnpauseBody(_Body):
+    """``POST /api/runs/{id}/unpause``: optionally, the budget raised as the run goes on (a run
+    paused with reason ``budget``); an empty body is fine."""
+
+    budget: BudgetLimits | None = None
+
+
 class CancelBody(_Body):
     """``POST /api/runs/{id}/cancel``."""
 
@@ -102,6 +127,21 @@ class SubmitBody(_Body):
     task: StrictStr = Field(min_length=1)
     input: dict[str, Any] = Field(default_factory=dict)
     id: RunId | None = None
+
+
+class _Decision(StrEnum):
+    APPROVE = "approve"
+    REFUSE = "refuse"
+
+
+class DecisionBody(_Body):
+    """``POST /api/runs/{id}/approvals/{step}``: approve (``edit``: the arguments the call runs
+    with instead, by name) or refuse the step's pending approval request."""
+
+    decision: _Decision
+    edit: dict[str, Any] | None = None
+    by: StrictStr | None = Field(None, max_length=1000)
+    note: StrictStr | None = Field(None, max_length=10_000)
 
 
 class ResumeBody(_Body):

@@ -2,7 +2,8 @@
 
 400 malformed, 401 no or wrong token, 403 a read-only token asking for a change or a
 cross-origin cookie request, 404 unknown run or task, 409 a run held by a live owner, a refused
-resume or a run id reused with another task or input, 413 a body over 1 MiB, 422 a body that
+resume, a run id reused with another task or input, or a decision on an approval request that
+is not awaiting, 413 a body over 1 MiB, 422 a body that
 does not fit. Messages never hold a token.
 """
 
@@ -14,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .._core.exceptions import (
+    ApprovalConflictError,
     HaltwiseError,
     IdempotencyConflictError,
     InputError,
@@ -58,6 +60,8 @@ def from_haltwise(error: HaltwiseError, *, input_status: int = 422) -> ApiError:
         return ApiError(409, "run_owned", text)
     if isinstance(error, ResumeRefusedError):
         return ApiError(409, "resume_refused", text)
+    if isinstance(error, ApprovalConflictError):
+        return ApiError(409, "approval_conflict", text)
     if isinstance(error, IdempotencyConflictError):
         return ApiError(409, "idempotency_conflict", text)
     if isinstance(error, StoreError):

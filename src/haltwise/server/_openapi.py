@@ -19,10 +19,12 @@ from ._bodies import (
     NO_NUL,
     BulkCancelBody,
     CancelBody,
+    DecisionBody,
     EmptyBody,
     ForkBody,
     ResumeBody,
     SubmitBody,
+    UnpauseBody,
 )
 from ._sse import MAX_CHANGE
 
@@ -35,6 +37,8 @@ _MODELS: tuple[type[BaseModel], ...] = (
     SubmitBody,
     ResumeBody,
     ForkBody,
+    DecisionBody,
+    UnpauseBody,
 )
 _ERRORS = {
     "400": "malformed request (a query parameter out of range, a cursor no page gave, a run id "
@@ -43,7 +47,8 @@ _ERRORS = {
     "403": "read-only token, or a cross-origin cookie request",
     "404": "unknown run or task",
     "405": "another method is needed here (the Allow header names it)",
-    "409": "a run held by a live owner, a refused resume, or an existing id with other input",
+    "409": "a run held by a live owner, a refused resume, an existing id with other input, or "
+    "a decision on an approval request that is not awaiting",
     "413": "a body over 1 MiB",
     "422": "a body that does not fit (the message names every problem)",
     "501": "a verb this haltwise does not have",
@@ -213,6 +218,46 @@ _RESPONSES: dict[str, Any] = {
             "fork": {"$ref": "#/components/schemas/ForkPlan"},
         },
     },
+    "Approvals": {
+        "description": "the pending approval requests, oldest first",
+        "type": "object",
+        "required": ["approvals"],
+        "properties": {
+            "approvals": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["run", "step", "tool", "arguments", "requested_at", "timeout_at"],
+                    "properties": {
+                        "run": {"type": "string"},
+                        "step": {"type": "integer"},
+                        "tool": {"type": "string"},
+                        "arguments": {"type": "object"},
+                        "requested_at": {"type": "number"},
+                        "timeout_at": {"type": ["number", "null"]},
+                    },
+                },
+            }
+        },
+    },
+    "DecidedStep": {
+        "description": "the step as decided: the `status --json` step with its `approval`",
+        "type": "object",
+        "required": ["index", "approval"],
+        "properties": {
+            "index": {"type": "integer"},
+            "approval": {
+                "type": "object",
+                "required": ["state", "by", "at", "note"],
+                "properties": {
+                    "state": {"enum": ["approved", "edited", "refused"]},
+                    "by": _NULLABLE_TEXT,
+                    "at": {"type": "number"},
+                    "note": _NULLABLE_TEXT,
+                },
+            },
+        },
+    },
     "Audit": {
         "description": "the `audit --json` object of FILE.py",
         "type": "object",
@@ -364,7 +409,11 @@ def openapi_document() -> dict[str, Any]:
             "pause the run", EmptyBody, {"202": "requested:RunState"}, "409", "501"
         ),
         "/api/runs/{id}/unpause": _post(
-            "unpause the run", EmptyBody, {"202": "requested:RunState"}, "409", "501"
+            "unpause the run (optionally raising its budget)",
+            UnpauseBody,
+            {"202": "requested:RunState"},
+            "409",
+            "501",
         ),
         "/api/runs/{id}/resume": _post(
             "resume the run in the server (with FILE.py only)",
@@ -387,6 +436,32 @@ def openapi_document() -> dict[str, Any]:
             "409",
         ),
         "/api/runs/{id}/events": _events("the run's changes (SSE)", [_RUN_ID]),
+        "/api/runs/{id}/approvals/{step}": {
+            "post": {
+                **_post(
+                    "decide the step's pending approval request",
+                    DecisionBody,
+                    {"200": "the step as decided:DecidedStep"},
+                    "409",
+                )["post"],
+                "parameters": [
+                    _RUN_ID,
+                    {
+                        "name": "step",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "integer", "minimum": 0},
+                    },
+                ],
+                "requestBody": _body(DecisionBody, required=True),
+            }
+        },
+        "/api/approvals": {
+            "get": {
+                "summary": "the pending approval requests, oldest first",
+                "responses": _answers({"200": "the pending requests:Approvals"}, "503"),
+            }
+        },
         "/api/cancel": {
             "post": {
                 "summary": "bulk cancel in one transaction",

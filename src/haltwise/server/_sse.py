@@ -1,10 +1,11 @@
 """Server-Sent Events from the journal's change feed, with ids for a reconnect.
 
 Each change is one event: ``id`` its ``seq``, ``event`` its kind (``transition``, ``step``,
-``partial``), ``data`` its JSON (:meth:`~haltwise._core.views.Change.to_json`). A client that
-reconnects with ``Last-Event-ID: N`` (or ``?since=N``) gets every change after ``N``, so it
-misses nothing; a new client gets the changes from its connection on. A comment every 15 s
-keeps idle connections open; the stream ends when the client leaves or the server stops.
+``partial``, ``approval``: a request made or decided), ``data`` its JSON
+(:meth:`~haltwise._core.views.Change.to_json`). A client that reconnects with
+``Last-Event-ID: N`` (or ``?since=N``) gets every change after ``N``, so it misses nothing; a
+new client gets the changes from its connection on. A comment every 15 s keeps idle connections
+open; the stream ends when the client leaves or the server stops.
 """
 
 from __future__ import annotations

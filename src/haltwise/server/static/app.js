@@ -94,7 +94,7 @@ function listen(path, onChange) {
   // (re)connected: whatever changed while the stream was down is fetched once
   stream.onopen = () => { live.className = "live on"; live.textContent = "● live"; onChange(null); };
   stream.onerror = () => { live.className = "live off"; live.textContent = "disconnected: this page is stale"; };
-  for (const kind of ["transition", "step", "partial"]) {
+  for (const kind of ["transition", "step", "partial", "approval"]) {
     stream.addEventListener(kind, (event) => onChange(JSON.parse(event.data)));
   }
 }
@@ -170,7 +170,7 @@ async function showRuns(params) {
       return;
     }
     if (mine !== pageNumber) return;
-    const head = el("tr", {}, ...(READ_ONLY ? [] : [el("th", { text: "" })]), ...["id", "task", "state", "started", "took", "reason", "retry", "waiting for"].map((h) => el("th", { text: h })));
+    const head = el("tr", {}, ...(READ_ONLY ? [] : [el("th", { text: "" })]), ...["id", "task", "state", "started", "took", "reason", "retry", "spent", "waiting for"].map((h) => el("th", { text: h })));
     // how long a final run took, or an active one has been going
     const took = (run) => seconds((STATES.final.includes(run.state) ? run.updated_at : Date.now() / 1000) - run.created_at);
     const tick = (run) => {
@@ -190,6 +190,7 @@ async function showRuns(params) {
       el("td", { text: took(run), class: "took" }),
       el("td", { text: run.reason || "", class: "reason" }),
       el("td", { text: run.retry }),
+      el("td", { text: run.spent ? spentText(run.spent) : "", class: "spent" }),
       el("td", { class: "waiting", "data-waiting": run.id })));
     table.replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows));
     const where = cursor ? "older runs, newest first" : "newest first";
@@ -206,6 +207,19 @@ async function showRuns(params) {
   };
   await render();
   listen("/api/events", () => soon(render));
+}
+
+function spentText(spent) {
+  return `$${Number(spent.usd).toPrecision(4).replace(/\.?0+$/, "")} · ${spent.tokens} tokens · ${spent.tool_calls} tool calls`;
+}
+
+// What the run spent against its limit, one line per kind ("0.36 of 0.5"; no limit: "no limit").
+function budgetText(budget) {
+  const limit = budget.limit || {};
+  const of = (name, value) => (limit[name] === null || limit[name] === undefined ? `${value}` : `${value} of ${limit[name]}`);
+  const words = [`$${of("usd", Number(budget.spent.usd).toPrecision(4).replace(/\.?0+$/, ""))}`,
+    `${of("tokens", budget.spent.tokens)} tokens`, `${of("tool_calls", budget.spent.tool_calls)} tool calls`];
+  return words.join(" · ") + (budget.limit ? ` (on exhaust: ${budget.limit.on_exhaust})` : " (no limit)");
 }
 
 function waitSummary(detail) {
@@ -265,8 +279,11 @@ function runPage(run) {
   if (run.error) fact("error", `${run.error.type}: ${run.error.message}`);
   if (run.cancel_error) fact("raised while cancelling", `${run.cancel_error.type}: ${run.cancel_error.message}`);
   if (run.state === "completed") fact("result", json(run.result));
+  if (run.budget) fact("budget", budgetText(run.budget), "run-budget");
   parts.push(facts);
   if (run.state === "cancelling") parts.push(waitingBox(run));
+  const asking = run.steps.filter((s) => s.approval && s.approval.state === "awaiting");
+  if (asking.length) parts.push(approvalsBox(run, asking));
   parts.push(actions(run));
   parts.push(el("h2", { text: "Steps" }), stepsTable(run));
   parts.push(el("h2", { text: `Partial results (${run.partials.length})` }),
@@ -276,6 +293,98 @@ function runPage(run) {
   parts.push(el("h2", { text: "History" }), el("ul", { class: "events" },
     ...run.events.map((e) => el("li", { text: `${when(e.at)}: ${e.from || "created"} → ${e.to}${e.reason ? ` (${e.reason})` : ""}` }))));
   return parts;
+}
+
+// -- approvals ---------------------------------------------------------------------------
+
+function timeLeft(request) {
+  if (request.timeout_at === null || request.timeout_at === undefined) return "no timeout";
+  return `${Math.max(0, Math.ceil(request.timeout_at - Date.now() / 1000))} s left`;
+}
+
+function approvalsBox(run, steps) {
+  const box = el("section", { class: "approvals-box", id: "approvals" });
+  box.append(el("h2", { text: "Approval requested" }));
+  for (const step of steps) {
+    const item = el("div", { class: "approval", "data-step": String(step.index) });
+    item.append(el("p", {}, el("strong", { text: `step ${step.index} ${step.tool}` }), " waits for a decision"));
+    const args = el("pre", { class: "approval-arguments", text: "…" });
+    item.append(args);
+    api("GET", "/api/approvals").then((answer) => {
+      const found = answer.approvals.find((a) => a.run === run.id && a.step === step.index);
+      if (found) {
+        args.textContent = json(found.arguments);
+        args.setAttribute("data-arguments", JSON.stringify(found.arguments));
+      }
+    }).catch(() => {});
+    if (!READ_ONLY) item.append(decisionForm(run, step, args));
+    box.append(item);
+  }
+  return box;
+}
+
+function decisionForm(run, step, args) {
+  const form = el("div", { class: "decision" });
+  const note = el("input", { class: "approval-note", placeholder: "note (optional)", maxlength: "2000" });
+  const by = el("input", { class: "approval-by", placeholder: "who decides (optional)", maxlength: "200" });
+  const edit = el("textarea", { class: "approval-edit", rows: "4", cols: "60", hidden: true });
+  const decide = async (decision, edited) => {
+    const body = { decision };
+    if (edited !== undefined) body.edit = edited;
+    if (by.value.trim()) body.by = by.value.trim();
+    if (note.value.trim()) body.note = note.value.trim();
+    try {
+      const answer = await api("POST", `${runPath(run.id)}/approvals/${step.index}`, body);
+      toast(`step ${step.index}: ${answer.approval ? answer.approval.state : decision}`);
+    } catch (error) {
+      toast(error.message, true);
+    }
+  };
+  const approveEdited = el("button", { class: "approval-approve-edited", hidden: true, text: "Approve with these arguments", onclick: () => {
+    let edited;
+    try { edited = JSON.parse(edit.value); } catch (error) { toast(`not JSON: ${error.message}`, true); return; }
+    if (edited === null || typeof edited !== "object" || Array.isArray(edited)) { toast("the arguments are a JSON object", true); return; }
+    decide("approve", edited);
+  } });
+  form.append(by, note,
+    el("button", { class: "approval-approve", text: "Approve", onclick: () => decide("approve") }),
+    el("button", { class: "approval-edit-open", text: "Edit", onclick: () => {
+      edit.value = args.getAttribute("data-arguments") ? json(JSON.parse(args.getAttribute("data-arguments"))) : "{}";
+      edit.hidden = false;
+      approveEdited.hidden = false;
+    } }),
+    el("button", { class: "approval-refuse danger", text: "Refuse", onclick: () => decide("refuse") }),
+    edit, approveEdited);
+  return form;
+}
+
+async function showApprovals() {
+  main.replaceChildren(el("p", { class: "muted", text: "loading…" }));
+  const mine = pageNumber;
+  const render = async () => {
+    let answer;
+    try {
+      answer = await api("GET", "/api/approvals");
+    } catch (error) {
+      if (mine === pageNumber) main.replaceChildren(el("h1", { text: "Approvals" }), el("p", { class: "error", text: error.message }));
+      return;
+    }
+    if (mine !== pageNumber) return;
+    const head = el("tr", {}, ...["run", "step", "tool", "arguments", "waiting since", "time left"].map((h) => el("th", { text: h })));
+    const rows = answer.approvals.map((a) => el("tr", { "data-run": a.run, "data-step": String(a.step) },
+      el("td", {}, el("a", { href: `#/run/${encodeURIComponent(a.run)}`, class: "mono", text: a.run })),
+      el("td", { text: String(a.step) }),
+      el("td", { text: a.tool, class: "mono" }),
+      el("td", {}, el("pre", { text: json(a.arguments) })),
+      el("td", { text: when(a.requested_at) }),
+      el("td", { class: "time-left", text: timeLeft(a) })));
+    main.replaceChildren(el("h1", { text: `Approvals (${answer.approvals.length} pending)` }),
+      answer.approvals.length
+        ? el("table", { id: "approvals-list" }, el("thead", {}, head), el("tbody", {}, ...rows))
+        : el("p", { id: "no-approvals", text: "No approval request awaits a decision." }));
+  };
+  await render();
+  listen("/api/events", () => soon(render));
 }
 
 // the advice's sentence without its first word when that word is the advice itself
@@ -363,6 +472,7 @@ function actions(run) {
     el("button", { id: "unpause", disabled: run.state !== "paused", onclick: () => act("unpause", {}, (a) => `unpause: ${a.state}`), text: "Unpause" }),
     el("button", { id: "resume", disabled: !STATES.resumable.includes(run.state), onclick: () => resumeDialog(run, box), text: "Resume" }),
     forkControls(run));
+  if (run.state === "paused" && run.reason === "budget") box.append(raiseBudget(run, act));
   return box;
 }
 
@@ -383,6 +493,24 @@ function forkControls(run) {
     }
   } });
   return el("span", { class: "fork" }, step, go);
+}
+
+// A run paused for its budget: raise its limits (the ones filled in; the others stay) and unpause.
+function raiseBudget(run, act) {
+  const limit = (run.budget && run.budget.limit) || {};
+  const field = (name, step) => el("input", { id: `raise-${name}`, type: "number", min: "0", step, placeholder: `${name} (now ${limit[name] ?? "none"})` });
+  const usd = field("usd", "any");
+  const tokens = field("tokens", "1");
+  const calls = field("tool_calls", "1");
+  const raise = () => {
+    const budget = {};
+    if (usd.value !== "") budget.usd = Number(usd.value);
+    if (tokens.value !== "") budget.tokens = parseInt(tokens.value, 10);
+    if (calls.value !== "") budget.tool_calls = parseInt(calls.value, 10);
+    act("unpause", { budget }, (a) => `budget raised, unpause: ${a.state}`);
+  };
+  return el("div", { id: "raise-budget" }, el("span", { text: "paused for its budget: raise it " }),
+    usd, tokens, calls, el("button", { id: "raise", onclick: raise, text: "Raise and unpause" }));
 }
 
 function resumeDialog(run, box) {
@@ -467,6 +595,7 @@ function route() {
   const hash = location.hash || "#/";
   if (hash.startsWith("#/run/")) return showRun(decodeURIComponent(hash.slice("#/run/".length)));
   if (hash.startsWith("#/audit")) return showAudit();
+  if (hash.startsWith("#/approvals")) return showApprovals();
   const query = hash.includes("?") ? hash.slice(hash.indexOf("?") + 1) : "";
   return showRuns(new URLSearchParams(query));
 }

@@ -1,0 +1,312 @@
+"""Approvals in a run: a call that needs one asks, waits for the decision, and runs (or not).
+
+CONTRACT.md, "Someone else decides". The request is journaled as the call's step (status
+``awaiting``) before anything of the call runs, bound to the run, the step, the tool and the
+fingerprint of the arguments asked for; the decision is a compare-and-set on the request
+(:meth:`~haltwise._journal.store.Store.decide_approval`), so it is used once whoever makes it.
+
+Waiting costs what a run waiting in a tool costs: one event per request. The runtime's watcher
+(the one that sees other processes' cancels: ``PRAGMA data_version`` on SQLite, ``LISTEN`` on
+PostgreSQL) reads the change feed's ``approval`` rows when the store changed and wakes the
+requests decided (:func:`deliver_decisions`); a decision made in this process wakes its request
+at once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+
+from .._core.approvals import (
+    ApprovalRecord,
+    ApprovalState,
+    Decision,
+)
+from .._core.exceptions import (
+    ApprovalExpired,
+    ApprovalRefused,
+    LostOwnershipError,
+    PolicyError,
+)
+from .._core.outcome import ErrorInfo
+from .._core.states import StepStatus
+from .._core.views import ChangeKind
+from .._journal.store import ApprovalRequest, StepStart, Store
+from .pause import pause_point
+
+if TYPE_CHECKING:
+    from .run_context import RunContext
+    from .spec import ToolSpec
+
+__all__ = [
+    "ApprovalRule",
+    "ask",
+    "decided_payload",
+    "decision_of",
+    "deliver_decisions",
+    "refusal",
+    "refused_decision",
+    "rule",
+    "woken",
+]
+
+#: the decision the current step was approved by (what :func:`haltwise.approval`'s step returns)
+DECIDED: ContextVar[ApprovalRecord | None] = ContextVar("haltwise_decided", default=None)
+
+#: a request's safety net: a waiter reads its request at least this often (seconds), should a
+#: wake-up be lost (no watcher running, a store that cannot tell what changed)
+_SAFETY_NET = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRule:
+    """What ``@haltwise.tool(approval=..., approval_timeout=...)`` declares."""
+
+    #: ``"required"``, or ``fn(*args, **kwargs) -> bool``: whether this call needs one
+    need: Literal["required"] | Callable[..., bool]
+    #: seconds a request waits for a decision before it is ``expired``; None: until decided
+    timeout: float | None
+
+    def needed(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+        if self.need == "required":
+            return True
+        assert callable(self.need)
+        return bool(self.need(*args, **kwargs))
+
+
+def rule(tool: str, approval: object, timeout: float | None) -> ApprovalRule | None:
+    """The rule of a declaration, validated (:class:`~haltwise.PolicyError` if bad)."""
+    if approval is None or approval is False:
+        if timeout is not None:
+            raise PolicyError(
+                f"tool {tool!r}: approval_timeout= needs approval= as well", tool=tool
+            )
+        return None
+    if approval != "required" and not callable(approval):
+        raise PolicyError(
+            f"tool {tool!r}: approval= must be 'required' or a function of the call's "
+            f"arguments returning a bool, not {approval!r}",
+            tool=tool,
+        )
+    if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
+        raise PolicyError(f"tool {tool!r}: approval_timeout= must be > 0 seconds", tool=tool)
+    need: Any = approval
+    return ApprovalRule(need, None if timeout is None else float(timeout))
+
+
+# -- waiting ------------------------------------------------------------------------------------
+
+
+class _Waiter:
+    __slots__ = ("event", "run")
+
+    def __init__(self, run: RunContext) -> None:
+        self.run = run
+        self.event = anyio.Event()
+
+
+class _Waiters:
+    """The requests waited on in this process over one store, and how far the change feed was
+    read for them."""
+
+    def __init__(self) -> None:
+        self.by_step: dict[tuple[str, int], _Waiter] = {}
+        self.seq: int | None = None
+
+    def wake(self, run_id: str, index: int) -> None:
+        waiter = self.by_step.get((run_id, index))
+        if waiter is not None:
+            waiter.event.set()
+
+
+_WAITERS: weakref.WeakKeyDictionary[Store, _Waiters] = weakref.WeakKeyDictionary()
+
+
+def _waiters(store: Store) -> _Waiters:
+    found = _WAITERS.get(store)
+    if found is None:
+        found = _WAITERS[store] = _Waiters()
+    return found
+
+
+async def deliver_decisions(store: Store) -> None:
+    """Wake the requests waited on here that were decided (or whose run's pause was requested)
+    since the change feed was last read: the runtime's watcher calls it when the store changed."""
+    waiters = _WAITERS.get(store)
+    if waiters is None or not waiters.by_step or waiters.seq is None:
+        return
+    while True:
+        changes, _ = await store.changes_after(waiters.seq, limit=1000)
+        for change in changes:
+            if change.kind is ChangeKind.APPROVAL and change.index is not None:
+                waiters.wake(change.run_id, change.index)
+        if changes:
+            waiters.seq = changes[-1].seq
+        if len(changes) < 1000:
+            break
+    for waiter in list(waiters.by_step.values()):
+        gate = waiter.run.pause
+        if gate.requested and not gate.paused:
+            waiter.event.set()
+
+
+def _arguments(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments by parameter name (what the approver sees and may edit)."""
+    try:
+        bound = inspect.signature(spec.fn).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return {"args": list(args), **kwargs}
+    return dict(bound.arguments)
+
+
+def _text(arguments: Mapping[str, Any]) -> str:
+    return json.dumps(arguments, default=repr, separators=(",", ":"))
+
+
+async def _read(run: RunContext, index: int) -> ApprovalRecord | None:
+    for record in await run.store.approvals(run.run_id):
+        if record.index == index:
+            return record
+    return None
+
+
+def refusal(run_id: str, record: ApprovalRecord) -> ApprovalRefused:
+    """The exception a refused or expired request raises into the task."""
+    if record.state is ApprovalState.EXPIRED:
+        return ApprovalExpired(
+            f"[haltwise] approval of {record.tool} expired: nobody decided in time",
+            task_id=run_id,
+            index=record.index,
+        )
+    words = f"[haltwise] refused by {record.by or 'someone'}"
+    return ApprovalRefused(
+        f"{words}: {record.note}" if record.note else words,
+        task_id=run_id,
+        index=record.index,
+        by=record.by,
+        note=record.note,
+    )
+
+
+async def ask(
+    run: RunContext,
+    spec: ToolSpec,
+    start: StepStart,
+    approval: ApprovalRule,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Journal the call's request (or find the one journaled: a takeover, a resume), wait for
+    its decision, and return the arguments the call runs with (the edited ones if edited).
+
+    A refusal or expiry settles the step ``refused`` and raises :class:`ApprovalRefused`
+    (:class:`ApprovalExpired`). A cancel while waiting makes the request ``cancelled`` (unless
+    a decision came first) and settles the step ``interrupted``, then propagates. A pause while
+    waiting pauses the run here (nothing of the call has run); a decision made meanwhile takes
+    effect on unpause.
+    """
+    index = start.index
+    arguments = _arguments(spec, args, kwargs)
+    timeout_at = None if approval.timeout is None else time.time() + approval.timeout
+    request = ApprovalRequest(start, _text(arguments), timeout_at)
+    record = await run.store.request_approval(run.run_id, request, fence=run.fence)
+    if record is None:
+        raise LostOwnershipError(
+            f"run {run.run_id!r}: another owner holds the run now", task_id=run.run_id
+        )
+    if record.state is ApprovalState.AWAITING:
+        record = await _wait(run, record)
+    if record.state.allows_call:
+        DECIDED.set(record)
+        if record.edited is None:
+            return args, kwargs
+        return (), dict(record.edited)
+    error = refusal(run.run_id, record)
+    with anyio.CancelScope(shield=True):
+        await run.store.settle_step(
+            run.run_id,
+            index,
+            StepStatus.REFUSED,
+            error=ErrorInfo(type(error).__name__, str(error)),
+            fence=run.fence,
+        )
+    raise error
+
+
+async def _wait(run: RunContext, record: ApprovalRecord) -> ApprovalRecord:
+    index = record.index
+    waiters = _waiters(run.store)
+    waiter = _Waiter(run)
+    waiters.by_step[(run.run_id, index)] = waiter
+    try:
+        if waiters.seq is None:
+            waiters.seq = await run.store.last_change()
+        while True:
+            found = await _read(run, index)
+            if found is None or found.state is not ApprovalState.AWAITING:
+                return found or record
+            if run.pause.requested and not run.pause.paused:
+                await pause_point(run)
+                continue
+            left = _SAFETY_NET
+            if record.timeout_at is not None:
+                left = min(left, record.timeout_at - time.time())
+                if left <= 0:
+                    decided, _ = await run.store.decide_approval(
+                        run.run_id, index, ApprovalState.EXPIRED, by=None, note=None, edited=None
+                    )
+                    return decided or record
+            with anyio.move_on_after(left):
+                await waiter.event.wait()
+            waiter.event = anyio.Event()
+    except anyio.get_cancelled_exc_class():
+        with anyio.CancelScope(shield=True):
+            await run.store.decide_approval(
+                run.run_id, index, ApprovalState.CANCELLED, by=None, note=None, edited=None
+            )
+            await run.store.settle_step(run.run_id, index, StepStatus.INTERRUPTED, fence=run.fence)
+        raise
+    finally:
+        if waiters.by_step.get((run.run_id, index)) is waiter:
+            del waiters.by_step[(run.run_id, index)]
+
+
+# -- deciding -------------------------------------------------------------------------------------
+
+
+def woken(store: Store, run_id: str, index: int) -> None:
+    """A decision was made in this process: wake its request if it is waited on here."""
+    waiters = _WAITERS.get(store)
+    if waiters is not None:
+        waiters.wake(run_id, index)
+
+
+async def decided_payload(payload: Any = None) -> dict[str, Any]:
+    """The body of :func:`haltwise.approval`'s step: the decision it was approved by, as its
+    result (journaled, so a replay returns the same :class:`Decision`)."""
+    record = DECIDED.get()
+    return {
+        "payload": payload,
+        "by": None if record is None else record.by,
+        "note": None if record is None else record.note,
+    }
+
+
+def decision_of(result: Mapping[str, Any]) -> Decision:
+    """The :class:`Decision` of an approved :func:`haltwise.approval` step's result."""
+    return Decision(
+        approved=True, by=result.get("by"), note=result.get("note"), payload=result.get("payload")
+    )
+
+
+def refused_decision(refused: ApprovalRefused, payload: Any) -> Decision:
+    """The :class:`Decision` of a refused :func:`haltwise.approval` request."""
+    return Decision(approved=False, by=refused.by, note=refused.note, payload=payload)
