@@ -11,6 +11,8 @@ if TYPE_CHECKING:
     from ._core.approvals import ApprovalRecord as ApprovalRecord
     from ._core.approvals import ApprovalState as ApprovalState
     from ._core.approvals import Decision as Decision
+    from ._core.budget import Budget as Budget
+    from ._core.budget import Spent as Spent
     from ._core.exceptions import ApprovalConflictError as ApprovalConflictError
     from ._core.exceptions import ApprovalExpired as ApprovalExpired
     from ._core.exceptions import ApprovalRefused as ApprovalRefused
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
     from ._journal.check import CheckReport as CheckReport
     from ._journal.check import Finding as Finding
     from ._journal.check import verify_store as verify_store
+    from ._runtime.budget import spend as spend
     from ._runtime.cancel_state import register_host_cancel as register_host_cancel
     from ._runtime.fork import ForkPlan as ForkPlan
     from ._runtime.run_api import run as run
@@ -94,6 +97,7 @@ if TYPE_CHECKING:
 #: ``tests/test_public_surface.py`` checks that this table and the imports above name the same.
 _LAZY: dict[str, tuple[str, ...]] = {
     "._core.approvals": ("ApprovalRecord", "ApprovalState", "Decision"),
+    "._core.budget": ("Budget", "Spent"),
     "._core.exceptions": (
         "ApprovalConflictError",
         "ApprovalExpired",
@@ -140,6 +144,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
         "StepWait",
     ),
     "._journal.check": ("CheckReport", "Finding", "verify_store"),
+    "._runtime.budget": ("spend",),
     "._runtime.fork": ("ForkPlan",),
     "._runtime.run_context": ("call_id", "current_task_id"),
     "._runtime.run_api": ("run",),
@@ -171,6 +176,7 @@ __all__ = [
     "ApprovalState",
     "AttemptError",
     "BadRow",
+    "Budget",
     "CancelBatch",
     "CancelPolicy",
     "Cancelled",
@@ -214,6 +220,7 @@ __all__ = [
     "Runtime",
     "SchemaError",
     "SchemaVersionError",
+    "Spent",
     "State",
     "StepRecord",
     "StepStatus",
@@ -240,6 +247,7 @@ __all__ = [
     "register_replayable_error",
     "run",
     "shield",
+    "spend",
     "step",
     "task",
     "tool",

@@ -103,7 +103,9 @@ def test_each_code_fires_alone_on_a_tool_built_for_it(
 
 
 def test_codes_are_exactly_the_contract_ones() -> None:
-    assert {code.value for code in FindingCode} == {t[0] for t in TRIGGERS}
+    # the codes of a tool's findings; a task's (no-budget) is tested with a file below
+    tasks = {"no-budget"}
+    assert {code.value for code in FindingCode} == {t[0] for t in TRIGGERS} | tasks
 
 
 CLEAN = [
@@ -364,3 +366,57 @@ def test_audit_of_a_file_reports_rollback_without_compensate(tmp_path: Path) -> 
         ("insert_row", "rollback-without-compensate")
     ]
     assert audit("--strict").returncode == 1
+
+
+BUDGET_FILE = """
+import haltwise
+from haltwise.integrations.pydantic_ai import JournaledModel
+from pydantic_ai import Agent
+from pydantic_ai.models.test import TestModel
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def search(query: str) -> str:
+    return query
+
+
+def make_agent() -> Agent:
+    return Agent(JournaledModel(TestModel()))
+
+
+@haltwise.task
+async def unmetered(prompt: str) -> str:
+    return (await make_agent().run(prompt)).output
+
+
+@haltwise.task(budget=haltwise.Budget(usd=1.0))
+async def metered(prompt: str) -> str:
+    return (await make_agent().run(prompt)).output
+
+
+@haltwise.task
+async def no_model(query: str) -> str:
+    return await search(query)
+"""
+
+
+def test_audit_reports_a_task_calling_a_model_without_a_budget(tmp_path: Path) -> None:
+    """Issue 33: ``no-budget`` for a task whose code (through a function of its file) calls a
+    model through an adapter with no budget; informational: --strict exits 0 on it, and 1 with
+    --strict-budget."""
+    (tmp_path / "agent.py").write_text(BUDGET_FILE)
+
+    def audit(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "haltwise", "audit", "agent.py", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    done = audit("--json", "--strict")
+    assert done.returncode == 0, "no-budget alone does not fail --strict: " + done.stderr
+    findings = json.loads(done.stdout)["findings"]
+    assert [(f["tool"], f["code"]) for f in findings] == [("agent.py:unmetered", "no-budget")]
+    assert audit("--strict", "--strict-budget").returncode == 1

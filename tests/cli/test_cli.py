@@ -87,6 +87,7 @@ def test_run_to_completion_prints_the_contract_json(env: Env) -> None:
                 "attempts": 1,
             },
         ],
+        "budget": {"limit": None, "spent": {"usd": 0.0, "tokens": 0, "tool_calls": 4}},
     }
     assert done.stdout.count("\n") == 1
 
@@ -476,6 +477,7 @@ def test_list_and_state_filter(env: Env) -> None:
                 "state": "failed",
                 "reason": None,
                 "retry": "restart",
+                "spent": {"usd": 0.0, "tokens": 0, "tool_calls": 1},
             },
             {
                 "id": "a",
@@ -483,6 +485,7 @@ def test_list_and_state_filter(env: Env) -> None:
                 "state": "completed",
                 "reason": None,
                 "retry": "none",
+                "spent": {"usd": 0.0, "tokens": 0, "tool_calls": 4},
             },
         ]
     }

@@ -57,6 +57,7 @@ def test_submit_prints_the_id_and_records_a_pending_run_once(env: Env) -> None:
             "state": "pending",
             "reason": None,
             "retry": "restart",
+            "spent": {"usd": 0.0, "tokens": 0, "tool_calls": 0},
         }
     ]
     generated = env.hw("submit", "agent.py:flow", "--input", '{"policy": "finish"}')

@@ -74,4 +74,6 @@ def test_json_object_has_the_contract_fields() -> None:
                 "attempts": 1,
             }
         ],
+        # spend is counted also without a limit (a step's tool calls: its attempts)
+        "budget": {"limit": None, "spent": {"usd": 0.0, "tokens": 0, "tool_calls": 1}},
     }

@@ -378,3 +378,63 @@ def test_a_read_only_page_offers_no_change_and_the_pages_say_what_they_mean(
         driver.quit()
         server.release("think")
         server.stop()
+
+
+#: The served agent plus a task whose budget lets one tool call begin, then pauses the run.
+METERED = (
+    AGENT
+    + """
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def tick(i: int) -> int:
+    return i
+
+
+@haltwise.task(budget=haltwise.Budget(tool_calls=1, on_exhaust="pause"))
+async def metered() -> int:
+    for i in range(3):
+        await tick(i)
+    return 3
+"""
+)
+
+
+def test_a_run_paused_for_its_budget_is_raised_from_its_page(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    """Issue 33: the run's page shows what it spent against its limit, and a run paused for its
+    budget is raised and unpaused from it; the list shows what each run spent."""
+    with start_server(tmp_path, sqlite_url, agent=METERED) as served:
+        assert served.post("/api/runs", {"task": "metered", "id": "m1"}).status == 201
+        paused = served.wait_for("m1", "paused for its budget", lambda r: r["state"] == "paused")
+        assert paused["reason"] == "budget"
+        driver = chromium()
+        try:
+            driver.get(f"{served.base}/?token={served.token}")
+            driver.get(f"{served.base}/#/run/m1")
+            wait(
+                driver,
+                "spent against the limit",
+                lambda d: "1 of 1 tool calls" in d.find_element(By.ID, "run-budget").text,
+            )
+
+            def typed(d: WebDriver) -> bool:
+                d.find_element(By.ID, "raise-tool_calls").send_keys("5")
+                return True
+
+            wait(driver, "the raised limit typed", typed)
+            click(driver, "the Raise button", By.ID, "raise")
+            run = served.wait_for("m1", "completed", lambda r: r["state"] == "completed")
+            assert run["budget"]["limit"]["tool_calls"] == 5
+            assert run["budget"]["spent"]["tool_calls"] == 3
+            driver.get(f"{served.base}/#/")
+            wait(
+                driver,
+                "the list showing what it spent",
+                lambda d: (
+                    "3 tool calls"
+                    in d.find_element(By.CSS_SELECTOR, '#runs tr[data-id="m1"] .spent').text
+                ),
+            )
+        finally:
+            driver.quit()

@@ -129,6 +129,7 @@ def test_submit_work_and_read_a_run_whose_id_has_a_slash(served: Served) -> None
             "state": "completed",
             "reason": None,
             "retry": "none",
+            "spent": {"usd": 0.0, "tokens": 0, "tool_calls": 1},
         }
     ]
     assert page["next"] is None

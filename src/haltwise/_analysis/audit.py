@@ -7,9 +7,11 @@ reviews (:meth:`AuditReport.to_markdown`) and as a rich table (:meth:`AuditRepor
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
-from collections.abc import Callable, Iterable
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, final
@@ -21,6 +23,8 @@ from .._runtime.spec import ToolSpec, as_spec
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from .._runtime.tool import Task
 
 __all__ = ["AuditReport", "Finding", "FindingCode", "ToolRow", "audit_tools"]
 
@@ -44,6 +48,13 @@ class FindingCode(StrEnum):
     RETRIES_REPEAT_EFFECT = "retries-repeat-effect"
     #: ``finish`` on a non-idempotent ``write``/``external`` tool with no ``reconcile`` hook
     NO_RECONCILE = "no-reconcile"
+    #: a task that calls a model through an adapter has no budget (informational: ``--strict``
+    #: fails on it only with ``--strict-budget``); its ``tool`` is the task's name
+    NO_BUDGET = "no-budget"
+
+
+#: The findings ``audit --strict`` does not fail on (``--strict-budget`` fails on them too).
+INFORMATIONAL = frozenset({FindingCode.NO_BUDGET})
 
 
 @final
@@ -121,6 +132,11 @@ class AuditReport:
         """True if no tool has a finding."""
         return not self.findings
 
+    def fails(self, *, strict_budget: bool = False) -> bool:
+        """Whether ``audit --strict`` exits 1: a finding that is not informational (a
+        ``no-budget`` one counts only with ``strict_budget``)."""
+        return any(strict_budget or finding.code not in INFORMATIONAL for finding in self.findings)
+
     def to_dict(self) -> dict[str, Any]:
         """``{"tools": [...], "findings": [...]}`` as in the contract (extra keys allowed)."""
         return {
@@ -145,7 +161,13 @@ class AuditReport:
         _render_rich(self, console)
 
 
-def audit_tools(tools: Iterable[object], *, deadline: float | None = None) -> AuditReport:
+def audit_tools(
+    tools: Iterable[object],
+    *,
+    deadline: float | None = None,
+    tasks: Iterable[Task[..., Any]] = (),
+    namespace: Mapping[str, Any] | None = None,
+) -> AuditReport:
     """Audit the declared cancel policies of ``tools``; run nothing.
 
     Findings per tool, in this order (codes in :class:`FindingCode`):
@@ -169,6 +191,14 @@ def audit_tools(tools: Iterable[object], *, deadline: float | None = None) -> Au
       ``undeclared-cancel`` already): a forced cancel (or a
       crash) mid-call leaves its step ``unknown``, and only a person can say what happened.
 
+    And per task of ``tasks`` (``namespace``: the globals of its file, where the names it uses
+    are looked up):
+
+    * ``no-budget``: the task calls a model through an adapter (its code, or a function of its
+      file it calls, names ``JournaledModel``, ``HaltwiseMiddleware`` or ``run_streamed`` of
+      ``haltwise.integrations``) and declares no ``budget=``. Informational (see
+      :meth:`AuditReport.fails`).
+
     A tool listed twice (the same object) is audited once. Raises
     :class:`~haltwise.InputError` (a ``ValueError``) if ``deadline`` is not a finite positive
     number.
@@ -179,7 +209,60 @@ def audit_tools(tools: Iterable[object], *, deadline: float | None = None) -> Au
     unique = list({id(item): item for item in specs}.values())
     rows = tuple(_row(item) for item in unique)
     findings = tuple(found for item in unique for found in _findings(item, deadline))
+    budgets = tuple(_no_budget(task, namespace or {}) for task in tasks)
+    findings += tuple(finding for finding in budgets if finding is not None)
     return AuditReport(tools=rows, findings=findings, deadline=deadline)
+
+
+#: What of ``haltwise.integrations`` sends a task's model requests through an adapter.
+_ADAPTER_MODELS = frozenset({"JournaledModel", "HaltwiseMiddleware", "run_streamed"})
+_INTEGRATIONS = "haltwise.integrations"
+
+
+def _no_budget(task: Task[..., Any], namespace: Mapping[str, Any]) -> Finding | None:
+    if task.budget is not None or not _calls_a_model(task.fn, namespace, set()):
+        return None
+    return Finding(
+        task.name,
+        FindingCode.NO_BUDGET,
+        f"task {task.name!r} calls a model through an adapter and has no budget: nothing stops "
+        "a run that spends more than it should",
+        "declare @haltwise.task(budget=haltwise.Budget(usd=..., tokens=..., tool_calls=...)), "
+        "or give each run one (Runtime.start(..., budget=...), --budget)",
+    )
+
+
+def _calls_a_model(fn: Any, namespace: Mapping[str, Any], seen: set[int]) -> bool:
+    """Whether ``fn``'s code (nested functions included) names an adapter's model, directly
+    or through a function of the same file it names (looked up in ``namespace``)."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    if code is None or id(code) in seen:
+        return False
+    seen.add(id(code))
+    for name in _names(code):
+        value = namespace.get(name)
+        if value is None:
+            continue
+        module = getattr(value, "__name__", "") if inspect.ismodule(value) else ""
+        if module.startswith(_INTEGRATIONS):
+            return True  # an adapter module used by attribute (hp.JournaledModel)
+        owner = getattr(value, "__module__", "") or ""
+        if owner.startswith(_INTEGRATIONS) and getattr(value, "__name__", "") in _ADAPTER_MODELS:
+            return True
+        same_file = inspect.isfunction(value) and owner == getattr(fn, "__module__", None)
+        if same_file and _calls_a_model(value, namespace, seen):
+            return True
+        inner = getattr(value, "fn", None)  # a task of the same file
+        if callable(inner) and _calls_a_model(inner, namespace, seen):
+            return True
+    return False
+
+
+def _names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _names(const)
 
 
 def _row(tool: ToolSpec) -> ToolRow:

@@ -86,6 +86,27 @@ def deadline_option(command: F) -> F:
     )(command)
 
 
+def budget_option(command: F) -> F:
+    """``--budget usd=5,tokens=200000,tool_calls=50``: the run's budget (a ``Budget``)."""
+
+    def parse(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+        if value is None:
+            return None
+        from .._core.budget import parse_budget
+
+        return parse_budget(value)
+
+    return click.option(
+        "--budget",
+        metavar="usd=N,tokens=N,tool_calls=N",
+        callback=parse,
+        help=(
+            "What the run may spend (any of usd=, tokens=, tool_calls=; on_exhaust=cancel|pause); "
+            "replaces the task's own budget."
+        ),
+    )(command)
+
+
 def parse_assumed(
     ctx: click.Context, param: click.Parameter, values: Sequence[str]
 ) -> dict[int, Any]:

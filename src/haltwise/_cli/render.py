@@ -24,12 +24,13 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from .._core.budget import BUDGET_REASON, Spent
 from .._core.outcome import Outcome, StepRecord
 from .._core.policy import CancelPolicy
 from .._core.records import RunSnapshot
 from .._core.states import State, StepStatus
 from .._core.views import RunSummary, StepWait
-from .._runtime.explain import retry_words, waiting_for
+from .._runtime.explain import budget_words, retry_words, spent_words, waiting_for
 from .text import escape_controls
 
 if TYPE_CHECKING:
@@ -222,14 +223,21 @@ class Screen:
         self.console.print(table)
 
     def runs(self, runs: Sequence[RunSummary]) -> None:
-        """A table of runs (``list``): id, task, state, reason, retry."""
+        """A table of runs (``list``): id, task, state, reason, retry, what it spent."""
         if not runs:
             self.note("no runs")
             return
         table = Table(box=None, pad_edge=False)
         # ids and task names are never cut mid-word (they are copied into the next command):
-        # they ask for their longest, up to a limit; the reason folds to what is left
-        for column, limit in (("id", 40), ("task", 32), ("state", 10), ("reason", 0), ("retry", 8)):
+        # they ask for their longest, up to a limit; the reason and the spend fold to what is left
+        for column, limit in (
+            ("id", 40),
+            ("task", 32),
+            ("state", 10),
+            ("reason", 0),
+            ("retry", 8),
+            ("spent", 0),
+        ):
             longest = max((len(_column_text(run, column)) for run in runs), default=0)
             table.add_column(
                 column, overflow="fold", min_width=min(longest, limit) or None, ratio=None
@@ -241,6 +249,7 @@ class Screen:
                 _state_text(run.state),
                 Text(run.reason or ""),
                 Text(run.retry.value if run.state.is_final else ""),
+                Text(spent_words(run.spent)),
             )
         self.console.print(table)
 
@@ -299,6 +308,8 @@ def _column_text(run: RunSummary, column: str) -> str:
         return run.state.value
     if column == "retry":
         return run.retry.value if run.state.is_final else ""
+    if column == "spent":
+        return spent_words(run.spent)
     return run.reason or ""
 
 
@@ -373,6 +384,10 @@ def _summary(outcome: Outcome, notes: Sequence[str]) -> Iterator[RenderableType]
         yield Text(f"partials ({len(outcome.partials)}):")
         for value in outcome.partials:
             yield Text.assemble("  ", _partial_text(value))
+    yield Text.assemble(("budget: ", "bold"), budget_words(outcome.budget, Spent.of(outcome.steps)))
+    if outcome.state is State.PAUSED and outcome.reason == BUDGET_REASON:
+        raise_it = f"haltwise unpause {outcome.id} --budget usd=N,tokens=N,tool_calls=N"
+        yield Text(f"paused for its budget: raise it with '{raise_it}'")
     if outcome.state.is_final:
         yield Text.assemble(("retry: ", "bold"), retry_words(outcome))
     elif outcome.state is State.PAUSED:

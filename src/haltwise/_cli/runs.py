@@ -11,12 +11,14 @@ from typing import Any
 
 import click
 
+from .._core.budget import Budget
 from .._core.exceptions import InputError
 from .._core.outcome import Outcome
 from .._core.states import State, StepStatus
 from .._runtime import lowlevel
 from .._runtime.runtime import Runtime
 from .base import (
+    budget_option,
     deadline_option,
     exit_code,
     json_option,
@@ -44,6 +46,7 @@ from .signals import RELAY
 @click.option("--input", "input_json", metavar="JSON", help="A JSON object of keyword arguments.")
 @click.option("--id", "task_id", metavar="ID", help="The run's id (default: a new one).")
 @deadline_option
+@budget_option
 @json_option
 @store_option
 def run_command(
@@ -51,6 +54,7 @@ def run_command(
     input_json: str | None,
     task_id: str | None,
     deadline: float | None,
+    budget: Budget | None,
     as_json: bool,
     store: str | None,
 ) -> int:
@@ -86,6 +90,7 @@ def run_command(
                     deadline=deadline,
                     name=run_name(target),
                     source=source,
+                    budget=budget,
                 )
                 await check_ours(runtime, handle.id)
                 outcome = await foreground.follow(handle.id, Screen())
@@ -195,7 +200,10 @@ def reconcile_command(
 @click.argument("target", metavar="FILE.py")
 @json_option
 @click.option("--markdown", is_flag=True, help="Print a Markdown section for a design review.")
-@click.option("--strict", is_flag=True, help="Exit 1 if there is any finding.")
+@click.option("--strict", is_flag=True, help="Exit 1 if there is any finding (but no-budget ones).")
+@click.option(
+    "--strict-budget", is_flag=True, help="With --strict, exit 1 on a no-budget finding too."
+)
 @click.option(
     "--deadline",
     type=click.FloatRange(min=0, min_open=True),
@@ -208,18 +216,24 @@ def audit_command(
     as_json: bool,
     markdown: bool,
     strict: bool,
+    strict_budget: bool,
     deadline: float | None,
     store: str | None,
 ) -> int:
     """Show every tool in FILE.py with its cancel policy, and the gaps (reads no store)."""
     from .._analysis.audit import audit_tools
-    from .._runtime.loader import find_tools, load_target
+    from .._runtime.loader import find_tasks, find_tools, load_target
 
     if as_json and markdown:
         raise click.UsageError("--json and --markdown exclude each other")
     module, _ = load_target(target)
     try:
-        report = audit_tools(find_tools(module), deadline=deadline)
+        report = audit_tools(
+            find_tools(module),
+            deadline=deadline,
+            tasks=find_tasks(module),
+            namespace=vars(module),
+        )
     except ValueError as error:
         raise InputError(str(error)) from None
     if as_json:
@@ -228,7 +242,7 @@ def audit_command(
         click.echo(report.to_markdown())
     else:
         Screen().audit(report)
-    return 1 if strict and report.findings else 0
+    return 1 if strict and report.fails(strict_budget=strict_budget) else 0
 
 
 # -- helpers of these commands ----------------------------------------------------------------

@@ -110,7 +110,7 @@ def _load(file: str) -> tuple[dict[str, Task[..., Any]], Path, dict[str, Any]]:
     found = {name: obj for name, obj in vars(module).items() if isinstance(obj, Task)}
     if not found:
         raise InputError(f"{file}: no @haltwise.task in this file")
-    report = audit_tools(find_tools(module))
+    report = audit_tools(find_tools(module), tasks=found.values(), namespace=vars(module))
     source = Path(module.__file__ or file).resolve()
     return worker_names(file, found), source, report.to_dict()
 

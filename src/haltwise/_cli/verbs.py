@@ -19,6 +19,7 @@ from .base import deadline_option, exit_code, json_option, print_json, run_async
 from .text import note
 
 if TYPE_CHECKING:
+    from .._core.budget import Budget
     from .._runtime.fork import ForkPlan
 
 __all__ = ["fork_command", "pause_command", "unpause_command"]
@@ -51,23 +52,34 @@ def pause_command(task_id: str, wait: bool, as_json: bool, store: str | None) ->
 
 @click.command("unpause")
 @click.argument("task_id", metavar="ID")
+@click.option(
+    "--budget",
+    metavar="usd=N,tokens=N,tool_calls=N",
+    help="Raise the run's budget as it goes on (a run paused with reason 'budget'); "
+    "the limits given replace the run's, the others stay.",
+)
 @json_option
 @store_option
-def unpause_command(task_id: str, as_json: bool, store: str | None) -> int:
+def unpause_command(task_id: str, budget: str | None, as_json: bool, store: str | None) -> int:
     """Undo a pause of run ID: it goes on where it waits.
 
     A paused run whose owner is gone is continued here from its journal, in the foreground
-    (signals as for 'run'; exit code by its final state).
+    (signals as for 'run'; exit code by its final state). A run paused for its budget and
+    unpaused without --budget raising the limit it reached pauses again at its next step.
     """
+    from .._core.budget import parse_budget
+
+    raised = None if budget is None else parse_budget(budget)
 
     async def main() -> int:
         async with open_seat(store) as seat:
             run = (await seat.inspect(task_id)).run
             if run.state is not State.PAUSED or held_by_live_owner(run):
-                record = await seat.request_unpause(task_id)
+                record = await seat.request_unpause(task_id, budget=raised)
                 _tell(record, _unpause_words(run, record), as_json)
                 return 0
-        return await _continue_here(store, run, as_json)  # its owner is gone: it goes on here
+        # its owner is gone: it goes on here
+        return await _continue_here(store, run, as_json, budget=raised)
 
     return run_async(main)
 
@@ -147,7 +159,9 @@ def _show_plan(plan: ForkPlan, new_id: str | None, as_json: bool, *, final: bool
         note(f"  step {step.index} {step.tool} ({step.effect.value})")
 
 
-async def _continue_here(store: str | None, run: RunRecord, as_json: bool) -> int:
+async def _continue_here(
+    store: str | None, run: RunRecord, as_json: bool, *, budget: Budget | None = None
+) -> int:
     """Continue a paused run whose owner is gone, here in the foreground (as ``resume``)."""
     from .._runtime.runtime import Runtime
     from .foreground import signals_as_cancels, task_of
@@ -155,7 +169,7 @@ async def _continue_here(store: str | None, run: RunRecord, as_json: bool) -> in
 
     task = task_of(run)
     async with Runtime(store) as runtime, signals_as_cancels(runtime, quiet=as_json) as foreground:
-        await runtime.unpause(run.id, task=task)
+        await runtime.unpause(run.id, task=task, budget=budget)
         outcome = await foreground.follow(run.id, Screen())
     if as_json:
         print_json(outcome.to_json())

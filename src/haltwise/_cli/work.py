@@ -8,12 +8,13 @@ import signal
 import anyio
 import click
 
+from .._core.budget import Budget
 from .._core.exceptions import BadRow, InputError
 from .._core.outcome import Outcome
 from .._runtime.runtime import Runtime
 from .._runtime.tool import Task
 from .._runtime.worker import Worker
-from .base import run_async, store_option
+from .base import budget_option, run_async, store_option
 from .foreground import check_fits, claimed_names, parse_input, run_name, source_of
 from .text import escape_controls
 
@@ -22,9 +23,14 @@ from .text import escape_controls
 @click.argument("target", metavar="FILE.py:TASK")
 @click.option("--input", "input_json", metavar="JSON", help="A JSON object of keyword arguments.")
 @click.option("--id", "task_id", metavar="ID", help="The run's id (default: a new one).")
+@budget_option
 @store_option
 def submit_command(
-    target: str, input_json: str | None, task_id: str | None, store: str | None
+    target: str,
+    input_json: str | None,
+    task_id: str | None,
+    budget: Budget | None,
+    store: str | None,
 ) -> int:
     """Record a pending run for a worker and print its id alone on stdout.
 
@@ -47,6 +53,7 @@ def submit_command(
                 task_id=task_id,
                 name=run_name(target),
                 source=source_of(target, module.__file__),
+                budget=budget,
             )
             return run_id
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, final
 
+from .budget import Budget, Spent, budget_json
 from .policy import CancelPolicy, Effect, effective_cancel
 from .reconcile import Reconciled
 from .states import State, StepStatus
@@ -91,6 +92,12 @@ class StepRecord:
     hook_pending: bool = False
     #: the latest answer about what happened, by the tool's hook or an operator
     reconciled: Reconciled | None = None
+    #: what the step spent (journaled by its settlement; None: nothing): US dollars, model
+    #: tokens, and the tool calls it counts when its settlement says (else its attempts: see
+    #: ``budget.step_calls``)
+    usd: float | None = None
+    tokens: int | None = None
+    calls: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -220,6 +227,9 @@ class Outcome:
     cancel_error: ErrorInfo | None = None
     partials: tuple[Any, ...] = ()
     steps: tuple[StepRecord, ...] = field(default=())
+    #: the run's budget (None: none; its spend is counted all the same: the sum of its steps'
+    #: journaled spend, a child step's being its child run's, in ``to_json``'s ``"budget"``)
+    budget: Budget | None = None
 
     @property
     def retry(self) -> Retry:
@@ -238,6 +248,7 @@ class Outcome:
             "error": self.error.to_json() if self.error else None,
             "partials": list(self.partials),
             "steps": [step.to_json() for step in self.steps],
+            "budget": budget_json(self.budget, Spent.of(self.steps)),
         }
         if self.cancel_error is not None:
             data["cancel_error"] = self.cancel_error.to_json()

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, final
 
+from .budget import Budget
 from .exceptions import InputError
 from .outcome import ErrorInfo, Outcome, StepRecord
 from .states import State
@@ -116,6 +117,7 @@ class RunSnapshot:
             cancel_error=run.cancel_error,
             partials=self.partials,
             steps=self.steps,
+            budget=Budget.from_json(run.inputs.get("budget")),
         )
 
 

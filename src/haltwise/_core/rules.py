@@ -120,22 +120,27 @@ def plan_cancel(current: State, current_force: bool, force: bool, *, settles: bo
     return CancelPlan(None, set_reason=False, set_force=False)
 
 
-def plan_pause(current: RunRecord) -> dict[str, Any]:
-    """The run columns a pause request writes (see :meth:`Store.request_pause`)."""
+def plan_pause(current: RunRecord, reason: str | None = None) -> dict[str, Any]:
+    """The run columns a pause request writes (see :meth:`Store.request_pause`); ``reason``
+    (``"budget"``: a run pausing itself for its budget) is the run's reason until the unpause."""
     if current.state in PAUSABLE_STATES and not current.pause:
-        return {"pause": True}
+        return {"pause": True} if reason is None else {"pause": True, "reason": reason}
     return {}
 
 
 def plan_unpause(current: RunRecord) -> tuple[State | None, dict[str, Any]]:
     """The state an unpause moves the run to (None: stays) and the columns it writes."""
+    # A pause's reason ("budget": see plan_pause) goes with it; no other reason is set on a run
+    # that may be paused (a cancel's is, and a cancelling run is never paused).
+    cleared = {"reason": None} if current.reason is not None else {}
     if current.state is State.PAUSED:
         # leaving paused clears the request and settle_on_cancel (see check_transition)
         return State.RUNNING, {
             "state": State.RUNNING.value,
             "pause": False,
             "settle_on_cancel": False,
+            **cleared,
         }
     if current.pause:
-        return None, {"pause": False}
+        return None, {"pause": False, **cleared}
     return None, {}

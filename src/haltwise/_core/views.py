@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, final
 
 from .approvals import ApprovalRecord
+from .budget import Spent
 from .outcome import Outcome, Retry, StepRecord
 from .records import Event, Owner, RunRecord
 from .states import State
@@ -32,6 +33,9 @@ class ChangeKind(StrEnum):
     #: request's state: ``awaiting``, ``approved``, ``edited``, ``refused``, ``expired``,
     #: ``cancelled``)
     APPROVAL = "approval"
+    #: the run's budget is exhausted (``status`` is ``"exhausted"``): it is cancelled or paused
+    #: with reason ``"budget"`` next
+    BUDGET = "budget"
 
 
 @final
@@ -92,15 +96,19 @@ class RunSummary:
     retry: Retry
     created_at: float
     updated_at: float
+    #: what the run spent, by its journal (``_core/budget.Spent``; a listing sums its steps)
+    spent: Spent = field(default_factory=Spent)
 
     def to_json(self) -> dict[str, Any]:
-        """The row of ``list --json``: ``{"id", "task", "state", "reason", "retry"}``."""
+        """The row of ``list --json``: ``{"id", "task", "state", "reason", "retry", "spent"}``
+        (``spent``: ``{"usd", "tokens", "tool_calls"}``, as ``status --json``'s budget)."""
         return {
             "id": self.id,
             "task": self.task,
             "state": self.state.value,
             "reason": self.reason,
             "retry": self.retry.value,
+            "spent": self.spent.to_json(),
         }
 
 

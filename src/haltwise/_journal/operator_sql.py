@@ -24,6 +24,7 @@ from operator import itemgetter
 from typing import Any, final
 
 from .._core.approvals import ApprovalRecord, ApprovalState
+from .._core.budget import Spent
 from .._core.exceptions import InputError
 from .._core.outcome import advice
 from .._core.reconcile import HOOK_NOT_ASKED
@@ -67,7 +68,12 @@ SELECT r.id, r.task, r.state, r.reason, r.created_at, r.updated_at,
      LIMIT 1) IS NOT NULL AS repeats,
     (SELECT 1 FROM {steps} s WHERE s.run_id = r.id AND s.status = 'unknown'
      AND s.idempotent = {false} AND s.reconciled = {hook_not_asked}
-     LIMIT 1) IS NOT NULL AS hooked
+     LIMIT 1) IS NOT NULL AS hooked,
+    (SELECT coalesce(sum(s.usd), 0) FROM {steps} s WHERE s.run_id = r.id) AS usd,
+    (SELECT CAST(coalesce(sum(s.tokens), 0) AS BIGINT) FROM {steps} s WHERE s.run_id = r.id)
+        AS tokens,
+    (SELECT CAST(coalesce(sum(coalesce(s.calls, s.attempts)), 0) AS BIGINT) FROM {steps} s
+     WHERE s.run_id = r.id) AS calls
 FROM {runs} r
 """
 # (Scalar subqueries with LIMIT 1, not EXISTS: PostgreSQL turns an EXISTS in the select list into
@@ -191,6 +197,13 @@ class OperatorSQL:
             "ORDER BY n RETURNING seq, run_id, target) "
             "INSERT INTO {changes} (run_id, kind, idx, status, at) "
             "SELECT run_id, 'transition', seq, target, {clock} FROM recorded ORDER BY seq"
+        )
+
+    def record_budget_exhausted(self) -> str:
+        """A run's budget exhausted, in the change feed (parameter: the run id)."""
+        return self.sql(
+            "INSERT INTO {changes} (run_id, kind, idx, status, at) "
+            "VALUES (?, 'budget', NULL, 'exhausted', {clock})"
         )
 
     def record_event(self) -> str:
@@ -375,7 +388,7 @@ def summary_from_row(row: Sequence[Any]) -> RunSummary:
     run_id, task, state, reason, created_at, updated_at = run_columns(
         row[0], _SUMMARY_COLUMNS, row[:6]
     )
-    unsafe, repeats, hooked = row[6:]
+    unsafe, repeats, hooked, usd, tokens, calls = row[6:]
     return RunSummary(
         id=run_id,
         task=task,
@@ -389,6 +402,7 @@ def summary_from_row(row: Sequence[Any]) -> RunSummary:
         ),
         created_at=created_at,
         updated_at=updated_at,
+        spent=Spent(float(usd or 0), int(tokens or 0), int(calls or 0)),
     )
 
 

@@ -113,12 +113,12 @@ from .sql import (
     check_fence,
     event_parameters,
     insert_run_parameters,
+    pause_plan,
     pause_signals_of,
     plan_create,
     plan_create_cancelled,
-    plan_pause_write,
     plan_transition,
-    plan_unpause_write,
+    unpause_plan,
 )
 from .store import (
     UNSET,
@@ -128,6 +128,7 @@ from .store import (
     NewRun,
     PauseSignal,
     RunJournal,
+    Spend,
     StepStart,
     StepStarted,
     WriteDone,
@@ -139,6 +140,8 @@ _STEP_CHANGE = (
     "INSERT INTO haltwise.changes (run_id, kind, idx, status, at) "
     f"VALUES (%s, 'step', %s, %s, {POSTGRES_CLOCK})"
 )
+#: a settlement that writes no spend (the step's columns keep what they hold)
+_NO_SPEND: Spend = (None, None, None)
 #: advisory lock key that serialises schema creation between processes opening the store at once
 _SCHEMA_LOCK = 0x68616C74
 _POOL_MAX = 10
@@ -835,11 +838,13 @@ class PostgresStore:
                 del known[next(iter(known))]  # the oldest
         return record
 
-    async def request_pause(self, run_id: str) -> RunRecord:
-        return await self._request(run_id, plan_pause_write)
+    async def request_pause(self, run_id: str, *, reason: str | None = None) -> RunRecord:
+        return await self._request(run_id, pause_plan(reason))
 
-    async def request_unpause(self, run_id: str) -> RunRecord:
-        return await self._request(run_id, plan_unpause_write)
+    async def request_unpause(
+        self, run_id: str, *, budget: dict[str, Any] | None = None
+    ) -> RunRecord:
+        return await self._request(run_id, unpause_plan(budget))
 
     async def pause_signals(
         self, run_ids: Collection[str], *, watched: Collection[str]
@@ -949,6 +954,7 @@ class PostgresStore:
         error: ErrorInfo | None = None,
         fence: str,
         durable: bool = True,
+        spend: Spend | None = None,
     ) -> None:
         # durable=False: held in memory and committed with the next write of this store (see
         # postgres_steps and docs/design.md, "Why a settlement may ride with the next write").
@@ -957,7 +963,19 @@ class PostgresStore:
         else:
             result_text = None if result is None else dump_json(result, f"step {index}'s result")
         error_text = None if error is None else error_to_text(error)
-        row = (run_id, index, status._value_, result_text, error_text, time.time(), fence)
+        usd, tokens, calls = _NO_SPEND if spend is None else spend
+        row = (
+            run_id,
+            index,
+            status._value_,
+            result_text,
+            error_text,
+            time.time(),
+            usd,
+            tokens,
+            calls,
+            fence,
+        )
         self._steps.raise_deferred_error(run_id, fence)
         if not durable:
             self._steps.defer(row)  # no wait: nothing to shield
@@ -1309,6 +1327,13 @@ class PostgresStore:
             await conn.execute(_OPS.save_delivery_position(), (destination, position))
 
         await self._run(op, single=True, after_steps=False)
+
+    async def record_budget_exhausted(self, run_id: str) -> None:
+        async def op(conn: _Conn) -> None:
+            await conn.execute(_OPS.record_budget_exhausted(), (run_id,))
+            await _notify(conn, run_id)
+
+        await self._run(op, single=True, runs=(run_id,))
 
     def set_concurrency(self, active_runs: int) -> None:
         """Ignored: every operation already runs on a pooled connection of its own."""

@@ -83,7 +83,20 @@ SETTLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("result", "text"),
     ("error", "text"),
     ("settled_at", "double precision"),
+    ("usd", "double precision"),
+    ("tokens", "bigint"),
+    ("calls", "integer"),
 )
+#: the settlement's columns that keep what the step holds when the settlement gives none (its
+#: spend: a takeover's settlement of an orphaned step leaves what an earlier attempt spent)
+_KEPT = frozenset({"usd", "tokens", "calls"})
+
+
+def _set(name: str, value: str) -> str:
+    """``name = value`` in a settlement's ``SET`` (see :data:`_KEPT`)."""
+    if name in _KEPT:
+        return f"{name} = coalesce({value}, s.{name})"
+    return f"{name} = {value}"
 
 
 def _rows(name: str, columns: Sequence[tuple[str, str]]) -> str:
@@ -161,7 +174,7 @@ def _batch_sql() -> str:
     the fence is checked on the locked row. It returns the starts written and the settlements
     written that a caller waits for (``wanted``; a deferred one's result is read by nobody:
     at 100 runs half the rows the client would read and drop)."""
-    settled = ", ".join(f"{n} = u.{n}" for n, _ in SETTLE_COLUMNS[2:])
+    settled = ", ".join(_set(n, f"u.{n}") for n, _ in SETTLE_COLUMNS[2:])
     selected = _inserted_values(lambda name, _: f"u.{name}")
     fenced = "start_in u JOIN run ON run.id = u.run_id AND run.owner_token = u.fence"
     return f"""
@@ -195,7 +208,7 @@ def _one_run_sql() -> str:
     column instead of JSON: a plan the server runs in about half the time. Parameters: the run
     id and fence, the settlement's columns then its index (all NULL: none), the start's columns
     from ``idx`` on, then whether there is a start."""
-    settled = ", ".join(f"{n} = %s::{kind}" for n, kind in SETTLE_COLUMNS[2:])
+    settled = ", ".join(_set(n, f"%s::{kind}") for n, kind in SETTLE_COLUMNS[2:])
     selected = _inserted_values(lambda name, kind: "run.id" if name == "run_id" else f"%s::{kind}")
     return f"""
 WITH run AS (
@@ -714,7 +727,7 @@ def _settle_unlocked_sql() -> str:
     """Settlements written without waiting for any lock: no share lock on the run rows (the
     fence is the last committed owner, as for the blocking partial path), and step rows that
     another transaction holds are skipped (see :func:`write_deferred`)."""
-    settled = ", ".join(f"{n} = u.{n}" for n, _ in SETTLE_COLUMNS[2:])
+    settled = ", ".join(_set(n, f"u.{n}") for n, _ in SETTLE_COLUMNS[2:])
     return f"""
 WITH {_rows("u", SETTLE_COLUMNS)},
 free AS (

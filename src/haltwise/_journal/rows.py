@@ -24,7 +24,7 @@ RUN_COLUMNS = (
 )
 STEP_COLUMNS = (
     "idx, tool, cancel, effect, idempotent, status, attempts, result, error, idem_key, args, "
-    "cleanup, call_id, fingerprint, errors, reconciled"
+    "cleanup, call_id, fingerprint, errors, reconciled, usd, tokens, calls"
 )
 
 
@@ -394,6 +394,9 @@ _STEP_CHECKS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     ("fingerprint", _optional_text),
     ("errors", lambda text: attempt_errors_from_text(text)),
     ("reconciled", lambda text: None if text is None else Reconciled.from_text(_text(text))),
+    ("usd", lambda value: None if value is None else float(value)),
+    ("tokens", lambda value: None if value is None else _integer(value)),
+    ("calls", lambda value: None if value is None else _integer(value)),
 )
 
 
@@ -422,6 +425,9 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         fingerprint,
         errors,
         reconciled,
+        usd,
+        tokens,
+        calls,
     ) = row
     if (
         type(index) is not int
@@ -431,6 +437,8 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         or cancel not in _CANCELS
         or not (call_id is None or type(call_id) is str)
         or not (fingerprint is None or type(fingerprint) is str)
+        or not (tokens is None or type(tokens) is int)
+        or not (calls is None or type(calls) is int)
     ):
         raise ValueError("a step column holds a value of the wrong type")
     # Positional, in the field order (the row's): a dataclass's keyword arguments are matched
@@ -453,6 +461,9 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         () if errors is None else attempt_errors_from_text(errors),
         reconciled == HOOK_NOT_ASKED,
         None if reconciled is None else Reconciled.from_text(reconciled),
+        None if usd is None else float(usd),
+        tokens,
+        calls,
     )
 
 

@@ -238,6 +238,15 @@ _APPROVALS = Table(
 #: step ~1.5 WAL pages and ~4 us (docs/benchmarks.md), and SQLite's prune scans the table once.
 _CHANGES_BY_RUN = Index("changes_by_run", "changes", ("run_id", "seq"), only="postgresql")
 
+#: Version 16: what a step spent (issue 33), written by its settlement: US dollars, model tokens,
+#: and the tool calls it counts when not its attempts (a model request: 0; a child step: its
+#: child run's). NULL: nothing written (a step's calls are then its attempts).
+_STEP_SPEND = (
+    Column("usd", Kind.REAL),
+    Column("tokens", Kind.INTEGER),
+    Column("calls", Kind.INTEGER),
+)
+
 #: Version 6: the errors of a step's earlier failed attempts (a JSON list of ``{"attempt",
 #: "type", "message"}``), kept when the step runs again (a retry, a resume)
 _ATTEMPT_ERRORS = _text("errors")
@@ -311,6 +320,7 @@ TABLES: tuple[Table, ...] = (
             *_STEP_IDENTITY,
             _ATTEMPT_ERRORS,
             _RECONCILED,
+            *_STEP_SPEND,
         ),
         primary_key=("run_id", "idx"),
         without_rowid=True,
@@ -524,6 +534,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             _APPROVALS,
             Index("approvals_awaiting", "approvals", ("requested_at",), where="state = 'awaiting'"),
         ),
+    ),
+    Migration(
+        16,
+        "what each step spent: usd, tokens, calls (budgets, issue 33)",
+        tuple(AddColumn("steps", column) for column in _STEP_SPEND),
     ),
 )
 

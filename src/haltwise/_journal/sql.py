@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core.exceptions import LostOwnershipError
-from .._core.records import RunRecord
+from .._core.records import RunRecord, dump_json
 from .._core.rules import (
     CancelHead,
     RunHead,
@@ -40,6 +40,7 @@ __all__ = [
     "cancel_plan",
     "check_fence",
     "lost",
+    "pause_plan",
     "pause_signals_of",
     "plan_cancel_write",
     "plan_create",
@@ -48,6 +49,7 @@ __all__ = [
     "plan_transition",
     "plan_unpause_write",
     "transition_plan_key",
+    "unpause_plan",
 ]
 
 
@@ -166,21 +168,41 @@ def cancel_plan(reason: str, force: bool, fence: str | None) -> Plan:
     return plan
 
 
-def plan_pause_write(current: RunRecord, now: float) -> RunWrite | None:
+def plan_pause_write(current: RunRecord, now: float, reason: str | None = None) -> RunWrite | None:
     """A pause request on ``current`` (see :meth:`Store.request_pause`); None: no change.
 
     No event: the request is not a transition (the run's checkpoint records ``paused``)."""
-    fields = plan_pause(current)
+    fields = plan_pause(current, reason)
     return RunWrite(fields={**fields, "updated_at": now}, events=(), at=now) if fields else None
 
 
-def plan_unpause_write(current: RunRecord, now: float) -> RunWrite | None:
-    """An unpause of ``current`` (see :meth:`Store.request_unpause`); None: no change."""
+def pause_plan(reason: str | None) -> Plan:
+    """The plan of :meth:`Store.request_pause` with its ``reason``."""
+    if reason is None:
+        return plan_pause_write
+    return lambda current, now: plan_pause_write(current, now, reason)
+
+
+def plan_unpause_write(
+    current: RunRecord, now: float, budget: dict[str, Any] | None = None
+) -> RunWrite | None:
+    """An unpause of ``current`` (see :meth:`Store.request_unpause`); None: no change.
+    ``budget`` replaces the run's budget in its inputs, in the same write."""
     target, fields = plan_unpause(current)
+    if budget is not None:
+        inputs = {**current.inputs, "budget": budget}
+        fields = {**fields, "inputs": dump_json(inputs, "the run's inputs with its budget")}
     if not fields:
         return None
     events = () if target is None else ((current.state, target, current.reason),)
     return RunWrite(fields={**fields, "updated_at": now}, events=events, at=now)
+
+
+def unpause_plan(budget: dict[str, Any] | None) -> Plan:
+    """The plan of :meth:`Store.request_unpause` with its ``budget``."""
+    if budget is None:
+        return plan_unpause_write
+    return lambda current, now: plan_unpause_write(current, now, budget)
 
 
 def pause_signals_of(

@@ -69,13 +69,13 @@ from .sql import (
     check_fence,
     event_parameters,
     insert_run_parameters,
+    pause_plan,
     pause_signals_of,
     plan_create,
     plan_create_cancelled,
-    plan_pause_write,
     plan_transition,
-    plan_unpause_write,
     transition_plan_key,
+    unpause_plan,
 )
 from .sqlite_writer import GroupOp, Op, Outcome, Writer, store_error
 from .store import (
@@ -86,6 +86,7 @@ from .store import (
     NewRun,
     PauseSignal,
     RunJournal,
+    Spend,
     StepStart,
     StepStarted,
     WriteDone,
@@ -198,7 +199,8 @@ RETURNING attempts, (SELECT CASE WHEN state = 'cancelling' THEN 1 WHEN pause THE
 """
 
 _SETTLE_STEP = """
-UPDATE steps SET status = ?, result = ?, error = ?, settled_at = ?
+UPDATE steps SET status = ?, result = ?, error = ?, settled_at = ?, usd = coalesce(?, usd),
+    tokens = coalesce(?, tokens), calls = coalesce(?, calls)
 WHERE run_id = ? AND idx = ? AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND owner_token = ?)
 """
 
@@ -230,6 +232,9 @@ _CANCELLING_NEWS = f"{_CANCELLING} AND (force OR id NOT IN (SELECT value FROM js
 # Step writes are partials of these, not closures: fewer objects for the garbage collector to
 # track per step while it waits for its batch (measurable with a thousand runs waiting).
 
+
+#: a settlement that writes no spend (the step's columns keep what they hold)
+_NO_SPEND: Spend = (None, None, None)
 
 #: a step's first start, in a run neither cancelling nor asked to pause (a record: shared)
 _FIRST_START = StepStarted(1)
@@ -569,11 +574,13 @@ class SQLiteStore:
         record: RunRecord = await self._writer.call(op)
         return record
 
-    async def request_pause(self, run_id: str) -> RunRecord:
-        return await self._request(run_id, plan_pause_write)
+    async def request_pause(self, run_id: str, *, reason: str | None = None) -> RunRecord:
+        return await self._request(run_id, pause_plan(reason))
 
-    async def request_unpause(self, run_id: str) -> RunRecord:
-        return await self._request(run_id, plan_unpause_write)
+    async def request_unpause(
+        self, run_id: str, *, budget: dict[str, Any] | None = None
+    ) -> RunRecord:
+        return await self._request(run_id, unpause_plan(budget))
 
     async def pause_signals(
         self, run_ids: Collection[str], *, watched: Collection[str]
@@ -676,13 +683,18 @@ class SQLiteStore:
         error: ErrorInfo | None = None,
         fence: str,
         durable: bool = True,
+        spend: Spend | None = None,
     ) -> None:
         result_text = None if result is None else dump_json(result, f"step {index}'s result")
+        usd, tokens, calls = _NO_SPEND if spend is None else spend
         parameters = (
             status.value,
             result_text,
             error_to_text(error),
             time.time(),
+            usd,
+            tokens,
+            calls,
             run_id,
             index,
             run_id,
@@ -976,6 +988,12 @@ class SQLiteStore:
     async def save_delivery_position(self, destination: str, position: int) -> None:
         def op(conn: sqlite3.Connection) -> None:
             conn.execute(_OPS.save_delivery_position(), (destination, position))
+
+        await self._writer.call(op, write=True)
+
+    async def record_budget_exhausted(self, run_id: str) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(_OPS.record_budget_exhausted(), (run_id,))
 
         await self._writer.call(op, write=True)
 

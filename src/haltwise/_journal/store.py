@@ -30,6 +30,9 @@ from .._core.records import Event, Owner, PartialKey, RunRecord, RunSnapshot
 from .._core.states import State, StepStatus
 from .._core.views import Change, RunSummary, StepTimes
 
+#: what a step spent, as its settlement writes it: (usd, tokens, calls); see ``_core/budget``
+Spend = tuple[float | None, int | None, int | None]
+
 
 class _Unset:
     def __repr__(self) -> str:
@@ -299,9 +302,14 @@ class Store(Protocol):
         error: ErrorInfo | None = None,
         fence: str,
         durable: bool = True,
+        spend: Spend | None = None,
     ) -> None:
         """Record how a step ended; like :meth:`start_step`, completes even if the caller is
         cancelled meanwhile.
+
+        ``spend`` is what the step spent, ``(usd, tokens, calls)`` (see ``_core/budget``),
+        written in the same statement as the settlement; None leaves what an earlier
+        settlement of the step wrote (a takeover's settlement of an orphaned step).
 
         With ``durable=False`` the store may return before the write is durable, provided it
         commits the write before (or together with) the next operation of this store object and
@@ -368,16 +376,23 @@ class Store(Protocol):
         may still change what the caller does). An id in ``acting`` but not in ``run_ids`` is
         not listed."""
 
-    async def request_pause(self, run_id: str) -> RunRecord:
+    async def request_pause(self, run_id: str, *, reason: str | None = None) -> RunRecord:
         """Record a pause request atomically and return the run as it is afterwards.
+
+        ``reason`` (``"budget"``) is recorded as the run's reason with a request it makes.
 
         A ``pending`` or ``running`` run gains ``pause`` (its state does not change: the runtime
         working it moves it to ``paused`` at its next checkpoint with nothing in flight, through
         :meth:`transition`); any other run is left as it is.
         """
 
-    async def request_unpause(self, run_id: str) -> RunRecord:
+    async def request_unpause(
+        self, run_id: str, *, budget: dict[str, Any] | None = None
+    ) -> RunRecord:
         """Undo a pause atomically and return the run as it is afterwards.
+
+        ``budget`` (a budget's ``limit_json``) replaces the run's budget in its inputs in the
+        same write, whatever the unpause does (a run paused for budget, raised).
 
         ``paused`` -> ``running`` (an event, the request cleared, the owner kept); a ``pending``
         or ``running`` run with a pause requested loses the request; any other run is left as
@@ -489,6 +504,10 @@ class Store(Protocol):
 
     async def save_delivery_position(self, destination: str, position: int) -> None:
         """Record, durably, that every change up to ``position`` reached ``destination``."""
+
+    async def record_budget_exhausted(self, run_id: str) -> None:
+        """Record in the change feed that run ``run_id``'s budget is exhausted (kind
+        ``budget``, status ``exhausted``): the run is then cancelled or paused for it."""
 
     def set_concurrency(self, active_runs: int) -> None:
         """A hint: how many runs this process works on the store now.

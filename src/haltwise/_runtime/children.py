@@ -52,6 +52,9 @@ async def _run_child(task: RunTask, args: tuple[Any, ...], kwargs: dict[str, Any
     host = parent.host
     child_id = f"{parent.run_id}/{step.index}"
     handle = await host.start_child(task, args, kwargs, child_id, parent.run_id)
+    child = host.run_of(child_id)
+    if child is not None:
+        child.link_parent(step)  # its spend counts towards this step, and the parent's budget
     gate = host.pause_gate(child_id)
     if gate is not None:
         gate.follow(parent.pause)  # the parent looks again whenever its child's pause changes

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
+from .._core.budget import Budget, Spent
 from .._core.outcome import (
     Outcome,
     Retry,
@@ -33,6 +34,29 @@ __all__ = [
     "stays_cancelling",
     "waiting_for",
 ]
+
+
+def spent_words(spent: Spent) -> str:
+    """What a run spent, in a few words (a column of ``list``): ``$0.12 3,000tok 4calls``."""
+    return f"${spent.usd:,.4g} {spent.tokens:,}tok {spent.tool_calls:,}calls"
+
+
+def budget_words(limit: Budget | None, spent: Spent) -> str:
+    """What a run spent against its limit: ``$0.36 of $0.50, 3 of 10 tool calls`` (no limit:
+    what it spent, and that it has none)."""
+    if limit is None:
+        return (
+            f"${spent.usd:,.4g}, {spent.tokens:,} tokens, {spent.tool_calls:,} tool calls "
+            "(no limit)"
+        )
+    parts = [
+        f"${spent.usd:,.4g}" + ("" if limit.usd is None else f" of ${limit.usd:,.4g}"),
+        f"{spent.tokens:,}" + ("" if limit.tokens is None else f" of {limit.tokens:,}") + " tokens",
+        f"{spent.tool_calls:,}"
+        + ("" if limit.tool_calls is None else f" of {limit.tool_calls:,}")
+        + " tool calls",
+    ]
+    return ", ".join(parts) + f" (on exhaust: {limit.on_exhaust})"
 
 
 #: Where advice is read: ``"cli"`` (the command line: its flags) or ``"api"`` (the HTTP API's

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .._core.budget import Budget
     from .progress import Pulse
     from .run_context import Probe
     from .runtime import Runtime, TaskHandle
@@ -47,6 +48,7 @@ async def launch(
     name: str | None = None,
     source: str | None = None,
     probe: Probe | None = None,
+    budget: Budget | None = None,
 ) -> TaskHandle:
     """:meth:`Runtime.start` with explicit arguments, and what a face knows beyond the task.
 
@@ -66,6 +68,7 @@ async def launch(
         name=name,
         source=source,
         probe=probe,
+        budget=budget,
     )
 
 

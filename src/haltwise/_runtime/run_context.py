@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
+from .._core.budget import Budget, Spent
 from .._core.exceptions import InputError, NonDeterminismError
 from .._core.outcome import ErrorInfo, Outcome, StepRecord
 from .._core.policy import OnCancel
@@ -117,14 +118,19 @@ class RunHost(Protocol):
         """Start child run ``child_id`` of run ``parent``, or pick it up where it stopped."""
         ...  # pragma: no cover - a protocol
 
-    async def pause(self, task_id: str) -> object:
-        """Request a pause of run ``task_id`` and deliver it (``Runtime.pause``)."""
+    async def pause(self, task_id: str, *, reason: str | None = None) -> object:
+        """Request a pause of run ``task_id`` and deliver it (``Runtime.pause``); ``reason``
+        (``"budget"``) is the run's reason while it is paused."""
 
     async def unpause(self, task_id: str) -> object:
         """Undo a pause of run ``task_id`` (``Runtime.unpause``)."""
 
     def pause_gate(self, task_id: str) -> PauseGate | None:
         """The pause gate of run ``task_id`` if the runtime works it, else None."""
+
+    def run_of(self, task_id: str) -> RunContext | None:
+        """Run ``task_id``'s context if the runtime works it, else None (a child run's, whose
+        spend counts towards its parent's step)."""
 
     async def stopped(self, task_id: str) -> None:
         """Wait until the runtime no longer works run ``task_id`` (at once if it does not)."""
@@ -295,6 +301,21 @@ class RunContext:
     children: dict[int, PauseGate] = field(default_factory=dict)
     #: pulsed each time the run journals a partial result (see progress.Pulse)
     progress: Pulse = field(default_factory=Pulse)
+    #: the run's budget (None: none) and which of its limits of spend (``"usd"``, ``"tokens"``)
+    #: the spend below reached (None: none), both changed only by :meth:`set_budget` and
+    #: :meth:`add_spend`; ``metered``: a budget of this run or of a parent run worked here
+    #: applies (the step executor looks no further when it is False)
+    budget: Budget | None = None
+    over: str | None = None
+    metered: bool = False
+    #: what the run spent: its journal's sum when the context was made, plus what this attempt
+    #: spent since (its child runs' spend included), changed only by :meth:`add_spend`
+    spent_usd: float = 0.0
+    spent_tokens: int = 0
+    spent_calls: int = 0
+    #: the step of the parent run (worked here) that waits for this child run: the child's
+    #: spend counts towards it, and so towards the parent's budget (:meth:`link_parent`)
+    spend_to: StepContext | None = None
     #: this attempt's spans while they are recorded (see .spans), else None
     trace: RunTrace | None = None
     #: the final state this attempt recorded, with a failure's error (see ending.final_write)
@@ -306,14 +327,71 @@ class RunContext:
         if snapshot is None:
             return cls(journal={}, **fields)
         steps = snapshot.steps
+        spent = Spent.of(steps)
         run_again = {fields.get("ended_by"), *fields.get("rerun", ())}
-        return cls(
+        run = cls(
             journal={step.index: step for step in steps if not step.cleanup},
             numbering=Numbering.of(steps, run_again),
             emitted=frozenset(snapshot.partial_keys),
             next_partial=len(snapshot.partials),
+            spent_usd=spent.usd,
+            spent_tokens=spent.tokens,
+            spent_calls=spent.tool_calls,
             **fields,
         )
+        run.set_budget(Budget.from_json(snapshot.run.inputs.get("budget")))
+        return run
+
+    # -- the budget ----------------------------------------------------------------------------
+
+    def set_budget(self, budget: Budget | None) -> None:
+        """The run's budget is ``budget`` from now on (its start, an unpause that raised it)."""
+        self.budget = budget
+        self.over = None
+        self.metered = budget is not None or self.spend_to is not None
+        self.add_spend(0.0, 0, 0)
+
+    def add_spend(self, usd: float, tokens: int, calls: int) -> None:
+        """The run spent this (a step's model request, ``haltwise.spend``, a tool call begun,
+        a child run's spend): count it, see whether a limit is reached now (:attr:`over`: the
+        next step's check acts on it), and count it towards the parent run's step too."""
+        self.spent_usd += usd
+        self.spent_tokens += tokens
+        self.spent_calls += calls
+        budget = self.budget
+        if budget is not None and self.over is None:
+            self.over = budget.reached(self.spent_usd, self.spent_tokens)
+        parent = self.spend_to
+        if parent is not None and (usd or tokens or calls):
+            parent.add_spend(usd, tokens, calls)
+
+    def over_budget(self, call: bool = False) -> RunContext | None:
+        """The run whose limit stops a step from beginning now, this one or a parent run worked
+        here (the nearest): a limit of spend reached, or with ``call`` (the step is a tool
+        call) no tool call left; None if none does."""
+        run: RunContext | None = self
+        while run is not None:
+            if run.over is not None:
+                return run
+            budget = run.budget
+            if call and budget is not None and budget.calls_spent(run.spent_calls):
+                return run
+            step = run.spend_to
+            run = None if step is None else step.run
+        return None
+
+    def link_parent(self, step: StepContext) -> None:
+        """This child run is waited for by ``step`` of its parent (worked here): its spend
+        counts towards that step (and the parent's budget). What the child spent before (its
+        journal's sum) replaces what the step had journaled of it."""
+        if self.spend_to is step:
+            return
+        self.spend_to = step
+        self.metered = True
+        delta_usd = self.spent_usd - step.usd
+        delta_tokens = self.spent_tokens - step.tokens
+        delta_calls = self.spent_calls - step.calls
+        step.add_spend(delta_usd, delta_tokens, delta_calls)
 
     @property
     def cancel_pending(self) -> bool:
@@ -466,6 +544,29 @@ class StepContext:
     polled: bool = False
     #: how many partial results the step emitted so far (its next one's ordinal)
     emits: int = 0
+    #: what the step spent, over its attempts (journaled with its settlement: see
+    #: :meth:`spend_row`); ``calls`` is written only for a step that is no tool call (a model
+    #: request, a child step: ``counts_calls`` False), whose tool calls are not its attempts
+    usd: float = 0.0
+    tokens: int = 0
+    calls: int = 0
+    counts_calls: bool = True
+
+    def add_spend(self, usd: float, tokens: int, calls: int) -> None:
+        """The step spent this (see :func:`haltwise.spend`); its run spent it too."""
+        self.usd += usd
+        self.tokens += tokens
+        self.calls += calls
+        self.run.add_spend(usd, tokens, calls)
+
+    def spend_row(self) -> tuple[float | None, int | None, int | None] | None:
+        """What the step's settlement writes of its spend; None: nothing (a tool call that
+        spent nothing but itself: its calls are its attempts)."""
+        if self.counts_calls:
+            if not (self.usd or self.tokens):
+                return None
+            return (self.usd, self.tokens, None)
+        return (self.usd, self.tokens, self.calls)
 
     def next_origin(self) -> PartialKey:
         """Who a partial result emitted now inside this step is: this step, its next ordinal."""

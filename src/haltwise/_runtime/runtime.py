@@ -22,6 +22,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._core.approvals import ApprovalRecord
+from .._core.budget import Budget
 from .._core.exceptions import (
     HaltwiseError,
     IdempotencyConflictError,
@@ -217,6 +218,7 @@ class Runtime:
         *args: Any,
         task_id: str | None = None,
         deadline: float | None = None,
+        budget: Budget | None = None,
         **kwargs: Any,
     ) -> TaskHandle:
         """Start a run of ``task(*args, **kwargs)`` and return its handle at once.
@@ -224,10 +226,13 @@ class Runtime:
         The run is durable (``running``) when this returns. If ``task_id`` already exists, no
         second run starts: the handle of the existing run is returned. ``deadline`` (seconds)
         cancels the run with reason ``"deadline"`` if it has not ended by then; it covers this
-        start only. Raises :class:`~haltwise.InputError` if the arguments do not fit the task or
+        start only. ``budget`` (a :class:`~haltwise.Budget`) replaces the task's own for this
+        run. Raises :class:`~haltwise.InputError` if the arguments do not fit the task or
         are not JSON-serialisable.
         """
-        return await self._start_named(task, args, kwargs, task_id=task_id, deadline=deadline)
+        return await self._start_named(
+            task, args, kwargs, task_id=task_id, deadline=deadline, budget=budget
+        )
 
     async def _start_named(
         self,
@@ -241,6 +246,7 @@ class Runtime:
         source: str | None = None,
         probe: Probe | None = None,
         parent: str | None = None,
+        budget: Budget | None = None,
     ) -> TaskHandle:
         """:meth:`start` with explicit arguments, the name the run records (the CLI's
         ``FILE.py:TASK``) and the absolute path of the file that defines the task (kept in the
@@ -254,6 +260,7 @@ class Runtime:
         source = source or task.source
         if source is not None:
             inputs["source"] = source
+        _add_budget(inputs, task, budget)
         # The task sees its inputs as they come back from the journal, from the first attempt
         # on: a tuple is a list, a dict's int keys are strings, on every attempt alike
         # (issue 15, item 5), so a resume cannot take another path than the first attempt.
@@ -282,6 +289,8 @@ class Runtime:
                 same_call(existing, new.task, inputs, parent=parent)
             return TaskHandle(self, run_id)  # (created cancelled: a cancel pressed before it)
         ctx = self._context(run_id, task, None, {}, frozenset(), probe)
+        if "budget" in inputs:
+            ctx.set_budget(Budget.from_json(inputs["budget"]))
         self._launch(ctx, inputs, deadline)
         return TaskHandle(self, run_id)
 
@@ -582,10 +591,12 @@ class Runtime:
         task_id: str | None = None,
         name: str | None = None,
         source: str | None = None,
+        budget: Budget | None = None,
     ) -> tuple[str, bool]:
         """Record a ``pending`` run for a worker; return its id and whether it is new.
 
         Nothing runs here. An id that exists is returned as it is, and nothing is recorded.
+        ``budget`` replaces the task's own for this run.
         """
         kwargs = dict(kwargs or {})
         task.bind_inputs(args, kwargs)
@@ -593,6 +604,7 @@ class Runtime:
         source = source or task.source
         if source is not None:
             inputs["source"] = source
+        _add_budget(inputs, task, budget)
         run_id = task_id if task_id is not None else uuid.uuid4().hex
         if not run_id:
             raise InputError("task_id must be a non-empty string")
@@ -831,15 +843,29 @@ class Runtime:
         request; a run that is ``cancelling``, ``paused`` or final is left as it is. Raises
         :class:`~haltwise.UnknownRunError` for an unknown id.
         """
-        record = await self._seat.request_pause(task_id)
+        return await self._pause(task_id)
+
+    async def _pause(self, task_id: str, *, reason: str | None = None) -> RunRecord:
+        """:meth:`pause`, recording ``reason`` (``"budget"``) as the run's while it lasts."""
+        record = await self._seat.request_pause(task_id, reason=reason)
         ctx = self._active.get(task_id)
         if ctx is not None and record.pause and not ctx.pause.requested:
             ctx.pause.request()
             await relay_to_children(ctx)
         return record
 
-    async def unpause(self, task_id: str, *, task: Task[..., Any] | None = None) -> RunRecord:
+    async def unpause(
+        self,
+        task_id: str,
+        *,
+        task: Task[..., Any] | None = None,
+        budget: Budget | None = None,
+    ) -> RunRecord:
         """Undo a pause: a ``paused`` run goes back to ``running`` and continues where it waits.
+
+        ``budget`` raises the run's budget in the same write (a run paused with reason
+        ``"budget"``): its limits replace the run's, those it leaves out stay. A run paused for
+        its budget and unpaused with no limit raised pauses again at its next step.
 
         A paused run whose owner is gone (it died, or a worker handed the run over) is taken over
         and continued here from its journal, as :meth:`resume` does (``task`` defaults to the
@@ -856,9 +882,14 @@ class Runtime:
             the_task = self._task_of(run, task)
             with self._one_owner(task_id):
                 snapshot = await self._take_over(snapshot, the_task, {}, frozenset())
+                if budget is not None:  # ours now: the unpause raises the budget as it goes on
+                    await self._seat.request_unpause(task_id, budget=budget)
+                    snapshot = await self.store.load(task_id)
                 return await self._continue(snapshot, the_task, {}, frozenset(), None, None)
-        record = await self._seat.request_unpause(task_id)
+        record = await self._seat.request_unpause(task_id, budget=budget)
         ctx = self._active.get(task_id)
+        if ctx is not None and budget is not None:
+            ctx.set_budget(Budget.from_json(record.inputs.get("budget")))
         if ctx is not None and not record.pause:
             ctx.pause.lift()
             await relay_to_children(ctx)
@@ -1252,8 +1283,8 @@ class RuntimeHost:
             return await runtime._cancel_own(task_id, reason=reason, force=force)
         return await runtime.cancel(task_id, reason=reason, force=force)
 
-    async def pause(self, task_id: str) -> RunRecord:
-        return await self._runtime.pause(task_id)
+    async def pause(self, task_id: str, *, reason: str | None = None) -> RunRecord:
+        return await self._runtime._pause(task_id, reason=reason)
 
     async def unpause(self, task_id: str) -> RunRecord:
         return await self._runtime.unpause(task_id)
@@ -1261,6 +1292,9 @@ class RuntimeHost:
     def pause_gate(self, task_id: str) -> PauseGate | None:
         ctx = self._runtime._active.get(task_id)
         return None if ctx is None else ctx.pause
+
+    def run_of(self, task_id: str) -> RunContext | None:
+        return self._runtime._active.get(task_id)
 
     async def stopped(self, task_id: str) -> None:
         ctx = self._runtime._active.get(task_id)
@@ -1316,6 +1350,17 @@ _MAY_HOLD_A_CHILD = frozenset({StepStatus.RUNNING, StepStatus.INTERRUPTED, StepS
 
 async def _raise(error: BaseException) -> None:
     raise error
+
+
+def _add_budget(inputs: dict[str, Any], task: Task[..., Any], budget: Budget | None) -> None:
+    """Keep the run's budget (``budget``, else its task's) in its inputs, where every process
+    that loads the run finds it."""
+    if budget is None:
+        budget = task.budget
+    elif not isinstance(budget, Budget):
+        raise InputError(f"budget must be a haltwise.Budget, not {budget!r}")
+    if budget is not None:
+        inputs["budget"] = budget.limit_json()
 
 
 def same_call(

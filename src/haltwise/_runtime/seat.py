@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, final
 
 from .._core.approvals import ApprovalRecord, ApprovalState, check_decidable, decided_state
+from .._core.budget import Budget
 from .._core.exceptions import InputError, NoStoreError
 from .._core.records import RunRecord, dump_json
 from .._core.states import State
@@ -208,16 +209,26 @@ class Seat:
         assert record is not None
         return record
 
-    async def request_pause(self, task_id: str) -> RunRecord:
-        """Record a pause request (see :meth:`haltwise.Runtime.pause`); the run right after."""
+    async def request_pause(self, task_id: str, *, reason: str | None = None) -> RunRecord:
+        """Record a pause request (see :meth:`haltwise.Runtime.pause`); the run right after.
+        ``reason`` (``"budget"``) is the run's reason while the pause lasts."""
         check_no_nul(task_id, "a run id")
-        return await self._store.request_pause(task_id)
+        return await self._store.request_pause(task_id, reason=reason)
 
-    async def request_unpause(self, task_id: str) -> RunRecord:
+    async def request_unpause(self, task_id: str, *, budget: Budget | None = None) -> RunRecord:
         """Withdraw a pause, or record ``paused -> running`` (see
-        :meth:`haltwise.Runtime.unpause`, which also continues a paused orphan)."""
+        :meth:`haltwise.Runtime.unpause`, which also continues a paused orphan). ``budget``
+        raises the run's budget in the same write: its limits replace the run's (those it
+        leaves out stay)."""
         check_no_nul(task_id, "a run id")
-        return await self._store.request_unpause(task_id)
+        if budget is None:
+            return await self._store.request_unpause(task_id)
+        if not isinstance(budget, Budget):
+            raise InputError(f"budget must be a haltwise.Budget, not {budget!r}")
+        snapshot = await self._store.load(task_id)
+        current = Budget.from_json(snapshot.run.inputs.get("budget"))
+        raised = budget if current is None else current.raised(budget)
+        return await self._store.request_unpause(task_id, budget=raised.limit_json())
 
     async def prune(
         self, older_than: float, *, state: State | str | None = None, dry_run: bool = False

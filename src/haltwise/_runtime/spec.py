@@ -63,6 +63,7 @@ class ToolSpec:
 
     __slots__ = (
         "approval",
+        "counts_calls",
         "defer_settle",
         "effective_cancel",
         "fn",
@@ -82,10 +83,14 @@ class ToolSpec:
         *,
         register: bool = True,
         approval: Any = None,
+        counts_calls: bool = True,
     ) -> None:
         self.fn = fn
         #: the tool's approval rule (``approvals.ApprovalRule``), None when it needs none
         self.approval = approval
+        #: each attempt of a call is a tool call of the run's budget (a model request and a
+        #: child step are not: the child's own calls count)
+        self.counts_calls = counts_calls
         self.policy = policy
         self.name = name
         self.is_async = is_async_callable(fn)

@@ -50,6 +50,7 @@ from .._core.records import JSONText, dump_json, load_json
 from .._core.states import StepStatus
 from .._journal.store import StepStart
 from .approvals import ApprovalRule, ask
+from .budget import enforce_budget
 from .cancel_state import NATIVE_CANCEL
 from .pause import pause_point
 from .retries import may_retry
@@ -80,6 +81,8 @@ async def execute_step(
     if run.pause.requested:
         await pause_point(run)
     run.raise_if_cancelled()
+    if run.metered and run.over_budget(spec.counts_calls) is not None:
+        await enforce_budget(run, spec.counts_calls)  # no step begins once a limit is reached
     flight = _Flight(run, spec, args, kwargs)
     try:
         result = await flight.perform()
@@ -94,6 +97,8 @@ async def execute_step(
     if run.pause.requested:
         await pause_point(run)
     run.raise_if_cancelled()
+    if run.metered and run.over_budget() is not None:
+        await enforce_budget(run)  # the step's spend reached a limit: stop now
     return result
 
 
@@ -231,17 +236,26 @@ async def settle(
     result: Any = None,
     error: ErrorInfo | None = None,
     durable: bool = True,
+    step: StepContext | None = None,
     hooked: bool = False,
 ) -> None:
     """Journal how a step ended; the store completes it even if a cancel arrives meanwhile.
 
     ``durable=False`` lets the store commit it with the next write (see ``may_defer_settle``).
+    ``step``: the step's context, whose spend the settlement journals.
     ``hooked``: the step's tool has a ``reconcile`` hook (:attr:`ToolSpec.hooked`); a step it
     leaves ``unknown`` is marked as waiting for that hook (the retry advice is then
     ``resume``, which asks it).
     """
     await run.store.settle_step(
-        run.run_id, index, status, result=result, error=error, fence=run.fence, durable=durable
+        run.run_id,
+        index,
+        status,
+        result=result,
+        error=error,
+        fence=run.fence,
+        durable=durable,
+        spend=None if step is None else step.spend_row(),
     )
     if hooked and status is StepStatus.UNKNOWN:
         await run.store.reconcile_step(
@@ -369,10 +383,17 @@ class _Flight:
         if approval is not None and approval.needed(self.args, self.kwargs):
             await self._ask(approval, key, print_)
         retry = 0
+        step = StepContext(run, self.index, key, counts_calls=self.spec.counts_calls)
+        if journaled is not None:  # run again: what its earlier attempts spent is its own
+            step.usd = journaled.usd or 0.0
+            step.tokens = journaled.tokens or 0
+            step.calls = journaled.calls or 0
         while True:
             self.failed_as = None
+            step.polled = False
+            step.emits = 0  # an attempt's partial results are the same ones in every attempt
+            self.step = step
             await self._start(key, print_, retry + 1)
-            self.step = StepContext(run, self.index, key)
             outer = CURRENT_STEP.get()  # put back as a value: a waiting step holds no token
             CURRENT_STEP.set(self.step)
             try:
@@ -383,6 +404,8 @@ class _Flight:
             except Exception as error:
                 if not may_retry(run, self.spec.policy, error, retry, self.failed_as):
                     raise
+                if run.metered and run.over_budget(self.spec.counts_calls) is not None:
+                    raise  # a retry is a new call: none begins once a limit is reached
             finally:
                 CURRENT_STEP.set(outer)
             retry += 1
@@ -453,7 +476,9 @@ class _Flight:
             self.call_id,
             print_,  # fingerprint
         )
-        if not self.in_body_task:
+        if self.spec.counts_calls:
+            run.add_spend(0.0, 0, 1)  # a tool call counts when it begins (each attempt)
+        if not self.in_body_task and not self.counted:
             # Beside the task function's own code: the store batches its writes with others.
             self.counted = True
             run.host.count_side_steps(+1)
@@ -461,7 +486,7 @@ class _Flight:
             started = await run.store.start_step(run.run_id, start, fence=run.fence)
         except NATIVE_CANCEL:
             # Cancelled while waiting for the write, which happens anyway: the body never ran.
-            await _to_the_end(settle(run, self.index, StepStatus.INTERRUPTED))
+            await _to_the_end(settle(run, self.index, StepStatus.INTERRUPTED, step=self.step))
             raise
         if run.trace is not None:
             begin_step(
@@ -475,7 +500,7 @@ class _Flight:
         cancel = run.cancel
         if (cancel.reason is not None and not self.shielded) or cancel.forced:
             # The cancel came first: the body never ran.
-            await settle(run, self.index, StepStatus.INTERRUPTED)
+            await settle(run, self.index, StepStatus.INTERRUPTED, step=self.step)
             run.raise_if_cancelled()
             raise Cancelled(cancel.reason or "user", task_id=run.run_id)
 
@@ -638,6 +663,7 @@ class _Flight:
             result=text,
             fence=run.fence,
             durable=not self.spec.defer_settle,
+            spend=None if self.step is None else self.step.spend_row(),
         )
         if run.trace is not None:
             end_step(run.trace, index, StepStatus.COMMITTED)
@@ -660,7 +686,12 @@ class _Flight:
         if isinstance(error, TimeoutError):
             self.run.note_step_error(error)
         await settle(
-            self.run, self.index, status, error=ErrorInfo.of(error), hooked=self.spec.hooked
+            self.run,
+            self.index,
+            status,
+            error=ErrorInfo.of(error),
+            hooked=self.spec.hooked,
+            step=self.step,
         )
 
     async def _tool_cancelled(self, cancel: Cancelled) -> NoReturn:
@@ -683,7 +714,9 @@ class _Flight:
         """
         if self._interrupted_at_once():
             self._abandon()
-            await settle(self.run, self.index, StepStatus.INTERRUPTED, durable=False)
+            await settle(
+                self.run, self.index, StepStatus.INTERRUPTED, durable=False, step=self.step
+            )
             return
         await _to_the_end(self._settle_by_policy())
 
@@ -705,7 +738,9 @@ class _Flight:
 
     async def _settle_by_policy(self) -> None:
         status, result = await self._cancelled_status()
-        await settle(self.run, self.index, status, result=result, hooked=self.spec.hooked)
+        await settle(
+            self.run, self.index, status, result=result, hooked=self.spec.hooked, step=self.step
+        )
 
     async def _cancelled_status(self) -> tuple[StepStatus, JSONText | None]:
         """The status a cancel leaves (and the result, for a body that finished anyway)."""

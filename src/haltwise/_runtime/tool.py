@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
 from .._core.approvals import Decision
+from .._core.budget import Budget
 from .._core.exceptions import ApprovalExpired, ApprovalRefused, NotInTaskError, PolicyError
 from .._core.policy import CancelPolicy, Effect, OnCancel, ToolPolicy
 from .approvals import decided_payload, decision_of, refused_decision
@@ -115,10 +116,13 @@ class Task(Generic[P, R]):
         *,
         source: str | None = None,
         register: bool = True,
+        budget: Budget | None = None,
     ) -> None:
         self.fn = fn
         self.on_cancel = on_cancel
         self.name = name
+        #: what each run of the task may spend, unless its start gives its own (None: no limit)
+        self.budget = budget
         #: the absolute path of the script or file that defines the task when it is not an
         #: importable module (``python agent.py``, a file the command line loaded): runs record
         #: it, so that ``haltwise resume`` can load the task again
@@ -138,7 +142,9 @@ class Task(Generic[P, R]):
         if self._as_step is None:
             from .children import CHILD_POLICY, child_body
 
-            spec = ToolSpec(child_body(self), CHILD_POLICY, self.name, register=False)
+            spec = ToolSpec(
+                child_body(self), CHILD_POLICY, self.name, register=False, counts_calls=False
+            )
             self._as_step = tool_function(spec)
         return self._as_step(*args, **kwargs)
 
@@ -353,12 +359,27 @@ async def step(
     return await call_tool(spec, args, kwargs)
 
 
-def _step_spec(fn: Callable[..., Any], name: str | None, declared: tuple[Any, ...]) -> ToolSpec:
+async def model_step(fn: Callable[..., Any], /, *args: Any, name: str) -> Any:
+    """``await fn(*args)`` as a model request: one step (``interruptible``, ``read``) that is
+    not a tool call of the run's budget (its tokens are its spend: see ``budget.model_usage``)."""
+    spec = _step_spec(
+        fn, name, ("interruptible", "read", False, None, None, None, 0, None), counts_calls=False
+    )
+    return await call_tool(spec, args, {})
+
+
+def _step_spec(
+    fn: Callable[..., Any],
+    name: str | None,
+    declared: tuple[Any, ...],
+    *,
+    counts_calls: bool = True,
+) -> ToolSpec:
     """The spec of a haltwise.step() call, declared once per distinct set of arguments.
 
     ``declared``: the policy keywords of :func:`step`, in the order of :func:`_policy`'s.
     """
-    key: tuple[Any, ...] = (fn, name, *declared)
+    key: tuple[Any, ...] = (fn, name, *declared, counts_calls)
     try:
         found = _STEP_SPECS.get(key)
     except TypeError:  # an unhashable callable: declared afresh each time
@@ -381,7 +402,9 @@ def _step_spec(fn: Callable[..., Any], name: str | None, declared: tuple[Any, ..
         backoff=backoff,
     )
     # Registered only if a takeover may need it to compensate after a crash.
-    spec = ToolSpec(fn, policy, step_name, register=policy.compensate is not None)
+    spec = ToolSpec(
+        fn, policy, step_name, register=policy.compensate is not None, counts_calls=counts_calls
+    )
     if key:
         if len(_STEP_SPECS) >= _STEP_SPECS_MAX:
             _STEP_SPECS.clear()  # bound methods of short-lived objects must not pile up
@@ -393,7 +416,10 @@ def _step_spec(fn: Callable[..., Any], name: str | None, declared: tuple[Any, ..
 def task(fn: Callable[P, Awaitable[R]], /) -> Task[P, R]: ...
 @overload
 def task(
-    *, on_cancel: str | OnCancel = "keep", name: str | None = None
+    *,
+    on_cancel: str | OnCancel = "keep",
+    name: str | None = None,
+    budget: Budget | None = None,
 ) -> Callable[[Callable[P, Awaitable[R]]], Task[P, R]]: ...
 
 
@@ -403,6 +429,7 @@ def task(
     *,
     on_cancel: str | OnCancel = OnCancel.KEEP,
     name: str | None = None,
+    budget: Budget | None = None,
 ) -> Any:
     """Declare an async function as a task: its runs are journaled, cancellable and resumable.
 
@@ -410,7 +437,11 @@ def task(
     ``"compensate"`` runs the compensations of its committed ``rollback`` steps in reverse order.
     A task that is not an ``async def`` raises :class:`~haltwise.PolicyError`. Its ``name``
     (default ``module:qualname``) is what runs record and what ``resume`` looks it up by.
+    ``budget`` (a :class:`~haltwise.Budget`) is what each run may spend, unless its start gives
+    its own (CONTRACT.md, "Budgets"); anything else raises :class:`~haltwise.PolicyError`.
     """
+    if budget is not None and not isinstance(budget, Budget):
+        raise PolicyError(f"@haltwise.task(budget=...) needs a haltwise.Budget, not {budget!r}")
     try:
         policy = OnCancel(on_cancel)
     except ValueError:
@@ -425,7 +456,7 @@ def task(
                 f"@haltwise.task needs an async function; {label!r} is not one (write 'async def')"
             )
         default_name, source = _name_and_source(function)
-        return Task(function, policy, name or default_name, source=source)
+        return Task(function, policy, name or default_name, source=source, budget=budget)
 
     return decorate if fn is None else decorate(fn)
 

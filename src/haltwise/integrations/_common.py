@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 import haltwise
 
 from .._core.exceptions import HaltwiseError, install_hint
+from .._runtime.budget import model_usage
+from .._runtime.tool import model_step
 
 __all__ = [
     "MODEL_STEP",
@@ -31,7 +33,9 @@ __all__ = [
     "call_id",
     "cancel_run_for_host",
     "journaled",
+    "model_name",
     "model_request",
+    "record_usage",
     "request_digest",
     "require",
 ]
@@ -100,15 +104,38 @@ async def model_request(
     answer to another request (CONTRACT.md, "Framework integrations").
     """
     if request is None:
-        return await journaled(ask, name=name, cancel="interruptible", effect="read")
+        value: T = await model_step(ask, name=name)
+        return value
 
     async def asked(_request: str) -> T:
         return await ask()
 
-    value: T = await haltwise.step(
-        asked, request_digest(request), name=name, cancel="interruptible", effect="read"
-    )
+    value = await model_step(asked, request_digest(request), name=name)
     return value
+
+
+def record_usage(model: Any, input_tokens: Any, output_tokens: Any) -> None:
+    """The model request running as the current step used these tokens (the framework's own
+    usage): journaled with the step's settlement, priced when the run's budget names the model
+    (``model``: its name, or an object with one). Missing counts are 0; outside a step nothing
+    is recorded (a replay returns its journaled response and spends nothing again)."""
+    model_usage(model_name(model), _count(input_tokens), _count(output_tokens))
+
+
+def model_name(model: Any) -> str | None:
+    """The name a framework gives its model (``"gpt-4o"``), from a string or the model's own
+    ``model_name`` / ``model`` / ``name`` attribute; None if it gives none."""
+    if isinstance(model, str) or model is None:
+        return model
+    for attribute in ("model_name", "model", "name"):
+        value = getattr(model, attribute, None)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def request_digest(request: Any) -> str:

@@ -74,6 +74,7 @@ from ._common import (  # noqa: E402
     cancel_run_for_host,
     journaled,
     model_request,
+    record_usage,
 )
 from ._conversation import (  # noqa: E402
     call_tool,
@@ -159,6 +160,8 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
 
         async def ask() -> list[dict[str, Any]]:
             response = await handler(request)
+            for message in response.result:
+                _record(message, request.model)
             return [message_to_dict(message) for message in response.result]
 
         try:
@@ -193,6 +196,17 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
         # (what the journal says became of it) so that the superstep, and the checkpoint
         # LangGraph writes for it, hold it.
         return await _closed_call(cid, request.tool_call["name"])
+
+
+def _record(message: Any, model: Any) -> None:
+    """Record an AI message's ``usage_metadata`` (input and output tokens) with the model
+    request's step; the model's name from the message's metadata, else the model's own."""
+    usage = getattr(message, "usage_metadata", None)
+    if not usage:
+        return
+    metadata = getattr(message, "response_metadata", None) or {}
+    name = metadata.get("model_name") or metadata.get("model") or model
+    record_usage(name, usage.get("input_tokens"), usage.get("output_tokens"))
 
 
 async def _foreign_tool_step(

@@ -75,7 +75,12 @@ from pydantic import TypeAdapter  # noqa: E402
 import haltwise  # noqa: E402
 
 from .._runtime.task_api import end_turn, steps_settled, turn_begins  # noqa: E402
-from ._common import MODEL_STEP, cancel_run_for_host, model_request  # noqa: E402
+from ._common import (  # noqa: E402
+    MODEL_STEP,
+    cancel_run_for_host,
+    model_request,
+    record_usage,
+)
 from ._common import call_id as call_id_scope  # noqa: E402
 from ._conversation import (  # noqa: E402
     SettledCall,
@@ -173,7 +178,10 @@ class JournaledModel(Model):
         args, kwargs = await _closed_input(args, kwargs)
 
         async def ask() -> dict[str, Any]:
-            return _dump_response(await self.model.get_response(*args, **kwargs))
+            response = await self.model.get_response(*args, **kwargs)
+            usage = response.usage
+            record_usage(self.model, usage.input_tokens, usage.output_tokens)
+            return _dump_response(response)
 
         data = await model_request(ask, name=self.name, request=_request_view(args, kwargs))
         _record_turn(data["output"])
@@ -204,6 +212,9 @@ class JournaledModel(Model):
                 await _aclose(stream)
             if completed is None:
                 raise haltwise.HaltwiseError("the model's stream ended with no completed response")
+            usage = completed.usage
+            if usage is not None:
+                record_usage(completed.model or self.model, usage.input_tokens, usage.output_tokens)
             return completed.model_dump(mode="json")
 
         request = StreamedStep(ask, name=self.name, request=_request_view(args, kwargs))

@@ -82,7 +82,12 @@ from pydantic_ai.usage import RequestUsage  # noqa: E402
 
 import haltwise  # noqa: E402
 
-from ._common import MODEL_STEP, cancel_run_for_host, model_request  # noqa: E402
+from ._common import (  # noqa: E402
+    MODEL_STEP,
+    cancel_run_for_host,
+    model_request,
+    record_usage,
+)
 from ._common import call_id as call_id_scope  # noqa: E402
 from ._conversation import (  # noqa: E402
     SettledCall,
@@ -186,6 +191,7 @@ class JournaledModel(WrapperModel):
 
         async def ask() -> Any:
             response = await self.wrapped.request(closed, model_settings, model_request_parameters)
+            _record(response)
             return _dump(response)
 
         asked = _request_view(closed, model_settings, model_request_parameters)
@@ -219,6 +225,12 @@ class JournaledModel(WrapperModel):
             yield stream
         finally:
             await stream.aclose()
+
+
+def _record(response: ModelResponse) -> None:
+    """Record a model response's usage (its ``RequestUsage``) with the step that asked."""
+    usage = response.usage
+    record_usage(response.model_name, usage.input_tokens, usage.output_tokens)
 
 
 class _JournaledStream(StreamedResponse):
@@ -273,7 +285,9 @@ class _JournaledStream(StreamedResponse):
             self._live = live
             async for event in live:
                 emit(event)
-            return _dump(live.get())
+            response = live.get()
+            _record(response)
+            return _dump(response)
 
     def _applied(self, event: ModelResponseStreamEvent) -> ModelResponseStreamEvent:
         if isinstance(event, FinalResultEvent):

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from .._core.budget import Budget
 from .._core.exceptions import HaltwiseError, InputError
 from .._core.states import FINAL_STATES, PAUSABLE_STATES, RESUMABLE_STATES, State
 from .._runtime.runtime import Runtime
@@ -36,6 +37,7 @@ from ._bodies import (
     ForkBody,
     ResumeBody,
     SubmitBody,
+    UnpauseBody,
     read_body,
     whole_number,
 )
@@ -307,7 +309,15 @@ async def _pause(request: Request, served: Served, run_id: str) -> Response:
 
 
 async def _unpause(request: Request, served: Served, run_id: str) -> Response:
-    return await _verb(request, served, run_id, "unpause")
+    body = await read_body(request, UnpauseBody)
+    if body.budget is None:
+        await served.runtime.unpause(run_id)
+    else:
+        limits = body.budget
+        raised = Budget(usd=limits.usd, tokens=limits.tokens, tool_calls=limits.tool_calls)
+        await served.runtime.unpause(run_id, budget=raised)
+    detail = await served.runtime.inspect(run_id)
+    return JSONResponse({"id": run_id, "state": detail.outcome.state.value}, status_code=202)
 
 
 async def _verb(request: Request, served: Served, run_id: str, name: str) -> Response:

@@ -9,7 +9,15 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+)
 from pydantic import ValidationError as PydanticValidationError
 from starlette.requests import ClientDisconnect, Request
 
@@ -29,6 +37,7 @@ __all__ = [
     "ForkBody",
     "ResumeBody",
     "SubmitBody",
+    "UnpauseBody",
     "read_body",
     "whole_number",
 ]
@@ -72,6 +81,21 @@ class _Body(BaseModel):
 
 class EmptyBody(_Body):
     """``POST /api/runs/{id}/pause`` and ``/unpause``: no fields (an empty body is fine)."""
+
+
+class BudgetLimits(_Body):
+    """A budget's limits raised by an unpause: the ones given replace the run's."""
+
+    usd: float | None = Field(None, ge=0, allow_inf_nan=False)
+    tokens: StrictInt | None = Field(None, ge=0)
+    tool_calls: StrictInt | None = Field(None, ge=0)
+
+
+class UnpauseBody(_Body):
+    """``POST /api/runs/{id}/unpause``: optionally, the budget raised as the run goes on (a run
+    paused with reason ``budget``); an empty body is fine."""
+
+    budget: BudgetLimits | None = None
 
 
 class CancelBody(_Body):

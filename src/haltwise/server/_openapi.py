@@ -24,6 +24,7 @@ from ._bodies import (
     ForkBody,
     ResumeBody,
     SubmitBody,
+    UnpauseBody,
 )
 from ._sse import MAX_CHANGE
 
@@ -37,6 +38,7 @@ _MODELS: tuple[type[BaseModel], ...] = (
     ResumeBody,
     ForkBody,
     DecisionBody,
+    UnpauseBody,
 )
 _ERRORS = {
     "400": "malformed request (a query parameter out of range, a cursor no page gave, a run id "
@@ -407,7 +409,11 @@ def openapi_document() -> dict[str, Any]:
             "pause the run", EmptyBody, {"202": "requested:RunState"}, "409", "501"
         ),
         "/api/runs/{id}/unpause": _post(
-            "unpause the run", EmptyBody, {"202": "requested:RunState"}, "409", "501"
+            "unpause the run (optionally raising its budget)",
+            UnpauseBody,
+            {"202": "requested:RunState"},
+            "409",
+            "501",
         ),
         "/api/runs/{id}/resume": _post(
             "resume the run in the server (with FILE.py only)",

@@ -170,7 +170,7 @@ async function showRuns(params) {
       return;
     }
     if (mine !== pageNumber) return;
-    const head = el("tr", {}, ...(READ_ONLY ? [] : [el("th", { text: "" })]), ...["id", "task", "state", "started", "took", "reason", "retry", "waiting for"].map((h) => el("th", { text: h })));
+    const head = el("tr", {}, ...(READ_ONLY ? [] : [el("th", { text: "" })]), ...["id", "task", "state", "started", "took", "reason", "retry", "spent", "waiting for"].map((h) => el("th", { text: h })));
     // how long a final run took, or an active one has been going
     const took = (run) => seconds((STATES.final.includes(run.state) ? run.updated_at : Date.now() / 1000) - run.created_at);
     const tick = (run) => {
@@ -190,6 +190,7 @@ async function showRuns(params) {
       el("td", { text: took(run), class: "took" }),
       el("td", { text: run.reason || "", class: "reason" }),
       el("td", { text: run.retry }),
+      el("td", { text: run.spent ? spentText(run.spent) : "", class: "spent" }),
       el("td", { class: "waiting", "data-waiting": run.id })));
     table.replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows));
     const where = cursor ? "older runs, newest first" : "newest first";
@@ -206,6 +207,19 @@ async function showRuns(params) {
   };
   await render();
   listen("/api/events", () => soon(render));
+}
+
+function spentText(spent) {
+  return `$${Number(spent.usd).toPrecision(4).replace(/\.?0+$/, "")} · ${spent.tokens} tokens · ${spent.tool_calls} tool calls`;
+}
+
+// What the run spent against its limit, one line per kind ("0.36 of 0.5"; no limit: "no limit").
+function budgetText(budget) {
+  const limit = budget.limit || {};
+  const of = (name, value) => (limit[name] === null || limit[name] === undefined ? `${value}` : `${value} of ${limit[name]}`);
+  const words = [`$${of("usd", Number(budget.spent.usd).toPrecision(4).replace(/\.?0+$/, ""))}`,
+    `${of("tokens", budget.spent.tokens)} tokens`, `${of("tool_calls", budget.spent.tool_calls)} tool calls`];
+  return words.join(" · ") + (budget.limit ? ` (on exhaust: ${budget.limit.on_exhaust})` : " (no limit)");
 }
 
 function waitSummary(detail) {
@@ -265,6 +279,7 @@ function runPage(run) {
   if (run.error) fact("error", `${run.error.type}: ${run.error.message}`);
   if (run.cancel_error) fact("raised while cancelling", `${run.cancel_error.type}: ${run.cancel_error.message}`);
   if (run.state === "completed") fact("result", json(run.result));
+  if (run.budget) fact("budget", budgetText(run.budget), "run-budget");
   parts.push(facts);
   if (run.state === "cancelling") parts.push(waitingBox(run));
   const asking = run.steps.filter((s) => s.approval && s.approval.state === "awaiting");
@@ -457,6 +472,7 @@ function actions(run) {
     el("button", { id: "unpause", disabled: run.state !== "paused", onclick: () => act("unpause", {}, (a) => `unpause: ${a.state}`), text: "Unpause" }),
     el("button", { id: "resume", disabled: !STATES.resumable.includes(run.state), onclick: () => resumeDialog(run, box), text: "Resume" }),
     forkControls(run));
+  if (run.state === "paused" && run.reason === "budget") box.append(raiseBudget(run, act));
   return box;
 }
 
@@ -477,6 +493,24 @@ function forkControls(run) {
     }
   } });
   return el("span", { class: "fork" }, step, go);
+}
+
+// A run paused for its budget: raise its limits (the ones filled in; the others stay) and unpause.
+function raiseBudget(run, act) {
+  const limit = (run.budget && run.budget.limit) || {};
+  const field = (name, step) => el("input", { id: `raise-${name}`, type: "number", min: "0", step, placeholder: `${name} (now ${limit[name] ?? "none"})` });
+  const usd = field("usd", "any");
+  const tokens = field("tokens", "1");
+  const calls = field("tool_calls", "1");
+  const raise = () => {
+    const budget = {};
+    if (usd.value !== "") budget.usd = Number(usd.value);
+    if (tokens.value !== "") budget.tokens = parseInt(tokens.value, 10);
+    if (calls.value !== "") budget.tool_calls = parseInt(calls.value, 10);
+    act("unpause", { budget }, (a) => `budget raised, unpause: ${a.state}`);
+  };
+  return el("div", { id: "raise-budget" }, el("span", { text: "paused for its budget: raise it " }),
+    usd, tokens, calls, el("button", { id: "raise", onclick: raise, text: "Raise and unpause" }));
 }
 
 function resumeDialog(run, box) {
