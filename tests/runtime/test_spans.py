@@ -359,3 +359,35 @@ async def test_a_trace_continues_through_meta_as_remote_tools_and_haltwise_mcp_p
     assert remote.context.trace_id == step.context.trace_id
     with continued_trace({"no": "trace"}):  # no traceparent: a new trace, no error
         pass
+
+
+class Raising(SpanProcessor):
+    """A span processor that fails (the SDK calls processors without catching)."""
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if span.name.startswith("execute_tool"):
+            raise RuntimeError("a processor failed at a step's start")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.name.startswith("invoke_workflow"):
+            raise RuntimeError("a processor failed at a run's end")
+
+
+async def test_a_failing_span_processor_never_changes_a_run(
+    spans: Spans, sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    provider.add_span_processor(Raising())
+    toolkit.release.set()
+    async with haltwise.Runtime(sqlite_url) as rt:
+        outcome = await (await rt.start(paying, "write_async", task_id="robust")).outcome()
+        handle = await rt.start(paying, "write_async", task_id="robust-cancelled")
+        status = await rt.status("robust-cancelled")
+        await handle.cancel()
+        cancelled = await handle.outcome()
+    assert outcome.state is haltwise.State.COMPLETED
+    assert [s.status.value for s in outcome.steps] == ["committed", "committed"]
+    assert cancelled.state is haltwise.State.CANCELLED
+    assert all(s.status.value != "running" for s in cancelled.steps), status
+    assert "a span could not be recorded" in caplog.text
