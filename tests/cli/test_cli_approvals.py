@@ -275,3 +275,16 @@ def test_a_cancel_racing_an_approve_has_exactly_one_outcome(env: Env, first: str
         ran = status["steps"][0]["status"] == "committed"
         assert len(env.effects()) == (1 if ran else 0)
     assert env.hw("check").returncode == 0
+
+
+def test_a_cancel_of_a_dead_owner_s_awaiting_run_ends_its_request(env: Env) -> None:
+    run = start(env, "o1")
+    wait_awaiting(env, "o1")
+    os.kill(run.pid, signal.SIGKILL)
+    run.communicate()
+    cancelled = env.hw("cancel", "o1", "--wait")
+    assert cancelled.returncode == 0, cancelled.stderr
+    late = env.hw("approve", "o1", "0", "--by", "ops")
+    assert "the approval request is cancelled" in error_line(late)
+    assert pending(env) == []
+    assert env.effects() == []

@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fresh_toolkit")]
 HERE = Path(__file__).resolve().parent.parent
 SECRET = "whsec_" + base64.b64encode(b"a test secret of 32 bytes length").decode()
 PATIENCE = 60.0
+SERVE = (sys.executable, "-m", "haltwise", "serve", "--port", "0")
 
 
 class Receiver:
@@ -326,3 +327,38 @@ async def test_serve_delivers_events_too(
     finally:
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=30) == 0
+
+
+async def test_a_receiver_gone_under_serve_stops_the_sender_not_the_server(
+    sqlite_url: str, receiver: Receiver, tmp_path: Path
+) -> None:
+    receiver.answer(410)
+    log = tmp_path / "serve.log"
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "haltwise",
+            "serve",
+            "--port",
+            "0",
+            "--store",
+            sqlite_url,
+            "--events-to",
+            receiver.url,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log.open("w"),
+        text=True,
+    )
+    try:
+        assert serve.stdout is not None
+        serve.stdout.readline()
+        wait_until("the sender started", lambda: "delivering to" in log.read_text())
+        async with haltwise.Runtime(sqlite_url) as rt:
+            await (await rt.start(toolkit.three_quick, 1, task_id="gone")).outcome()
+        wait_until("the 410 said", lambda: "410 Gone" in log.read_text())
+        assert serve.poll() is None, log.read_text()  # still serving
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=30) == 0, log.read_text()

@@ -359,3 +359,75 @@ async def test_a_trace_continues_through_meta_as_remote_tools_and_haltwise_mcp_p
     assert remote.context.trace_id == step.context.trace_id
     with continued_trace({"no": "trace"}):  # no traceparent: a new trace, no error
         pass
+
+
+class Raising(SpanProcessor):
+    """A span processor that fails (the SDK calls processors without catching)."""
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if span.name.startswith("execute_tool"):
+            raise RuntimeError("a processor failed at a step's start")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.name.startswith("invoke_workflow"):
+            raise RuntimeError("a processor failed at a run's end")
+
+
+async def test_a_failing_span_processor_never_changes_a_run(
+    spans: Spans, sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    provider.add_span_processor(Raising())
+    toolkit.release.set()
+    async with haltwise.Runtime(sqlite_url) as rt:
+        outcome = await (await rt.start(paying, "write_async", task_id="robust")).outcome()
+        handle = await rt.start(paying, "write_async", task_id="robust-cancelled")
+        status = await rt.status("robust-cancelled")
+        await handle.cancel()
+        cancelled = await handle.outcome()
+    assert outcome.state is haltwise.State.COMPLETED
+    assert [s.status.value for s in outcome.steps] == ["committed", "committed"]
+    assert cancelled.state is haltwise.State.CANCELLED
+    assert all(s.status.value != "running" for s in cancelled.steps), status
+    assert "a span could not be recorded" in caplog.text
+
+
+@haltwise.tool(cancel="finish", effect="external", idempotent=True, approval="required")
+async def pay(amount: int) -> int:
+    return amount
+
+
+@haltwise.task(name="test_spans:asks")
+async def asks() -> int:
+    return await pay(5)
+
+
+@haltwise.task(name="test_spans:spends", budget=haltwise.Budget(tool_calls=1))
+async def spends() -> None:
+    await lookup_once("a")
+    await lookup_once("b")  # the second tool call never begins: the budget is spent
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def lookup_once(key: str) -> str:
+    return key
+
+
+async def test_approvals_and_budget_exhaustion_are_events_of_the_run_span(
+    spans: Spans, sqlite_url: str
+) -> None:
+    async with haltwise.Runtime(sqlite_url) as rt:
+        handle = await rt.start(asks, task_id="asks")
+        while not await rt.approvals("asks"):
+            await anyio.sleep(0.01)
+        await rt.decide("asks", 0, approve=True, by="ops")
+        assert (await handle.outcome()).result == 5
+        spent = await (await rt.start(spends, task_id="spends")).outcome()
+    assert (spent.state, spent.reason) == (haltwise.State.CANCELLED, "budget")
+    (asked,) = spans.run("asks")
+    events = {e.name: dict(e.attributes or {}) for e in asked.events}
+    assert events["haltwise.approval.requested"]["haltwise.step.index"] == 0
+    assert events["haltwise.approval.decided"]["haltwise.approval.state"] == "approved"
+    (budget,) = spans.run("spends")
+    assert "haltwise.budget.exhausted" in [e.name for e in budget.events]

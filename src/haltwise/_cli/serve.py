@@ -157,7 +157,6 @@ def _events(
     secret is a usage error before anything starts). A ``410 Gone`` stops it, not the server."""
     if url is None:
         return None
-    from .._core.exceptions import DeliveryGoneError
     from .._events import destination_from
     from .._runtime.seat import open_seat
     from .base import warn
@@ -169,8 +168,8 @@ def _events(
         try:
             async with open_seat(store) as seat:
                 await send_events(seat, destination, store)
-        except DeliveryGoneError as error:
-            warn(f"error: {error}")
+        except Exception as error:  # the sender stops; the server goes on serving
+            warn(f"error: events: {error}")
 
     return send
 

@@ -43,7 +43,7 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
-from .._core.exceptions import DeliveryGoneError, InputError, UnknownRunError
+from .._core.exceptions import DeliveryGoneError, InputError, StoreError, UnknownRunError
 from .._core.views import Change, RunDetail
 from .cloud import RunFold, cloud_event, event_type, status_as_of
 
@@ -168,9 +168,39 @@ class Sender:
 
     async def run(self, *, from_start: bool = False) -> None:
         """Deliver until cancelled (the position saved on the way out), or until the receiver
-        answers ``410 Gone`` (:class:`~haltwise.DeliveryGoneError`)."""
+        answers ``410 Gone`` (:class:`~haltwise.DeliveryGoneError`). A store that fails (a lost
+        connection, a locked file) is tried again, 0.5 s later and then twice as long each
+        time, at most 60 s apart, from the position kept: each failure is one line."""
+        delay = _FIRST_BACKOFF
+        while True:
+            try:
+                await self._attempt(from_start)
+                return
+            except StoreError as error:
+                self._log(
+                    f"events: the store failed ({one_line_error(error)}); "
+                    f"trying again in {delay:g} s"
+                )
+            await anyio.sleep(delay)
+            delay = min(_MAX_BACKOFF, delay * 2)
+            from_start = False  # a restart goes on from the position kept
+
+    async def _attempt(self, from_start: bool) -> None:
+        try:
+            await self._deliver_all(from_start)
+        except BaseExceptionGroup as group:  # a lane's or the dispatcher's error, alone
+            errors = [
+                e for e in _leaves(group) if not isinstance(e, anyio.get_cancelled_exc_class())
+            ]
+            if len(errors) == 1 and isinstance(errors[0], Exception):
+                raise errors[0] from None
+            raise
+
+    async def _deliver_all(self, from_start: bool) -> None:
         import httpx
 
+        self._pending.clear()
+        self._acked.clear()
         start = await self._start(from_start)
         folds = await self._history(start)
         self._log(f"events: delivering to {self._to.shown} after change {start}")
@@ -317,3 +347,15 @@ class Sender:
                     f"events: {reported} event(s) delivered to {self._to.shown}, "
                     f"every change up to {self._saved} acknowledged"
                 )
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for error in group.exceptions:
+        found.extend(_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
+    return found
+
+
+def one_line_error(error: BaseException) -> str:
+    """``error`` in a few words on one line (a store's message may span several)."""
+    return " ".join(f"{type(error).__name__}: {error}".split())[:300]

@@ -41,6 +41,7 @@ from .._core.states import StepStatus
 from .._core.views import ChangeKind
 from .._journal.store import ApprovalRequest, StepStart, Store
 from .pause import pause_point
+from .spans import run_event
 
 if TYPE_CHECKING:
     from .run_context import RunContext
@@ -223,7 +224,11 @@ async def ask(
             f"run {run.run_id!r}: another owner holds the run now", task_id=run.run_id
         )
     if record.state is ApprovalState.AWAITING:
+        asked = {"haltwise.step.index": index, "gen_ai.tool.name": spec.name}
+        run_event(run.trace, "haltwise.approval.requested", asked)
         record = await _wait(run, record)
+        decided = {**asked, "haltwise.approval.state": record.state.value}
+        run_event(run.trace, "haltwise.approval.decided", decided)
     if record.state.allows_call:
         DECIDED.set(record)
         if record.edited is None:

@@ -17,6 +17,7 @@ from .._core.budget import BUDGET_REASON, Budget, OnExhaust
 from .._core.exceptions import Cancelled, InputError
 from .pause import pause_point
 from .run_context import CURRENT_RUN, CURRENT_STEP
+from .spans import run_event
 
 if TYPE_CHECKING:
     from .run_context import RunContext
@@ -40,6 +41,14 @@ async def enforce_budget(run: RunContext, call: bool = False) -> None:
         if holder.run_id not in noted:
             noted.add(holder.run_id)
             await run.store.record_budget_exhausted(holder.run_id)  # the feed's budget event
+            run_event(
+                run.trace,
+                "haltwise.budget.exhausted",
+                {
+                    "haltwise.run.id": holder.run_id,
+                    "haltwise.budget.on_exhaust": str(budget.on_exhaust),
+                },
+            )
         if budget.on_exhaust == OnExhaust.CANCEL or run.cancel.reason is not None:
             await host.cancel(holder.run_id, reason=BUDGET_REASON)
             if holder is not run:

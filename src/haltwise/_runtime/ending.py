@@ -140,12 +140,12 @@ def _host_timeout(ctx: RunContext, error: BaseException) -> bool:
     :class:`TimeoutError` that no step raised (a tool's own failure is the tool's error)."""
     if not isinstance(error, TimeoutError) or isinstance(error, HaltwiseError):
         return False
-    seen = ctx.step_error
+    seen = ctx.step_errors
     cause: BaseException | None = error
     for _ in range(64):  # a chain is short; a cycle is not followed forever
         if cause is None:
             break
-        if cause is seen:
+        if any(cause is step_error for step_error in seen):
             return False
         cause = cause.__cause__ or cause.__context__
     return True

@@ -287,9 +287,9 @@ class RunContext:
     #: the task's code diverged from its journal (:meth:`diverge`): every later checkpoint
     #: raises this, and the run ends ``failed`` with it whatever a cancel asked
     poison: NonDeterminismError | None = None
-    #: the error the latest step that failed raised (a TimeoutError of a tool's is not a host's
-    #: timeout: see ending.call_task); set by :meth:`note_step_error`
-    step_error: BaseException | None = None
+    #: every TimeoutError a step raised to the task, replays included (a tool's TimeoutError is
+    #: not a host's timeout: see ending.call_task); added to by :meth:`note_step_error`
+    step_errors: list[BaseException] = field(default_factory=list)
     #: every step begun and not yet settled, by index
     flights: dict[int, Flight] = field(default_factory=dict)
     _all_settled: anyio.Event | None = None
@@ -485,8 +485,8 @@ class RunContext:
         self.body_task = None
 
     def note_step_error(self, error: BaseException) -> None:
-        """A step failed with ``error``, which the task now sees."""
-        self.step_error = error
+        """A step failed with ``error`` (a TimeoutError), which the task now sees."""
+        self.step_errors.append(error)
 
     # -- steps in flight -----------------------------------------------------------------------
 

@@ -1154,7 +1154,10 @@ class Runtime:
     async def _keep_trace(self, ctx: RunContext, trace: spans.RunTrace) -> None:
         """Keep this attempt's span context in the journal, and link its span to the previous
         attempt's (only while spans are recorded: one small write per attempt)."""
-        earlier = await self.store.swap_trace(ctx.run_id, spans.trace_context(trace))
+        try:
+            earlier = await self.store.swap_trace(ctx.run_id, spans.trace_context(trace))
+        except StoreError:
+            return  # a link lost is no reason to stop a run; its own writes will say
         spans.link_earlier(trace, earlier)
 
     def _stop_working(self, ctx: RunContext) -> None:

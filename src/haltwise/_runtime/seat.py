@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, final
 
-from .._core.approvals import ApprovalRecord, check_decidable, decided_state
+from .._core.approvals import ApprovalRecord, ApprovalState, check_decidable, decided_state
 from .._core.budget import Budget
 from .._core.exceptions import InputError, NoStoreError
 from .._core.records import RunRecord, dump_json
@@ -190,6 +190,14 @@ class Seat:
             await self._store.load(task_id)  # an unknown run: UnknownRunError
         check_decidable(task_id, step, current)
         assert current is not None
+        run = (await self._store.load(task_id)).run
+        if run.state.is_final:
+            # Its owner was gone when the run ended (a cancel settled by the canceller): the
+            # request ends with its run, durably, and no decision applies.
+            record, _ = await self._store.decide_approval(
+                task_id, step, ApprovalState.CANCELLED, by=None, note=None, edited=None
+            )
+            check_decidable(task_id, step, record)
         edited = None
         if edit is not None:
             edited = dump_json({**current.arguments, **edit}, "the edited arguments")

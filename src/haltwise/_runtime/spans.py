@@ -29,10 +29,12 @@ attribute test each.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+import functools
+import logging
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
 from .._core.outcome import ErrorInfo, StepRecord, retry_advice
 from .._core.states import State, StepStatus
@@ -63,6 +65,33 @@ _ERROR_STATUSES: Final = frozenset({StepStatus.FAILED})
 
 _api: Any = None  # the opentelemetry.trace module; False once found missing
 
+#: ``use_span`` leaves a span's status and events to haltwise: by default it would record any
+#: exception passing through as an event (its text may quote an argument) and set ERROR (a tool
+#: refused by an approver, say, is no error of the span's).
+_QUIET: Final = {"record_exception": False, "set_status_on_exception": False}
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+_LOG = logging.getLogger("haltwise.spans")
+
+
+def _guarded(fn: Callable[_P, _T]) -> Callable[_P, _T | None]:
+    """Tracing never changes a run: an exception raised by the OpenTelemetry SDK or a span
+    processor (the SDK calls processors without catching) is logged, and the caller goes on
+    as if spans were off for that call."""
+
+    @functools.wraps(fn)
+    def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _T | None:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as error:
+            _LOG.warning(
+                "haltwise: a span could not be recorded (%s: %s)", type(error).__name__, error
+            )
+            return None
+
+    return guarded
+
 
 def _trace() -> Any:
     """The OpenTelemetry trace API, or None when it is not installed (looked up once)."""
@@ -88,6 +117,7 @@ class RunTrace:
     settled: dict[int, StepRecord] = field(default_factory=dict)
 
 
+@_guarded
 def begin_run(run_id: str, task: str) -> RunTrace | None:
     """Open the span of an attempt of run ``run_id`` about to be worked here, a child of the
     caller's current span (a run started inside a step, or a child run, nests in it); None when
@@ -116,6 +146,7 @@ def trace_context(run: RunTrace) -> str:
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
 
 
+@_guarded
 def link_earlier(run: RunTrace, traceparent: str | None) -> None:
     """Link the attempt's span to the span of the run's attempt before it (a ``traceparent``
     kept in the journal), if there was one and it parses."""
@@ -139,9 +170,10 @@ def run_current(run: RunTrace | None) -> Any:
     """A context manager making the run span current (user spans inside nest in it)."""
     if run is None:
         return nullcontext()
-    return _trace().use_span(run.span, end_on_exit=False)
+    return _trace().use_span(run.span, end_on_exit=False, **_QUIET)
 
 
+@_guarded
 def end_run(
     run: RunTrace,
     state: State | None,
@@ -171,6 +203,7 @@ def end_run(
     span.end()
 
 
+@_guarded
 def begin_step(
     run: RunTrace,
     run_id: str,
@@ -214,9 +247,10 @@ def step_current(run: RunTrace | None, index: int) -> Any:
     """A context manager making the step's span current while its body runs."""
     if run is None or index not in run.steps:
         return nullcontext()
-    return _trace().use_span(run.steps[index], end_on_exit=False)
+    return _trace().use_span(run.steps[index], end_on_exit=False, **_QUIET)
 
 
+@_guarded
 def end_step(run: RunTrace, index: int, status: StepStatus, error: ErrorInfo | None = None) -> None:
     """End the span of step ``index``'s attempt as it settled ``status`` (no span: nothing)."""
     span = run.steps.pop(index, None)
@@ -250,25 +284,30 @@ def compensation_span(
     attributes: dict[str, Any] = {"haltwise.run.id": run_id, "gen_ai.tool.name": tool}
     if index is not None:
         attributes["haltwise.step.index"] = index
-    span = trace.get_tracer("haltwise").start_span(
+    span = _guarded(trace.get_tracer("haltwise").start_span)(
         f"compensate {tool}",
         context=trace.set_span_in_context(run.span),
         links=links,
         attributes=attributes,
     )
+    if span is None:
+        yield None
+        return
     try:
-        with trace.use_span(span, end_on_exit=False):
+        with trace.use_span(span, end_on_exit=False, **_QUIET):
             yield span
     finally:
-        span.end()
+        _guarded(span.end)()
 
 
+@_guarded
 def run_event(run: RunTrace | None, name: str, attributes: Mapping[str, Any] | None = None) -> None:
     """A span event on the attempt's run span (``haltwise.cancel.requested``, ...)."""
     if run is not None:
         run.span.add_event(name, dict(attributes or {}))
 
 
+@_guarded
 def inject_trace(carrier: dict[str, Any]) -> None:
     """Put the current trace context in ``carrier`` (``traceparent``, ``tracestate``: the
     application's propagator), as ``remote_tools`` does in a call's ``_meta``; nothing when no

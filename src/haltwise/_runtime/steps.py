@@ -151,7 +151,10 @@ def _replay(run: RunContext, journaled: StepRecord, spec: ToolSpec, print_: str)
         if journaled.fingerprint is not None and journaled.fingerprint != print_:
             raise run.diverge(journaled, spec.name, what="arguments")
         assert journaled.error is not None
-        raise rebuilt_error(journaled.error, spec)
+        replayed = rebuilt_error(journaled.error, spec)
+        if isinstance(replayed, TimeoutError):
+            run.note_step_error(replayed)  # a tool's timeout, replayed: not a host's
+        raise replayed
     if blocks_resume(journaled, run.rerun):
         raise UnknownStepError(run.run_id, journaled.index, journaled.tool)
     return _RUN_AGAIN
