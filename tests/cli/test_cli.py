@@ -567,8 +567,10 @@ def test_store_that_is_not_a_haltwise_store(env: Env) -> None:
     blocker.write_text("a file, not a directory")
     bad_path = f"sqlite:///{blocker}/sub/store.db"
     assert "cannot create" in error_line(env.hw("cancel", "x", "--store", bad_path))
-    # a command that only reads creates nothing, and says where it looked
-    assert "there is no store at" in error_line(env.hw("status", "x", "--store", bad_path))
+    # a command that only reads creates nothing, and says where it looked (issue 29, item 6:
+    # a named store whose folder does not exist is refused, naming the folder)
+    line = error_line(env.hw("status", "x", "--store", bad_path))
+    assert "there is no store there" in line and f"no folder '{blocker}/sub'" in line
 
 
 def test_default_store_is_under_the_current_directory(env: Env) -> None:
