@@ -127,8 +127,9 @@ def test_resume_refuses_a_journaled_file_outside_the_project(env: Env, evil: Pat
     line = error_line(env.hw("resume", "r1"))
     assert str(evil) in line and "outside this project" in line
     assert not evil.with_name("imported").exists(), "resume ran a file the journal named"
-    # status shows the path resume would load
-    assert f"source: {evil}" in env.hw("status", "r1").stdout
+    # status shows the code the run recorded (issue 32: file and digest), not the rewritten row
+    shown = env.hw("status", "r1").stdout
+    assert f"source: {env.root / 'agent.py'}, sha256 " in shown and str(evil) not in shown
     # a task name that is a path is a file too
     point_at(env, "r1", task=f"{evil}:flaky")
     assert "outside this project" in error_line(env.hw("resume", "r1"))
@@ -138,7 +139,11 @@ def test_resume_refuses_a_journaled_file_outside_the_project(env: Env, evil: Pat
 def test_resume_runs_a_file_outside_the_project_when_it_is_named(env: Env, evil: Path) -> None:
     failed_run(env)
     point_at(env, "r1", source=evil)
-    done = env.hw("resume", "r1", str(evil), "--json")
+    # its digest is not the recorded one: refused with both digests (issue 32), nothing imported
+    refused = error_line(env.hw("resume", "r1", str(evil), "--json"))
+    assert str(evil) in refused and refused.count("sha256") == 1 and "now" in refused
+    assert not evil.with_name("imported").exists()
+    done = env.hw("resume", "r1", str(evil), "--allow-code-change", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["result"] == "evil ran"
     assert evil.with_name("imported").exists()

@@ -354,7 +354,7 @@ def test_a_read_only_page_offers_no_change_and_the_pages_say_what_they_mean(
                 and texts(d, f"{done1} td.took")[0].endswith(("ms", " s"))
             ),
         )
-        driver.find_element(By.CSS_SELECTOR, 'input.pick[data-pick="ro1"]').click()
+        wait(driver, "run ro1 ticked", lambda d: tick(d, 'input.pick[data-pick="ro1"]'))
         click(driver, "Cancel selected", By.ID, "cancel-selected")
         server.wait_for("ro1", "cancelled", lambda r: r["state"] == "cancelled")
         wait(driver, "the list showing it", lambda d: row_state(d, "ro1") == "cancelled")
@@ -438,3 +438,15 @@ def test_a_run_paused_for_its_budget_is_raised_from_its_page(
             )
         finally:
             driver.quit()
+
+
+def tick(driver: WebDriver, selector: str) -> bool:
+    """Tick the checkbox at ``selector`` once: the live list may draw its row anew between
+    finding the box and clicking it (then the next poll finds the new one)."""
+    try:
+        box = driver.find_element(By.CSS_SELECTOR, selector)
+        if not box.is_selected():
+            box.click()
+        return bool(box.is_selected())
+    except StaleElementReferenceException:
+        return False
