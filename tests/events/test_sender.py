@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -295,38 +296,33 @@ def test_bad_input_is_one_line_and_exit_2(
     assert "Traceback" not in done.stderr
 
 
-async def test_serve_delivers_events_too(
-    sqlite_url: str, receiver: Receiver, tmp_path: Path
-) -> None:
+@contextmanager
+def serving(store: str, url: str, log: Path) -> Iterator[subprocess.Popen[str]]:
+    """``haltwise serve --events-to URL`` up, its sender started; stopped by SIGTERM (exit 0)."""
     serve = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "haltwise",
-            "serve",
-            "--port",
-            "0",
-            "--store",
-            sqlite_url,
-            "--events-to",
-            receiver.url,
-        ],
+        [*SERVE, "--store", store, "--events-to", url],
         stdout=subprocess.PIPE,
-        stderr=(tmp_path / "serve.log").open("w"),
+        stderr=log.open("w"),
         text=True,
     )
     try:
         assert serve.stdout is not None
         serve.stdout.readline()  # the address: the server is up
-        log = tmp_path / "serve.log"
         wait_until("the sender started", lambda: "delivering to" in log.read_text())
+        yield serve
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=30) == 0, log.read_text()
+
+
+async def test_serve_delivers_events_too(
+    sqlite_url: str, receiver: Receiver, tmp_path: Path
+) -> None:
+    with serving(sqlite_url, receiver.url, tmp_path / "serve.log"):
         async with haltwise.Runtime(sqlite_url) as rt:
             await (await rt.start(toolkit.three_quick, 1, task_id="served")).outcome()
         wanted = len((await expected_types(sqlite_url, ["served"]))["served"])
         wait_until("the run's events", lambda: len(receiver.received()) == wanted)
-    finally:
-        serve.send_signal(signal.SIGTERM)
-        assert serve.wait(timeout=30) == 0
 
 
 async def test_a_receiver_gone_under_serve_stops_the_sender_not_the_server(
@@ -334,31 +330,8 @@ async def test_a_receiver_gone_under_serve_stops_the_sender_not_the_server(
 ) -> None:
     receiver.answer(410)
     log = tmp_path / "serve.log"
-    serve = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "haltwise",
-            "serve",
-            "--port",
-            "0",
-            "--store",
-            sqlite_url,
-            "--events-to",
-            receiver.url,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=log.open("w"),
-        text=True,
-    )
-    try:
-        assert serve.stdout is not None
-        serve.stdout.readline()
-        wait_until("the sender started", lambda: "delivering to" in log.read_text())
+    with serving(sqlite_url, receiver.url, log) as serve:
         async with haltwise.Runtime(sqlite_url) as rt:
             await (await rt.start(toolkit.three_quick, 1, task_id="gone")).outcome()
         wait_until("the 410 said", lambda: "410 Gone" in log.read_text())
         assert serve.poll() is None, log.read_text()  # still serving
-    finally:
-        serve.send_signal(signal.SIGTERM)
-        assert serve.wait(timeout=30) == 0, log.read_text()
