@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import anyio
 import click
 
-from .._core.exceptions import InputError
+from .._core.exceptions import InputError, group_leaves
 from .._core.outcome import Outcome
 from .._core.records import parse_json_text
 from .._core.states import State
@@ -163,17 +163,10 @@ def run_async(main: Callable[[], Awaitable[T]]) -> T:
     try:
         return anyio.run(main)
     except BaseExceptionGroup as group:
-        leaves = _leaves(group)
+        leaves = group_leaves(group)
         if len(leaves) == 1:
             raise leaves[0] from None
         raise
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    found: list[BaseException] = []
-    for error in group.exceptions:
-        found.extend(_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
-    return found
 
 
 def print_json(value: Any) -> None:

@@ -421,3 +421,12 @@ def install_hint(extra: str) -> str:
         f"pip install 'haltwise[{extra}]' (from a checkout of haltwise: "
         f"pip install -e '.[{extra}]')"
     )
+
+
+def group_leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """Every exception inside ``group`` and its nested groups, in order (anyio wraps what a
+    task group's children raise: a caller that wants the one error takes it from here)."""
+    found: list[BaseException] = []
+    for error in group.exceptions:
+        found.extend(group_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
+    return found

@@ -43,7 +43,13 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
-from .._core.exceptions import DeliveryGoneError, InputError, StoreError, UnknownRunError
+from .._core.exceptions import (
+    DeliveryGoneError,
+    InputError,
+    StoreError,
+    UnknownRunError,
+    group_leaves,
+)
 from .._core.views import Change, RunDetail
 from .cloud import RunFold, cloud_event, event_type, status_as_of
 
@@ -142,7 +148,8 @@ class Sender:
     """Delivers the journal's changes to one :class:`Destination` (see the module docstring).
 
     ``source`` is the CloudEvents ``source`` of every event (the store, as messages show it);
-    ``log`` takes each line of progress or failure.
+    ``log`` takes each line of progress or failure, and prints it as one line without secrets
+    (the command line's ``warn`` does: a store's error may span lines or quote its URL).
     """
 
     def __init__(
@@ -178,7 +185,7 @@ class Sender:
                 return
             except StoreError as error:
                 self._log(
-                    f"events: the store failed ({one_line_error(error)}); "
+                    f"events: the store failed ({type(error).__name__}: {error}); "
                     f"trying again in {delay:g} s"
                 )
             await anyio.sleep(delay)
@@ -190,7 +197,7 @@ class Sender:
             await self._deliver_all(from_start)
         except BaseExceptionGroup as group:  # a lane's or the dispatcher's error, alone
             errors = [
-                e for e in _leaves(group) if not isinstance(e, anyio.get_cancelled_exc_class())
+                e for e in group_leaves(group) if not isinstance(e, anyio.get_cancelled_exc_class())
             ]
             if len(errors) == 1 and isinstance(errors[0], Exception):
                 raise errors[0] from None
@@ -347,15 +354,3 @@ class Sender:
                     f"events: {reported} event(s) delivered to {self._to.shown}, "
                     f"every change up to {self._saved} acknowledged"
                 )
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    found: list[BaseException] = []
-    for error in group.exceptions:
-        found.extend(_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
-    return found
-
-
-def one_line_error(error: BaseException) -> str:
-    """``error`` in a few words on one line (a store's message may span several)."""
-    return " ".join(f"{type(error).__name__}: {error}".split())[:300]
