@@ -14,6 +14,7 @@ import sys
 import time
 
 import anyio
+from bench_operator import rss_kib  # (the script's folder is on the path)
 
 import haltwise
 
@@ -33,14 +34,6 @@ async def wait_in_tool() -> None:
 @haltwise.task(name="bench:bulk_waiter")
 async def waiter() -> None:
     await wait_in_tool()
-
-
-def rss_kib() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 async def main(url: str, runs: int, idle_seconds: float) -> None:
