@@ -1323,6 +1323,15 @@ class PostgresStore:
 
         return await self._run(op, read_only=True, single=True, after_steps=False)
 
+    async def approval_schema(self, run_id: str, index: int) -> str | None:
+        async def op(conn: _Conn) -> str | None:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(_OPS.approval_schema(), (run_id, index))
+                row = await rows.fetchone()
+            return None if row is None else row[0]
+
+        return await self._run(op, read_only=True, single=True, after_steps=False)
+
     async def pending_approvals_json(self, *, limit: int = 100_000) -> str:
         async def op(conn: _Conn) -> str:
             async with conn.cursor(row_factory=tuple_row) as rows:

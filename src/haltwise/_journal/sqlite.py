@@ -987,6 +987,14 @@ class SQLiteStore:
         found: ApprovalRecord | None = await self._writer.call(op, write=False)
         return found
 
+    async def approval_schema(self, run_id: str, index: int) -> str | None:
+        def op(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(_OPS.approval_schema(), (run_id, index)).fetchone()
+            return None if row is None else row[0]
+
+        found: str | None = await self._writer.call(op, write=False)
+        return found
+
     async def pending_approvals_json(self, *, limit: int = 100_000) -> str:
         def op(conn: sqlite3.Connection) -> str:
             text: str = conn.execute(_OPS.approvals_pending_json(), (limit,)).fetchone()[0]
