@@ -60,7 +60,7 @@ from .pause import deliver_pause_signals, relay_to_children
 from .pause_state import PauseGate
 from .reconcile import ask_hooks, record_operator_answers
 from .run_context import Probe, RunContext, RunTask
-from .seat import DEFAULT_BEFORE_START_TTL, Seat, cancel_batch, check_ttl, nobody_works
+from .seat import DEFAULT_BEFORE_START_TTL, Seat, cancel_batch, nobody_works
 from .steps import execute_step
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
@@ -681,14 +681,14 @@ class Runtime:
         if not before_start:
             record = await self._seat.request_cancel(task_id, reason, force=force)
             return await self._after_cancel(record)
-        check_ttl(ttl)
-        try:
-            record = await self._seat.request_cancel(task_id, reason, force=force)
-        except UnknownRunError:
-            if await self._seat.remember_cancel(task_id, reason, ttl):
-                return None
-            record = await self._seat.request_cancel(task_id, reason, force=force)  # it began
-        return await self._after_cancel(record)
+        _, remembered = await self._seat.cancel_before_start(
+            [task_id], reason=reason, force=force, ttl=ttl
+        )
+        if remembered:
+            return None
+        # the run exists (it may have begun meanwhile): its cancel is recorded; deliver it here,
+        # or settle the run if nobody works it, as for any cancel (asking again changes nothing)
+        return await self.cancel(task_id, reason=reason, force=force)
 
     async def _cancel_own(
         self, task_id: str, *, reason: str, force: bool = False
