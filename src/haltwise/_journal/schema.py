@@ -123,8 +123,9 @@ class DropIndex:
 
 @dataclass(frozen=True, slots=True)
 class Trigger:
-    """A trigger, in each dialect's own words (their trigger languages differ too much to
-    render one from the other): the statements that create it, idempotently."""
+    """A trigger (or a function of the database), in each dialect's own words (their trigger
+    languages differ too much to render one from the other): the statements that create it,
+    idempotently."""
 
     name: str
     sqlite: tuple[str, ...]
@@ -265,6 +266,33 @@ _EARLY_CANCELS = Table(
         Column("expires_at", Kind.REAL, not_null=True),
     ),
     primary_key=("id",),
+)
+
+#: The rule of a cancel remembered before its run existed, in SQL (``{now}``: the time a run is
+#: created): it applies to a run created while this holds, and is dropped once it does not.
+#: ``_journal/sql.early_cancel_live`` is the same rule in Python; both stores use these two only.
+EARLY_CANCEL_LIVE = "expires_at > {now}"
+
+#: Version 17, PostgreSQL: ``haltwise.may_create(id, now)``, true if a run ``id`` created at
+#: ``now`` has no live cancel remembered (the creation statements' guard). It first takes the id's
+#: advisory lock, shared, held until the creating transaction ends; then it reads
+#: ``early_cancels`` in a snapshot of its own (each statement of a VOLATILE function takes a new
+#: one, after the lock). ``remember_cancel`` takes the same lock exclusively before it looks for
+#: the run. So of a creation and a remembered cancel of one id that overlap, either the cancel
+#: waits for the creation to commit and sees the run (the caller cancels it as usual), or the
+#: creation waits for the cancel to commit and sees it (the run is created cancelled): under READ
+#: COMMITTED two plain NOT EXISTS probes could each miss the other's uncommitted row.
+_MAY_CREATE = Trigger(
+    "may_create",
+    sqlite=(),
+    postgresql=(
+        "CREATE OR REPLACE FUNCTION haltwise.may_create(run_id text, now double precision) "
+        "RETURNS boolean LANGUAGE sql VOLATILE AS $$ "
+        "SELECT pg_advisory_xact_lock_shared(hashtextextended(run_id, 0)); "
+        "SELECT NOT EXISTS (SELECT 1 FROM haltwise.early_cancels WHERE id = run_id AND "
+        + EARLY_CANCEL_LIVE.format(now="now")
+        + ") $$",
+    ),
 )
 
 TABLES: tuple[Table, ...] = (
@@ -423,6 +451,7 @@ TRIGGERS: tuple[Trigger, ...] = (
             "FOR EACH ROW EXECUTE FUNCTION haltwise.record_change()",
         ),
     ),
+    _MAY_CREATE,
 )
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -442,7 +471,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             _CHANGES,
             _CHANGES_BY_RUN,
             Index("runs_by_state_created", "runs", ("state", "created_at")),
-            *TRIGGERS,
+            TRIGGERS[0],  # (the others name tables of later versions)
         ),
     ),
     Migration(
@@ -539,6 +568,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         16,
         "what each step spent: usd, tokens, calls (budgets, issue 33)",
         tuple(AddColumn("steps", column) for column in _STEP_SPEND),
+    ),
+    Migration(
+        17,
+        "PostgreSQL: a run's creation and a cancel remembered before it serialised on the id",
+        (_MAY_CREATE,),
     ),
 )
 
