@@ -401,7 +401,9 @@ class Store(Protocol):
 
         ``paused`` -> ``running`` (an event, the request cleared, the owner kept); a ``pending``
         or ``running`` run with a pause requested loses the request; any other run is left as
-        it is.
+        it is. A run the unpause changes loses its reason too, whoever wrote it: a run that
+        may be paused carries only a pause's (``"budget"``), since the runtime's resume clears
+        the reason of the attempt that ended.
         """
 
     async def pause_signals(

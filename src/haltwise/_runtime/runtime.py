@@ -1169,8 +1169,23 @@ class Runtime:
         ctx.done.set()
 
     async def _deadline(self, ctx: RunContext, seconds: float) -> None:
+        """Cancel the run with reason ``"deadline"`` once ``seconds`` have passed.
+
+        A cancel the store cannot record now (unreachable: a restarting database) is tried
+        again every :data:`_STORE_RETRY` seconds for as long as the run is worked here, as the
+        watcher retries its reads: the run goes on meanwhile (its own writes wait for the store,
+        or fail and stop it as after a crash, which ends this task). The store's error never
+        leaves this task: raised out of the run's task group into the runtime's, it used to end
+        the runtime's block under its caller (a server's runs all cancelled with reason
+        ``"shutdown"``, issue 28 item 6).
+        """
         await anyio.sleep(seconds)
-        await self._cancel_own(ctx.run_id, reason="deadline")
+        while True:
+            try:
+                await self._cancel_own(ctx.run_id, reason="deadline")
+                return
+            except StoreError:
+                await anyio.sleep(_STORE_RETRY)
 
     # -- the watcher: cross-process cancels and leases ----------------------------------------
 
@@ -1193,9 +1208,9 @@ class Runtime:
             except StoreGoneError:
                 for ctx in list(self._active.values()):
                     ctx.request_cancel("store lost", force=True)  # its next write fails
-                await anyio.sleep(0.5)
+                await anyio.sleep(_STORE_RETRY)
             except StoreError:
-                await anyio.sleep(0.5)
+                await anyio.sleep(_STORE_RETRY)
             next_beat = 0.0
 
     async def _watch_until_error(self, next_beat: float) -> None:
@@ -1371,6 +1386,10 @@ def _hand_over_here(ctx: RunContext) -> None:
 #: the statuses of a child step whose child run may still be active (in flight; interrupted by a
 #: hand-over, which hands the child over too; forced)
 _MAY_HOLD_A_CHILD = frozenset({StepStatus.RUNNING, StepStatus.INTERRUPTED, StepStatus.UNKNOWN})
+
+
+#: seconds between two tries of a runtime task's write or read the store failed (unreachable)
+_STORE_RETRY = 0.5
 
 
 async def _raise(error: BaseException) -> None:
