@@ -284,7 +284,13 @@ def test_a_cancel_of_a_dead_owner_s_awaiting_run_ends_its_request(env: Env) -> N
     run.communicate()
     cancelled = env.hw("cancel", "o1", "--wait")
     assert cancelled.returncode == 0, cancelled.stderr
+    # the canceller settled the request with the run: no list nor status shows it awaiting
+    assert pending(env) == []
+    status = env.status("o1")
+    assert status is not None and status["state"] == "cancelled"
+    step = status["steps"][0]
+    assert (step["status"], step["approval"]["state"]) == ("interrupted", "cancelled")
     late = env.hw("approve", "o1", "0", "--by", "ops")
     assert "the approval request is cancelled" in error_line(late)
-    assert pending(env) == []
     assert env.effects() == []
+    assert env.hw("check").returncode == 0

@@ -380,10 +380,14 @@ def _list_awaiting(as_json: bool, store: str | None) -> int:
         async with reading(store) as seat:
             return [] if seat is None else await seat.approvals()
 
-    pending = run_async(main)
+    async def main_json() -> str:
+        async with reading(store) as seat:
+            return '{"approvals": []}' if seat is None else await seat.pending_approvals_json()
+
     if as_json:
-        print_json({"approvals": [record.pending_json() for record in pending]})
+        click.echo(json.dumps(json.loads(run_async(main_json))))  # (one line, as print_json)
         return 0
+    pending = run_async(main)
     if not pending:
         note("no approval request awaits a decision")
     for record in pending:

@@ -61,17 +61,6 @@ class ApprovalRecord:
         """The step's ``"approval"`` object in ``status --json``."""
         return {"state": self.state.value, "by": self.by, "at": self.at, "note": self.note}
 
-    def pending_json(self) -> dict[str, Any]:
-        """One item of ``GET /api/approvals`` (and ``list --awaiting --json``)."""
-        return {
-            "run": self.run_id,
-            "step": self.index,
-            "tool": self.tool,
-            "arguments": self.arguments,
-            "requested_at": self.requested_at,
-            "timeout_at": self.timeout_at,
-        }
-
 
 @final
 @dataclass(frozen=True, slots=True)

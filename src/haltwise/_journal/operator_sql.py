@@ -354,6 +354,44 @@ class OperatorSQL:
             "ORDER BY requested_at, run_id, idx LIMIT ?"
         )
 
+    def approvals_pending_json(self) -> str:
+        """:meth:`Store.pending_approvals_json`'s one query (parameter: the limit): the items
+        built by the database, the stored argument text spliced in as JSON, each time in full
+        precision (SQLite's JSON renders a REAL in 15 digits: ``printf('%!.17g')`` instead)."""
+        if self.dialect.name == "sqlite":
+            item = (
+                "json_object('run', run_id, 'step', idx, 'tool', tool, "
+                "'arguments', json(arguments), "
+                "'requested_at', json(printf('%!.17g', requested_at)), "
+                "'timeout_at', CASE WHEN timeout_at IS NULL THEN NULL "
+                "ELSE json(printf('%!.17g', timeout_at)) END)"
+            )
+            return self.sql(
+                "SELECT json_object('approvals', json_group_array(json(item))) FROM "
+                f"(SELECT {item} AS item FROM {{approvals}} WHERE state = 'awaiting' "
+                "ORDER BY requested_at, run_id, idx LIMIT ?)"
+            )
+        item = (
+            "json_build_object('run', run_id, 'step', idx, 'tool', tool, "
+            "'arguments', arguments::json, 'requested_at', requested_at, "
+            "'timeout_at', timeout_at)"
+        )
+        return self.sql(
+            "SELECT json_build_object('approvals', COALESCE(json_agg("
+            f"{item} ORDER BY requested_at, run_id, idx), '[]'::json))::text FROM "
+            "(SELECT * FROM {approvals} WHERE state = 'awaiting' "
+            "ORDER BY requested_at, run_id, idx LIMIT ?) pending"
+        )
+
+    def approval_step_interrupted(self) -> str:
+        """A cancelled request's step ``interrupted``, if still ``awaiting`` and the fence
+        holds. Parameters: run_id, idx, run_id, owner_token."""
+        return self.sql(
+            "UPDATE {steps} SET status = 'interrupted', settled_at = {clock} "
+            "WHERE run_id = ? AND idx = ? AND status = 'awaiting' "
+            "AND EXISTS (SELECT 1 FROM {runs} WHERE id = ? AND owner_token = ?)"
+        )
+
     def approval_decide(self) -> str:
         """The decision, compare-and-set: only a request still ``awaiting`` is decided.
         Parameters: state, decided_by, note, edited, run_id, idx."""

@@ -1314,6 +1314,40 @@ class PostgresStore:
 
         return await self._run(op, read_only=True, single=True, after_steps=False)
 
+    async def approval(self, run_id: str, index: int) -> ApprovalRecord | None:
+        async def op(conn: _Conn) -> ApprovalRecord | None:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(_OPS.approval_of(), (run_id, index))
+                row = await rows.fetchone()
+            return None if row is None else approval_from_row(row)
+
+        return await self._run(op, read_only=True, single=True, after_steps=False)
+
+    async def pending_approvals_json(self, *, limit: int = 100_000) -> str:
+        async def op(conn: _Conn) -> str:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(_OPS.approvals_pending_json(), (limit,))
+                row = await rows.fetchone()
+            assert row is not None
+            text: str = row[0]
+            return text
+
+        return await self._run(op, read_only=True, single=True, after_steps=False)
+
+    async def cancel_approval(self, run_id: str, index: int, *, fence: str) -> None:
+        async def op(conn: _Conn) -> None:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                cancelled = ("cancelled", None, None, None, run_id, index)
+                await rows.execute(_OPS.approval_decide(), cancelled)
+                if rows.rowcount:
+                    await rows.execute(_OPS.approval_change(), (run_id, index, "cancelled"))
+                await rows.execute(_OPS.approval_step_interrupted(), (run_id, index, run_id, fence))
+                if rows.rowcount:
+                    await rows.execute(_STEP_CHANGE, (run_id, index, "interrupted"))
+            await _notify(conn, run_id)
+
+        await self._run(op, runs=(run_id,))
+
     async def delivery_position(self, destination: str) -> int | None:
         async def op(conn: _Conn) -> int | None:
             async with conn.cursor(row_factory=tuple_row) as rows:

@@ -979,6 +979,32 @@ class SQLiteStore:
         found: list[ApprovalRecord] = await self._writer.call(op, write=False)
         return found
 
+    async def approval(self, run_id: str, index: int) -> ApprovalRecord | None:
+        def op(conn: sqlite3.Connection) -> ApprovalRecord | None:
+            row = conn.execute(_OPS.approval_of(), (run_id, index)).fetchone()
+            return None if row is None else approval_from_row(row)
+
+        found: ApprovalRecord | None = await self._writer.call(op, write=False)
+        return found
+
+    async def pending_approvals_json(self, *, limit: int = 100_000) -> str:
+        def op(conn: sqlite3.Connection) -> str:
+            text: str = conn.execute(_OPS.approvals_pending_json(), (limit,)).fetchone()[0]
+            return text
+
+        body: str = await self._writer.call(op, write=False)
+        return body
+
+    async def cancel_approval(self, run_id: str, index: int, *, fence: str) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            cancelled = ("cancelled", None, None, None, run_id, index)
+            if conn.execute(_OPS.approval_decide(), cancelled).rowcount:
+                conn.execute(_OPS.approval_change(), (run_id, index, "cancelled"))
+            # (the step row's change is written by the trigger on steps)
+            conn.execute(_OPS.approval_step_interrupted(), (run_id, index, run_id, fence))
+
+        await self._writer.call(op, write=True, shield=True)
+
     async def delivery_position(self, destination: str) -> int | None:
         def op(conn: sqlite3.Connection) -> int | None:
             row = conn.execute(_OPS.delivery_position(), (destination,)).fetchone()

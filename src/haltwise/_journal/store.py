@@ -501,6 +501,25 @@ class Store(Protocol):
         every request still awaiting in the store, oldest first (at most ``limit``)."""
         ...
 
+    async def approval(self, run_id: str, index: int) -> ApprovalRecord | None:
+        """The request of step ``index`` of the run, in whatever state (None: it has none);
+        one read by key, what a waiting run reads when woken."""
+        ...
+
+    async def pending_approvals_json(self, *, limit: int = 100_000) -> str:
+        """The body of ``GET /api/approvals`` as JSON text, ``{"approvals": [...]}``: every
+        request still awaiting, oldest first (at most ``limit``), each ``{"run", "step",
+        "tool", "arguments", "requested_at", "timeout_at"}``. Built by the database in one
+        query, the stored argument text passed through (nothing decoded in Python)."""
+        ...
+
+    async def cancel_approval(self, run_id: str, index: int, *, fence: str) -> None:
+        """The run's cancel reached the step's awaiting request: in one transaction the request
+        becomes ``cancelled`` (unless a decision came first: compare-and-set, with its
+        ``approval`` change) and the step, if still ``awaiting``, ``interrupted`` (with its
+        ``step`` change), only while ``fence`` holds the run (else nothing changes)."""
+        ...
+
     async def delivery_position(self, destination: str) -> int | None:
         """The number of the last change acknowledged by ``destination`` (a URL: see
         ``haltwise events``), or ``None`` if no sender has delivered there yet."""

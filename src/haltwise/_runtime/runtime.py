@@ -936,7 +936,7 @@ class Runtime:
         tool is declared in this process (:class:`~haltwise.InputError` if it does not fit).
         """
         if edit is not None and approve and isinstance(edit, Mapping):
-            current = next((r for r in await self._seat.approvals(id) if r.index == step), None)
+            current = await self.store.approval(id, step)
             spec = None if current is None else TOOLS.find(current.tool)
             if current is not None and spec is not None:
                 check_arguments(spec, {**current.arguments, **edit})
@@ -948,6 +948,13 @@ class Runtime:
         """The approval requests awaiting a decision in the store, oldest first; with ``id``,
         that run's requests in every state."""
         return await self._seat.approvals(id)
+
+    async def approvals_json(self) -> str:
+        """The requests awaiting a decision as JSON text: the object of ``GET /api/approvals``
+        and ``haltwise list --awaiting --json``, ``{"approvals": [{"run", "step", "tool",
+        "arguments", "requested_at", "timeout_at"}]}``, oldest first, built by the store in
+        one query."""
+        return await self._seat.pending_approvals_json()
 
     def is_paused(self, task_id: str) -> bool:
         """Whether run ``task_id`` is worked here and waiting in a pause."""
@@ -1211,9 +1218,9 @@ class Runtime:
                 seen,
                 await self.store.wait_for_change(min(0.25, self.lease / 3), since=seen),
             )
-            if seen != was:
-                await deliver_decisions(self.store)  # decided approval requests waited on here
             beat = time.time() >= next_beat
+            if seen != was or beat:  # (at a heartbeat too: a wake-up lost is found then)
+                await deliver_decisions(self.store)  # decided approval requests waited on here
             if self._active and (looked != (seen, self._launches) or beat):
                 looked = (seen, self._launches)
                 if not await self._deliver_requests():

@@ -166,6 +166,11 @@ class Seat:
         in every state."""
         return await self._store.approvals(task_id)
 
+    async def pending_approvals_json(self) -> str:
+        """The object of ``GET /api/approvals`` as JSON text (see
+        :meth:`~haltwise._journal.store.Store.pending_approvals_json`)."""
+        return await self._store.pending_approvals_json()
+
     async def decide(
         self,
         task_id: str,
@@ -185,7 +190,7 @@ class Seat:
         for text, what in ((by, "by"), (note, "a note")):
             if text is not None:
                 check_no_nul(text, what)
-        current = next((r for r in await self._store.approvals(task_id) if r.index == step), None)
+        current = await self._store.approval(task_id, step)
         if current is None:
             await self._store.load(task_id)  # an unknown run: UnknownRunError
         check_decidable(task_id, step, current)
