@@ -39,7 +39,6 @@ Needs the ``langchain`` extra: ``pip install 'haltwise[langchain]'``.
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import json
 import typing
@@ -71,17 +70,8 @@ from langchain_core.tools import (  # noqa: E402
     StructuredTool,
     ToolException,
 )
-from langgraph._internal._config import patch_configurable  # noqa: E402
-from langgraph._internal._constants import (  # noqa: E402
-    CONFIG_KEY_CALL,
-    CONFIG_KEY_CHECKPOINTER,
-    CONFIG_KEY_SEND,
-    NS_SEP,
-)
-from langgraph.config import get_config  # noqa: E402
 from langgraph.errors import GraphDrained  # noqa: E402
 from langgraph.prebuilt.tool_node import ToolCallRequest  # noqa: E402
-from langgraph.pregel._algo import task_path_str  # noqa: E402
 from langgraph.runtime import RunControl, Runtime, get_runtime  # noqa: E402
 from langgraph.types import Command  # noqa: E402
 
@@ -106,6 +96,7 @@ from ._conversation import (  # noqa: E402
     settled_calls,
     unsettled_text,
 )
+from ._langgraph_tasks import save_as_finished, superstep_task_failed  # noqa: E402
 
 __all__ = ["HaltwiseMiddleware", "close_dangling", "tool"]
 
@@ -231,7 +222,7 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
         # The host cut the graph run: its loop is gone and will write no checkpoint for this
         # call, so the call's result is saved as this task's writes before the node ends.
         closed = await _closed_call(cid, request.tool_call["name"])
-        await _save_as_finished(closed, runtime)
+        await save_as_finished(closed, getattr(runtime, "execution_info", None))
         await _host_stop(runtime)
         return closed
 
@@ -372,30 +363,10 @@ def _cut_by_host(stop: BaseException) -> bool:
     reached is then not counted as a host's cancel of the run)."""
     if not isinstance(stop, asyncio.CancelledError) or haltwise.cancel_requested():
         return False
-    futures = _pregel_call_keywords().get("futures")
-    if any(_failed(future) for future in getattr(futures, "failed", ())):
+    if superstep_task_failed():
         sibling_failed()
         return False
     return True
-
-
-def _failed(future: Any) -> bool:
-    """Whether ``future`` (a task of the superstep) raised, rather than was cancelled."""
-    return bool(future.done() and not future.cancelled() and future.exception() is not None)
-
-
-def _pregel_call_keywords() -> dict[str, Any]:
-    """What LangGraph gives the node running this code to schedule calls with (its
-    ``PregelExecutableTask`` and the superstep's futures, both weakly referenced): read, never
-    called; empty outside a graph run."""
-    try:
-        call = get_config().get("configurable", {}).get(CONFIG_KEY_CALL)
-    except RuntimeError:  # not inside a runnable
-        return {}
-    if not isinstance(call, functools.partial) or not call.args:
-        return {}
-    futures = call.keywords.get("futures")
-    return {"task": call.args[0](), "futures": futures() if futures is not None else None}
 
 
 async def _host_stop(runtime: Runtime[Any] | None) -> None:
@@ -404,41 +375,6 @@ async def _host_stop(runtime: Runtime[Any] | None) -> None:
     is gone)."""
     _stop_draining(getattr(runtime, "control", None))
     await cancel_run_for_host()
-
-
-async def _save_as_finished(message: ToolMessage, runtime: Runtime[Any] | None) -> None:
-    """Save ``message`` as the output of the tool-call task running this code, in the thread's
-    checkpoint, before the task ends.
-
-    LangGraph keeps a superstep's finished tasks as the checkpoint's pending writes (a task with
-    an output write is finished: a new run on the thread applies its writes and does not run it
-    again). When the host cancels the graph run, LangGraph commits the writes of a node that
-    returns only after its loop has stopped waiting for them, racing the app's closing of the
-    checkpointer: so the node's writes (computed by the node's own writers from the
-    ``ToolNode``'s output) are saved here, through the checkpointer's ``aput_writes``, under
-    the task's id. LangGraph's own later save of the same writes changes nothing. Without a
-    checkpointer, or outside a graph run, nothing is saved."""
-    info = getattr(runtime, "execution_info", None)
-    task = _pregel_call_keywords().get("task")
-    if task is None:
-        return
-    config = get_config()
-    saver = config.get("configurable", {}).get(CONFIG_KEY_CHECKPOINTER)
-    if info is None or saver is None or info.checkpoint_id is None:
-        return
-    writes: list[tuple[str, Any]] = []
-    collect = patch_configurable(config, {CONFIG_KEY_SEND: writes.extend})
-    for writer in task.writers:
-        await writer.ainvoke({"messages": [message]}, collect)
-    checkpoint = {
-        "configurable": {
-            "thread_id": info.thread_id,
-            "checkpoint_ns": (info.checkpoint_ns or "").rpartition(NS_SEP)[0],
-            "checkpoint_id": info.checkpoint_id,
-        }
-    }
-    with anyio.CancelScope(shield=True):
-        await saver.aput_writes(checkpoint, writes, task.id, task_path_str(task.path))
 
 
 def _draining(runtime: Runtime[Any] | None) -> bool:
