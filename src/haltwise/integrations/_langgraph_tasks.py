@@ -1,8 +1,9 @@
 """What the LangChain adapter reads of the LangGraph task running its code (issue 27).
 
-Two things LangGraph hands a node but does not document, both read, never called: the
-node's ``PregelExecutableTask`` (its id, path and writers) and the superstep's futures (which
-tasks failed), through the ``CONFIG_KEY_CALL`` partial LangGraph puts into the node's config.
+Three things LangGraph hands a node but does not document, all read, never called: the
+node's ``PregelExecutableTask`` (its id, path and writers), the superstep's futures (which
+tasks failed) and the graph run's background executor (its saves in flight), through the
+``CONFIG_KEY_CALL`` partial LangGraph puts into the node's config.
 The adapter needs them where LangGraph's public surface stops: to save a cancelled tool call's
 result as its task's output when the host cuts the graph run, and to tell that cut from
 LangGraph stopping a node because a task beside it failed. Tested against the LangGraph
@@ -11,6 +12,7 @@ versions docs/integrations.md names.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from typing import Any
 
@@ -54,7 +56,32 @@ def _pregel_call() -> dict[str, Any]:
     if not isinstance(call, functools.partial) or not call.args:
         return {}
     futures = call.keywords.get("futures")
-    return {"task": call.args[0](), "futures": futures() if futures is not None else None}
+    submit = call.keywords.get("submit")
+    executor = getattr(submit() if submit is not None else None, "__self__", None)
+    return {
+        "task": call.args[0](),
+        "futures": futures() if futures is not None else None,
+        "background": getattr(executor, "tasks", None) or {},
+    }
+
+
+async def _saves_in_flight(background: dict[asyncio.Future[Any], tuple[bool, bool]]) -> None:
+    """Wait for the saves LangGraph has begun in the background and not finished.
+
+    With the default durability (``"async"``) LangGraph saves each superstep's checkpoint, and
+    each task's writes, in background tasks of the graph run's executor (the ones it does not
+    cancel when the run ends: every other is a node). Its loop waits for them as it ends, but a
+    host cancel that lands again while it ends (haltwise's own cancel of the run's body, which
+    awaits the graph run's task) cuts that wait, and the app then closes the checkpointer under
+    them: the checkpoint this superstep runs from could be lost, and a new run would start from
+    an older one and repeat the calls made since. So the node waits for them first."""
+    pending = [
+        future
+        for future, (cancel_on_exit, _) in list(background.items())
+        if not cancel_on_exit and not future.done()
+    ]
+    if pending:
+        await asyncio.wait(pending)
 
 
 async def save_as_finished(message: ToolMessage, info: ExecutionInfo | None) -> None:
@@ -68,7 +95,9 @@ async def save_as_finished(message: ToolMessage, info: ExecutionInfo | None) -> 
     the checkpointer: so the node's writes (computed by the node's own writers from the output
     ``create_agent``'s ``ToolNode`` gives, ``{"messages": [message]}``) are saved here, through
     the checkpointer's ``aput_writes``, under the task's id. LangGraph's own later save of the
-    same writes changes nothing. Without a checkpointer, or outside a graph run, nothing is
+    same writes changes nothing. First, the saves LangGraph has in flight are waited for (see
+    :func:`_saves_in_flight`), the checkpoint these writes belong to among them. Without a
+    checkpointer, or outside a graph run, nothing is
     saved."""
     task = _pregel_call().get("task")
     if task is None:
@@ -89,4 +118,5 @@ async def save_as_finished(message: ToolMessage, info: ExecutionInfo | None) -> 
         }
     }
     with anyio.CancelScope(shield=True):
+        await _saves_in_flight(_pregel_call()["background"])
         await saver.aput_writes(checkpoint, writes, task.id, task_path_str(task.path))
