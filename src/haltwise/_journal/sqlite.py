@@ -67,6 +67,7 @@ from .sql import (
     Statements,
     cancel_plan,
     check_fence,
+    early_cancel_live,
     event_parameters,
     insert_run_parameters,
     pause_plan,
@@ -360,6 +361,7 @@ class SQLiteStore:
                 raise NoStoreError(f"sqlite:///{os.path.abspath(self.path)}")
         else:
             self._make_directory()
+            self._check_writable()
         await self._writer.start()
         self._watch = self._connect()
         self._data_version = self._read_data_version()
@@ -374,6 +376,25 @@ class SQLiteStore:
             raise StoreError(
                 f"cannot create the store directory for {self.path}: {error}"
             ) from None
+
+    def _check_writable(self) -> None:
+        """Refuse a store this process may not write: a read-only file system, or a file or
+        folder its user may not write (``access(2)``, as the kernel will judge SQLite's writes).
+
+        SQLite opens such a file read-only without a word, and with its write-ahead log present
+        even reads it: every write then fails on its own, which a worker takes for an outage and
+        waits out for ever (issue 29, item 20). The folder must be writable only where SQLite
+        has a file to make in it (the database, its log or its shared memory)."""
+        files = [self.path, self.path + "-wal", self.path + "-shm"]
+        for path in files:
+            if os.path.exists(path) and not os.access(path, os.W_OK):
+                raise StoreError(f"store {self.path} cannot be written: {path} is read-only")
+        folder = os.path.dirname(os.path.abspath(self.path))
+        missing = not all(os.path.exists(path) for path in files)
+        if missing and not os.access(folder, os.W_OK | os.X_OK):
+            raise StoreError(
+                f"store {self.path} cannot be written: its folder {folder} is read-only"
+            )
 
     async def close(self) -> None:
         await self._writer.stop()
@@ -504,7 +525,7 @@ class SQLiteStore:
             now = time.time()
             if run.fork is None:
                 early = conn.execute(_SQL.take_early_cancel, (run.id,)).fetchone()
-                if early is not None and early[1] > now:
+                if early is not None and early_cancel_live(early[1], now):
                     return _create_cancelled(conn, run, inputs, early[0], now)
             parameters = insert_run_parameters(run, inputs, now)
             inserted = conn.execute(_SQL.insert_run, parameters).fetchone()
@@ -988,6 +1009,14 @@ class SQLiteStore:
             return None if row is None else approval_from_row(row)
 
         found: ApprovalRecord | None = await self._writer.call(op, write=False)
+        return found
+
+    async def approval_schema(self, run_id: str, index: int) -> str | None:
+        def op(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(_OPS.approval_schema(), (run_id, index)).fetchone()
+            return None if row is None else row[0]
+
+        found: str | None = await self._writer.call(op, write=False)
         return found
 
     async def pending_approvals_json(self, *, limit: int = 100_000) -> str:
