@@ -47,7 +47,6 @@ from . import spans
 from .approvals import deliver_decisions, woken
 from .cancel_state import outside_any_task
 from .code import check_code, version_of
-from .describe import check_arguments
 from .ending import (
     call_task,
     fail_refused,
@@ -62,7 +61,6 @@ from .pause_state import PauseGate
 from .reconcile import ask_hooks, record_operator_answers
 from .run_context import Probe, RunContext, RunTask
 from .seat import DEFAULT_BEFORE_START_TTL, Seat, cancel_batch, nobody_works
-from .spec import TOOLS
 from .steps import execute_step
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
@@ -937,14 +935,10 @@ class Runtime:
         reaches the run's owner wherever it runs. A decision is used once: one on a request
         that is not awaiting (decided already, expired, cancelled, or no request at that step)
         raises :class:`~haltwise.ApprovalConflictError` naming what happened to it. Returns
-        the request as decided. An edit is validated against the tool's parameters when the
-        tool is declared in this process (:class:`~haltwise.InputError` if it does not fit).
+        the request as decided. An edit is validated against the JSON schema of the tool's
+        parameters recorded with the request (:class:`~haltwise.InputError` if it does not fit),
+        in whatever process decides.
         """
-        if edit is not None and approve and isinstance(edit, Mapping):
-            current = await self.store.approval(id, step)
-            spec = None if current is None else TOOLS.find(current.tool)
-            if current is not None and spec is not None:
-                check_arguments(spec, {**current.arguments, **edit})
         record = await self._seat.decide(id, step, approve=approve, edit=edit, by=by, note=note)
         woken(self.store, id, step)
         return record
@@ -1180,8 +1174,23 @@ class Runtime:
         ctx.done.set()
 
     async def _deadline(self, ctx: RunContext, seconds: float) -> None:
+        """Cancel the run with reason ``"deadline"`` once ``seconds`` have passed.
+
+        A cancel the store cannot record now (unreachable: a restarting database) is tried
+        again every :data:`_STORE_RETRY` seconds for as long as the run is worked here, as the
+        watcher retries its reads: the run goes on meanwhile (its own writes wait for the store,
+        or fail and stop it as after a crash, which ends this task). The store's error never
+        leaves this task: raised out of the run's task group into the runtime's, it used to end
+        the runtime's block under its caller (a server's runs all cancelled with reason
+        ``"shutdown"``, issue 28 item 6).
+        """
         await anyio.sleep(seconds)
-        await self._cancel_own(ctx.run_id, reason="deadline")
+        while True:
+            try:
+                await self._cancel_own(ctx.run_id, reason="deadline")
+                return
+            except StoreError:
+                await anyio.sleep(_STORE_RETRY)
 
     # -- the watcher: cross-process cancels and leases ----------------------------------------
 
@@ -1204,9 +1213,9 @@ class Runtime:
             except StoreGoneError:
                 for ctx in list(self._active.values()):
                     ctx.request_cancel("store lost", force=True)  # its next write fails
-                await anyio.sleep(0.5)
+                await anyio.sleep(_STORE_RETRY)
             except StoreError:
-                await anyio.sleep(0.5)
+                await anyio.sleep(_STORE_RETRY)
             next_beat = 0.0
 
     async def _watch_until_error(self, next_beat: float) -> None:
@@ -1382,6 +1391,10 @@ def _hand_over_here(ctx: RunContext) -> None:
 #: the statuses of a child step whose child run may still be active (in flight; interrupted by a
 #: hand-over, which hands the child over too; forced)
 _MAY_HOLD_A_CHILD = frozenset({StepStatus.RUNNING, StepStatus.INTERRUPTED, StepStatus.UNKNOWN})
+
+
+#: seconds between two tries of a runtime task's write or read the store failed (unreachable)
+_STORE_RETRY = 0.5
 
 
 async def _raise(error: BaseException) -> None:
