@@ -342,6 +342,7 @@ class SQLiteStore:
             self._connect,
             prepare,
             _checkpoint_pages(self.synchronous),
+            self.synchronous if self.synchronous in _SYNCED else None,
         )
         self._watch: sqlite3.Connection | None = None
         self._data_version = 0
@@ -673,7 +674,9 @@ class SQLiteStore:
         # hold up the queue) and is reported by CorruptRowError, with the others as readable.
         return sorted(read_all(run_from_row, rows), key=lambda run: (run.created_at, run.id))
 
-    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
+    async def start_step(
+        self, run_id: str, step: StepStart, *, fence: str, durable: bool = True
+    ) -> StepStarted:
         parameters = (
             run_id,
             step.index,
@@ -692,7 +695,7 @@ class SQLiteStore:
         )
         self._writer.raise_deferred(run_id, fence)
         started: StepStarted = await self._writer.call(
-            partial(_start_step, parameters), atomic=True, shield=True
+            partial(_start_step, parameters), atomic=True, shield=True, lazy=not durable
         )
         return started
 
