@@ -309,16 +309,18 @@ class OperatorSQL:
     def approval_request(self) -> str:
         """Journal an approval request for step ``idx`` of the run, if the step has none yet or
         its request was cancelled (a resume asks anew), and if ``owner_token`` still holds the
-        run. Parameters: run_id, idx, tool, fingerprint, arguments, timeout_at, run_id,
-        owner_token."""
+        run. Parameters: run_id, idx, tool, fingerprint, arguments, timeout_at, params_schema,
+        run_id, owner_token."""
         request = self.sql(
             "INSERT INTO {approvals} (run_id, idx, tool, fingerprint, arguments, state, "
-            "requested_at, timeout_at) SELECT ?, ?, ?, ?, ?, 'awaiting', {clock}, ? "
+            "requested_at, timeout_at, params_schema) "
+            "SELECT ?, ?, ?, ?, ?, 'awaiting', {clock}, ?, ? "
             "WHERE EXISTS (SELECT 1 FROM {runs} WHERE id = ? AND owner_token = ?) "
             "ON CONFLICT (run_id, idx) DO UPDATE SET state = 'awaiting', "
             "requested_at = excluded.requested_at, timeout_at = excluded.timeout_at, "
             "decided_by = NULL, decided_at = NULL, note = NULL, edited = NULL, "
-            "fingerprint = excluded.fingerprint, arguments = excluded.arguments "
+            "fingerprint = excluded.fingerprint, arguments = excluded.arguments, "
+            "params_schema = excluded.params_schema "
             "WHERE {approvals}.state = 'cancelled'"
         )
         return request
@@ -341,6 +343,9 @@ class OperatorSQL:
         return self.sql(
             f"SELECT {APPROVAL_COLUMNS} FROM {{approvals}} WHERE run_id = ? AND idx = ?"
         )
+
+    def approval_schema(self) -> str:
+        return self.sql("SELECT params_schema FROM {approvals} WHERE run_id = ? AND idx = ?")
 
     def approvals_of_run(self) -> str:
         return self.sql(
@@ -457,6 +462,7 @@ def approval_parameters(
         step.fingerprint,
         request.arguments,
         request.timeout_at,
+        request.schema,
         run_id,
         fence,
     )

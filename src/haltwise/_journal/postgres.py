@@ -937,9 +937,12 @@ class PostgresStore:
         claimed = read_all(run_from_row, await self._run(op))
         return sorted(claimed, key=lambda run: (run.created_at, run.id))
 
-    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
+    async def start_step(
+        self, run_id: str, step: StepStart, *, fence: str, durable: bool = True
+    ) -> StepStarted:
         # One statement with every run's step writes queued meanwhile (see postgres_steps): the
         # fence check with its share lock, the upsert and the run's cancel state together.
+        # Always durable (``durable=False`` is a hint a store may ignore).
         row = _start_row(run_id, step, fence, time.time())
         self._steps.raise_deferred_error(run_id, fence)
         with shielded():  # see Store.start_step
@@ -1328,6 +1331,15 @@ class PostgresStore:
                 await rows.execute(_OPS.approval_of(), (run_id, index))
                 row = await rows.fetchone()
             return None if row is None else approval_from_row(row)
+
+        return await self._run(op, read_only=True, single=True, after_steps=False)
+
+    async def approval_schema(self, run_id: str, index: int) -> str | None:
+        async def op(conn: _Conn) -> str | None:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(_OPS.approval_schema(), (run_id, index))
+                row = await rows.fetchone()
+            return None if row is None else row[0]
 
         return await self._run(op, read_only=True, single=True, after_steps=False)
 

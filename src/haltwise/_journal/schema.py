@@ -216,7 +216,7 @@ _DELIVERIES = Table(
 #: bound to the run, the step, the tool and the fingerprint of the arguments asked for;
 #: ``arguments`` (JSON, by parameter name) for the approver; a decision (``state`` other than
 #: ``awaiting``) with who, when, the note and the arguments an edit ran the call with.
-_APPROVALS = Table(
+_APPROVALS_15 = Table(
     "approvals",
     (
         _text("run_id", not_null=True),
@@ -234,6 +234,10 @@ _APPROVALS = Table(
     ),
     primary_key=("run_id", "idx"),
 )
+#: Version 18: the JSON schema of the tool's parameters recorded with each request (any process
+#: validates an edit against it without importing the tool).
+_PARAMS_SCHEMA = _text("params_schema")
+_APPROVALS = replace(_APPROVALS_15, columns=(*_APPROVALS_15.columns, _PARAMS_SCHEMA))
 
 #: PostgreSQL's index of a run's changes, for prune. SQLite has none since version 9: it cost a
 #: step ~1.5 WAL pages and ~4 us (docs/benchmarks.md), and SQLite's prune scans the table once.
@@ -560,7 +564,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         15,
         "approval requests and their decisions (issue 31)",
         (
-            _APPROVALS,
+            _APPROVALS_15,
             Index("approvals_awaiting", "approvals", ("requested_at",), where="state = 'awaiting'"),
         ),
     ),
@@ -573,6 +577,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         17,
         "PostgreSQL: a run's creation and a cancel remembered before it serialised on the id",
         (_MAY_CREATE,),
+    ),
+    Migration(
+        18,
+        "the JSON schema of the tool's parameters with its approval request (issue 31)",
+        (AddColumn("approvals", _PARAMS_SCHEMA),),
     ),
 )
 
@@ -742,15 +751,22 @@ def read_views(dialect: Dialect, found: int) -> list[str]:
             for change in migration.changes:
                 if isinstance(change, AddColumn):
                     added.setdefault(change.table, []).append(change.column)
-    # A table a later migration made is shown empty (the approvals of a store older than them).
-    empty = [
-        f"CREATE TEMP VIEW IF NOT EXISTS {change.name} AS SELECT "
-        + ", ".join(f"NULL AS {column.name}" for column in change.columns)
-        + " WHERE 0"
+    # A table a later migration made is shown empty (the approvals of a store older than them),
+    # with the columns later migrations added to it too.
+    made = [
+        change
         for migration in MIGRATIONS
         if migration.version > found
         for change in migration.changes
         if isinstance(change, Table)
+    ]
+    empty = [
+        f"CREATE TEMP VIEW IF NOT EXISTS {change.name} AS SELECT "
+        + ", ".join(
+            f"NULL AS {column.name}" for column in (*change.columns, *added.pop(change.name, ()))
+        )
+        + " WHERE 0"
+        for change in made
     ]
     return empty + [
         f"CREATE TEMP VIEW IF NOT EXISTS {table} AS SELECT *, "

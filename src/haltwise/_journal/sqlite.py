@@ -342,6 +342,7 @@ class SQLiteStore:
             self._connect,
             prepare,
             _checkpoint_pages(self.synchronous),
+            self.synchronous if self.synchronous in _SYNCED else None,
         )
         self._watch: sqlite3.Connection | None = None
         self._data_version = 0
@@ -673,7 +674,9 @@ class SQLiteStore:
         # hold up the queue) and is reported by CorruptRowError, with the others as readable.
         return sorted(read_all(run_from_row, rows), key=lambda run: (run.created_at, run.id))
 
-    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
+    async def start_step(
+        self, run_id: str, step: StepStart, *, fence: str, durable: bool = True
+    ) -> StepStarted:
         parameters = (
             run_id,
             step.index,
@@ -692,7 +695,7 @@ class SQLiteStore:
         )
         self._writer.raise_deferred(run_id, fence)
         started: StepStarted = await self._writer.call(
-            partial(_start_step, parameters), atomic=True, shield=True
+            partial(_start_step, parameters), atomic=True, shield=True, lazy=not durable
         )
         return started
 
@@ -1006,6 +1009,14 @@ class SQLiteStore:
             return None if row is None else approval_from_row(row)
 
         found: ApprovalRecord | None = await self._writer.call(op, write=False)
+        return found
+
+    async def approval_schema(self, run_id: str, index: int) -> str | None:
+        def op(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(_OPS.approval_schema(), (run_id, index)).fetchone()
+            return None if row is None else row[0]
+
+        found: str | None = await self._writer.call(op, write=False)
         return found
 
     async def pending_approvals_json(self, *, limit: int = 100_000) -> str:

@@ -47,7 +47,6 @@ from . import spans
 from .approvals import deliver_decisions, woken
 from .cancel_state import outside_any_task
 from .code import check_code, version_of
-from .describe import check_arguments
 from .ending import (
     call_task,
     fail_refused,
@@ -62,7 +61,6 @@ from .pause_state import PauseGate
 from .reconcile import ask_hooks, record_operator_answers
 from .run_context import Probe, RunContext, RunTask
 from .seat import DEFAULT_BEFORE_START_TTL, Seat, cancel_batch, nobody_works
-from .spec import TOOLS
 from .steps import execute_step
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
@@ -932,14 +930,10 @@ class Runtime:
         reaches the run's owner wherever it runs. A decision is used once: one on a request
         that is not awaiting (decided already, expired, cancelled, or no request at that step)
         raises :class:`~haltwise.ApprovalConflictError` naming what happened to it. Returns
-        the request as decided. An edit is validated against the tool's parameters when the
-        tool is declared in this process (:class:`~haltwise.InputError` if it does not fit).
+        the request as decided. An edit is validated against the JSON schema of the tool's
+        parameters recorded with the request (:class:`~haltwise.InputError` if it does not fit),
+        in whatever process decides.
         """
-        if edit is not None and approve and isinstance(edit, Mapping):
-            current = await self.store.approval(id, step)
-            spec = None if current is None else TOOLS.find(current.tool)
-            if current is not None and spec is not None:
-                check_arguments(spec, {**current.arguments, **edit})
         record = await self._seat.decide(id, step, approve=approve, edit=edit, by=by, note=note)
         woken(self.store, id, step)
         return record

@@ -23,7 +23,13 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, final
 
-from .._core.approvals import ApprovalRecord, ApprovalState, check_decidable, decided_state
+from .._core.approvals import (
+    ApprovalRecord,
+    ApprovalState,
+    check_decidable,
+    check_edit,
+    decided_state,
+)
 from .._core.budget import Budget
 from .._core.exceptions import InputError, NoStoreError
 from .._core.records import RunRecord, dump_json
@@ -235,7 +241,11 @@ class Seat:
             check_decidable(task_id, step, record)
         edited = None
         if edit is not None:
-            edited = dump_json({**current.arguments, **edit}, "the edited arguments")
+            merged = {**current.arguments, **edit}
+            schema = await self._store.approval_schema(task_id, step)
+            if schema is not None:  # (a request made before schema 18 has none)
+                check_edit(current.tool, schema, merged)
+            edited = dump_json(merged, "the edited arguments")
         record, won = await self._store.decide_approval(
             task_id, step, decided_state(approve, edit), by=by, note=note, edited=edited
         )
