@@ -5,6 +5,7 @@ awaiting lands at once; a pause does not wait for the request; resume replays de
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyio
@@ -90,9 +91,11 @@ async def test_approve_runs_the_call_once_and_the_step_shows_the_decision(store_
         assert (step["status"], step["approval"]["state"]) == ("awaiting", "awaiting")
         assert detail["state"] == "running", "a run waiting for approval stays running"
         assert LEDGER == []
-        [pending] = [r.pending_json() for r in await rt.approvals()]
+        [pending] = json.loads(await rt.approvals_json())["approvals"]
         assert pending["arguments"] == {"amount": 5, "to": "bob"}
         assert (pending["run"], pending["step"], pending["tool"]) == ("a1", 0, "pay")
+        [record] = await rt.approvals()
+        assert (pending["requested_at"], pending["timeout_at"]) == (record.requested_at, None)
         record = await rt.decide("a1", 0, by="ops", note="fine")
         assert record.state is ApprovalState.APPROVED
         outcome = await handle.outcome()

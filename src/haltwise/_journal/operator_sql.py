@@ -309,16 +309,18 @@ class OperatorSQL:
     def approval_request(self) -> str:
         """Journal an approval request for step ``idx`` of the run, if the step has none yet or
         its request was cancelled (a resume asks anew), and if ``owner_token`` still holds the
-        run. Parameters: run_id, idx, tool, fingerprint, arguments, timeout_at, run_id,
-        owner_token."""
+        run. Parameters: run_id, idx, tool, fingerprint, arguments, timeout_at, params_schema,
+        run_id, owner_token."""
         request = self.sql(
             "INSERT INTO {approvals} (run_id, idx, tool, fingerprint, arguments, state, "
-            "requested_at, timeout_at) SELECT ?, ?, ?, ?, ?, 'awaiting', {clock}, ? "
+            "requested_at, timeout_at, params_schema) "
+            "SELECT ?, ?, ?, ?, ?, 'awaiting', {clock}, ?, ? "
             "WHERE EXISTS (SELECT 1 FROM {runs} WHERE id = ? AND owner_token = ?) "
             "ON CONFLICT (run_id, idx) DO UPDATE SET state = 'awaiting', "
             "requested_at = excluded.requested_at, timeout_at = excluded.timeout_at, "
             "decided_by = NULL, decided_at = NULL, note = NULL, edited = NULL, "
-            "fingerprint = excluded.fingerprint, arguments = excluded.arguments "
+            "fingerprint = excluded.fingerprint, arguments = excluded.arguments, "
+            "params_schema = excluded.params_schema "
             "WHERE {approvals}.state = 'cancelled'"
         )
         return request
@@ -342,6 +344,9 @@ class OperatorSQL:
             f"SELECT {APPROVAL_COLUMNS} FROM {{approvals}} WHERE run_id = ? AND idx = ?"
         )
 
+    def approval_schema(self) -> str:
+        return self.sql("SELECT params_schema FROM {approvals} WHERE run_id = ? AND idx = ?")
+
     def approvals_of_run(self) -> str:
         return self.sql(
             f"SELECT {APPROVAL_COLUMNS} FROM {{approvals}} WHERE run_id = ? ORDER BY idx"
@@ -352,6 +357,44 @@ class OperatorSQL:
         return self.sql(
             f"SELECT {APPROVAL_COLUMNS} FROM {{approvals}} WHERE state = 'awaiting' "
             "ORDER BY requested_at, run_id, idx LIMIT ?"
+        )
+
+    def approvals_pending_json(self) -> str:
+        """:meth:`Store.pending_approvals_json`'s one query (parameter: the limit): the items
+        built by the database, the stored argument text spliced in as JSON, each time in full
+        precision (SQLite's JSON renders a REAL in 15 digits: ``printf('%!.17g')`` instead)."""
+        if self.dialect.name == "sqlite":
+            item = (
+                "json_object('run', run_id, 'step', idx, 'tool', tool, "
+                "'arguments', json(arguments), "
+                "'requested_at', json(printf('%!.17g', requested_at)), "
+                "'timeout_at', CASE WHEN timeout_at IS NULL THEN NULL "
+                "ELSE json(printf('%!.17g', timeout_at)) END)"
+            )
+            return self.sql(
+                "SELECT json_object('approvals', json_group_array(json(item))) FROM "
+                f"(SELECT {item} AS item FROM {{approvals}} WHERE state = 'awaiting' "
+                "ORDER BY requested_at, run_id, idx LIMIT ?)"
+            )
+        item = (
+            "json_build_object('run', run_id, 'step', idx, 'tool', tool, "
+            "'arguments', arguments::json, 'requested_at', requested_at, "
+            "'timeout_at', timeout_at)"
+        )
+        return self.sql(
+            "SELECT json_build_object('approvals', COALESCE(json_agg("
+            f"{item} ORDER BY requested_at, run_id, idx), '[]'::json))::text FROM "
+            "(SELECT * FROM {approvals} WHERE state = 'awaiting' "
+            "ORDER BY requested_at, run_id, idx LIMIT ?) pending"
+        )
+
+    def approval_step_interrupted(self) -> str:
+        """A cancelled request's step ``interrupted``, if still ``awaiting`` and the fence
+        holds. Parameters: run_id, idx, run_id, owner_token."""
+        return self.sql(
+            "UPDATE {steps} SET status = 'interrupted', settled_at = {clock} "
+            "WHERE run_id = ? AND idx = ? AND status = 'awaiting' "
+            "AND EXISTS (SELECT 1 FROM {runs} WHERE id = ? AND owner_token = ?)"
         )
 
     def approval_decide(self) -> str:
@@ -419,6 +462,7 @@ def approval_parameters(
         step.fingerprint,
         request.arguments,
         request.timeout_at,
+        request.schema,
         run_id,
         fence,
     )

@@ -329,6 +329,16 @@ def cooperative_stop(key: object, stop: Callable[[], None], *, margin: float) ->
     cancel.hold_for(stopping)
 
 
+def sibling_failed() -> None:
+    """The cancellation that has just reached a step of the current run was the framework
+    stopping that call because another call it ran beside it failed (LangGraph cancels the other
+    tasks of a superstep and raises the failure): not a host's cancel of the run, which then
+    ends by that failure as it would without haltwise. No-op outside a task."""
+    run = current_run()
+    if run is not None:
+        run.cancel.unmark_host()
+
+
 def end_cooperative_stop(key: object) -> None:
     """The framework's run ``key`` of :func:`cooperative_stop` has ended: a cancel of the
     haltwise run no longer waits for it."""

@@ -392,9 +392,10 @@ async def _fork(request: Request, served: Served, run_id: str) -> Response:
 
 
 async def _approvals(request: Request, served: Served) -> Response:
-    """``GET /api/approvals``: every pending approval request, oldest first."""
-    pending = await served.runtime.approvals()
-    return JSONResponse({"approvals": [record.pending_json() for record in pending]})
+    """``GET /api/approvals``: every pending approval request, oldest first (the body as the
+    store builds it: one query, the stored arguments passed through)."""
+    body = await served.runtime.approvals_json()
+    return Response(body, media_type="application/json")
 
 
 async def _decide(request: Request, served: Served, run_id: str, step_text: str) -> Response:
