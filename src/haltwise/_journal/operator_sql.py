@@ -368,32 +368,33 @@ class OperatorSQL:
         )
 
     def approvals_pending_json(self) -> str:
-        """:meth:`Store.pending_approvals_json`'s one query (parameter: the limit): the items
-        built by the database, the stored argument text spliced in as JSON, each time in full
-        precision (SQLite's JSON renders a REAL in 15 digits: ``printf('%!.17g')`` instead)."""
+        """:meth:`Store.pending_approvals_json`'s one query (parameter: the limit): the text
+        put together by the database in the index's order, the stored argument text (JSON the
+        runtime wrote) spliced in as it is, each time in full precision (``printf('%!.17g')``
+        on SQLite, whose own rendering of a REAL has 15 digits; ``float8::text`` on PostgreSQL,
+        the shortest that reads back the same)."""
         if self.dialect.name == "sqlite":
-            item = (
-                "json_object('run', run_id, 'step', idx, 'tool', tool, "
-                "'arguments', json(arguments), "
-                "'requested_at', json(printf('%!.17g', requested_at)), "
-                "'timeout_at', CASE WHEN timeout_at IS NULL THEN NULL "
-                "ELSE json(printf('%!.17g', timeout_at)) END)"
+            quote, number, items = (
+                "json_quote({})",
+                "printf('%!.17g', {})",
+                "group_concat(item, ',')",
             )
-            return self.sql(
-                "SELECT json_object('approvals', json_group_array(json(item))) FROM "
-                f"(SELECT {item} AS item FROM {{approvals}} WHERE state = 'awaiting' "
-                "ORDER BY requested_at, run_id, idx LIMIT ?)"
-            )
+        else:
+            quote, number = "to_json({})::text", "{}::text"
+            items = "string_agg(item, ',' ORDER BY requested_at, run_id, idx)"
+        timeout = f"CASE WHEN timeout_at IS NULL THEN 'null' ELSE {number.format('timeout_at')} END"
         item = (
-            "json_build_object('run', run_id, 'step', idx, 'tool', tool, "
-            "'arguments', arguments::json, 'requested_at', requested_at, "
-            "'timeout_at', timeout_at)"
+            f"""'{{"run":' || {quote.format("run_id")} || ',"step":' || idx || """
+            f"""',"tool":' || {quote.format("tool")} || ',"arguments":' || arguments || """
+            f"""',"requested_at":' || {number.format("requested_at")} || """
+            f"""',"timeout_at":' || {timeout} || '}}'"""
         )
+        body = f"""'{{"approvals":[' || COALESCE({items}, '') || ']}}'"""
+        braces = str.maketrans({"{": "{{", "}": "}}"})  # literal in what self.sql formats
         return self.sql(
-            "SELECT json_build_object('approvals', COALESCE(json_agg("
-            f"{item} ORDER BY requested_at, run_id, idx), '[]'::json))::text FROM "
-            "(SELECT * FROM {approvals} WHERE state = 'awaiting' "
-            "ORDER BY requested_at, run_id, idx LIMIT ?) pending"
+            f"SELECT {body.translate(braces)} FROM (SELECT {item.translate(braces)} AS item, "
+            "requested_at, run_id, idx FROM {approvals} "
+            "WHERE state = 'awaiting' ORDER BY requested_at, run_id, idx LIMIT ?) pending"
         )
 
     def approval_step_interrupted(self) -> str:
