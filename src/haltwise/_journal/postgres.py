@@ -937,9 +937,12 @@ class PostgresStore:
         claimed = read_all(run_from_row, await self._run(op))
         return sorted(claimed, key=lambda run: (run.created_at, run.id))
 
-    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
+    async def start_step(
+        self, run_id: str, step: StepStart, *, fence: str, durable: bool = True
+    ) -> StepStarted:
         # One statement with every run's step writes queued meanwhile (see postgres_steps): the
         # fence check with its share lock, the upsert and the run's cancel state together.
+        # Always durable (``durable=False`` is a hint a store may ignore).
         row = _start_row(run_id, step, fence, time.time())
         self._steps.raise_deferred_error(run_id, fence)
         with shielded():  # see Store.start_step
@@ -1156,8 +1159,11 @@ class PostgresStore:
         tasks: Collection[str] | None,
         limit: int,
         before: tuple[float, str] | None,
+        progress: bool = False,
     ) -> list[RunSummary]:
-        sql, params = _OPS.run_page(states=states, tasks=tasks, limit=limit, before=before)
+        sql, params = _OPS.run_page(
+            states=states, tasks=tasks, limit=limit, before=before, progress=progress
+        )
 
         async def op(conn: _Conn) -> list[RunSummary]:
             async with conn.cursor(row_factory=tuple_row) as rows:

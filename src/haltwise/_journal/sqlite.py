@@ -349,6 +349,7 @@ class SQLiteStore:
             self._connect,
             prepare,
             _checkpoint_pages(self.synchronous),
+            self.synchronous if self.synchronous in _SYNCED else None,
         )
         self._watch: sqlite3.Connection | None = None
         self._data_version = 0
@@ -688,7 +689,9 @@ class SQLiteStore:
         # hold up the queue) and is reported by CorruptRowError, with the others as readable.
         return sorted(read_all(run_from_row, rows), key=lambda run: (run.created_at, run.id))
 
-    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
+    async def start_step(
+        self, run_id: str, step: StepStart, *, fence: str, durable: bool = True
+    ) -> StepStarted:
         parameters = (
             run_id,
             step.index,
@@ -707,7 +710,7 @@ class SQLiteStore:
         )
         self._writer.raise_deferred(run_id, fence)
         started: StepStarted = await self._writer.call(
-            partial(_start_step, parameters), atomic=True, shield=True
+            partial(_start_step, parameters), atomic=True, shield=True, lazy=not durable
         )
         return started
 
@@ -866,8 +869,11 @@ class SQLiteStore:
         tasks: Collection[str] | None,
         limit: int,
         before: tuple[float, str] | None,
+        progress: bool = False,
     ) -> list[RunSummary]:
-        sql, params = _OPS.run_page(states=states, tasks=tasks, limit=limit, before=before)
+        sql, params = _OPS.run_page(
+            states=states, tasks=tasks, limit=limit, before=before, progress=progress
+        )
 
         def op(conn: sqlite3.Connection) -> list[RunSummary]:
             return [summary_from_row(tuple(row)) for row in conn.execute(sql, params)]

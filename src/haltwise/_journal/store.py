@@ -286,8 +286,16 @@ class Store(Protocol):
     ) -> list[RunRecord]:
         """Claim up to ``limit`` unowned ``pending`` runs of ``tasks`` (for workers)."""
 
-    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
+    async def start_step(
+        self, run_id: str, step: StepStart, *, fence: str, durable: bool = True
+    ) -> StepStarted:
         """Journal that the step's tool body is about to run (status ``running``, attempts + 1).
+
+        With ``durable=False`` the start is committed (visible to every reader, kept through a
+        crash of the process) but may return before it is synced to the disk: a crash of the
+        machine may lose it, never without also losing every later write that was not synced
+        either (the journal stays a prefix of what was written). A store may always treat it as
+        ``True``.
 
         Completes even if the caller is cancelled meanwhile (the store shields its own wait), so
         the caller always knows whether the step is journaled. Returns the step's attempts and,
@@ -424,8 +432,10 @@ class Store(Protocol):
         tasks: Collection[str] | None,
         limit: int,
         before: tuple[float, str] | None,
+        progress: bool = False,
     ) -> list[RunSummary]:
         """Up to ``limit`` runs, newest created first (ties: id descending), in one query.
+        With ``progress``, each summary has its ``progress`` (committed and journaled steps).
 
         Only runs in ``states`` (every state when empty) and of ``tasks`` (recorded names; every
         task when ``None``), created before the run ``before`` = ``(created_at, id)`` if given.
