@@ -233,6 +233,24 @@ async def host() -> str:
 
 
 @haltwise.task
+async def timeout() -> str:
+    """The graph run in the body's own task under ``asyncio.timeout``, which fires (rescheduled
+    to now) once ``charge`` is in flight; ``charge`` is then released."""
+
+    async def expire(limit: asyncio.Timeout) -> None:
+        while not (DIR / "entered-charge").exists():
+            await asyncio.sleep(0.005)
+        limit.reschedule(asyncio.get_running_loop().time())
+        (DIR / "release-charge").touch()
+
+    async with asyncio.timeout(None) as limit:
+        watch = asyncio.create_task(expire(limit))
+        answer = await converse({"messages": [HumanMessage("book a room")]})
+    await watch
+    return answer
+
+
+@haltwise.task
 async def sibling() -> str:
     async with AsyncSqliteSaver.from_conn_string(str(DIR / "graph.db")) as saver:
         agent = create_agent(
@@ -279,6 +297,7 @@ async def main(phase: str, store: str, run_id: str) -> None:
         "approve": approve,
         "host": host,
         "sibling": sibling,
+        "timeout": timeout,
         "declined": declined,
     }
     async with haltwise.Runtime(store) as runtime:

@@ -78,6 +78,7 @@ from langgraph.types import Command  # noqa: E402
 import haltwise  # noqa: E402
 
 from .._runtime.task_api import (  # noqa: E402
+    body_cancelled_by_host,
     cooperative_stop,
     end_cooperative_stop,
     sibling_failed,
@@ -370,11 +371,14 @@ def _cut_by_host(stop: BaseException) -> bool:
 
 
 async def _host_stop(runtime: Runtime[Any] | None) -> None:
-    """The host cut the graph run (:func:`_cut_by_host`): the run is cancelled with reason
-    ``host``, and the graph run no longer holds the cancel of the task's scope back (its loop
-    is gone)."""
+    """The host cut the graph run (:func:`_cut_by_host`): the graph run no longer holds the
+    cancel of the task's scope back (its loop is gone), and the run is cancelled with reason
+    ``host``, unless the host is cancelling the task function's own task (an
+    ``asyncio.timeout`` or ``wait_for`` around ``ainvoke`` in the task function): that cancel,
+    leaving the task function, ends the run (reason ``host``, or ``timeout`` for a timeout)."""
     _stop_draining(getattr(runtime, "control", None))
-    await cancel_run_for_host()
+    if not body_cancelled_by_host():  # else the cancel leaving the task function ends the run
+        await cancel_run_for_host()
 
 
 def _draining(runtime: Runtime[Any] | None) -> bool:
