@@ -852,8 +852,11 @@ class SQLiteStore:
         tasks: Collection[str] | None,
         limit: int,
         before: tuple[float, str] | None,
+        progress: bool = False,
     ) -> list[RunSummary]:
-        sql, params = _OPS.run_page(states=states, tasks=tasks, limit=limit, before=before)
+        sql, params = _OPS.run_page(
+            states=states, tasks=tasks, limit=limit, before=before, progress=progress
+        )
 
         def op(conn: sqlite3.Connection) -> list[RunSummary]:
             return [summary_from_row(tuple(row)) for row in conn.execute(sql, params)]

@@ -430,8 +430,10 @@ class Store(Protocol):
         tasks: Collection[str] | None,
         limit: int,
         before: tuple[float, str] | None,
+        progress: bool = False,
     ) -> list[RunSummary]:
         """Up to ``limit`` runs, newest created first (ties: id descending), in one query.
+        With ``progress``, each summary has its ``progress`` (committed and journaled steps).
 
         Only runs in ``states`` (every state when empty) and of ``tasks`` (recorded names; every
         task when ``None``), created before the run ``before`` = ``(created_at, id)`` if given.
