@@ -12,9 +12,10 @@
    process as the A/A control.
 2. ``events``: ``--runs`` runs of two steps each started at once in one process, while
    ``haltwise events`` (its own process) delivers to a receiver on loopback (uvicorn, answering
-   204); the journal's rate of events made (run transitions per second while the workload
-   runs) beside the sender's rate of deliveries, and how long after the last run ended the last
-   event was acknowledged.
+   204, a bare ASGI app); the journal's rate of events made (run transitions per second while the
+   workload runs) beside the sender's rate of deliveries, how long after the last run ended the
+   last event was acknowledged, and the CPU the sender and the receiver spent per event (their
+   whole process lives: the sender's start included).
 
 usage: python bench/bench_telemetry.py [spans|events|all] [--steps N] [--span-rounds N]
        [--warmup N] [--runs N] [--rounds N]
@@ -139,16 +140,17 @@ def _paired_spans(
 _RECEIVER = textwrap.dedent(
     """
     import sys, time, uvicorn
-    from starlette.applications import Starlette
-    from starlette.responses import Response
-    from starlette.routing import Route
+    # a bare ASGI app (no framework): the receiver's CPU is taken from the sender's core
     log = open(sys.argv[1], "a", buffering=1)
-    async def hook(request):
-        await request.body()
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
         log.write(f"{time.time()}\\n")
-        return Response(status_code=204)
-    app = Starlette(routes=[Route("/hook", hook, methods=["POST"])])
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning", lifespan="off")
     """
 )
 
@@ -198,6 +200,8 @@ def bench_events(runs: int, rounds: int) -> str:
                 "journal: events/s",
                 "sender: deliveries/s",
                 "last delivery after the last run ended",
+                "sender CPU us/event",
+                "receiver CPU us/event",
             ),
             rows,
         )
@@ -237,15 +241,31 @@ def _events_round(runs: int, round_: int) -> tuple[object, ...]:
                 time.sleep(0.05)
             times = [float(line) for line in log.read_text().split()]
         finally:
-            if sender is not None:
-                sender.send_signal(signal.SIGTERM)
-                sender.wait(timeout=30)
-            receiver.kill()
-            receiver.wait()
+            sender_cpu = _stopped_cpu(sender)
+            receiver_cpu = _stopped_cpu(receiver)
     made_per_s = expected / (work["ended"] - work["began"])
     sent_per_s = len(times) / max(1e-9, max(times) - min(times))
     lag = max(times) - work["ended"]
-    return (round_ + 1, expected, f"{made_per_s:,.0f}", f"{sent_per_s:,.0f}", f"{lag:.2f} s")
+    return (
+        round_ + 1,
+        expected,
+        f"{made_per_s:,.0f}",
+        f"{sent_per_s:,.0f}",
+        f"{lag:.2f} s",
+        f"{1e6 * sender_cpu / expected:,.0f}",
+        f"{1e6 * receiver_cpu / expected:,.0f}",
+    )
+
+
+def _stopped_cpu(process: subprocess.Popen[bytes] | None) -> float:
+    """Stops ``process`` (SIGTERM) and answers the CPU seconds it used, its whole life (the
+    sender's includes its start: imports, catching up with an empty journal)."""
+    if process is None:
+        return float("nan")
+    process.send_signal(signal.SIGTERM)
+    _, _, usage = os.wait4(process.pid, 0)
+    process.returncode = 0
+    return usage.ru_utime + usage.ru_stime
 
 
 def _count(log: Path) -> int:
