@@ -1,17 +1,25 @@
 """Telling the world, measured: a step's cost with spans, and the events sender's throughput.
 
-1. ``spans``: one run of ``--steps`` trivial async steps on SQLite (``synchronous=off``: the disk
-   does not count), CPU per step (``time.process_time``, every thread), in a fresh process per
-   measurement, rounds alternating between: OpenTelemetry not importable (the baseline), the API
-   installed and no SDK (the default when a dependency brings the API), a no-op tracer provider
-   configured, and the SDK with an in-memory exporter (every span recorded).
+1. ``spans``: runs of ``--steps`` trivial async steps on SQLite (``synchronous=off``: the disk
+   does not count), CPU per step (``time.process_time``, every thread), ``--span-rounds``
+   interleaved A/B rounds (see ``_abcpu``: the order turning, GC collected and frozen, warm-up
+   thrown away, the median of per-round differences with a bootstrap interval, an A/A control
+   in the same run). Two tables: (a) in the same process (``_span_worker.py ... ab``), spans
+   off (haltwise's spans module told OpenTelemetry is absent) against on, for each set-up: the
+   API installed and no SDK, a no-op tracer provider configured, the SDK with an in-memory
+   exporter; (b) paired processes alive at once (``_span_worker.py ... serve``): a no-op
+   provider's process against a process without OpenTelemetry importable, and a second such
+   process as the A/A control.
 2. ``events``: ``--runs`` runs of two steps each started at once in one process, while
-   ``haltwise events`` (its own process) delivers to a receiver on loopback (uvicorn, answering
-   204); the journal's rate of events made (run transitions per second while the workload
-   runs) beside the sender's rate of deliveries, and how long after the last run ended the last
-   event was acknowledged.
+   ``haltwise events`` (its own process) delivers to a receiver on loopback (a minimal asyncio
+   HTTP/1.1 responder answering 204: the fixture, kept cheap so that it takes little CPU from
+   the sender on a 2-core machine); the journal's rate of events made (run transitions per
+   second while the workload runs) beside the sender's rate of deliveries, how long after the
+   last run ended the last event was acknowledged, and the CPU the sender (from its first line,
+   "delivering to": after its imports) and the receiver spent per event.
 
-usage: python bench/bench_telemetry.py [spans|events|all] [--steps N] [--runs N] [--rounds N]
+usage: python bench/bench_telemetry.py [spans|events|all] [--steps N] [--span-rounds N]
+       [--warmup N] [--runs N] [--rounds N]
 """
 
 from __future__ import annotations
@@ -27,105 +35,143 @@ import textwrap
 import time
 from pathlib import Path
 
-from _report import header, median, table
+from _abcpu import CONTROL, DIFF_HEADERS, diff_rows, load, order_of
+from _report import header, read_event, table
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-_SPAN_CHILD = textwrap.dedent(
-    """
-    import json, sys, time
-    mode, url, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    if mode == "absent":
-        sys.modules["opentelemetry"] = None
-    elif mode != "api":
-        from opentelemetry import trace
-        if mode == "noop":
-            trace.set_tracer_provider(trace.NoOpTracerProvider())
-        else:
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-            from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
-                InMemorySpanExporter,
-            )
-            provider = TracerProvider()
-            provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
-            trace.set_tracer_provider(provider)
-    import anyio, haltwise
-
-    @haltwise.tool(cancel="interruptible", effect="read")
-    async def tick(i: int) -> int:
-        return i
-
-    @haltwise.task(name="bench:ticks")
-    async def ticks(n: int) -> int:
-        for i in range(n):
-            await tick(i)
-        return n
-
-    async def main():
-        async with haltwise.Runtime(url) as rt:
-            await (await rt.start(ticks, 10, task_id="warm")).outcome()
-            cpu, wall = time.process_time(), time.perf_counter()
-            await (await rt.start(ticks, steps, task_id="measured")).outcome()
-            return time.process_time() - cpu, time.perf_counter() - wall
-
-    cpu, wall = anyio.run(main)
-    print(json.dumps({"cpu_us": cpu / steps * 1e6, "wall_us": wall / steps * 1e6}))
-    """
-)
-
 SPAN_MODES = {
-    "absent": "OpenTelemetry not importable (baseline)",
     "api": "API installed, no SDK",
     "noop": "no-op tracer provider configured",
-    "sdk": "SDK, in-memory exporter (recorded)",
+    "sdk": "SDK, in-memory exporter (every span recorded)",
 }
+#: issue 34: a configured but no-op provider costs a step under 5 us
+SPAN_TARGET_US = 5.0
 
 
-def bench_spans(steps: int, rounds: int) -> str:
-    seen: dict[str, list[dict[str, float]]] = {mode: [] for mode in SPAN_MODES}
+def bench_spans(steps: int, rounds: int, warmup: int) -> str:
+    """Two tables: spans on against off in the same process (per provider set-up), and the
+    no-op provider's process against processes without OpenTelemetry (paired processes)."""
     with tempfile.TemporaryDirectory() as tmp:
-        modes = list(SPAN_MODES)
-        for round_ in range(rounds):
-            # the order turns each round: no mode always runs first (after a quiet spell)
-            for mode in modes[round_ % len(modes) :] + modes[: round_ % len(modes)]:
-                url = f"sqlite:///{tmp}/{mode}-{round_}.db?synchronous=off"
-                done = subprocess.run(
-                    [sys.executable, "-c", _SPAN_CHILD, mode, url, str(steps)],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                )
-                seen[mode].append(json.loads(done.stdout.splitlines()[-1]))
-    base = median([m["cpu_us"] for m in seen["absent"]])
-    rows = []
-    for mode, label in SPAN_MODES.items():
-        cpu = median([m["cpu_us"] for m in seen[mode]])
-        wall = median([m["wall_us"] for m in seen[mode]])
-        rows.append((label, f"{cpu:.1f}", f"{cpu - base:+.1f}", f"{wall:.1f}"))
+        began = time.monotonic()
+        before = load()
+        in_process = []
+        for mode, label in SPAN_MODES.items():
+            url = f"sqlite:///{tmp}/ab-{mode}.db?synchronous=off"
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    str(_WORKER),
+                    mode,
+                    url,
+                    str(steps),
+                    "ab",
+                    str(rounds),
+                    str(warmup),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            per_round = json.loads(done.stdout.splitlines()[-1])
+            target = SPAN_TARGET_US if mode == "noop" else None
+            for row in diff_rows(per_round, "off", target):
+                in_process.append((label, *row))
+        after_in = load()
+        paired = _paired_spans(tmp, steps, rounds, warmup)
+        took = time.monotonic() - began
     return (
         header("A step with spans on and off")
-        + f"- {steps} steps per run, {rounds} rounds, medians; load {_load()}\n\n"
-        + table(("tracing", "CPU us/step", "vs baseline", "wall us/step"), rows)
+        + f"- {rounds} rounds (+{warmup} warm-up) of one run of {steps} trivial async steps per "
+        + f"variant (SQLite, synchronous=off), interleaved; {took:.0f} s in all\n"
+        + "- CPU: time.process_time of the process (every thread), start to outcome of a run\n\n"
+        + "### In the same process: spans on against off\n\n"
+        + "`off`: haltwise's spans module told OpenTelemetry is absent (the path of a process "
+        + f"without it); `on`: the provider of the row. Load {before} -> {after_in}.\n\n"
+        + table(("provider", *DIFF_HEADERS), in_process)
+        + "\n\n### Paired processes: the no-op provider's process against processes without "
+        + "OpenTelemetry\n\n"
+        + "Three processes alive at once, one run each per round, the order turning; the A/A "
+        + "control is a second process without OpenTelemetry (what two processes differ by: "
+        + f"memory layout, hash seeds). Load {paired[1]} -> {load()}.\n\n"
+        + table(DIFF_HEADERS, paired[0])
     )
 
 
+_WORKER = HERE / "_span_worker.py"
+
+
+def _paired_spans(
+    tmp: str, steps: int, rounds: int, warmup: int
+) -> tuple[list[tuple[str, ...]], str]:
+    """Per-round differences between long-lived processes (see _span_worker.py ``serve``)."""
+    names = {"OpenTelemetry absent": "absent", CONTROL: "absent", "no-op provider": "noop"}
+    before = load()
+    procs = {}
+    try:
+        for i, (name, mode) in enumerate(names.items()):
+            url = f"sqlite:///{tmp}/paired-{i}.db?synchronous=off"
+            procs[name] = subprocess.Popen(
+                [sys.executable, str(_WORKER), mode, url, str(steps), "serve"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        for proc in procs.values():
+            read_event(proc, "ready")
+        seen: dict[str, list[float]] = {name: [] for name in names}
+        for round_ in range(warmup + rounds):
+            for name in order_of(list(names), round_):
+                proc = procs[name]
+                assert proc.stdin is not None and proc.stdout is not None
+                proc.stdin.write("run\n")
+                proc.stdin.flush()
+                us = float(proc.stdout.readline())
+                if round_ >= warmup:
+                    seen[name].append(us)
+    finally:
+        for proc in procs.values():
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(timeout=60)
+    return diff_rows(seen, "OpenTelemetry absent", SPAN_TARGET_US), before
+
+
 _RECEIVER = textwrap.dedent(
-    """
-    import sys, time, uvicorn
-    from starlette.applications import Starlette
-    from starlette.responses import Response
-    from starlette.routing import Route
+    r"""
+    import asyncio, sys, time
+    # A minimal HTTP/1.1 responder on asyncio (keep-alive, Content-Length bodies, 204): the
+    # fixture, not what is measured, so it takes as little CPU from the sender as it can.
     log = open(sys.argv[1], "a", buffering=1)
-    async def hook(request):
-        await request.body()
-        log.write(f"{time.time()}\\n")
-        return Response(status_code=204)
-    app = Starlette(routes=[Route("/hook", hook, methods=["POST"])])
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
+
+    class Hook(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.transport, self.buffer = transport, b""
+
+        def data_received(self, data):
+            self.buffer += data
+            while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
+                length = 0
+                for line in self.buffer[:end].split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                if len(self.buffer) < end + 4 + length:
+                    return
+                self.buffer = self.buffer[end + 4 + length :]
+                log.write(f"{time.time()}\n")
+                self.transport.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Hook, "127.0.0.1", int(sys.argv[2]))
+        await server.serve_forever()
+
+    asyncio.run(main())
     """
 )
+
 
 _WORKLOAD = textwrap.dedent(
     """
@@ -173,6 +219,8 @@ def bench_events(runs: int, rounds: int) -> str:
                 "journal: events/s",
                 "sender: deliveries/s",
                 "last delivery after the last run ended",
+                "sender CPU us/event (after its start)",
+                "receiver CPU us/event",
             ),
             rows,
         )
@@ -198,6 +246,7 @@ def _events_round(runs: int, round_: int) -> tuple[object, ...]:
             while "delivering to" not in sender_log.read_text():
                 assert time.monotonic() < deadline, sender_log.read_text()
                 time.sleep(0.02)
+            sender_started = _cpu_so_far(sender.pid)
             done = subprocess.run(
                 [sys.executable, "-c", _WORKLOAD, url, str(runs)],
                 capture_output=True,
@@ -211,16 +260,38 @@ def _events_round(runs: int, round_: int) -> tuple[object, ...]:
                 assert time.monotonic() < deadline, f"{_count(log)} of {expected} delivered"
                 time.sleep(0.05)
             times = [float(line) for line in log.read_text().split()]
+            sender_cpu = _cpu_so_far(sender.pid) - sender_started
         finally:
-            if sender is not None:
-                sender.send_signal(signal.SIGTERM)
-                sender.wait(timeout=30)
-            receiver.kill()
-            receiver.wait()
+            _stopped_cpu(sender)
+            receiver_cpu = _stopped_cpu(receiver)
     made_per_s = expected / (work["ended"] - work["began"])
     sent_per_s = len(times) / max(1e-9, max(times) - min(times))
     lag = max(times) - work["ended"]
-    return (round_ + 1, expected, f"{made_per_s:,.0f}", f"{sent_per_s:,.0f}", f"{lag:.2f} s")
+    return (
+        round_ + 1,
+        expected,
+        f"{made_per_s:,.0f}",
+        f"{sent_per_s:,.0f}",
+        f"{lag:.2f} s",
+        f"{1e6 * sender_cpu / expected:,.0f}",
+        f"{1e6 * receiver_cpu / expected:,.0f}",
+    )
+
+
+def _cpu_so_far(pid: int) -> float:
+    """The CPU seconds (user and system) process ``pid`` has used so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _stopped_cpu(process: subprocess.Popen[bytes] | None) -> float:
+    """Stops ``process`` (SIGTERM) and answers the CPU seconds it used, its whole life."""
+    if process is None:
+        return float("nan")
+    process.send_signal(signal.SIGTERM)
+    _, _, usage = os.wait4(process.pid, 0)
+    process.returncode = 0
+    return usage.ru_utime + usage.ru_stime
 
 
 def _count(log: Path) -> int:
@@ -254,12 +325,14 @@ def _load() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("what", nargs="?", default="all", choices=("spans", "events", "all"))
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=200, help="spans: steps per run")
+    parser.add_argument("--span-rounds", type=int, default=100, help="spans: measured rounds")
+    parser.add_argument("--warmup", type=int, default=8, help="spans: rounds thrown away")
     parser.add_argument("--runs", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="events: 2 rounds per 5")
     args = parser.parse_args()
     if args.what in ("spans", "all"):
-        print(bench_spans(args.steps, args.rounds), flush=True)
+        print(bench_spans(args.steps, args.span_rounds, args.warmup), flush=True)
     if args.what in ("events", "all"):
         print(bench_events(args.runs, max(1, args.rounds // 2)), flush=True)
 

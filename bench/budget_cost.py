@@ -1,20 +1,31 @@
-"""What budget accounting costs a step (issue 33): CPU per step and commits per step of one run of
-``--steps`` trivial steps on SQLite (``synchronous=off``, so that the disk does not count;
-``time.process_time`` of every thread), in three variants measured in the same process,
-interleaved, ``--repeat`` times, fresh databases each time (medians shown):
+"""What budget accounting costs a step (issue 33): CPU per step, and commits per step.
 
-- ``no budget``: the baseline, steps that spend nothing (spend is still counted: a tool call per
-  step, journaled as its attempt);
+One process, one runtime on SQLite (``synchronous=off``: the disk does not count), runs of
+``--steps`` trivial steps, in these variants:
+
+- ``no budget``: the baseline; steps that spend nothing (a tool call per step is still
+  counted: journaled as its attempt);
+- ``A/A control``: the baseline again, as its own variant: the noise floor of this very run;
 - ``budget``: the same run with a budget (``usd``, ``tokens`` and ``tool_calls`` limits far
   above what it spends): the check before and after every step, the call counted;
 - ``budget + spend``: the same with ``haltwise.spend(usd=..., tokens=...)`` in every step: the
   spend counted, checked, and journaled by the step's settlement (three more values in its
-  statement).
+  statement);
+- ``spend, no budget (breakdown)``: ``haltwise.spend`` in every step of a run without a budget
+  (still counted and journaled: a run without a budget reports what it spent): the part of the
+  row above that is the spend itself, not the budget.
+
+CPU is ``time.process_time`` (every thread: the store's writer thread included) around one
+whole run (its start and outcome included), divided by its steps. ``--rounds`` rounds (after
+``--warmup`` thrown away) each run every variant once, the order turning each round, GC
+collected and frozen before each run (see ``_abcpu``); the figure is the median of the
+per-round differences against the baseline, with a bootstrap 95% interval and the IQR.
 
 Commits are the ``COMMIT`` statements the store's connection ran (SQLite's trace callback), per
-step: budget accounting must add none (its spend rides in the step's own settlement write).
+step, counted on one more run of each variant after the timed rounds: budget accounting must
+add none (its spend rides in the step's own settlement write).
 
-usage: python bench/budget_cost.py [--steps N] [--repeat N]
+usage: python bench/budget_cost.py [--steps N] [--rounds N] [--warmup N]
 """
 
 from __future__ import annotations
@@ -26,11 +37,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _report import header, median, table
+from _abcpu import CONTROL, DIFF_HEADERS, diff_rows, load, order_of, settle_gc
+from _report import header, table
 
 import haltwise
 
 LIMITS = haltwise.Budget(usd=1e12, tokens=10**15, tool_calls=10**9)
+TARGET_US = 5.0
 
 
 @haltwise.tool(cancel="interruptible", effect="none")
@@ -52,73 +65,98 @@ async def steps(n: int, spend: bool) -> int:
     return n
 
 
+BASELINE = "no budget"
 VARIANTS: dict[str, tuple[haltwise.Budget | None, bool]] = {
-    "no budget": (None, False),
+    BASELINE: (None, False),
+    CONTROL: (None, False),
     "budget": (LIMITS, False),
     "budget + spend": (LIMITS, True),
+    "spend, no budget (breakdown)": (None, True),
 }
 
 
-async def measure(
-    url: str, n: int, budget: haltwise.Budget | None, spend: bool
-) -> tuple[float, float]:
-    """(CPU us per step, commits per step) of one run of ``n`` steps, after a warm-up run."""
-    commits = 0
+class Bench:
+    """The runs of one benchmark: one runtime, one run per variant per round."""
 
-    def trace(statement: str) -> None:
-        nonlocal commits
-        if statement.strip().upper().startswith("COMMIT"):
-            commits += 1
+    def __init__(self, runtime: haltwise.Runtime, steps: int) -> None:
+        self.runtime = runtime
+        self.steps = steps
+        self.runs = 0
 
-    async with haltwise.Runtime(url) as runtime:
-        warm = await runtime.start(steps, 50, spend, task_id="warm-up", budget=budget)
-        await warm.outcome()
-        conn: Any = runtime.store._writer.conn  # type: ignore[attr-defined]  # bench only
-        conn.set_trace_callback(trace)
+    async def run(self, variant: str) -> float:
+        """CPU us per step of one run of ``variant``; SystemExit if its spend is miscounted."""
+        budget, spend = VARIANTS[variant]
+        self.runs += 1
+        settle_gc()
         start = time.process_time()
-        handle = await runtime.start(steps, n, spend, task_id="measured", budget=budget)
+        handle = await self.runtime.start(
+            steps, self.steps, spend, task_id=f"r{self.runs}", budget=budget
+        )
         outcome = await handle.outcome()
         cpu = time.process_time() - start
-        conn.set_trace_callback(None)
-    if outcome.state is not haltwise.State.COMPLETED:
-        raise SystemExit(f"the run did not complete: {outcome}")
-    spent = outcome.to_json()["budget"]["spent"]
-    if spent["tool_calls"] != n or spent["tokens"] != (10 * n if spend else 0):
-        raise SystemExit(f"spend not counted as expected: {spent}")
-    return cpu / n * 1e6, commits / n
+        if outcome.state is not haltwise.State.COMPLETED:
+            raise SystemExit(f"the run did not complete: {outcome}")
+        spent = outcome.to_json()["budget"]["spent"]
+        if spent["tool_calls"] != self.steps or spent["tokens"] != (
+            10 * self.steps if spend else 0
+        ):
+            raise SystemExit(f"spend not counted as expected: {spent}")
+        return cpu / self.steps * 1e6
+
+    async def commits(self, variant: str) -> float:
+        """COMMIT statements per step of one more run of ``variant``."""
+        count = 0
+
+        def trace(statement: str) -> None:
+            nonlocal count
+            if statement.lstrip()[:6].upper() == "COMMIT":
+                count += 1
+
+        conn: Any = self.runtime.store._writer.conn  # type: ignore[attr-defined]  # bench only
+        conn.set_trace_callback(trace)
+        try:
+            await self.run(variant)
+        finally:
+            conn.set_trace_callback(None)
+        return count / self.steps
+
+
+async def measure(
+    url: str, steps: int, rounds: int, warmup: int
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Per variant: its CPU us/step round by round, and its commits per step."""
+    per_round: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    async with haltwise.Runtime(url) as runtime:
+        bench = Bench(runtime, steps)
+        for round_ in range(warmup + rounds):
+            for name in order_of(list(VARIANTS), round_):
+                us = await bench.run(name)
+                if round_ >= warmup:
+                    per_round[name].append(us)
+        commits = {name: await bench.commits(name) for name in VARIANTS}
+    return per_round, commits
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=200, help="steps per run")
+    parser.add_argument("--rounds", type=int, default=200, help="measured rounds")
+    parser.add_argument("--warmup", type=int, default=8, help="rounds thrown away first")
     args = parser.parse_args()
-    cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    commits: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    before = load()
+    began = time.monotonic()
     with tempfile.TemporaryDirectory() as base:
-        for round_ in range(args.repeat):
-            for name, (budget, spend) in VARIANTS.items():
-                path = Path(base) / f"{round_}-{len(cpu[name])}-{name.replace(' ', '_')}.db"
-                url = f"sqlite:///{path}?synchronous=off"
-                us, per_step = anyio.run(measure, url, args.steps, budget, spend)
-                cpu[name].append(us)
-                commits[name].append(per_step)
-    load = Path("/proc/loadavg").read_text().split()[:3]
+        url = f"sqlite:///{Path(base) / 'budget.db'}?synchronous=off"
+        per_round, commits = anyio.run(measure, url, args.steps, args.rounds, args.warmup)
+    took = time.monotonic() - began
     print(header("Budget accounting: CPU and commits per step (SQLite, synchronous=off)"))
-    print(f"- load (1, 5, 15 min) after the run: {' '.join(load)}\n")
-    base_cpu = median(cpu["no budget"])
-    rows = [
-        (
-            name,
-            f"{median(cpu[name]):.1f}",
-            f"{median(cpu[name]) - base_cpu:+.1f}",
-            f"{min(cpu[name]):.1f}-{max(cpu[name]):.1f}",
-            f"{median(commits[name]):.3f}",
-        )
-        for name in VARIANTS
-    ]
-    headers = ("variant", "CPU us/step", "vs no budget", "range", "commits/step")
-    print(table(headers, rows))
+    print(
+        f"- {args.rounds} rounds (+{args.warmup} warm-up) of one run of {args.steps} steps per "
+        f"variant, interleaved, {took:.0f} s; load (1 / 5 / 15 min) before: {before}, "
+        f"after: {load()}\n"
+    )
+    rows = [(*row, f"{commits[row[0]]:.3f}") for row in diff_rows(per_round, BASELINE, TARGET_US)]
+    print(table((*DIFF_HEADERS, "commits/step"), rows))
 
 
 if __name__ == "__main__":

@@ -6,10 +6,11 @@ test_openai_agents_session.py.
 - ``first``: the agent (the SDK's own ``ScriptedModel``, each answer derived from the request as a
   model would, with a fresh call id for every call) looks tea up, then charges, on a
   ``SQLiteSession`` kept in ``DIR/session.db``; the charge tool announces itself
-  (``DIR/entered``) and waits for ``DIR/release``. HOW ``run``: ``Runner.run``, cancelled by
-  another process's ``haltwise cancel``; HOW ``streamed``: the adapter's ``run_streamed``, whose
-  ``cancel()`` the app calls when ``DIR/stop`` appears; ``to_input_list()`` is saved to
-  ``DIR/items.json`` once the stream has ended.
+  (``DIR/entered``) and waits for ``DIR/release``. HOW ``run``: ``Runner.run`` in a task of its
+  own, cancelled by another process's ``haltwise cancel``, or by the app's ``Task.cancel()`` of
+  that task (a cancel haltwise did not request) when ``DIR/stop`` appears; HOW ``streamed``: the
+  adapter's ``run_streamed``, whose ``cancel()`` the app calls when ``DIR/stop`` appears;
+  ``to_input_list()`` is saved to ``DIR/items.json`` once the stream has ended.
 - ``continue``: a new run on the same session ("go on").
 - ``retry``: the agent e-mails; the mail server fails the first call (the model sees the error
   and tries again, and it goes through); then the app fails (``DIR/fail`` exists) or completes.
@@ -137,9 +138,15 @@ async def stop_on_file(result: Any) -> None:
 
 @haltwise.task
 async def shop(how: str) -> Any:
-    if how == "run":
-        result = await Runner.run(agent(shopper), "buy tea", session=session(), run_config=CONFIG)
-        return result.final_output
+    if how == "run":  # the host's own cancel: Task.cancel() of the task running Runner.run
+        run = asyncio.ensure_future(
+            Runner.run(agent(shopper), "buy tea", session=session(), run_config=CONFIG)
+        )
+        stopper = asyncio.create_task(stop_on_file(run))
+        try:
+            return (await run).final_output
+        finally:
+            stopper.cancel()
     streamed = run_streamed(agent(shopper), "buy tea", session=session(), run_config=CONFIG)
     stopper = asyncio.create_task(stop_on_file(streamed))
     try:

@@ -70,25 +70,33 @@ def closed_calls(items: list[dict[str, Any]]) -> dict[str, str | None]:
     return {i["name"]: outputs.get(i["call_id"]) for i in items if i.get("type") == "function_call"}
 
 
+def cancel_during_the_charge(store: str, where: Path, how: str, stop: str) -> None:
+    """The app's run ``first``, cancelled while its charge (finish) is in flight: by ``haltwise
+    cancel`` from another process, or by the app itself (the SDK's streamed ``cancel()``, or
+    ``Task.cancel()`` of the task running ``Runner.run``); the charge then ends and commits."""
+    first = app("first", store, where, how)
+    wait_for(where / "entered")  # the charge (finish) is in flight
+    if stop == "haltwise":
+        cancelled = haltwise_cli("cancel", "first", "--store", store)
+        assert cancelled.returncode == 0, cancelled.stderr
+    else:
+        (where / "stop").touch()  # the app: the SDK's own cancel(), or Task.cancel() of Runner.run
+    (where / "release").touch()  # the finish call is allowed to end: it commits
+    outcome = outcome_of(first)
+    assert outcome["state"] == "cancelled"
+    assert outcome["reason"] == ("user" if stop == "haltwise" else "host")
+    assert [(s["tool"], s["status"]) for s in outcome["steps"]][-1] == ("charge", "committed")
+
+
 @pytest.mark.parametrize(
-    ("how", "stop"), [("run", "haltwise"), ("streamed", "sdk"), ("streamed", "haltwise")]
+    ("how", "stop"),
+    [("run", "haltwise"), ("run", "sdk"), ("streamed", "sdk"), ("streamed", "haltwise")],
 )
 def test_the_session_holds_every_call_with_its_result_after_a_cancel(
     tmp_path: Path, how: str, stop: str
 ) -> None:
     store = f"sqlite:///{tmp_path / 'haltwise.db'}"
-    first = app("first", store, tmp_path, how)
-    wait_for(tmp_path / "entered")  # the charge (finish) is in flight
-    if stop == "haltwise":
-        cancelled = haltwise_cli("cancel", "first", "--store", store)
-        assert cancelled.returncode == 0, cancelled.stderr
-    else:
-        (tmp_path / "stop").touch()  # the app calls the SDK's own cancel()
-    (tmp_path / "release").touch()  # the finish call is allowed to end: it commits
-    outcome = outcome_of(first)
-    assert outcome["state"] == "cancelled"
-    assert outcome["reason"] == ("user" if stop == "haltwise" else "host")
-    assert [(s["tool"], s["status"]) for s in outcome["steps"]][-1] == ("charge", "committed")
+    cancel_during_the_charge(store, tmp_path, how, stop)
 
     # Where the SDK keeps the conversation, with no call by the app: every call has its result.
     assert closed_calls(session_items(tmp_path)) == {"lookup": "tea costs 5", "charge": "charged 5"}
@@ -99,10 +107,37 @@ def test_the_session_holds_every_call_with_its_result_after_a_cancel(
     again = outcome_of(app("continue", store, tmp_path))
     assert again["state"] == "completed", again
     assert again["result"] == "bought tea (charged 5)"
-    if stop == "sdk":  # the saved to_input_list(), continued without the session
+    if how == "streamed" and stop == "sdk":  # the saved to_input_list(), without the session
         third = outcome_of(app("continue-items", store, tmp_path))
         assert third["result"] == "bought tea (charged 5)"
     assert len(ledger(tmp_path, "charge")) == 1, "the committed charge is not made again"
+    report = haltwise.verify_store(store)
+    assert report.ok, report.findings
+
+
+@pytest.mark.parametrize("stop", ["haltwise", "sdk"])
+def test_resuming_a_cancelled_run_on_a_session_finishes_it_with_the_session_holding_it_once(
+    tmp_path: Path, stop: str
+) -> None:
+    """``haltwise resume`` of a run whose session the cancelled attempt wrote to: the resumed run
+    reads the session as it began (the journaled model answers replay: no NonDeterminismError),
+    nothing is charged again, and the session holds the run once."""
+    store = f"sqlite:///{tmp_path / 'haltwise.db'}"
+    cancel_during_the_charge(store, tmp_path, "run", stop)
+    (tmp_path / "stop").unlink(missing_ok=True)
+
+    resumed = outcome_of(app("resume", store, tmp_path, "first"))
+    assert resumed["state"] == "completed", resumed
+    assert resumed["result"] == "bought tea (charged 5)"
+    assert len(ledger(tmp_path, "charge")) == 1, "the committed charge is not made again"
+    items = session_items(tmp_path)
+    assert [i["content"] for i in items if i.get("role") == "user"] == ["buy tea"]
+    calls = [i["call_id"] for i in items if i.get("type") == "function_call"]
+    answered = [i["call_id"] for i in items if i.get("type") == "function_call_output"]
+    assert len(calls) == 2, items
+    assert calls == answered, "each call once, with one result"
+    assert closed_calls(items) == {"lookup": "tea costs 5", "charge": "charged 5"}
+    assert items[-1].get("role") == "assistant", "the run's answer ends the session"
     report = haltwise.verify_store(store)
     assert report.ok, report.findings
 
@@ -153,3 +188,53 @@ async def test_a_wait_for_timeout_around_runner_run_cancels_the_run(sqlite_url: 
     assert outcome.state is haltwise.State.CANCELLED, outcome
     assert outcome.reason == "timeout"
     assert all(step.status.value == "interrupted" for step in outcome.steps)
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def look(item: str) -> str:
+    """Look an item up."""
+    return f"{item} costs 5"
+
+
+@pytest.mark.anyio
+async def test_a_run_that_ends_on_a_tool_turn_lets_a_cancel_land_at_the_next_await(
+    sqlite_url: str,
+) -> None:
+    """``tool_use_behavior="stop_on_first_tool"`` ends the SDK's run after a tool turn, with no
+    model request to end the turn's hold: a cancel made after ``Runner.run`` returned still lands
+    at the task's next bare await (it lingered to the end of the task body)."""
+    import asyncio
+
+    from agents import Agent, RunConfig, Runner
+    from agents.testing import ModelCall, ModelStep, ScriptedModel, function_call
+
+    from haltwise.integrations.openai_agents import JournaledModel, function_tool
+
+    def calls_look(call: ModelCall) -> list[Any]:
+        return [function_call("look", {"item": "tea"}, call_id="call_1")]
+
+    ran = asyncio.Event()
+
+    @haltwise.task
+    async def first_tool_only() -> Any:
+        agent = Agent(
+            name="looker",
+            model=JournaledModel(ScriptedModel([ModelStep.respond(calls_look)])),
+            tools=[function_tool(look)],
+            tool_use_behavior="stop_on_first_tool",
+        )
+        result = await Runner.run(agent, "hi", run_config=RunConfig(tracing_disabled=True))
+        ran.set()
+        await asyncio.sleep(PATIENCE)  # a bare await of the task's own code: the cancel lands
+        return result.final_output
+
+    async with haltwise.Runtime(sqlite_url) as runtime:
+        handle = await runtime.start(first_tool_only, task_id="first-tool")
+        await ran.wait()
+        await handle.cancel()
+        outcome = await handle.outcome()
+    assert outcome.state is haltwise.State.CANCELLED, outcome
+    assert [(s.tool, s.status.value) for s in outcome.steps] == [
+        ("model", "committed"),
+        ("look", "committed"),
+    ]

@@ -131,6 +131,52 @@ async def test_a_run_without_a_budget_counts_its_spend(store_url: str) -> None:
     assert [(step.usd, step.tokens) for step in outcome.steps] == [(0.25, 10)] * 3
 
 
+class _Dollars(float):
+    """A float of a subclass (numpy's ``float64`` is one)."""
+
+
+#: amounts haltwise.spend refuses: negative, not a number, a bool, a fraction of a token
+_BAD_AMOUNTS: list[dict[str, Any]] = [
+    {"usd": -1},
+    {"usd": True},
+    {"usd": "1"},
+    {"usd": float("nan")},
+    {"tokens": 1.5},
+    {"tokens": -2},
+    {"tokens": False},
+]
+
+
+@haltwise.tool(cancel="interruptible", effect="none")
+async def odd_amounts() -> list[str]:
+    refused = []
+    for amount in _BAD_AMOUNTS:
+        try:
+            haltwise.spend(**amount)
+        except haltwise.InputError as error:
+            refused.append(str(error))
+    haltwise.spend(usd=_Dollars(0.5), tokens=7)
+    haltwise.spend(usd=1)  # an int is a number of dollars
+    return refused
+
+
+@haltwise.task(name="budget:odd_amounts")
+async def spends_odd_amounts() -> list[str]:
+    return await odd_amounts()
+
+
+async def test_spend_refuses_bad_amounts_and_takes_a_numbers_subclass(store_url: str) -> None:
+    async with haltwise.Runtime(store_url) as rt:
+        outcome = await (await rt.start(spends_odd_amounts, task_id="odd")).outcome()
+    assert outcome.state is State.COMPLETED
+    refused = outcome.result
+    assert len(refused) == len(_BAD_AMOUNTS)
+    for message, amount in zip(refused, _BAD_AMOUNTS, strict=True):
+        (name,) = amount
+        assert message.startswith(f"haltwise.spend({name}=") and "\n" not in message
+    assert outcome.to_json()["budget"]["spent"] == {"usd": 1.5, "tokens": 7, "tool_calls": 1}
+
+
 async def test_usd_reached_cancels_before_the_next_step(store_url: str) -> None:
     async with haltwise.Runtime(store_url) as rt:
         budget = haltwise.Budget(usd=1.0)  # the run's own replaces the task's (none)

@@ -9,7 +9,6 @@ when one is printed.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 import click
 
@@ -29,9 +28,6 @@ from .base import (
     store_option,
 )
 from .text import note
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["list_command", "prune_command", "status_command"]
 
@@ -166,10 +162,14 @@ def _list_awaiting(as_json: bool, store: str | None) -> int:
         async with reading(store) as seat:
             return [] if seat is None else await seat.approvals()
 
-    pending = run_async(main)
+    async def main_json() -> str:
+        async with reading(store) as seat:
+            return '{"approvals": []}' if seat is None else await seat.pending_approvals_json()
+
     if as_json:
-        print_json({"approvals": [record.pending_json() for record in pending]})
+        click.echo(json.dumps(json.loads(run_async(main_json))))  # (one line, as print_json)
         return 0
+    pending = run_async(main)
     if not pending:
         note("no approval request awaits a decision")
     for record in pending:

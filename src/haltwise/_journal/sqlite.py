@@ -65,6 +65,7 @@ from .sql import (
     Statements,
     cancel_plan,
     check_fence,
+    early_cancel_live,
     event_parameters,
     insert_run_parameters,
     pause_plan,
@@ -299,6 +300,7 @@ class SQLiteStore:
             self._connect,
             prepare,
             _checkpoint_pages(self.synchronous),
+            self.synchronous if self.synchronous in _SYNCED else None,
         )
         self._watch: sqlite3.Connection | None = None
         self._data_version = 0
@@ -317,6 +319,7 @@ class SQLiteStore:
                 raise NoStoreError(f"sqlite:///{os.path.abspath(self.path)}")
         else:
             self._make_directory()
+            self._check_writable()
         await self._writer.start()
         self._watch = self._connect()
         self._data_version = self._read_data_version()
@@ -331,6 +334,25 @@ class SQLiteStore:
             raise StoreError(
                 f"cannot create the store directory for {self.path}: {error}"
             ) from None
+
+    def _check_writable(self) -> None:
+        """Refuse a store this process may not write: a read-only file system, or a file or
+        folder its user may not write (``access(2)``, as the kernel will judge SQLite's writes).
+
+        SQLite opens such a file read-only without a word, and with its write-ahead log present
+        even reads it: every write then fails on its own, which a worker takes for an outage and
+        waits out for ever (issue 29, item 20). The folder must be writable only where SQLite
+        has a file to make in it (the database, its log or its shared memory)."""
+        files = [self.path, self.path + "-wal", self.path + "-shm"]
+        for path in files:
+            if os.path.exists(path) and not os.access(path, os.W_OK):
+                raise StoreError(f"store {self.path} cannot be written: {path} is read-only")
+        folder = os.path.dirname(os.path.abspath(self.path))
+        missing = not all(os.path.exists(path) for path in files)
+        if missing and not os.access(folder, os.W_OK | os.X_OK):
+            raise StoreError(
+                f"store {self.path} cannot be written: its folder {folder} is read-only"
+            )
 
     async def close(self) -> None:
         await self._writer.stop()
@@ -461,7 +483,7 @@ class SQLiteStore:
             now = time.time()
             if run.fork is None:
                 early = conn.execute(_SQL.take_early_cancel, (run.id,)).fetchone()
-                if early is not None and early[1] > now:
+                if early is not None and early_cancel_live(early[1], now):
                     return _create_cancelled(conn, run, inputs, early[0], now)
             parameters = insert_run_parameters(run, inputs, now)
             inserted = conn.execute(_SQL.insert_run, parameters).fetchone()
@@ -610,7 +632,9 @@ class SQLiteStore:
         # hold up the queue) and is reported by CorruptRowError, with the others as readable.
         return sorted(read_all(run_from_row, rows), key=lambda run: (run.created_at, run.id))
 
-    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
+    async def start_step(
+        self, run_id: str, step: StepStart, *, fence: str, durable: bool = True
+    ) -> StepStarted:
         parameters = (
             run_id,
             step.index,
@@ -629,7 +653,7 @@ class SQLiteStore:
         )
         self._writer.raise_deferred(run_id, fence)
         started: StepStarted = await self._writer.call(
-            partial(_start_step, parameters), atomic=True, shield=True
+            partial(_start_step, parameters), atomic=True, shield=True, lazy=not durable
         )
         return started
 
@@ -786,8 +810,11 @@ class SQLiteStore:
         tasks: Collection[str] | None,
         limit: int,
         before: tuple[float, str] | None,
+        progress: bool = False,
     ) -> list[RunSummary]:
-        sql, params = _OPS.run_page(states=states, tasks=tasks, limit=limit, before=before)
+        sql, params = _OPS.run_page(
+            states=states, tasks=tasks, limit=limit, before=before, progress=progress
+        )
 
         def op(conn: sqlite3.Connection) -> list[RunSummary]:
             return [summary_from_row(tuple(row)) for row in conn.execute(sql, params)]
@@ -936,6 +963,40 @@ class SQLiteStore:
 
         found: list[ApprovalRecord] = await self._writer.call(op, write=False)
         return found
+
+    async def approval(self, run_id: str, index: int) -> ApprovalRecord | None:
+        def op(conn: sqlite3.Connection) -> ApprovalRecord | None:
+            row = conn.execute(_OPS.approval_of(), (run_id, index)).fetchone()
+            return None if row is None else approval_from_row(row)
+
+        found: ApprovalRecord | None = await self._writer.call(op, write=False)
+        return found
+
+    async def approval_schema(self, run_id: str, index: int) -> str | None:
+        def op(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(_OPS.approval_schema(), (run_id, index)).fetchone()
+            return None if row is None else row[0]
+
+        found: str | None = await self._writer.call(op, write=False)
+        return found
+
+    async def pending_approvals_json(self, *, limit: int = 100_000) -> str:
+        def op(conn: sqlite3.Connection) -> str:
+            text: str = conn.execute(_OPS.approvals_pending_json(), (limit,)).fetchone()[0]
+            return text
+
+        body: str = await self._writer.call(op, write=False)
+        return body
+
+    async def cancel_approval(self, run_id: str, index: int, *, fence: str) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            cancelled = ("cancelled", None, None, None, run_id, index)
+            if conn.execute(_OPS.approval_decide(), cancelled).rowcount:
+                conn.execute(_OPS.approval_change(), (run_id, index, "cancelled"))
+            # (the step row's change is written by the trigger on steps)
+            conn.execute(_OPS.approval_step_interrupted(), (run_id, index, run_id, fence))
+
+        await self._writer.call(op, write=True, shield=True)
 
     async def delivery_position(self, destination: str) -> int | None:
         def op(conn: sqlite3.Connection) -> int | None:

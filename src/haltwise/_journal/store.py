@@ -130,12 +130,14 @@ class StepStart:
 class ApprovalRequest:
     """An approval request as the step executor journals it (see
     :meth:`Store.request_approval`): the step's identity as :class:`StepStart` has it, the
-    arguments for the approver (JSON text, by parameter name) and the deadline (epoch
-    seconds, None: none)."""
+    arguments for the approver (JSON text, by parameter name), the deadline (epoch
+    seconds, None: none) and the JSON schema of the tool's parameters (text; None: none could
+    be made), which any process validates an edit against without importing the tool."""
 
     step: StepStart
     arguments: str
     timeout_at: float | None
+    schema: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,8 +286,16 @@ class Store(Protocol):
     ) -> list[RunRecord]:
         """Claim up to ``limit`` unowned ``pending`` runs of ``tasks`` (for workers)."""
 
-    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
+    async def start_step(
+        self, run_id: str, step: StepStart, *, fence: str, durable: bool = True
+    ) -> StepStarted:
         """Journal that the step's tool body is about to run (status ``running``, attempts + 1).
+
+        With ``durable=False`` the start is committed (visible to every reader, kept through a
+        crash of the process) but may return before it is synced to the disk: a crash of the
+        machine may lose it, never without also losing every later write that was not synced
+        either (the journal stays a prefix of what was written). A store may always treat it as
+        ``True``.
 
         Completes even if the caller is cancelled meanwhile (the store shields its own wait), so
         the caller always knows whether the step is journaled. Returns the step's attempts and,
@@ -399,7 +409,9 @@ class Store(Protocol):
 
         ``paused`` -> ``running`` (an event, the request cleared, the owner kept); a ``pending``
         or ``running`` run with a pause requested loses the request; any other run is left as
-        it is.
+        it is. A run the unpause changes loses its reason too, whoever wrote it: a run that
+        may be paused carries only a pause's (``"budget"``), since the runtime's resume clears
+        the reason of the attempt that ended.
         """
 
     async def pause_signals(
@@ -418,8 +430,10 @@ class Store(Protocol):
         tasks: Collection[str] | None,
         limit: int,
         before: tuple[float, str] | None,
+        progress: bool = False,
     ) -> list[RunSummary]:
         """Up to ``limit`` runs, newest created first (ties: id descending), in one query.
+        With ``progress``, each summary has its ``progress`` (committed and journaled steps).
 
         Only runs in ``states`` (every state when empty) and of ``tasks`` (recorded names; every
         task when ``None``), created before the run ``before`` = ``(created_at, id)`` if given.
@@ -499,6 +513,30 @@ class Store(Protocol):
     ) -> list[ApprovalRecord]:
         """The approval requests of one run (every state, by step), or without ``run_id``
         every request still awaiting in the store, oldest first (at most ``limit``)."""
+        ...
+
+    async def approval(self, run_id: str, index: int) -> ApprovalRecord | None:
+        """The request of step ``index`` of the run, in whatever state (None: it has none);
+        one read by key, what a waiting run reads when woken."""
+        ...
+
+    async def approval_schema(self, run_id: str, index: int) -> str | None:
+        """The JSON schema (text) of the tool's parameters recorded with the step's request
+        (None: no request, or none recorded)."""
+        ...
+
+    async def pending_approvals_json(self, *, limit: int = 100_000) -> str:
+        """The body of ``GET /api/approvals`` as JSON text, ``{"approvals": [...]}``: every
+        request still awaiting, oldest first (at most ``limit``), each ``{"run", "step",
+        "tool", "arguments", "requested_at", "timeout_at"}``. Built by the database in one
+        query, the stored argument text passed through (nothing decoded in Python)."""
+        ...
+
+    async def cancel_approval(self, run_id: str, index: int, *, fence: str) -> None:
+        """The run's cancel reached the step's awaiting request: in one transaction the request
+        becomes ``cancelled`` (unless a decision came first: compare-and-set, with its
+        ``approval`` change) and the step, if still ``awaiting``, ``interrupted`` (with its
+        ``step`` change), only while ``fence`` holds the run (else nothing changes)."""
         ...
 
     async def delivery_position(self, destination: str) -> int | None:

@@ -5,11 +5,12 @@ CONTRACT.md, "Someone else decides". The request is journaled as the call's step
 fingerprint of the arguments asked for; the decision is a compare-and-set on the request
 (:meth:`~haltwise._journal.store.Store.decide_approval`), so it is used once whoever makes it.
 
-Waiting costs what a run waiting in a tool costs: one event per request. The runtime's watcher
-(the one that sees other processes' cancels: ``PRAGMA data_version`` on SQLite, ``LISTEN`` on
-PostgreSQL) reads the change feed's ``approval`` rows when the store changed and wakes the
-requests decided (:func:`deliver_decisions`); a decision made in this process wakes its request
-at once.
+Waiting costs what a run waiting in a tool costs: a request sleeps on its run's pause gate,
+with no timer unless it has a timeout and no polling of its own. The runtime's watcher (the one
+that sees other processes' cancels: ``PRAGMA data_version`` on SQLite, ``LISTEN`` on PostgreSQL)
+reads the change feed's ``approval`` rows when the store changed (and at each heartbeat) and
+wakes the requests decided (:func:`deliver_decisions`); a decision made in this process wakes its
+request at once. A woken request reads its one row by key.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import inspect
 import json
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -35,21 +36,25 @@ from .._core.exceptions import (
     ApprovalRefused,
     LostOwnershipError,
     PolicyError,
+    SchemaError,
 )
 from .._core.outcome import ErrorInfo
 from .._core.states import StepStatus
 from .._core.views import ChangeKind
 from .._journal.store import ApprovalRequest, StepStart, Store
+from .describe import parameters_schema
 from .pause import pause_point
 from .spans import run_event
 
 if TYPE_CHECKING:
+    from .._core.outcome import StepRecord
     from .run_context import RunContext
     from .spec import ToolSpec
 
 __all__ = [
     "ApprovalRule",
     "ask",
+    "cancel_requests",
     "decided_payload",
     "decision_of",
     "deliver_decisions",
@@ -61,10 +66,6 @@ __all__ = [
 
 #: the decision the current step was approved by (what :func:`haltwise.approval`'s step returns)
 DECIDED: ContextVar[ApprovalRecord | None] = ContextVar("haltwise_decided", default=None)
-
-#: a request's safety net: a waiter reads its request at least this often (seconds), should a
-#: wake-up be lost (no watcher running, a store that cannot tell what changed)
-_SAFETY_NET = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,57 +107,49 @@ def rule(tool: str, approval: object, timeout: float | None) -> ApprovalRule | N
 # -- waiting ------------------------------------------------------------------------------------
 
 
-class _Waiter:
-    __slots__ = ("event", "run")
+class _Waiting:
+    """The requests waited on in this process over one store (each by the run waiting on it),
+    and how far the change feed was read for them."""
 
-    def __init__(self, run: RunContext) -> None:
-        self.run = run
-        self.event = anyio.Event()
-
-
-class _Waiters:
-    """The requests waited on in this process over one store, and how far the change feed was
-    read for them."""
+    __slots__ = ("__weakref__", "by_step", "seq")
 
     def __init__(self) -> None:
-        self.by_step: dict[tuple[str, int], _Waiter] = {}
+        self.by_step: dict[tuple[str, int], RunContext] = {}
         self.seq: int | None = None
 
     def wake(self, run_id: str, index: int) -> None:
-        waiter = self.by_step.get((run_id, index))
-        if waiter is not None:
-            waiter.event.set()
+        run = self.by_step.get((run_id, index))
+        if run is not None:
+            run.pause.wake()  # the gate's event: what the waiting request sleeps on
 
 
-_WAITERS: weakref.WeakKeyDictionary[Store, _Waiters] = weakref.WeakKeyDictionary()
+_WAITING: weakref.WeakKeyDictionary[Store, _Waiting] = weakref.WeakKeyDictionary()
 
 
-def _waiters(store: Store) -> _Waiters:
-    found = _WAITERS.get(store)
+def _waiting(store: Store) -> _Waiting:
+    found = _WAITING.get(store)
     if found is None:
-        found = _WAITERS[store] = _Waiters()
+        found = _WAITING[store] = _Waiting()
     return found
 
 
 async def deliver_decisions(store: Store) -> None:
-    """Wake the requests waited on here that were decided (or whose run's pause was requested)
-    since the change feed was last read: the runtime's watcher calls it when the store changed."""
-    waiters = _WAITERS.get(store)
-    if waiters is None or not waiters.by_step or waiters.seq is None:
+    """Wake the requests waited on here that were decided since the change feed was last read:
+    the runtime's watcher calls it when the store changed, and at each heartbeat (a wake-up
+    lost is found then: the feed is read from where it was left). One read of the feed, however
+    many requests wait; a pause request wakes its run's request through the run's pause gate."""
+    waiting = _WAITING.get(store)
+    if waiting is None or not waiting.by_step or waiting.seq is None:
         return
     while True:
-        changes, _ = await store.changes_after(waiters.seq, limit=1000)
+        changes, _ = await store.changes_after(waiting.seq, limit=1000)
         for change in changes:
             if change.kind is ChangeKind.APPROVAL and change.index is not None:
-                waiters.wake(change.run_id, change.index)
+                waiting.wake(change.run_id, change.index)
         if changes:
-            waiters.seq = changes[-1].seq
+            waiting.seq = changes[-1].seq
         if len(changes) < 1000:
             break
-    for waiter in list(waiters.by_step.values()):
-        gate = waiter.run.pause
-        if gate.requested and not gate.paused:
-            waiter.event.set()
 
 
 def _arguments(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -168,15 +161,28 @@ def _arguments(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     return dict(bound.arguments)
 
 
+#: each tool's parameters schema as recorded with its requests (made once per tool)
+_SCHEMAS: dict[int, tuple[ToolSpec, str | None]] = {}
+
+
+def _schema(spec: ToolSpec) -> str | None:
+    """The JSON schema (text) of the tool's parameters, recorded with each request so that any
+    process validates an edit without importing the tool; names it does not list are refused
+    (None: pydantic cannot describe the parameters; then an edit is not validated)."""
+    kept = _SCHEMAS.get(id(spec))
+    if kept is not None and kept[0] is spec:
+        return kept[1]
+    try:
+        schema: dict[str, Any] | None = parameters_schema(spec)
+    except SchemaError:
+        schema = None
+    text = None if schema is None else json.dumps(schema, separators=(",", ":"))
+    _SCHEMAS[id(spec)] = (spec, text)
+    return text
+
+
 def _text(arguments: Mapping[str, Any]) -> str:
     return json.dumps(arguments, default=repr, separators=(",", ":"))
-
-
-async def _read(run: RunContext, index: int) -> ApprovalRecord | None:
-    for record in await run.store.approvals(run.run_id):
-        if record.index == index:
-            return record
-    return None
 
 
 def refusal(run_id: str, record: ApprovalRecord) -> ApprovalRefused:
@@ -215,18 +221,23 @@ async def ask(
     effect on unpause.
     """
     index = start.index
-    arguments = _arguments(spec, args, kwargs)
     timeout_at = None if approval.timeout is None else time.time() + approval.timeout
-    request = ApprovalRequest(start, _text(arguments), timeout_at)
-    record = await run.store.request_approval(run.run_id, request, fence=run.fence)
-    if record is None:
+    arguments = _text(_arguments(spec, args, kwargs))
+    request = ApprovalRequest(start, arguments, timeout_at, _schema(spec))
+    found = await run.store.request_approval(run.run_id, request, fence=run.fence)
+    del request  # (what a waiting request holds is its run's frames: kept small)
+    if found is None:
         raise LostOwnershipError(
             f"run {run.run_id!r}: another owner holds the run now", task_id=run.run_id
         )
+    record = found
     if record.state is ApprovalState.AWAITING:
+        run.progress.pulse()  # (whoever follows the run's progress sees the step awaiting)
         asked = {"haltwise.step.index": index, "gen_ai.tool.name": spec.name}
         run_event(run.trace, "haltwise.approval.requested", asked)
-        record = await _wait(run, record)
+        timeout_at = record.timeout_at
+        del record, found
+        record = await _wait(run, index, timeout_at)
         decided = {**asked, "haltwise.approval.state": record.state.value}
         run_event(run.trace, "haltwise.approval.decided", decided)
     if record.state.allows_call:
@@ -246,42 +257,63 @@ async def ask(
     raise error
 
 
-async def _wait(run: RunContext, record: ApprovalRecord) -> ApprovalRecord:
-    index = record.index
-    waiters = _waiters(run.store)
-    waiter = _Waiter(run)
-    waiters.by_step[(run.run_id, index)] = waiter
+async def _wait(run: RunContext, index: int, timeout_at: float | None) -> ApprovalRecord:
+    """Wait until the step's request is decided (or expires: ``timeout_at``) and return it.
+
+    The request sleeps on its run's pause gate (no object of its own but its entry in the
+    store's :class:`_Waiting`, no timer unless it has a timeout); a decision wakes the gate
+    (the watcher's :func:`deliver_decisions`, or :func:`woken` in this process), as does a
+    pause request. Each wake is one read of the request by key.
+    """
+    waiting = _waiting(run.store)
+    key = (run.run_id, index)
+    waiting.by_step[key] = run
     try:
-        if waiters.seq is None:
-            waiters.seq = await run.store.last_change()
+        if waiting.seq is None:
+            waiting.seq = await run.store.last_change()
         while True:
-            found = await _read(run, index)
-            if found is None or found.state is not ApprovalState.AWAITING:
-                return found or record
+            changed = run.pause.next_change()  # taken before the read: no wake is missed
+            found = await run.store.approval(run.run_id, index)
+            if found is None:
+                raise LostOwnershipError(
+                    f"run {run.run_id!r} step {index}: its approval request is gone",
+                    task_id=run.run_id,
+                )
+            if found.state is not ApprovalState.AWAITING:
+                return found
+            del found
             if run.pause.requested and not run.pause.paused:
                 await pause_point(run)
                 continue
-            left = _SAFETY_NET
-            if record.timeout_at is not None:
-                left = min(left, record.timeout_at - time.time())
-                if left <= 0:
-                    decided, _ = await run.store.decide_approval(
-                        run.run_id, index, ApprovalState.EXPIRED, by=None, note=None, edited=None
-                    )
-                    return decided or record
+            if timeout_at is None:
+                await changed.wait()
+                continue
+            left = timeout_at - time.time()
+            if left <= 0:
+                decided, _ = await run.store.decide_approval(
+                    run.run_id, index, ApprovalState.EXPIRED, by=None, note=None, edited=None
+                )
+                if decided is None:
+                    continue  # (gone: the read above says so)
+                return decided
             with anyio.move_on_after(left):
-                await waiter.event.wait()
-            waiter.event = anyio.Event()
+                await changed.wait()
     except anyio.get_cancelled_exc_class():
         with anyio.CancelScope(shield=True):
-            await run.store.decide_approval(
-                run.run_id, index, ApprovalState.CANCELLED, by=None, note=None, edited=None
-            )
-            await run.store.settle_step(run.run_id, index, StepStatus.INTERRUPTED, fence=run.fence)
+            await run.store.cancel_approval(run.run_id, index, fence=run.fence)
         raise
     finally:
-        if waiters.by_step.get((run.run_id, index)) is waiter:
-            del waiters.by_step[(run.run_id, index)]
+        if waiting.by_step.get(key) is run:
+            del waiting.by_step[key]
+
+
+async def cancel_requests(run: RunContext, steps: Sequence[StepRecord]) -> None:
+    """The run is cancelled while nobody waits on its requests (its owner is gone): each step
+    still ``awaiting`` has its request ``cancelled`` and itself ``interrupted``, in one write
+    (:meth:`~haltwise._journal.store.Store.cancel_approval`), as a cancel while waiting would."""
+    for step in steps:
+        if step.status is StepStatus.AWAITING:
+            await run.store.cancel_approval(run.run_id, step.index, fence=run.fence)
 
 
 # -- deciding -------------------------------------------------------------------------------------
@@ -289,9 +321,9 @@ async def _wait(run: RunContext, record: ApprovalRecord) -> ApprovalRecord:
 
 def woken(store: Store, run_id: str, index: int) -> None:
     """A decision was made in this process: wake its request if it is waited on here."""
-    waiters = _WAITERS.get(store)
-    if waiters is not None:
-        waiters.wake(run_id, index)
+    waiting = _WAITING.get(store)
+    if waiting is not None:
+        waiting.wake(run_id, index)
 
 
 async def decided_payload(payload: Any = None) -> dict[str, Any]:

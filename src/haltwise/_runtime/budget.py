@@ -11,7 +11,7 @@ reached: no step begins after that.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Final
 
 from .._core.budget import BUDGET_REASON, Budget, OnExhaust
 from .._core.exceptions import Cancelled, InputError
@@ -76,10 +76,11 @@ def spend(*, usd: float = 0.0, tokens: int = 0) -> None:
     task it does nothing. Raises :class:`~haltwise.InputError` for a negative or non-numeric
     amount, or a call in a task's own code outside any step (there is no step to journal it
     with). A limit reached stops the run before its next step begins."""
-    if isinstance(usd, bool) or not isinstance(usd, int | float) or not usd >= 0:
-        raise InputError(f"haltwise.spend(usd={usd!r}): expected a number >= 0")
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-        raise InputError(f"haltwise.spend(tokens={tokens!r}): expected an integer >= 0")
+    # (exact types first: the call is on a step's path; a subclass takes the longer way)
+    if type(usd) not in _AMOUNTS or not usd >= 0:
+        _check_amount("usd", usd, number=True)
+    if type(tokens) is not int or tokens < 0:
+        _check_amount("tokens", tokens, number=False)
     step = CURRENT_STEP.get()
     if step is None:
         if CURRENT_RUN.get() is None:
@@ -89,6 +90,19 @@ def spend(*, usd: float = 0.0, tokens: int = 0) -> None:
             "(a tool body or haltwise.step), not in the task's own code"
         )
     step.add_spend(float(usd), tokens, 0)
+
+
+#: the exact types ``spend`` takes without a closer look (``bool`` is not one of them)
+_AMOUNTS: Final = frozenset({float, int})
+
+
+def _check_amount(name: str, value: Any, *, number: bool) -> None:
+    """Raise :class:`~haltwise.InputError` unless ``value`` is an amount ``spend`` takes as
+    its ``name``: a number >= 0 (``number``), else an integer >= 0; never a bool."""
+    kinds = (int, float) if number else (int,)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not value >= 0:
+        expected = "a number" if number else "an integer"
+        raise InputError(f"haltwise.spend({name}={value!r}): expected {expected} >= 0")
 
 
 def model_usage(model: str | None, input_tokens: int, output_tokens: int) -> None:

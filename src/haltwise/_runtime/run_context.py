@@ -347,9 +347,8 @@ class RunContext:
     def set_budget(self, budget: Budget | None) -> None:
         """The run's budget is ``budget`` from now on (its start, an unpause that raised it)."""
         self.budget = budget
-        self.over = None
+        self.over = None if budget is None else budget.reached(self.spent_usd, self.spent_tokens)
         self.metered = budget is not None or self.spend_to is not None
-        self.add_spend(0.0, 0, 0)
 
     def add_spend(self, usd: float, tokens: int, calls: int) -> None:
         """The run spent this (a step's model request, ``haltwise.spend``, a tool call begun,
@@ -359,7 +358,9 @@ class RunContext:
         self.spent_tokens += tokens
         self.spent_calls += calls
         budget = self.budget
-        if budget is not None and self.over is None:
+        if budget is not None and self.over is None and (usd or tokens):
+            # (only spend reaches a limit of spend: a tool call begun is checked as the next
+            # one begins, see over_budget)
             self.over = budget.reached(self.spent_usd, self.spent_tokens)
         parent = self.spend_to
         if parent is not None and (usd or tokens or calls):

@@ -56,6 +56,7 @@ __all__ = [
     "run_event",
     "step_current",
     "trace_context",
+    "use_api",
 ]
 
 #: The name a model request's step records (the integrations' ``MODEL_STEP``)
@@ -106,12 +107,25 @@ def _trace() -> Any:
     return _api or None
 
 
+def use_api(api: Any) -> None:
+    """Spans use ``api`` (the ``opentelemetry.trace`` module) for the runs launched from now on;
+    ``None``: as if OpenTelemetry were not installed (no run span, no step span). What a
+    benchmark compares in one process (``bench/_span_worker.py``); an application never needs
+    it (the API is looked up by itself)."""
+    global _api
+    _api = False if api is None else api
+
+
 @dataclass(slots=True, eq=False)
 class RunTrace:
     """A run attempt's span and the spans of its steps in flight (by index); ``settled`` holds
-    the statuses this attempt gave its steps, for the retry advice at the end."""
+    the statuses this attempt gave its steps, for the retry advice at the end. ``tracer`` and
+    ``parent`` (a context whose current span is the run span) are looked up once per attempt:
+    its step spans are started from them."""
 
     span: Any
+    tracer: Any
+    parent: Any
     steps: dict[int, Any] = field(default_factory=dict)
     step_contexts: dict[int, Any] = field(default_factory=dict)
     settled: dict[int, StepRecord] = field(default_factory=dict)
@@ -137,7 +151,7 @@ def begin_run(run_id: str, task: str) -> RunTrace | None:
     if not span.is_recording():
         span.end()
         return None
-    return RunTrace(span)
+    return RunTrace(span, tracer, trace.set_span_in_context(span))
 
 
 def trace_context(run: RunTrace) -> str:
@@ -214,7 +228,6 @@ def begin_step(
     call_id: str | None,
 ) -> None:
     """Open the span of a step's attempt (journaled ``running`` just now)."""
-    trace = _trace()
     model = tool == _MODEL_STEP
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "chat" if model else "execute_tool",
@@ -228,8 +241,7 @@ def begin_step(
     if call_id is not None:
         attributes["gen_ai.tool.call.id"] = call_id
     name = f"chat {tool}" if model else f"execute_tool {tool}"
-    parent = trace.set_span_in_context(run.span)
-    span = trace.get_tracer("haltwise").start_span(name, context=parent, attributes=attributes)
+    span = run.tracer.start_span(name, context=run.parent, attributes=attributes)
     run.steps[index] = span
     run.step_contexts[index] = span.get_span_context()
     run.settled[index] = StepRecord(
@@ -284,9 +296,9 @@ def compensation_span(
     attributes: dict[str, Any] = {"haltwise.run.id": run_id, "gen_ai.tool.name": tool}
     if index is not None:
         attributes["haltwise.step.index"] = index
-    span = _guarded(trace.get_tracer("haltwise").start_span)(
+    span = _guarded(run.tracer.start_span)(
         f"compensate {tool}",
-        context=trace.set_span_in_context(run.span),
+        context=run.parent,
         links=links,
         attributes=attributes,
     )

@@ -64,7 +64,12 @@ require("openai_agents", "agents", "openai-agents")
 from agents import Agent, FunctionTool, Model, ModelResponse, Runner, Session  # noqa: E402
 from agents.function_schema import function_schema  # noqa: E402
 from agents.items import TResponseInputItem, TResponseOutputItem, TResponseStreamEvent  # noqa: E402
-from agents.result import RunResultStreaming  # noqa: E402
+from agents.result import RunResult, RunResultStreaming  # noqa: E402
+from agents.run import (  # noqa: E402
+    AgentRunner,
+    get_default_agent_runner,
+    set_default_agent_runner,
+)
 from agents.stream_events import StreamEvent  # noqa: E402
 from agents.tool import default_tool_error_function  # noqa: E402
 from agents.tool_context import ToolContext  # noqa: E402
@@ -75,6 +80,7 @@ from pydantic import TypeAdapter  # noqa: E402
 import haltwise  # noqa: E402
 
 from .._runtime.task_api import end_turn, steps_settled, turn_begins  # noqa: E402
+from ._agents_session import session_for_attempt  # noqa: E402
 from ._common import (  # noqa: E402
     MODEL_STEP,
     cancel_run_for_host,
@@ -95,8 +101,9 @@ __all__ = ["JournaledModel", "close_dangling", "conversation", "function_tool", 
 
 _OUTPUT_ITEMS: TypeAdapter[list[TResponseOutputItem]] = TypeAdapter(list[TResponseOutputItem])
 
-#: The model turns of the streamed run being driven in this context (set by run_streamed): the
-#: output items of every response a JournaledModel returned, in order, as JSON.
+#: The model turns of the SDK run being driven in this context (set by run_streamed and by
+#: Runner.run inside a task): the output items of every response a JournaledModel returned, in
+#: order, as JSON.
 _TURNS: contextvars.ContextVar[list[list[dict[str, Any]]] | None] = contextvars.ContextVar(
     "haltwise_agents_turns", default=None
 )
@@ -316,6 +323,75 @@ def _load_response(data: Mapping[str, Any]) -> ModelResponse:
     )
 
 
+class _SessionKeepingRunner(AgentRunner):
+    """The SDK's runner behind ``Runner.run``, installed by this module around the one it found
+    (``agents.run.set_default_agent_runner``): inside a task, a run that a cancel stops still
+    leaves its ``session`` holding every call with its result, and its turn of tool calls holds
+    a cancel back no longer than the run itself. Outside a task it is the runner it wraps.
+
+    A cancel haltwise did not request (``asyncio.wait_for`` or ``Task.cancel()`` around
+    ``Runner.run``) cuts the SDK's turn: it raises out of the turn before the SDK writes it to
+    the session, so the model's calls (a ``finish`` charge that committed, too) would be missing
+    from it and a new run on the session would make them again. When a cancel (the host's or
+    haltwise's) ends the run, the runner waits for the run's steps to settle by their policies,
+    then writes to the session the model turns of this run it lacks, each call closed from the
+    journal (:func:`close_dangling`), shielded from the cancel it then re-raises: the same text
+    in every process. A run the SDK completed, or whose turn it wrote itself (haltwise's
+    cooperative stop), adds nothing. When the run returns (``tool_use_behavior=
+    "stop_on_first_tool"`` ends it with no model request after a tool turn), the turn's hold
+    ends too: a cancel held back meanwhile lands at the task's next await.
+
+    A run given a ``session`` journals the session's length as a step of its own
+    (``"session"``) when it begins; resumed, it reads the session as it was then and does not
+    write again what its earlier attempt wrote (:func:`._agents_session.session_for_attempt`).
+    """
+
+    def __init__(self, inner: AgentRunner) -> None:
+        super().__init__()
+        self.inner = inner
+
+    async def run(self, starting_agent: Agent[Any], input: Any, **kwargs: Any) -> RunResult:
+        if haltwise.current_task_id() is None:
+            return await self.inner.run(starting_agent, input, **kwargs)
+        if kwargs.get("session") is not None:
+            kwargs["session"] = await session_for_attempt(kwargs["session"])
+        turns = list[list[dict[str, Any]]]()
+        token = _TURNS.set(turns)
+        try:
+            return await self.inner.run(starting_agent, input, **kwargs)
+        except (asyncio.CancelledError, haltwise.Cancelled):
+            with anyio.CancelScope(shield=True):  # the cancel must not cut the write
+                await steps_settled()
+                await _write_dropped_turns(kwargs.get("session"), turns)
+            raise
+        finally:
+            _TURNS.reset(token)
+            end_turn()
+
+    def run_streamed(
+        self, starting_agent: Agent[Any], input: Any, **kwargs: Any
+    ) -> RunResultStreaming:
+        return self.inner.run_streamed(starting_agent, input, **kwargs)  # see run_streamed
+
+
+async def _write_dropped_turns(session: Session | None, turns: list[list[dict[str, Any]]]) -> None:
+    """Add to ``session`` the model turns of ``turns`` it lacks, with every call closed from the
+    current run's journal (see :class:`_SessionKeepingRunner`)."""
+    if session is None or not any(_calls(turn) for turn in turns):
+        return
+    kept = await session.get_items()
+    await _add_to_session(session, kept, _completed(kept, turns, await current_run_outcome()))
+
+
+def _calls(turn: list[dict[str, Any]]) -> set[Any]:
+    """The call ids of a model turn's function calls."""
+    return {item.get("call_id") for item in turn if item.get("type") == "function_call"}
+
+
+if not isinstance(get_default_agent_runner(), _SessionKeepingRunner):
+    set_default_agent_runner(_SessionKeepingRunner(get_default_agent_runner()))
+
+
 def run_streamed(
     agent: Agent[Any], input: str | list[TResponseInputItem], **kwargs: Any
 ) -> RunResultStreaming:
@@ -416,7 +492,7 @@ def _completed(
     items: list[Any] = list(kept)
     present = {_field(item, "call_id") for item in items if _field(item, "type") == "function_call"}
     for turn in turns:
-        calls = {item.get("call_id") for item in turn if item.get("type") == "function_call"}
+        calls = _calls(turn)
         if calls and not calls & present:
             items.extend({k: v for k, v in item.items() if v is not None} for item in turn)
             present |= calls
