@@ -3,7 +3,7 @@ Prints ``asked I`` when run I's request is journaled and ``begun I WALLTIME`` wh
 call begins; with ``cancel`` as the mode, each run waits in an interruptible tool instead and
 prints ``stopped I WALLTIME`` when a cancel interrupts it (the baseline: the same watcher).
 
-usage: python _approval_target.py STORE_URL TRIALS approve|cancel
+usage: python _approval_target.py STORE_URL TRIALS approve|cancel BLOCK (ids aBLOCK-I, cBLOCK-I)
 """
 
 from __future__ import annotations
@@ -40,19 +40,19 @@ async def cancel_target(i: int) -> None:
     await wait_for_cancel(i)
 
 
-async def main(url: str, trials: int, mode: str) -> None:
+async def main(url: str, trials: int, mode: str, block: str) -> None:
     async with haltwise.Runtime(url) as runtime:
         for i in range(trials):
             if mode == "approve":
-                handle = await runtime.start(approval_target, i, task_id=f"a{i}")
-                while not await runtime.approvals(f"a{i}"):
+                handle = await runtime.start(approval_target, i, task_id=f"a{block}-{i}")
+                while not await runtime.approvals(f"a{block}-{i}"):
                     await anyio.sleep(0.001)
                 print(f"asked {i}", flush=True)
             else:
-                handle = await runtime.start(cancel_target, i, task_id=f"c{i}")
+                handle = await runtime.start(cancel_target, i, task_id=f"c{block}-{i}")
             await handle.outcome()
             print(f"final {i} {time.time():.6f}", flush=True)
 
 
 if __name__ == "__main__":
-    anyio.run(main, sys.argv[1], int(sys.argv[2]), sys.argv[3])
+    anyio.run(main, sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])

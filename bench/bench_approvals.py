@@ -11,7 +11,7 @@
    ``GET /api/runs?limit=100`` on the same store.
 
 usage: python bench/bench_approvals.py [--store sqlite|postgres|both] [--trials N] [--runs N]
-       [--idle-seconds S] [--gets N]
+       [--idle-seconds S] [--gets N] [--parts decision,idle,get]
 """
 
 from __future__ import annotations
@@ -38,22 +38,22 @@ def _load() -> str:
     return Path("/proc/loadavg").read_text().split()[0]
 
 
-def spawn(url: str, trials: int, mode: str) -> subprocess.Popen[str]:
+def spawn(url: str, trials: int, mode: str, block: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(HERE / "_approval_target.py"), url, str(trials), mode],
+        [sys.executable, str(HERE / "_approval_target.py"), url, str(trials), mode, str(block)],
         stdout=subprocess.PIPE,
         text=True,
     )
 
 
-async def decisions(url: str, trials: int) -> list[float]:
-    proc = spawn(url, trials, "approve")
+async def decisions(url: str, trials: int, block: int) -> list[float]:
+    proc = spawn(url, trials, "approve", block)
     latencies = []
     async with open_seat(url) as seat:
         for i in range(trials):
             await anyio.to_thread.run_sync(read_event, proc, "asked")
             start = time.time()
-            await seat.decide(f"a{i}", 0, approve=True, by="bench")
+            await seat.decide(f"a{block}-{i}", 0, approve=True, by="bench")
             begun = await anyio.to_thread.run_sync(read_event, proc, "begun")
             latencies.append(float(begun[2]) - start)
             await anyio.to_thread.run_sync(read_event, proc, "final")
@@ -61,14 +61,14 @@ async def decisions(url: str, trials: int) -> list[float]:
     return latencies
 
 
-async def cancels(url: str, trials: int) -> list[float]:
-    proc = spawn(url, trials, "cancel")
+async def cancels(url: str, trials: int, block: int) -> list[float]:
+    proc = spawn(url, trials, "cancel", block)
     latencies = []
     async with open_seat(url) as seat:
         for i in range(trials):
             await anyio.to_thread.run_sync(read_event, proc, "asked")
             start = time.time()
-            await seat.request_cancel(f"c{i}", "user", force=False)
+            await seat.request_cancel(f"c{block}-{i}", "user", force=False)
             stopped = await anyio.to_thread.run_sync(read_event, proc, "stopped")
             latencies.append(float(stopped[2]) - start)
             await anyio.to_thread.run_sync(read_event, proc, "final")
@@ -193,6 +193,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--gets", type=int, default=200)
+    parser.add_argument("--parts", default="decision,idle,get", help="which of 1, 2, 3 to run")
     args = parser.parse_args()
     print(header("Approvals (issue 31)"))
     stores = ["sqlite", "postgres"] if args.store == "both" else [args.store]
@@ -202,6 +203,23 @@ def main() -> None:
     finally:
         for server in servers:
             server.stop()
+
+
+def decision(args: argparse.Namespace, kind: str, url: str) -> None:
+    """Part 1, against its baseline, the two interleaved in blocks of 20 trials (ABAB...)."""
+    load = _load()
+    decided: list[float] = []
+    cancelled: list[float] = []
+    for block in range(max(1, args.trials // 20)):
+        decided += anyio.run(decisions, url, min(20, args.trials), block)
+        cancelled += anyio.run(cancels, url, min(20, args.trials), block)
+    print(f"### {kind}: a decision from another process reaching the waiting run")
+    print(f"(load {load} -> {_load()}, {len(decided)} trials each, in alternating blocks of 20)\n")
+    rows = [
+        ["decision -> the approved call begins", *quantiles(decided, (0.5, 0.95, 0.99))],
+        ["baseline: cancel -> the tool interrupted", *quantiles(cancelled, (0.5, 0.95, 0.99))],
+    ]
+    print(table(["from another process", "p50 ms", "p95 ms", "p99 ms"], rows) + "\n")
 
 
 def measure(args: argparse.Namespace, stores: list[str], servers: list[Any]) -> None:
@@ -218,27 +236,24 @@ def measure(args: argparse.Namespace, stores: list[str], servers: list[Any]) -> 
             server.start()
             servers.append(server)
             url = create_database(server.dsn)
-        load = _load()
-        decided = anyio.run(decisions, url, args.trials)
-        cancelled = anyio.run(cancels, url, args.trials)
-        print(f"### {kind}: a decision from another process reaching the waiting run")
-        print(f"(load {load} -> {_load()}, {args.trials} trials each)\n")
-        rows = [
-            ["decision -> the approved call begins", *quantiles(decided, (0.5, 0.95, 0.99))],
-            ["baseline: cancel -> the tool interrupted", *quantiles(cancelled, (0.5, 0.95, 0.99))],
-        ]
-        print(table(["from another process", "p50 ms", "p95 ms", "p99 ms"], rows) + "\n")
-        if kind != "sqlite":
+        parts = set(args.parts.split(","))
+        if "decision" in parts:
+            decision(args, kind, url)
+        if kind != "sqlite" or not parts & {"idle", "get"}:
             continue
         load = _load()
-        approving = many(url, args.runs, "approve", args.idle_seconds)
-        in_tool = many(url, args.runs, "tool", args.idle_seconds)
-        print(f"### {kind}: {args.runs:,} runs waiting in one process (load {load} -> {_load()})\n")
-        rows = [
-            [f"{args.runs:,} awaiting approval", f"{approving[0]:.1f}", f"{approving[1]:.2f}"],
-            [f"baseline: {args.runs:,} in a tool", f"{in_tool[0]:.1f}", f"{in_tool[1]:.2f}"],
-        ]
-        print(table(["runs", "KiB each (RSS)", "idle CPU % of a core"], rows) + "\n")
+        approving = many(url, args.runs, "approve", args.idle_seconds)  # (leaves them pending)
+        if "idle" in parts:
+            in_tool = many(url, args.runs, "tool", args.idle_seconds)
+            print(f"### {kind}: {args.runs:,} runs waiting in one process")
+            print(f"(load {load} -> {_load()})\n")
+            rows = [
+                [f"{args.runs:,} awaiting approval", f"{approving[0]:.1f}", f"{approving[1]:.2f}"],
+                [f"baseline: {args.runs:,} in a tool", f"{in_tool[0]:.1f}", f"{in_tool[1]:.2f}"],
+            ]
+            print(table(["runs", "KiB each (RSS)", "idle CPU % of a core"], rows) + "\n")
+        if "get" not in parts:
+            continue
         load = _load()
         approvals, runs = gets(url, args.gets)
         pending = args.runs + 1

@@ -21,7 +21,12 @@ charge's effect happens twice. DBOS: ``DBOS.cancel_workflow_async`` while ``char
 tool: it finishes), then ``Runtime.resume``. DBOS is a process-wide singleton, so each peer runs
 in a process of its own (this script with ``--child``).
 
-usage: python bench/bench_pydantic_dbos.py [--runs N] [--trials N] [--dir DIR]
+usage: python bench/bench_pydantic_dbos.py [--runs N] [--trials N] [--rounds N]
+
+The peers run in ``--rounds`` rounds (each peer once per round, in turn: bare, DBOS, haltwise,
+haltwise at NORMAL), each ``--runs`` agent runs in a fresh process; the table gives the median
+over rounds of each peer's median time per run, and the median (and range) over rounds of the
+per-round ratios.
 """
 
 from __future__ import annotations
@@ -242,10 +247,14 @@ def measure(peer: str, what: str, runs: int, trials: int) -> dict[str, Any]:
     return result
 
 
+PEERS = ("bare", "dbos", "haltwise", "haltwise-normal")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--child", nargs=5)
     args = parser.parse_args()
     if args.child:
@@ -255,41 +264,59 @@ def main() -> None:
         return
     print(header("Pydantic AI under its own DBOS durable execution and under haltwise"))
     load = Path("/proc/loadavg").read_text().split()[:3]
-    bare = measure("bare", "time", args.runs, 0)["per_run"]
-    dbos = measure("dbos", "time", args.runs, 0)["per_run"]
-    ours = measure("haltwise", "time", args.runs, 0)["per_run"]
-    normal = measure("haltwise-normal", "time", args.runs, 0)["per_run"]
+    # Rounds of every peer in turn (bare, DBOS, haltwise, ...; then again), not each peer's
+    # runs in one block: a change of the machine's load meanwhile weighs on every peer alike.
+    per_run: dict[str, list[float]] = {peer: [] for peer in PEERS}
+    for _ in range(args.rounds):
+        for peer in PEERS:
+            per_run[peer].append(measure(peer, "time", args.runs, 0)["per_run"])
     dbos_twice = measure("dbos", "cancel", 0, args.trials)["twice"]
     ours_twice = measure("haltwise", "cancel", 0, args.trials)["twice"]
     after = Path("/proc/loadavg").read_text().split()[:3]
+    ratios = {
+        peer: sorted(d / o for d, o in zip(per_run["dbos"], per_run[peer], strict=True))
+        for peer in ("haltwise", "haltwise-normal")
+    }
+    cost = sorted(o / b for o, b in zip(per_run["haltwise"], per_run["bare"], strict=True))
+
+    def ms(peer: str) -> str:
+        return f"{median(per_run[peer]) * 1000:.2f}"
+
+    def spread(values: list[float]) -> str:
+        return f"{median(values):.2f}x (rounds {values[0]:.2f}-{values[-1]:.2f})"
+
     rows = [
-        ["bare Pydantic AI (no durability)", f"{bare * 1000:.2f}", "-", "-"],
+        ["bare Pydantic AI (no durability)", ms("bare"), "-", "-"],
         [
             "pydantic_ai.durable_exec.dbos (SQLite, FULL)",
-            f"{dbos * 1000:.2f}",
-            f"{dbos / ours:.2f}x haltwise",
+            ms("dbos"),
+            f"{spread(ratios['haltwise'])} haltwise",
             f"{dbos_twice}/{args.trials}",
         ],
         [
             "haltwise adapter (SQLite WAL, FULL)",
-            f"{ours * 1000:.2f}",
+            ms("haltwise"),
             "1.00x",
             f"{ours_twice}/{args.trials}",
         ],
         [
             "breakdown: haltwise adapter at synchronous=NORMAL (not the same durability)",
-            f"{normal * 1000:.2f}",
-            f"{dbos / normal:.2f}x",
+            ms("haltwise-normal"),
+            spread(ratios["haltwise-normal"]),
             "-",
         ],
     ]
     print(
         table(
-            ["agent run (3 model requests, 2 tool calls)", "median ms/run", "vs haltwise",
+            ["agent run (3 model requests, 2 tool calls)", "median ms/run", "DBOS / this",
              "cancel in charge + resume: charged twice"],
             rows,
         )
     )  # fmt: skip
+    print(
+        f"the adapter's cost beside the bare framework (reported, not a target): haltwise / bare "
+        f"{spread(cost)}; {args.rounds} rounds of {args.runs} runs per peer, medians of rounds"
+    )
     print(f"load before: {' '.join(load)}; after: {' '.join(after)}")
 
 

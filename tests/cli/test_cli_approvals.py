@@ -160,6 +160,25 @@ def test_approve_edit_refuse_and_expire_from_the_command_line(env: Env) -> None:
     assert status["steps"][0]["approval"]["state"] == "awaiting"
     bad = env.hw("approve", "e1", "0", "--edit", "[1")
     assert "--edit is not JSON" in error_line(bad)
+    # an edit is validated in a light process (no tool imported) against the schema recorded
+    # with the request: a misfit is one line, exit 2, and decides nothing
+    for edit, words in (
+        ('{"amount": "lots"}', "the arguments do not fit tool 'pay': amount: 'lots' is not of"),
+        ('{"colour": "red"}', "tool 'pay' has no parameter 'colour'"),
+    ):
+        misfit = subprocess.run(
+            [*LIGHT, "approve", "e1", "0", "--edit", edit],
+            cwd=env.root,
+            env=env.environ(),
+            text=True,
+            capture_output=True,
+            timeout=PATIENCE,
+        )
+        assert misfit.returncode == 2 and misfit.stdout == "", misfit.stderr
+        said = [line for line in misfit.stderr.splitlines() if not line.startswith("import time")]
+        assert len(said) == 1 and words in said[0], said
+        imported = {line.rpartition("|")[2].strip() for line in misfit.stderr.splitlines()}
+        assert not imported & {"haltwise._runtime.runtime", "pydantic", "agent"}
     done = env.hw("approve", "e1", "0", "--edit", '{"amount": 3}', "--by", "ops", "--note", "ok")
     assert done.returncode == 0, done.stderr
     done = subprocess.run(  # a light command: on the Seat, none of the runtime's machinery

@@ -71,3 +71,45 @@ async def test_a_read_on_the_writer_thread_sees_the_write_still_in_the_loop_batc
         await settling
     finally:
         await store.close()
+
+
+def commit_settings(statements: list[str]) -> list[str]:
+    """The ``synchronous`` setting each ``COMMIT`` of ``statements`` ran at (the store's own,
+    FULL, until a ``PRAGMA synchronous`` changes it)."""
+    setting, settings = "FULL", []
+    for text in statements:
+        if text.upper().startswith("PRAGMA SYNCHRONOUS"):
+            setting = text.split("=")[1].strip().upper()
+        elif text.strip().upper() == "COMMIT":
+            settings.append(setting)
+    return settings
+
+
+async def test_a_start_that_need_not_be_durable_commits_unsynced_and_the_next_write_syncs(
+    tmp_path: object,
+) -> None:
+    """``start_step(durable=False)`` commits at NORMAL (written to the log, not synced), and
+    is visible to another connection at once; the next write that must be durable commits at
+    the store's own FULL again, which syncs the log and the lazy start with it."""
+    import sqlite3
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "lazy.db"
+    store = await opened_with_a_step(f"sqlite:///{path}")
+    try:
+        statements: list[str] = []
+        assert store._writer.conn is not None
+        store._writer.conn.set_trace_callback(statements.append)
+        start = StepStart(1, "lookup", "interruptible", Effect.READ, False, "key-1")
+        await store.start_step("r", start, fence=OWNER.token, durable=False)
+        with sqlite3.connect(path) as other:  # another reader sees the start at once
+            rows = other.execute("SELECT idx, status FROM steps WHERE run_id = 'r'").fetchall()
+        assert (1, "running") in rows
+        await store.settle_step("r", 1, StepStatus.COMMITTED, result=1, fence=OWNER.token)
+        start = StepStart(2, "charge", "finish", Effect.EXTERNAL, False, "key-2")
+        await store.start_step("r", start, fence=OWNER.token)
+        # the lazy start unsynced; the settlement, then the start of a step that must be
+        # durable, synced again
+        assert commit_settings(statements) == ["NORMAL", "FULL", "FULL"], statements
+    finally:
+        await store.close()

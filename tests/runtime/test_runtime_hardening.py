@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +194,53 @@ async def test_a_shield_of_no_usable_length_is_an_input_error(seconds: Any) -> N
     with pytest.raises(haltwise.InputError):
         async with haltwise.shield(seconds):
             pass
+
+
+#: set by :func:`held_read` once its body runs (made by the test, in its event loop)
+_began: list[anyio.Event] = []
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def held_read() -> str:
+    _began[0].set()
+    await anyio.sleep(3600)  # ends by the deadline's cancel
+    return "never"
+
+
+@haltwise.task(name="hardening:held")
+async def held() -> str:
+    return await held_read()
+
+
+async def test_a_deadline_the_store_cannot_record_yet_is_recorded_later_and_ends_nothing_else(
+    sqlite_url: str,
+) -> None:
+    # Issue 28 item 6: a run's deadline fired while the store refused writes (a PostgreSQL
+    # restart, here SQLite's query_only): the store's error left the run's task group into the
+    # runtime's, whose block then ended under its caller (a server's runs all cancelled with
+    # reason "shutdown", its API still answering). The deadline's cancel must be tried again
+    # once the store is back, and nothing else stop.
+    _began[:] = [anyio.Event()]
+    tried = threading.Event()
+
+    def trace(statement: str) -> None:
+        if statement.startswith("BEGIN IMMEDIATE"):  # a write (the deadline's), refused
+            tried.set()
+
+    async with haltwise.Runtime(sqlite_url) as rt:
+        writer = rt.store._writer  # type: ignore[attr-defined]
+        handle = await rt.start(held, task_id="late", deadline=0.3)
+        await _began[0].wait()
+        with writer.conn_lock:
+            writer.conn.execute("PRAGMA query_only = ON")
+            writer.conn.set_trace_callback(trace)
+        assert await anyio.to_thread.run_sync(tried.wait, PATIENCE), "no write was tried"
+        with writer.conn_lock:
+            writer.conn.set_trace_callback(None)
+            writer.conn.execute("PRAGMA query_only = OFF")
+        with anyio.fail_after(PATIENCE):
+            outcome = await handle.outcome()
+        second = await rt.start(toolkit.three_quick, task_id="after")  # the runtime goes on
+        assert (await second.outcome()).state is State.COMPLETED
+    assert (outcome.state, outcome.reason) == (State.CANCELLED, "deadline"), outcome
+    assert [s.status for s in outcome.steps] == [StepStatus.INTERRUPTED]

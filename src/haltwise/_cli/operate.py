@@ -111,18 +111,20 @@ def cancel_command(
 
     async def main() -> tuple[CancelResult, list[RunRecord]]:
         async with open_seat(store) as seat:
-            result = await seat.request_cancels(
-                None if every else task_ids,
-                task=task,
-                state=state,
-                reason=reason,
-                force=force,
-                dry_run=dry_run,
-            )
             if before_start:
-                for run_id in result.unknown:
-                    if await seat.remember_cancel(run_id, reason, seconds):
-                        remembered.append(run_id)
+                result, early = await seat.cancel_before_start(
+                    task_ids, reason=reason, force=force, ttl=seconds
+                )
+                remembered.extend(early)
+            else:
+                result = await seat.request_cancels(
+                    None if every else task_ids,
+                    task=task,
+                    state=state,
+                    reason=reason,
+                    force=force,
+                    dry_run=dry_run,
+                )
             for record in result.already_final:
                 await seat.inspect(record.id)  # reported as it is: its journal must be readable
             # (a run the request reached is its columns only: an orphan is loaded whole, to
@@ -138,8 +140,7 @@ def cancel_command(
         result, after=finished.states, settled_here=finished.settled, dry_run=dry_run
     )
     if before_start:
-        unknown = tuple(run_id for run_id in batch.unknown if run_id not in remembered)
-        batch = replace(batch, unknown=unknown, remembered=tuple(remembered))
+        batch = replace(batch, remembered=tuple(remembered))
     _report_batch(batch, reason, force, as_json)
     for run_id in [] if as_json else remembered:
         note(

@@ -6,13 +6,21 @@ a task sees, and the one rule of deciding (:func:`check_decidable`: a decision i
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, final
 
-from .exceptions import ApprovalConflictError
+from .exceptions import ApprovalConflictError, InputError
 
-__all__ = ["ApprovalRecord", "ApprovalState", "Decision", "check_decidable", "decided_state"]
+__all__ = [
+    "ApprovalRecord",
+    "ApprovalState",
+    "Decision",
+    "check_decidable",
+    "check_edit",
+    "decided_state",
+]
 
 
 class ApprovalState(StrEnum):
@@ -98,3 +106,28 @@ def check_decidable(run_id: str, index: int, record: ApprovalRecord | None) -> N
         task_id=run_id,
         state=record.state.value,
     )
+
+
+def check_edit(tool: str, schema: str, arguments: dict[str, Any]) -> None:
+    """Refuse (:class:`~haltwise.InputError`, one line naming the first misfit) edited
+    ``arguments`` that do not fit ``schema``, the JSON schema of the tool's parameters recorded
+    with its request: any process validates an edit so, without importing the tool. A name
+    the schema does not list is refused too. (jsonschema: the reference validator of the JSON
+    Schema dialect pydantic writes, ``$defs`` and ``$ref`` included.)"""
+    import jsonschema  # here: only a decision with an edit needs it
+
+    described = json.loads(schema)
+    known = described.get("properties")
+    if isinstance(known, dict):
+        unknown = sorted(set(arguments) - set(known))
+        if unknown:
+            raise InputError(f"tool {tool!r} has no parameter {unknown[0]!r}")
+    error = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(described).iter_errors(arguments)
+    )
+    if error is not None:
+        where = ".".join(str(part) for part in error.absolute_path) or "the arguments"
+        message = " ".join(error.message.split())
+        if len(message) > 200:
+            message = message[:197] + "..."
+        raise InputError(f"the arguments do not fit tool {tool!r}: {where}: {message}")

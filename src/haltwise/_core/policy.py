@@ -104,6 +104,19 @@ class ToolPolicy:
         """
         return not self.effect.repeats_harm or self.idempotent
 
+    @property
+    def may_defer_start(self) -> bool:
+        """Whether this tool's step may begin before its start is on the disk (committed, but
+        not yet synced: a crash of the machine may lose it, a crash of the process may not).
+
+        True when losing the start is harmless: a step the journal does not hold runs again on
+        resume, as a step left ``running`` by a dead owner would if it is interruptible or
+        idempotent (and not one to compensate: a takeover compensates a ``rollback`` step it
+        finds started). Any later synced commit (a settlement that may not be deferred, a
+        partial result, a final transition) syncs the start with it.
+        """
+        return self.may_defer_settle and self.effective_cancel is not CancelPolicy.ROLLBACK
+
     @classmethod
     def declare(
         cls,

@@ -130,8 +130,11 @@ def plan_pause(current: RunRecord, reason: str | None = None) -> dict[str, Any]:
 
 def plan_unpause(current: RunRecord) -> tuple[State | None, dict[str, Any]]:
     """The state an unpause moves the run to (None: stays) and the columns it writes."""
-    # A pause's reason ("budget": see plan_pause) goes with it; no other reason is set on a run
-    # that may be paused (a cancel's is, and a cancelling run is never paused).
+    # A pause's reason ("budget": see plan_pause) goes with it. The runtime sets no other on a
+    # run that may be paused (a cancel's is, and a cancelling run is never paused; a resume
+    # clears the ended attempt's), so the reason is cleared whoever wrote it: the store keeps
+    # no separate pause reason (the transition machine of test_store_contract found a cancel's
+    # reason a bare store transition had kept on a resumed run, cleared here).
     cleared = {"reason": None} if current.reason is not None else {}
     if current.state is State.PAUSED:
         # leaving paused clears the request and settle_on_cancel (see check_transition)

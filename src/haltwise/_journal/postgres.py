@@ -111,6 +111,7 @@ from .sql import (
     Statements,
     cancel_plan,
     check_fence,
+    early_cancel_live,
     event_parameters,
     insert_run_parameters,
     pause_plan,
@@ -289,14 +290,18 @@ _NEW_RUN = [
 ]
 
 
+#: the lock of a run id that a cancel remembered before the run existed takes, exclusively
+#: (``schema._MAY_CREATE`` says why; parameter: the id)
+_EARLY_CANCEL_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+
 #: one run created, with its events (see :func:`_recording`); not written while its id has a
 #: cancel remembered before the run existed (parameters: ``insert_run_parameters``, the id and
-#: the time): such a run is created apart, cancelled (``_taken_or_cancelled``)
+#: the time; the guard ``haltwise.may_create`` is schema version 17's): such a run is created
+#: apart, cancelled (``_taken_or_cancelled``)
 _CREATE = _recording(
     f"INSERT INTO haltwise.runs ({', '.join(_NEW_RUN)}) "
     f"SELECT {', '.join(f'%s::{_RUN_TYPES[c]}' for c in _NEW_RUN)} "
-    "WHERE NOT EXISTS (SELECT 1 FROM haltwise.early_cancels x "
-    "WHERE x.id = %s AND x.expires_at > %s::double precision) "
+    "WHERE haltwise.may_create(%s, %s::double precision) "
     f"ON CONFLICT (id) DO NOTHING RETURNING {RUN_COLUMNS}{_VERSION}"
 )
 
@@ -332,8 +337,7 @@ _CREATE_MANY = _recording_many(
     f"INSERT INTO haltwise.runs ({', '.join(_NEW_RUN)}) "
     f"SELECT {', '.join(f'g_{c}' for c in _NEW_RUN)} FROM given "
     # an id with a cancel remembered before its run existed is created apart, cancelled
-    "WHERE NOT EXISTS (SELECT 1 FROM haltwise.early_cancels x "
-    "WHERE x.id = g_id AND x.expires_at > g_created_at) ORDER BY g_n "
+    "WHERE haltwise.may_create(g_id, g_created_at) ORDER BY g_n "
     "ON CONFLICT (id) DO NOTHING",
 )
 
@@ -933,9 +937,12 @@ class PostgresStore:
         claimed = read_all(run_from_row, await self._run(op))
         return sorted(claimed, key=lambda run: (run.created_at, run.id))
 
-    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
+    async def start_step(
+        self, run_id: str, step: StepStart, *, fence: str, durable: bool = True
+    ) -> StepStarted:
         # One statement with every run's step writes queued meanwhile (see postgres_steps): the
         # fence check with its share lock, the upsert and the run's cancel state together.
+        # Always durable (``durable=False`` is a hint a store may ignore).
         row = _start_row(run_id, step, fence, time.time())
         self._steps.raise_deferred_error(run_id, fence)
         with shielded():  # see Store.start_step
@@ -1009,6 +1016,10 @@ class PostgresStore:
 
     async def remember_cancel(self, run_id: str, reason: str, expires_at: float) -> bool:
         async def op(conn: _Conn) -> bool:
+            # first, the id's lock that a creation holds while it looks for this cancel
+            # (``haltwise.may_create``): a creation under way commits before the run is looked
+            # for, and one that begins now waits for this cancel to commit and sees it
+            await conn.execute(_EARLY_CANCEL_LOCK, (run_id,))
             await conn.execute(_SQL.expire_early_cancels, (time.time(),))
             parameters = (run_id, reason, expires_at, run_id)
             return (await conn.execute(_SQL.remember_cancel, parameters)).rowcount > 0
@@ -1148,8 +1159,11 @@ class PostgresStore:
         tasks: Collection[str] | None,
         limit: int,
         before: tuple[float, str] | None,
+        progress: bool = False,
     ) -> list[RunSummary]:
-        sql, params = _OPS.run_page(states=states, tasks=tasks, limit=limit, before=before)
+        sql, params = _OPS.run_page(
+            states=states, tasks=tasks, limit=limit, before=before, progress=progress
+        )
 
         async def op(conn: _Conn) -> list[RunSummary]:
             async with conn.cursor(row_factory=tuple_row) as rows:
@@ -1323,6 +1337,15 @@ class PostgresStore:
 
         return await self._run(op, read_only=True, single=True, after_steps=False)
 
+    async def approval_schema(self, run_id: str, index: int) -> str | None:
+        async def op(conn: _Conn) -> str | None:
+            async with conn.cursor(row_factory=tuple_row) as rows:
+                await rows.execute(_OPS.approval_schema(), (run_id, index))
+                row = await rows.fetchone()
+            return None if row is None else row[0]
+
+        return await self._run(op, read_only=True, single=True, after_steps=False)
+
     async def pending_approvals_json(self, *, limit: int = 100_000) -> str:
         async def op(conn: _Conn) -> str:
             async with conn.cursor(row_factory=tuple_row) as rows:
@@ -1479,7 +1502,7 @@ async def _taken_or_cancelled(
     cancel remembered before the run existed: then the run is created ``cancelled``, unowned,
     with that cancel's reason and its two events (see :meth:`Store.remember_cancel`)."""
     early = await (await conn.execute(_SQL.take_early_cancel, (run.id,))).fetchone()
-    if early is None or early["expires_at"] <= now:
+    if early is None or not early_cancel_live(early["expires_at"], now):
         return await _load_run(conn, run.id), False
     reason = early["reason"]
     cancelled = replace(run, state=State.CANCELLED, owner=None, lease_until=None)

@@ -30,7 +30,7 @@ from .._core.rules import (
 )
 from .._core.states import State
 from .rows import EVENT_NOTE, PARTIAL_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, STEP_COPY_COLUMNS
-from .schema import Dialect
+from .schema import EARLY_CANCEL_LIVE, Dialect
 from .store import NewRun, PauseSignal
 
 __all__ = [
@@ -89,6 +89,13 @@ def plan_create(run: NewRun, now: float) -> RunWrite:
     if run.state is not State.PENDING:
         events.append((State.PENDING, run.state, None))
     return RunWrite(fields={}, events=tuple(events), at=now)
+
+
+def early_cancel_live(expires_at: float, now: float) -> bool:
+    """Whether a cancel remembered before its run existed, until ``expires_at``, applies to the
+    run created at ``now`` (:meth:`Store.remember_cancel`); the statements say the same in SQL
+    (``schema.EARLY_CANCEL_LIVE``)."""
+    return expires_at > now
 
 
 def plan_create_cancelled(reason: str, now: float) -> RunWrite:
@@ -279,7 +286,8 @@ class Statements:
         #: a cancel pressed before its run existed, taken by the run's creation (parameter: id)
         self.take_early_cancel = f"DELETE FROM {early} WHERE id = {p} RETURNING reason, expires_at"
         #: the remembered cancels whose time ran out (parameter: now)
-        self.expire_early_cancels = f"DELETE FROM {early} WHERE expires_at <= {p}"
+        live = EARLY_CANCEL_LIVE.format(now=p)
+        self.expire_early_cancels = f"DELETE FROM {early} WHERE NOT ({live})"
         #: a cancel remembered for a run id no run has (parameters: id, reason, expires_at, id)
         typed = (
             [p] * 3

@@ -102,6 +102,10 @@ class _Item:
     #: its cost grows with the store (a listing): run by the writer thread only, so that it
     #: never holds up the event loop
     bulk: bool = False
+    #: its commit need not be synced to the disk before its caller goes on (a deferred
+    #: settlement, a step start with ``durable=False``): a batch of such operations alone
+    #: commits without a sync (see Writer._set_synced)
+    lazy: bool = False
 
     def awaitable(self) -> None:
         """Give an operation submitted from an event loop its future, before it is handed to
@@ -232,6 +236,7 @@ class Writer:
         connect: Callable[[], sqlite3.Connection],
         prepare: Callable[[sqlite3.Connection], None],
         checkpoint_pages: int,
+        synced_setting: str | None = None,
     ) -> None:
         self.path = path
         self.busy_timeout = busy_timeout
@@ -271,6 +276,11 @@ class Writer:
         self.fast_path = True
         #: whether this process works many runs (see _MANY_RUNS)
         self._many_runs = False
+        #: the store's own ``synchronous`` setting when it syncs commits (FULL, EXTRA), else
+        #: None; and whether the connection has it now (a batch of lazy operations only commits
+        #: at NORMAL: a PRAGMA is paid only on a switch)
+        self._synced_setting = synced_setting
+        self._synced_now = True
         # The loop's batch: operations submitted from _batch_loop since its last flush, which
         # is scheduled on that loop (or, while the writer thread has operations queued, waits
         # for it to finish them: _batch_waits; the writer then schedules it).
@@ -407,11 +417,13 @@ class Writer:
         big = self._many_runs or len(batch) >= _BIG_BATCH
         if big or self._checkpoint_now != self._checkpoint_pages:
             self._set_checkpoint(conn, big)
-        write = False
+        write, lazy = False, True  # lazy: every write of the batch may commit unsynced
         for item in batch:  # not any(...): a generator per commit costs more than this
             if item.write:
                 write = True
-                break
+                lazy = lazy and item.lazy
+        if write and self._synced_setting is not None and self._synced_now == lazy:
+            self._set_synced(conn, not lazy)
         if not self._begin(conn, write, wait=wait):
             return None
         if len(batch) == 1:
@@ -510,6 +522,18 @@ class Writer:
         if pages != self._checkpoint_now:
             conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
             self._checkpoint_now = pages
+
+    def _set_synced(self, conn: sqlite3.Connection, synced: bool) -> None:
+        """Have the next commit synced to the disk (the store's own setting) or not (NORMAL).
+
+        In WAL mode a commit at NORMAL is written to the log (kept through a crash of the
+        process, visible to every reader) but not synced; the next synced commit syncs the
+        log, and with it every commit before it: a crash of the machine may lose the lazy
+        commits after the last synced one, never one before it, so the journal it leaves is
+        a prefix of what was committed."""
+        setting = self._synced_setting if synced else "NORMAL"
+        conn.execute(f"PRAGMA synchronous = {setting}")
+        self._synced_now = synced
 
     def set_active_runs(self, active_runs: int) -> None:
         """How many runs this process works now: one commits each write at once, on the caller's
@@ -637,6 +661,11 @@ class Writer:
         for item, (value, error) in zip(batch, outcomes, strict=True):
             item.hand(value, error)
 
+    @property
+    def deferring(self) -> bool:
+        """Whether settlements wait to be committed (:meth:`flush_deferred` commits them)."""
+        return bool(self._deferred)
+
     def flush_deferred(self, *, older_than: float) -> None:
         """Commit the deferred settlements soon, if any has waited ``older_than`` seconds: a
         run that writes again sooner takes them along in its own commit. Called from the event
@@ -682,7 +711,7 @@ class Writer:
             if not self._deferred:
                 self._deferred_since = time.monotonic()
             deliver = partial(self._deferred_done, (run_id, fence))
-            self._deferred.append(_Item(op, True, deliver, atomic=True))
+            self._deferred.append(_Item(op, True, deliver, atomic=True, lazy=True))
 
     def _deferred_done(self, key: tuple[str, str], value: Any, error: BaseException | None) -> None:
         if error is not None:
@@ -715,6 +744,7 @@ class Writer:
         atomic: bool = False,
         shield: bool = False,
         bulk: bool = False,
+        lazy: bool = False,
     ) -> Awaitable[Any]:
         """Submit ``op`` now; awaited, what this returns returns once ``op`` is committed (its
         value) or raises what ``op`` raised.
@@ -724,10 +754,11 @@ class Writer:
         10,000). With ``shield``, a cancel of the caller does not interrupt the wait for the
         operation, so the caller always learns how it ended. Only that wait needs the shield:
         run on the fast path, the operation has no point to be cancelled at. A ``bulk``
-        operation (one whose cost grows with the store) is always run by the writer thread.
+        operation (one whose cost grows with the store) is always run by the writer thread. A
+        ``lazy`` one may be committed without a sync to the disk (see :class:`_Item`).
         """
         loop = asyncio.get_running_loop()
-        item = _Item(op, write, None, atomic or not write, loop, None, bulk)
+        item = _Item(op, write, None, atomic or not write, loop, None, bulk, lazy)
         ran, value, error = self._submit(item)
         if ran:
             return _ran(value, error)

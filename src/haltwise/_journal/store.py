@@ -130,12 +130,14 @@ class StepStart:
 class ApprovalRequest:
     """An approval request as the step executor journals it (see
     :meth:`Store.request_approval`): the step's identity as :class:`StepStart` has it, the
-    arguments for the approver (JSON text, by parameter name) and the deadline (epoch
-    seconds, None: none)."""
+    arguments for the approver (JSON text, by parameter name), the deadline (epoch
+    seconds, None: none) and the JSON schema of the tool's parameters (text; None: none could
+    be made), which any process validates an edit against without importing the tool."""
 
     step: StepStart
     arguments: str
     timeout_at: float | None
+    schema: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,8 +286,16 @@ class Store(Protocol):
     ) -> list[RunRecord]:
         """Claim up to ``limit`` unowned ``pending`` runs of ``tasks`` (for workers)."""
 
-    async def start_step(self, run_id: str, step: StepStart, *, fence: str) -> StepStarted:
+    async def start_step(
+        self, run_id: str, step: StepStart, *, fence: str, durable: bool = True
+    ) -> StepStarted:
         """Journal that the step's tool body is about to run (status ``running``, attempts + 1).
+
+        With ``durable=False`` the start is committed (visible to every reader, kept through a
+        crash of the process) but may return before it is synced to the disk: a crash of the
+        machine may lose it, never without also losing every later write that was not synced
+        either (the journal stays a prefix of what was written). A store may always treat it as
+        ``True``.
 
         Completes even if the caller is cancelled meanwhile (the store shields its own wait), so
         the caller always knows whether the step is journaled. Returns the step's attempts and,
@@ -373,7 +383,8 @@ class Store(Protocol):
     async def cancel_requests(
         self, run_ids: Collection[str], *, acting: Sequence[str] = ()
     ) -> dict[str, tuple[str, bool]]:
-        """Among ``run_ids``, those in ``cancelling``: ``{id: (reason, force)}``; of those also
+        """Among ``run_ids`` (a set, or a mapping's keys: looked into, not copied), those in
+        ``cancelling``: ``{id: (reason, force)}``; of those also
         in ``acting`` (runs whose cancel the caller acts on already: it has recorded a reason
         for them), only the ones whose request is forced (for such a run only a forced request
         may still change what the caller does). An id in ``acting`` but not in ``run_ids`` is
@@ -399,13 +410,16 @@ class Store(Protocol):
 
         ``paused`` -> ``running`` (an event, the request cleared, the owner kept); a ``pending``
         or ``running`` run with a pause requested loses the request; any other run is left as
-        it is.
+        it is. A run the unpause changes loses its reason too, whoever wrote it: a run that
+        may be paused carries only a pause's (``"budget"``), since the runtime's resume clears
+        the reason of the attempt that ended.
         """
 
     async def pause_signals(
         self, run_ids: Collection[str], *, watched: Collection[str]
     ) -> dict[str, PauseSignal]:
-        """Among ``run_ids``, those with a pause requested, plus every run of ``watched``.
+        """Among ``run_ids`` (a set, or a mapping's keys: looked into, not copied), those with
+        a pause requested, plus every run of ``watched``.
 
         What the runtime's watcher needs to act on other processes' pause, unpause and cancel
         requests for runs it holds; ``watched`` are the runs it holds with a pause requested.
@@ -418,8 +432,10 @@ class Store(Protocol):
         tasks: Collection[str] | None,
         limit: int,
         before: tuple[float, str] | None,
+        progress: bool = False,
     ) -> list[RunSummary]:
         """Up to ``limit`` runs, newest created first (ties: id descending), in one query.
+        With ``progress``, each summary has its ``progress`` (committed and journaled steps).
 
         Only runs in ``states`` (every state when empty) and of ``tasks`` (recorded names; every
         task when ``None``), created before the run ``before`` = ``(created_at, id)`` if given.
@@ -504,6 +520,11 @@ class Store(Protocol):
     async def approval(self, run_id: str, index: int) -> ApprovalRecord | None:
         """The request of step ``index`` of the run, in whatever state (None: it has none);
         one read by key, what a waiting run reads when woken."""
+        ...
+
+    async def approval_schema(self, run_id: str, index: int) -> str | None:
+        """The JSON schema (text) of the tool's parameters recorded with the step's request
+        (None: no request, or none recorded)."""
         ...
 
     async def pending_approvals_json(self, *, limit: int = 100_000) -> str:

@@ -36,11 +36,13 @@ from .._core.exceptions import (
     ApprovalRefused,
     LostOwnershipError,
     PolicyError,
+    SchemaError,
 )
 from .._core.outcome import ErrorInfo
 from .._core.states import StepStatus
 from .._core.views import ChangeKind
 from .._journal.store import ApprovalRequest, StepStart, Store
+from .describe import parameters_schema
 from .pause import pause_point
 from .spans import run_event
 
@@ -159,6 +161,26 @@ def _arguments(spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     return dict(bound.arguments)
 
 
+#: each tool's parameters schema as recorded with its requests (made once per tool)
+_SCHEMAS: dict[int, tuple[ToolSpec, str | None]] = {}
+
+
+def _schema(spec: ToolSpec) -> str | None:
+    """The JSON schema (text) of the tool's parameters, recorded with each request so that any
+    process validates an edit without importing the tool; names it does not list are refused
+    (None: pydantic cannot describe the parameters; then an edit is not validated)."""
+    kept = _SCHEMAS.get(id(spec))
+    if kept is not None and kept[0] is spec:
+        return kept[1]
+    try:
+        schema: dict[str, Any] | None = parameters_schema(spec)
+    except SchemaError:
+        schema = None
+    text = None if schema is None else json.dumps(schema, separators=(",", ":"))
+    _SCHEMAS[id(spec)] = (spec, text)
+    return text
+
+
 def _text(arguments: Mapping[str, Any]) -> str:
     return json.dumps(arguments, default=repr, separators=(",", ":"))
 
@@ -200,7 +222,8 @@ async def ask(
     """
     index = start.index
     timeout_at = None if approval.timeout is None else time.time() + approval.timeout
-    request = ApprovalRequest(start, _text(_arguments(spec, args, kwargs)), timeout_at)
+    arguments = _text(_arguments(spec, args, kwargs))
+    request = ApprovalRequest(start, arguments, timeout_at, _schema(spec))
     found = await run.store.request_approval(run.run_id, request, fence=run.fence)
     del request  # (what a waiting request holds is its run's frames: kept small)
     if found is None:
@@ -209,6 +232,7 @@ async def ask(
         )
     record = found
     if record.state is ApprovalState.AWAITING:
+        run.progress.pulse()  # (whoever follows the run's progress sees the step awaiting)
         asked = {"haltwise.step.index": index, "gen_ai.tool.name": spec.name}
         run_event(run.trace, "haltwise.approval.requested", asked)
         timeout_at = record.timeout_at

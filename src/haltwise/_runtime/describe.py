@@ -269,27 +269,3 @@ def _field(param: inspect.Parameter) -> tuple[Any, FieldInfo]:
     if param.default is inspect.Parameter.empty:
         return annotation, pydantic.Field(alias=param.name)
     return annotation, pydantic.Field(default=param.default, alias=param.name)
-
-
-def check_arguments(tool: object, arguments: dict[str, Any]) -> None:
-    """Refuse (:class:`~haltwise.InputError`, naming the first misfit) ``arguments`` that do not
-    fit the tool's parameters, as :func:`parameters_schema` describes them: an approver's edit
-    is validated against the tool's schema before the call may run with it."""
-    import pydantic
-
-    spec = _with_fn(tool)
-    parameters = _parameters(spec)
-    known = {param.name for param in parameters}
-    unknown = sorted(set(arguments) - known)
-    if unknown:
-        raise InputError(f"tool {spec.name!r} has no parameter {unknown[0]!r}")
-    fields: dict[str, Any] = {f"p{i}": _field(param) for i, param in enumerate(parameters)}
-    model = pydantic.create_model(f"{spec.name}_parameters", **fields)
-    try:
-        model.model_validate(arguments)
-    except pydantic.ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first.get("loc", ()))
-        raise InputError(
-            f"the arguments do not fit tool {spec.name!r}: {where}: {first.get('msg')}"
-        ) from None

@@ -47,7 +47,6 @@ from . import spans
 from .approvals import deliver_decisions, woken
 from .cancel_state import outside_any_task
 from .code import check_code, version_of
-from .describe import check_arguments
 from .ending import (
     call_task,
     fail_refused,
@@ -61,8 +60,7 @@ from .pause import deliver_pause_signals, relay_to_children
 from .pause_state import PauseGate
 from .reconcile import ask_hooks, record_operator_answers
 from .run_context import Probe, RunContext, RunTask
-from .seat import DEFAULT_BEFORE_START_TTL, Seat, cancel_batch, check_ttl, nobody_works
-from .spec import TOOLS
+from .seat import DEFAULT_BEFORE_START_TTL, Seat, cancel_batch, nobody_works
 from .steps import execute_step
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
@@ -683,14 +681,14 @@ class Runtime:
         if not before_start:
             record = await self._seat.request_cancel(task_id, reason, force=force)
             return await self._after_cancel(record)
-        check_ttl(ttl)
-        try:
-            record = await self._seat.request_cancel(task_id, reason, force=force)
-        except UnknownRunError:
-            if await self._seat.remember_cancel(task_id, reason, ttl):
-                return None
-            record = await self._seat.request_cancel(task_id, reason, force=force)  # it began
-        return await self._after_cancel(record)
+        _, remembered = await self._seat.cancel_before_start(
+            [task_id], reason=reason, force=force, ttl=ttl
+        )
+        if remembered:
+            return None
+        # the run exists (it may have begun meanwhile): its cancel is recorded; deliver it here,
+        # or settle the run if nobody works it, as for any cancel (asking again changes nothing)
+        return await self.cancel(task_id, reason=reason, force=force)
 
     async def _cancel_own(
         self, task_id: str, *, reason: str, force: bool = False
@@ -828,11 +826,16 @@ class Runtime:
         task: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        progress: bool = False,
     ) -> RunPage:
         """Up to ``limit`` runs, newest created first, in one query; ``page.next`` is the
         ``cursor`` of the next page (``None`` on the last). ``task`` is a name as the listing
-        shows it (``agent.py:research``) or its bare function name when that is unambiguous."""
-        return await self._seat.list_runs(state=state, task=task, limit=limit, cursor=cursor)
+        shows it (``agent.py:research``) or its bare function name when that is unambiguous.
+        ``progress=True`` also counts each run's ``committed`` and journaled steps
+        (:attr:`RunSummary.progress`: two more index probes a run, so only when asked)."""
+        return await self._seat.list_runs(
+            state=state, task=task, limit=limit, cursor=cursor, progress=progress
+        )
 
     def changes(
         self, since: int | None = None, *, run_id: str | None = None
@@ -932,14 +935,10 @@ class Runtime:
         reaches the run's owner wherever it runs. A decision is used once: one on a request
         that is not awaiting (decided already, expired, cancelled, or no request at that step)
         raises :class:`~haltwise.ApprovalConflictError` naming what happened to it. Returns
-        the request as decided. An edit is validated against the tool's parameters when the
-        tool is declared in this process (:class:`~haltwise.InputError` if it does not fit).
+        the request as decided. An edit is validated against the JSON schema of the tool's
+        parameters recorded with the request (:class:`~haltwise.InputError` if it does not fit),
+        in whatever process decides.
         """
-        if edit is not None and approve and isinstance(edit, Mapping):
-            current = await self.store.approval(id, step)
-            spec = None if current is None else TOOLS.find(current.tool)
-            if current is not None and spec is not None:
-                check_arguments(spec, {**current.arguments, **edit})
         record = await self._seat.decide(id, step, approve=approve, edit=edit, by=by, note=note)
         woken(self.store, id, step)
         return record
@@ -1175,8 +1174,23 @@ class Runtime:
         ctx.done.set()
 
     async def _deadline(self, ctx: RunContext, seconds: float) -> None:
+        """Cancel the run with reason ``"deadline"`` once ``seconds`` have passed.
+
+        A cancel the store cannot record now (unreachable: a restarting database) is tried
+        again every :data:`_STORE_RETRY` seconds for as long as the run is worked here, as the
+        watcher retries its reads: the run goes on meanwhile (its own writes wait for the store,
+        or fail and stop it as after a crash, which ends this task). The store's error never
+        leaves this task: raised out of the run's task group into the runtime's, it used to end
+        the runtime's block under its caller (a server's runs all cancelled with reason
+        ``"shutdown"``, issue 28 item 6).
+        """
         await anyio.sleep(seconds)
-        await self._cancel_own(ctx.run_id, reason="deadline")
+        while True:
+            try:
+                await self._cancel_own(ctx.run_id, reason="deadline")
+                return
+            except StoreError:
+                await anyio.sleep(_STORE_RETRY)
 
     # -- the watcher: cross-process cancels and leases ----------------------------------------
 
@@ -1199,9 +1213,9 @@ class Runtime:
             except StoreGoneError:
                 for ctx in list(self._active.values()):
                     ctx.request_cancel("store lost", force=True)  # its next write fails
-                await anyio.sleep(0.5)
+                await anyio.sleep(_STORE_RETRY)
             except StoreError:
-                await anyio.sleep(0.5)
+                await anyio.sleep(_STORE_RETRY)
             next_beat = 0.0
 
     async def _watch_until_error(self, next_beat: float) -> None:
@@ -1377,6 +1391,10 @@ def _hand_over_here(ctx: RunContext) -> None:
 #: the statuses of a child step whose child run may still be active (in flight; interrupted by a
 #: hand-over, which hands the child over too; forced)
 _MAY_HOLD_A_CHILD = frozenset({StepStatus.RUNNING, StepStatus.INTERRUPTED, StepStatus.UNKNOWN})
+
+
+#: seconds between two tries of a runtime task's write or read the store failed (unreachable)
+_STORE_RETRY = 0.5
 
 
 async def _raise(error: BaseException) -> None:

@@ -20,9 +20,16 @@ import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, final
 
-from .._core.approvals import ApprovalRecord, ApprovalState, check_decidable, decided_state
+from .._core.approvals import (
+    ApprovalRecord,
+    ApprovalState,
+    check_decidable,
+    check_edit,
+    decided_state,
+)
 from .._core.budget import Budget
 from .._core.exceptions import InputError, NoStoreError
 from .._core.records import RunRecord, dump_json
@@ -75,9 +82,12 @@ class Seat:
         task: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        progress: bool = False,
     ) -> RunPage:
         """A page of runs, newest created first (see :meth:`haltwise.Runtime.list_runs`)."""
-        return await page_of_runs(self._store, state=state, task=task, limit=limit, cursor=cursor)
+        return await page_of_runs(
+            self._store, state=state, task=task, limit=limit, cursor=cursor, progress=progress
+        )
 
     def changes(
         self, since: int | None = None, *, run_id: str | None = None
@@ -130,6 +140,35 @@ class Seat:
         check_no_nul(task_id, "a run id")
         check_ttl(ttl)
         return await self._store.remember_cancel(task_id, reason, time.time() + ttl)
+
+    async def cancel_before_start(
+        self, ids: Sequence[str], *, reason: str, force: bool, ttl: float
+    ) -> tuple[CancelResult, tuple[str, ...]]:
+        """A stop pressed before the runs ``ids`` may exist (``cancel --before-start``, see
+        :meth:`haltwise.Runtime.cancel`): the cancel of those that exist is recorded as usual
+        (:meth:`request_cancels`, one transaction); each id no run has is remembered for ``ttl``
+        seconds (:meth:`remember_cancel`); an id whose run began in between (its cancel could
+        not be remembered: the run exists now) is cancelled as usual too, in a second request.
+
+        Returns the requests' result, whose ``unknown`` holds only ids that were neither
+        cancelled nor remembered (a run that began and was pruned meanwhile), and the ids
+        remembered. Delivering the cancels, or settling a run nobody works, is the caller's."""
+        check_ttl(ttl)
+        result = await self.request_cancels(ids, reason=reason, force=force)
+        remembered: list[str] = []
+        began: list[str] = []
+        for run_id in result.unknown:
+            remembering = await self.remember_cancel(run_id, reason, ttl)
+            (remembered if remembering else began).append(run_id)
+        if not began:
+            return replace(result, unknown=()), tuple(remembered)
+        again = await self.request_cancels(began, reason=reason, force=force)
+        merged = CancelResult(
+            reached=result.reached + again.reached,
+            already_final=result.already_final + again.already_final,
+            unknown=again.unknown,
+        )
+        return merged, tuple(remembered)
 
     async def request_cancels(
         self,
@@ -205,7 +244,11 @@ class Seat:
             check_decidable(task_id, step, record)
         edited = None
         if edit is not None:
-            edited = dump_json({**current.arguments, **edit}, "the edited arguments")
+            merged = {**current.arguments, **edit}
+            schema = await self._store.approval_schema(task_id, step)
+            if schema is not None:  # (a request made before schema 18 has none)
+                check_edit(current.tool, schema, merged)
+            edited = dump_json(merged, "the edited arguments")
         record, won = await self._store.decide_approval(
             task_id, step, decided_state(approve, edit), by=by, note=note, edited=edited
         )

@@ -65,6 +65,7 @@ class ToolSpec:
         "approval",
         "counts_calls",
         "defer_settle",
+        "defer_start",
         "effective_cancel",
         "fn",
         "hooked",
@@ -98,6 +99,8 @@ class ToolSpec:
         #: next write: read at every step, so worked out once here
         self.effective_cancel = policy.effective_cancel
         self.defer_settle = policy.may_defer_settle
+        #: whether the step's start may begin the body before it is synced to the disk
+        self.defer_start = policy.may_defer_start
         #: a step left ``unknown`` has a ``reconcile`` hook to ask (an idempotent one's too: a
         #: ``Happened`` saves the call), which is called with the call's arguments: they are
         #: journaled, as a rollback tool's are (for its compensation after a crash)

@@ -486,7 +486,9 @@ class _Flight:
             self.counted = True
             run.host.count_side_steps(+1)
         try:
-            started = await run.store.start_step(run.run_id, start, fence=run.fence)
+            started = await run.store.start_step(
+                run.run_id, start, fence=run.fence, durable=not self.spec.defer_start
+            )
         except NATIVE_CANCEL:
             # Cancelled while waiting for the write, which happens anyway: the body never ran.
             await _to_the_end(settle(run, self.index, StepStatus.INTERRUPTED, step=self.step))
