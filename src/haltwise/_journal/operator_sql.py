@@ -73,9 +73,14 @@ SELECT r.id, r.task, r.state, r.reason, r.created_at, r.updated_at,
     (SELECT CAST(coalesce(sum(s.tokens), 0) AS BIGINT) FROM {steps} s WHERE s.run_id = r.id)
         AS tokens,
     (SELECT CAST(coalesce(sum(coalesce(s.calls, s.attempts)), 0) AS BIGINT) FROM {steps} s
-     WHERE s.run_id = r.id) AS calls
+     WHERE s.run_id = r.id) AS calls{progress}
 FROM {runs} r
 """
+#: what a page of runs asked with ``progress`` reads besides: each run's committed steps and its
+#: journaled steps (two more probes of the run's steps; a listing without it reads neither)
+_PROGRESS = """,
+    (SELECT count(*) FROM {steps} s WHERE s.run_id = r.id AND s.status = 'committed') AS done,
+    (SELECT count(*) FROM {steps} s WHERE s.run_id = r.id) AS known"""
 # (Scalar subqueries with LIMIT 1, not EXISTS: PostgreSQL turns an EXISTS in the select list into
 # a hashed subplan over every step of the store; these stay one index probe per listed run.)
 
@@ -122,8 +127,10 @@ class OperatorSQL:
         tasks: Collection[str] | None,
         limit: int,
         before: tuple[float, str] | None,
+        progress: bool = False,
     ) -> tuple[str, list[Any]]:
-        """Runs newest created first (ties by id, descending), after ``before`` if given."""
+        """Runs newest created first (ties by id, descending), after ``before`` if given; with
+        ``progress``, each row also counts the run's committed and journaled steps."""
         where: list[str] = []
         params: list[Any] = []
         if states:
@@ -135,7 +142,8 @@ class OperatorSQL:
         if before is not None:
             where.append("(r.created_at < ? OR (r.created_at = ? AND r.id < ?))")
             params += [before[0], before[0], before[1]]
-        text = _SUMMARY + (f" WHERE {' AND '.join(where)}" if where else "")
+        text = _SUMMARY.replace("{progress}", _PROGRESS if progress else "")
+        text += f" WHERE {' AND '.join(where)}" if where else ""
         text += " ORDER BY r.created_at DESC, r.id DESC LIMIT ?"
         return self.sql(text), [*params, limit]
 
@@ -432,7 +440,8 @@ def summary_from_row(row: Sequence[Any]) -> RunSummary:
     run_id, task, state, reason, created_at, updated_at = run_columns(
         row[0], _SUMMARY_COLUMNS, row[:6]
     )
-    unsafe, repeats, hooked, usd, tokens, calls = row[6:]
+    unsafe, repeats, hooked, usd, tokens, calls = row[6:12]
+    progress = (int(row[12]), int(row[13])) if len(row) > 12 else None
     return RunSummary(
         id=run_id,
         task=task,
@@ -447,6 +456,7 @@ def summary_from_row(row: Sequence[Any]) -> RunSummary:
         created_at=created_at,
         updated_at=updated_at,
         spent=Spent(float(usd or 0), int(tokens or 0), int(calls or 0)),
+        progress=progress,
     )
 
 
