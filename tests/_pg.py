@@ -74,6 +74,7 @@ class PostgresServer:
 
     def __init__(self, *, durable: bool = False) -> None:
         self.durable = durable
+        self.options = ""  # the server's settings, once started
         self.bin_dir = find_bin_dir()
         self.as_postgres = os.geteuid() == 0
         # mkdtemp under /tmp: mode 0700 but owned by whoever runs the server, and /tmp itself
@@ -131,10 +132,22 @@ class PostgresServer:
                     "pg_ctl", "start", "-w", "-t", "60", "-D", str(self.data), "-l",
                     str(self.log), "-o", options,
                 )  # fmt: skip
+                self.options = options
                 return
             except RuntimeError:
                 if attempt == 4:
                     raise
+
+    def halt(self, mode: str) -> None:
+        """Stop the server (``pg_ctl stop -m MODE``), keeping its cluster for :meth:`restart`."""
+        self._run("pg_ctl", "stop", "-m", mode, "-w", "-D", str(self.data))
+
+    def restart(self) -> None:
+        """Start the server :meth:`halt` stopped, on the same port and settings."""
+        self._run(
+            "pg_ctl", "start", "-w", "-t", "60", "-D", str(self.data), "-l", str(self.log),
+            "-o", self.options,
+        )  # fmt: skip
 
     def stop(self) -> None:
         try:

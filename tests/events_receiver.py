@@ -1,16 +1,20 @@
 """A webhook receiver on loopback for the events tests: logs every request it gets, whole.
 
 Each POST is appended to ``DIR/received.jsonl`` as ``{"headers", "body", "answered"}`` (one
-line, flushed before the answer is sent). The answer is the status code written in
-``DIR/answer`` when that file exists (``500``, ``410``...), else 200. Prints its port, then
-serves until killed.
+line, flushed before the answer is sent; ``path`` is the request's target as sent: a proxied
+request's is the whole URL). The answer is the status code written in ``DIR/answer`` when that
+file exists (``500``, ``410``...), else 200. Prints its port, then serves until killed.
 
-usage: python events_receiver.py DIR [PORT]
+HTTP/1.0 by default (a connection per request); ``--keep-alive``: HTTP/1.1, connections kept
+open between requests; ``--tls CERT KEY``: HTTPS with that certificate chain and key.
+
+usage: python events_receiver.py DIR [PORT] [--keep-alive] [--tls CERT KEY]
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,6 +30,7 @@ class Handler(BaseHTTPRequestHandler):
         answer_file = DIR / "answer"
         answer = int(answer_file.read_text()) if answer_file.exists() else 200
         line = {
+            "path": self.path,
             "headers": {k.lower(): v for k, v in self.headers.items()},
             "body": body.decode(),
             "answered": answer,
@@ -41,8 +46,16 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
-    port = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    args = sys.argv[2:]
+    port = int(args.pop(0)) if args and not args[0].startswith("--") else 0
+    if "--keep-alive" in args:
+        Handler.protocol_version = "HTTP/1.1"
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    if "--tls" in args:
+        at = args.index("--tls")
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(args[at + 1], args[at + 2])
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     print(server.server_address[1], flush=True)
     server.serve_forever()
 

@@ -173,6 +173,21 @@ async def parent(run: str) -> list[object]:
     return [await child(f"{run}/0"), await look(run, 1)]
 
 
+def go_file(run: str) -> Path:
+    """Run ``run`` of ``fleet:read_then_wait`` returns once this file exists."""
+    return _world() / f"go-{run}"
+
+
+@haltwise.task(name="fleet:read_then_wait")
+async def read_then_wait(run: str) -> list[object]:
+    """A charge, a held read, then a wait outside any step for its go file: the read's
+    settlement (deferred: a read) is the run's last step write before its final transition."""
+    done = [await charge(run, 0), await look(run, 1)]
+    while not go_file(run).exists():
+        await anyio.sleep(0.005)
+    return done
+
+
 TASKS: dict[str, haltwise.Task[..., object]] = {
     "fleet:job": job,
     "fleet:slow": slow,
@@ -180,4 +195,5 @@ TASKS: dict[str, haltwise.Task[..., object]] = {
     "fleet:reserve": reserves,
     "fleet:child": child,
     "fleet:parent": parent,
+    "fleet:read_then_wait": read_then_wait,
 }

@@ -352,6 +352,7 @@ def test_resume_refused_then_assume_done(env: Env) -> None:
     assert "--assume-done 2 or --rerun 2" in human.stdout
     refused = error_line(env.hw("resume", "r1"))
     assert "step 2 (post_message)" in refused
+    assert "--assume-done 2 or --rerun 2" in refused, "the options, phrased as status says them"
     done = env.hw("resume", "r1", "--assume-done", '2="posted by hand"', "--json")
     assert done.returncode == 0, done.stderr
     outcome = json.loads(done.stdout)

@@ -14,12 +14,13 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 from standardwebhooks.webhooks import Webhook
 
@@ -38,14 +39,21 @@ SERVE = (sys.executable, "-m", "haltwise", "serve", "--port", "0")
 class Receiver:
     """The receiver process, which can be killed and started again on the same port."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *options: str) -> None:
         self.root = root
+        self.options = options  # events_receiver.py's --keep-alive, --tls CERT KEY
         self.port = 0
         self.process: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, str(HERE / "events_receiver.py"), str(self.root), str(self.port)],
+            [
+                sys.executable,
+                str(HERE / "events_receiver.py"),
+                str(self.root),
+                str(self.port),
+                *self.options,
+            ],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -75,19 +83,28 @@ class Receiver:
         return [json.loads(line) for line in log.read_text().splitlines() if line.endswith("}")]
 
 
+@contextmanager
+def receiving(root: Path, *options: str) -> Iterator[Receiver]:
+    root.mkdir()
+    server = Receiver(root, *options)
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.process is not None and server.process.poll() is None:
+            server.kill()
+
+
 @pytest.fixture
 def receiver(tmp_path: Path) -> Iterator[Receiver]:
-    root = tmp_path / "receiver"
-    root.mkdir()
-    server = Receiver(root)
-    server.start()
-    yield server
-    if server.process is not None and server.process.poll() is None:
-        server.kill()
+    with receiving(tmp_path / "receiver") as server:
+        yield server
 
 
-def start_sender(store: str, url: str, root: Path, *extra: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "HOOK_SECRET": SECRET}
+def start_sender(
+    store: str, url: str, root: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    env = {**_without_proxies(os.environ), "HOOK_SECRET": SECRET, **(env or {})}
     log = (root / "sender.log").open("a")
     return subprocess.Popen(
         [sys.executable, "-m", "haltwise", "events", "--to", url, "--store", store, *extra],
@@ -96,6 +113,11 @@ def start_sender(store: str, url: str, root: Path, *extra: str) -> subprocess.Po
         stderr=log,
         text=True,
     )
+
+
+def _without_proxies(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment with no proxy named (the machine's own must not reroute loopback)."""
+    return {k: v for k, v in environ.items() if not k.lower().endswith("_proxy")}
 
 
 def wait_until(what: str, check: Callable[[], bool]) -> None:
@@ -335,3 +357,91 @@ async def test_a_receiver_gone_under_serve_stops_the_sender_not_the_server(
             await (await rt.start(toolkit.three_quick, 1, task_id="gone")).outcome()
         wait_until("the 410 said", lambda: "410 Gone" in log.read_text())
         assert serve.poll() is None, log.read_text()  # still serving
+
+
+async def one_run(store: str, run_id: str) -> int:
+    """Runs ``run_id`` to completion; how many events it makes."""
+    async with haltwise.Runtime(store) as rt:
+        await (await rt.start(toolkit.three_quick, 1, task_id=run_id)).outcome()
+    return len((await expected_types(store, [run_id]))[run_id])
+
+
+async def test_https_is_verified_and_the_urls_credentials_become_basic_auth(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    issued = ca.issue_cert("127.0.0.1")
+    issued.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    issued.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    tls = ("--keep-alive", "--tls", str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"))
+    log = tmp_path / "sender.log"
+    with receiving(tmp_path / "receiver", *tls) as receiver:
+        url = f"https://hook%20user:p%40ss@127.0.0.1:{receiver.port}/hooks"
+        wanted = await one_run(sqlite_url, "tls")
+        # certifi's authorities do not know this one: refused, nothing delivered
+        sender = start_sender(sqlite_url, url, tmp_path, "--from-start")
+        wait_until("the certificate refused", lambda: "CertVerification" in log.read_text())
+        sender.kill()
+        sender.wait()
+        assert receiver.received() == []
+        sender = start_sender(
+            sqlite_url,
+            url,
+            tmp_path,
+            "--from-start",
+            env={"SSL_CERT_FILE": str(tmp_path / "ca.pem")},
+        )
+        try:
+            wait_until("the run's events", lambda: len(receiver.received()) == wanted)
+        finally:
+            sender.send_signal(signal.SIGTERM)
+            assert sender.wait(timeout=30) == 0, log.read_text()
+        basic = "Basic " + base64.b64encode(b"hook user:p@ss").decode()
+        assert {r["headers"]["authorization"] for r in receiver.received()} == {basic}
+        assert "p%40ss" not in log.read_text() and "p@ss" not in log.read_text()
+
+
+async def test_a_kept_connection_the_receiver_dropped_costs_no_failed_try(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "sender.log"
+    with receiving(tmp_path / "receiver", "--keep-alive") as receiver:
+        sender = start_sender(sqlite_url, receiver.url, tmp_path)
+        try:
+            wait_until("the sender started", lambda: "delivering to" in log.read_text())
+            async with haltwise.Runtime(sqlite_url) as rt:
+                handle = await rt.start(toolkit.one_step, "read_async", task_id="kept")
+                await toolkit.between.wait()
+                made = len((await rt.inspect("kept")).events)
+                await _wait.until(lambda: len(receiver.received()) == made, "the events so far")
+                # the run's lane keeps its connection; the receiver goes and comes back, so the
+                # next event is written to a connection the other side closed
+                receiver.kill()
+                receiver.start()
+                toolkit.go_on.set()
+                toolkit.release.set()
+                await handle.outcome()
+            wanted = len((await expected_types(sqlite_url, ["kept"]))["kept"])
+            wait_until("the run's events", lambda: len(receiver.received()) == wanted)
+        finally:
+            sender.send_signal(signal.SIGTERM)
+            assert sender.wait(timeout=30) == 0, log.read_text()
+    assert "no answer" not in log.read_text()  # sent again at once on a new connection
+
+
+async def test_a_proxy_the_environment_names_carries_the_events(
+    sqlite_url: str, receiver: Receiver, tmp_path: Path
+) -> None:
+    wanted = await one_run(sqlite_url, "proxied")
+    proxy = {"HTTP_PROXY": f"http://127.0.0.1:{receiver.port}"}
+    sender = start_sender(
+        sqlite_url, "http://events.invalid/hooks", tmp_path, "--from-start", env=proxy
+    )
+    try:
+        wait_until("the run's events", lambda: len(receiver.received()) == wanted)
+    finally:
+        sender.send_signal(signal.SIGTERM)
+        assert sender.wait(timeout=30) == 0, (tmp_path / "sender.log").read_text()
+    # the receiver stands in for the proxy: it gets the whole URL as the request's target
+    assert {r["path"] for r in receiver.received()} == {"http://events.invalid/hooks"}

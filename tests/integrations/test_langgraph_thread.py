@@ -1,4 +1,4 @@
-"""LangGraph's own state after a cancel, continued in a new process (issue 27, items 3, 6, 9).
+"""LangGraph's own state after a cancel, continued in a new process (issue 27, items 3, 5, 6, 7, 9).
 
 The app (``langgraph_app.py``) runs in its own processes, its thread checkpointed by LangGraph's
 ``AsyncSqliteSaver`` on a file; the cancel comes from another process (``haltwise cancel``); a new
@@ -159,5 +159,106 @@ def test_an_approval_interrupt_is_no_step_and_the_approved_call_runs_once(tmp_pa
     ]
     assert ledger(tmp_path, "asked for approval") == ["asked for approval"]
     assert ledger(tmp_path, "charge") == ["charge"]
+    check = haltwise_cli("check", "--store", store)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.parametrize(
+    ("phase", "reason"), [("host", "host"), ("timeout", "timeout")], ids=["Task.cancel", "timeout"]
+)
+def test_a_host_cancel_of_the_graph_run_leaves_the_finish_call_in_the_checkpoint(
+    tmp_path: Path, phase: str, reason: str
+) -> None:
+    """The host cuts LangGraph's loop while ``charge`` (finish) is in flight: ``Task.cancel()``
+    of a task the body runs ``ainvoke`` in (the body goes on after it), or an
+    ``asyncio.timeout`` around ``ainvoke`` in the body itself. The call still finishes, the run
+    ends cancelled (reason ``host``, or ``timeout``), and the checkpoint a new process reads holds
+    the call's journaled result, so continuing the thread there charges nothing again."""
+    store = f"sqlite:///{tmp_path}/haltwise.db"
+    (tmp_path / "release-lookup").touch()
+    first = outcome_of(app(phase, store, tmp_path, "r1"))
+    assert (first["state"], first["reason"]) == ("cancelled", reason)
+    assert [(s["tool"], s["status"]) for s in first["steps"]][-1] == ("charge", "committed")
+    second = outcome_of(app("go_on", store, tmp_path, "r2"))
+    assert (second["state"], second["result"]) == ("completed", "booked")
+    assert ledger(tmp_path, "charge") == ["charge"]  # never charged twice
+    assert shape(thread_messages(tmp_path))[:5] == [
+        "human",
+        "ai",
+        "tool: room costs 5",
+        "ai",
+        "tool: charged 5",
+    ]
+    expected = "model HumanMessage AIMessage ToolMessage AIMessage ToolMessage"
+    assert ledger(tmp_path, "model")[-1] == expected
+    check = haltwise_cli("check", "--store", store)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_node_langgraph_cancels_because_a_sibling_failed_is_no_host_cancel(
+    tmp_path: Path,
+) -> None:
+    """``explode`` fails while ``lookup`` runs beside it: LangGraph cancels ``lookup`` and raises
+    the failure, and the run fails with it, as it would without haltwise."""
+    store = f"sqlite:///{tmp_path}/haltwise.db"
+    run = outcome_of(app("sibling", store, tmp_path, "r1"))
+    assert (run["state"], run["reason"]) == ("failed", None)
+    assert run["error"] == {"type": "ValueError", "message": "the sibling failed"}
+    assert sorted((s["tool"], s["status"]) for s in run["steps"]) == [
+        ("explode", "failed"),
+        ("lookup", "interrupted"),
+        ("model", "committed"),
+    ]
+    check = haltwise_cli("check", "--store", store)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_failed_call_the_model_saw_replays_the_same_error_text_in_a_new_process(
+    tmp_path: Path,
+) -> None:
+    """``pay`` fails with an error whose type cannot be rebuilt from its text; the agent's
+    ``ToolRetryMiddleware`` hands it to the model, which goes on; the run is cancelled from
+    another process, then resumed in a new one: the failed call replays its error, the model
+    reads the same text as the first time, and the run completes with one successful payment."""
+    store = f"sqlite:///{tmp_path}/haltwise.db"
+    first = app("declined", store, tmp_path, "r1")
+    wait_for(tmp_path / "entered-lookup")
+    cancelled = haltwise_cli("cancel", "r1", "--store", store)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert (outcome_of(first)["state"]) == "cancelled"
+    (tmp_path / "release-lookup").touch()
+    resumed = outcome_of(app("resume", store, tmp_path, "r1"))
+    assert (resumed["state"], resumed["result"]) == ("completed", "paid")
+    assert ledger(tmp_path, "pay") == ["pay 5", "pay 5"]  # declined once, then paid once
+    declined = "Tool 'pay' failed after 1 attempt with Declined: card declined for 5."
+    assert all(line.startswith(f"model {declined}") for line in ledger(tmp_path, "model")[1:])
+    check = haltwise_cli("check", "--store", store)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_tools_without_the_journaled_model_replay_their_committed_calls_in_a_new_process(
+    tmp_path: Path,
+) -> None:
+    """The tool adapters alone (the model not journaled, asked again on resume, gives every call
+    a fresh id): cancelled from another process during ``charge``, resumed in a new process, the
+    committed calls replay by tool and arguments; nothing runs twice."""
+    store = f"sqlite:///{tmp_path}/haltwise.db"
+    (tmp_path / "release-lookup").touch()
+    first = app("plain", store, tmp_path, "r1")
+    wait_for(tmp_path / "entered-charge")
+    cancelled = haltwise_cli("cancel", "r1", "--store", store)
+    assert cancelled.returncode == 0, cancelled.stderr
+    (tmp_path / "release-charge").touch()
+    stopped = outcome_of(first)
+    assert stopped["state"] == "cancelled"
+    assert [(s["tool"], s["status"]) for s in stopped["steps"]] == [
+        ("lookup", "committed"),
+        ("charge", "committed"),
+    ]
+    resumed = outcome_of(app("resume", store, tmp_path, "r1"))
+    assert (resumed["state"], resumed["result"]) == ("completed", "booked")
+    assert ledger(tmp_path, "lookup") == ["lookup"]
+    assert ledger(tmp_path, "charge") == ["charge"]
+    assert len(ledger(tmp_path, "model")) == 5  # 2 in the first attempt, 3 on resume
     check = haltwise_cli("check", "--store", store)
     assert check.returncode == 0, check.stdout + check.stderr

@@ -3,6 +3,7 @@ that closed the connections."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -501,3 +502,47 @@ async def test_a_settlement_lost_with_the_server_stops_its_own_run_and_no_other(
         assert [(f.code, f.run) for f in report.findings] == [], report.findings
     finally:
         await anyio.to_thread.run_sync(server.stop)
+
+
+def test_a_wal_deleted_under_a_writing_process_then_kill_9_loses_no_acknowledged_run(
+    tmp_path: Path,
+) -> None:
+    # Issue 28 item 3, across processes: another process deletes the store's -wal file while
+    # a process works runs, then that process is killed -9 (no close, which would checkpoint
+    # the log it still holds open). SQLite went on committing into the deleted file, so every
+    # run since the last checkpoint, acknowledged `completed`, was gone for the next process.
+    # The writer must notice, stop on one line, and keep what it acknowledged.
+    path = tmp_path / "store.db"
+    url = f"sqlite:///{path}"
+    writer = subprocess.Popen(
+        [sys.executable, str(TESTS / "wal_writer.py"), url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(writer.stdout or ()), daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: len(lines) >= 5, "five runs acknowledged", process=writer)
+        os.unlink(f"{path}-wal")
+        wait_until(lambda: lines[-1].startswith("lost:"), "the writer to notice", process=writer)
+    finally:
+        writer.kill()  # SIGKILL
+        writer.wait()
+    reader.join(10)
+    lost = [line for line in lines if line.startswith("lost:")]
+    assert len(lost) == 1 and "-wal" in lost[0], lines[-3:]
+    acknowledged = [line.split()[1] for line in lines if line.startswith("done")]
+    assert all(line.endswith("completed\n") for line in lines if line.startswith("done"))
+    listed = subprocess.run(
+        [sys.executable, "-m", "haltwise", "list", "--json", "--limit", "100000", "--store", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    states = {run["id"]: run["state"] for run in json.loads(listed.stdout)["runs"]}
+    assert {f"w{n}": states.get(f"w{n}") for n in acknowledged} == {
+        f"w{n}": "completed" for n in acknowledged
+    }

@@ -69,6 +69,18 @@ async def two_buys() -> list[str]:
     return [await pay_if_big(50), await pay_if_big(500)]
 
 
+@haltwise.tool(
+    cancel="finish", effect="external", approval="required", approval_timeout=600, name='say "hi"'
+)
+async def say(text: str) -> str:
+    return text
+
+
+@haltwise.task
+async def greet() -> str:
+    return await say('he said "hi"\n')
+
+
 @haltwise.task
 async def ask_person() -> dict[str, Any]:
     decision = await haltwise.approval("ship it", payload={"version": 3})
@@ -241,3 +253,34 @@ async def test_a_pause_does_not_wait_for_an_awaiting_request(store_url: str) -> 
         outcome = await handle.outcome()
     assert outcome.result == "paid 5 to bob"
     assert len(LEDGER) == 1
+
+
+async def test_the_pending_list_is_the_journal_s_requests_as_json(store_url: str) -> None:
+    """GET /api/approvals' object, built by the store: the same values as the records, times
+    in full precision, a deadline when there is one, names and arguments quoted right."""
+    async with haltwise.Runtime(store_url) as rt:
+        first = await rt.start(greet, task_id='q"1\\')
+        await awaiting(rt, 'q"1\\')
+        second = await rt.start(buy, task_id="q2")
+        await awaiting(rt, "q2")
+        listed = json.loads(await rt.approvals_json())["approvals"]
+        records = await rt.approvals()
+        assert listed == [
+            {
+                "run": r.run_id,
+                "step": r.index,
+                "tool": r.tool,
+                "arguments": r.arguments,
+                "requested_at": r.requested_at,
+                "timeout_at": r.timeout_at,
+            }
+            for r in records
+        ]
+        assert [item["run"] for item in listed] == ['q"1\\', "q2"]
+        assert listed[0]["tool"] == 'say "hi"'
+        assert listed[0]["arguments"] == {"text": 'he said "hi"\n'}
+        assert listed[0]["timeout_at"] == pytest.approx(listed[0]["requested_at"] + 600, abs=5)
+        for handle in (first, second):
+            await rt.cancel(handle.id)
+            await handle.outcome()
+        assert json.loads(await rt.approvals_json()) == {"approvals": []}

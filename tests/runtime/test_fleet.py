@@ -39,6 +39,7 @@ import pytest
 import fleet_agent
 import haltwise
 from _paths import TESTS
+from _pg import PostgresServer, create_database
 from _wait import until
 from haltwise import Outcome, Retry, Runtime, State, StepStatus
 from haltwise._core.records import Owner, RunSnapshot
@@ -1035,3 +1036,68 @@ def test_children_taken_over_after_repeated_kill_9_run_each_effect_once(
     check_children_once(world, found, kills)
     report = haltwise.verify_store(store_url)
     assert report.ok, report.findings
+
+
+# -- PostgreSQL stopped while settlements are on their way -------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["immediate", "fast"])
+def test_postgres_stopped_under_a_worker_loses_no_settlement_and_repeats_no_charge(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 28 item 2, from another process: a worker's runs settle a read (a settlement that
+    # need not be durable: it rides with the run's next write) while the server is down, so
+    # the writer loses it with its connection; the server comes back before the runs' final
+    # transitions. Each run must not end while its settlement is not durable: the store kept
+    # one error for all (raised to whichever run wrote first), and the others committed
+    # `completed` with their read `running`, for good. The worker must go on (takeover) and
+    # every run complete, each charge made once, check sound.
+    world = tmp_path / "world"
+    world.mkdir()
+    monkeypatch.setenv("FLEET_WORLD", str(world))  # the hold and go files' directory
+    server = PostgresServer()  # its own server: this test stops and starts it
+    server.start()
+    try:
+        url = create_database(server.dsn)
+        runs = [f"pg{i}" for i in range(8)]
+        for run in runs:
+            fleet_agent.hold_file(run).touch()
+        anyio.run(submit_runs, url, runs, "fleet:read_then_wait")
+        worker = WorkerProcess(url, world, concurrency=len(runs))
+        try:
+            reads_in = [(run, 1) for run in runs]
+            anyio.run(poll_world, world, began_all("start", reads_in), 60, "the reads")
+            server.halt(mode)
+            for run in runs:  # the reads return and settle, their writes refused
+                fleet_agent.hold_file(run).unlink()
+            anyio.run(poll_world, world, began_all("done", reads_in), 60, "the reads' ends")
+            server.restart()
+            for run in runs:
+                fleet_agent.go_file(run).touch()
+            found = anyio.run(outcomes_of, url, runs, 60.0)
+            worker.stop()
+        finally:
+            worker.kill()
+        report = haltwise.verify_store(url)
+    finally:
+        server.stop()
+    assert report.ok, report.findings
+    for run in runs:
+        assert found[run].state is State.COMPLETED, (run, found[run])
+        assert [s.status for s in found[run].steps] == [StepStatus.COMMITTED] * 2
+    executions = read_executions(world)
+    charged = Counter(e.run for e in executions if e.kind == "start" and e.index == 0)
+    assert charged == dict.fromkeys(runs, 1), charged  # never charged twice
+    keys = [line.split() for line in (world / "charges").read_text().splitlines()]
+    assert sorted(run for run, _, _ in keys) == sorted(runs)
+
+
+def began_all(kind: str, wanted: list[tuple[str, int]]) -> Callable[[list[Execution]], bool]:
+    """Whether every (run, index) of ``wanted`` has an execution line of ``kind``."""
+    return lambda found: set(wanted) <= {(e.run, e.index) for e in found if e.kind == kind}
+
+
+async def outcomes_of(url: str, runs: list[str], timeout: float) -> dict[str, Outcome]:
+    async with Runtime(url) as runtime:
+        with anyio.fail_after(timeout):
+            return {run: await runtime.outcome(run) for run in runs}

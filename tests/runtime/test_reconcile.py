@@ -162,7 +162,12 @@ async def test_the_listing_says_resume_while_a_hook_waits(store_url: str, world:
         await forced_cancel_mid_call(rt, world, "hold-after")
         listed = await rt.list_runs()
         assert [row.retry for row in listed.runs] == [Retry.RESUME]
+        assert [row.progress for row in listed.runs] == [None], "counted only when asked"
+        counted = await rt.list_runs(progress=True)
+        assert [row.progress for row in counted.runs] == [(0, 1)], "(committed, journaled)"
         outcome = await rt.reconcile("o1")
         assert outcome.steps[0].status is StepStatus.COMMITTED
         assert outcome.state is State.CANCELLED, "reconcile resumes nothing"
         assert outcome.retry is Retry.RESUME
+        counted = await rt.list_runs(progress=True)
+        assert [row.progress for row in counted.runs] == [(1, 1)]

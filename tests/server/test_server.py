@@ -186,6 +186,7 @@ def test_bulk_cancel_and_a_refused_resume_then_a_resume_in_the_server(served: Se
     refused = served.post("/api/runs/b1/resume", {})
     assert (refused.status, refused.error_code) == (409, "resume_refused")
     assert "charge" in refused.json()["error"]["message"]
+    assert "Resume button" in refused.json()["error"]["message"], "the page's and body's words"
     assert served.post("/api/runs/b1/resume", {"assume_done": {"7": 1}}).status == 422
     resumed = served.post("/api/runs/b1/resume", {"assume_done": {"1": "charged elsewhere"}})
     assert resumed.status in (200, 202), resumed.body

@@ -117,8 +117,6 @@ def main() -> NoReturn:
 
 def _refused_words(error: ResumeRefusedError) -> str:
     """A refused resume, with the options of ``haltwise resume`` that settle it."""
-    named = ", ".join(f"step {index} ({tool})" for index, tool in error.steps)
-    return (
-        f"run {error.task_id!r}: {named} may or may not have happened and is not idempotent; "
-        "check the world, then resume with --assume-done STEP[=JSON] or --rerun STEP"
-    )
+    from .._runtime.explain import refused_words  # (only when a resume is refused)
+
+    return refused_words(error.task_id or "", error.steps, "cli")

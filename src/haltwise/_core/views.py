@@ -98,6 +98,9 @@ class RunSummary:
     updated_at: float
     #: what the run spent, by its journal (``_core/budget.Spent``; a listing sums its steps)
     spent: Spent = field(default_factory=Spent)
+    #: ``(done, known)``: its ``committed`` steps and the steps journaled so far (a run still
+    #: going may begin more), when the listing was asked for them (``progress=True``), else None
+    progress: tuple[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The row of ``list --json``: ``{"id", "task", "state", "reason", "retry", "spent"}``

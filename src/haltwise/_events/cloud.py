@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from .._core.outcome import Outcome
+from .._core.outcome import Outcome, StepRecord
 from .._core.records import Event
 from .._core.states import State, StepStatus
 from .._core.views import Change, ChangeKind
@@ -96,7 +96,7 @@ def status_as_of(outcome: Outcome, events: Sequence[Event], fold: RunFold) -> di
     state = history[-1].target if history else outcome.state
     latest = bool(history) and history[-1].seq == (events[-1].seq if events else None)
     steps = tuple(
-        dataclasses.replace(step, status=StepStatus(fold.steps[step.index]))
+        _with_status(step, fold.steps[step.index])
         for step in outcome.steps
         if step.index in fold.steps
     )
@@ -111,6 +111,15 @@ def status_as_of(outcome: Outcome, events: Sequence[Event], fold: RunFold) -> di
         steps=steps,
     )
     return then.to_json()
+
+
+def _with_status(step: StepRecord, status: str) -> StepRecord:
+    # most steps have not moved since: a copy (dataclasses.replace, ~30 us) only for those that did
+    return (
+        step
+        if step.status.value == status
+        else dataclasses.replace(step, status=StepStatus(status))
+    )
 
 
 def _reason_then(history: Sequence[Event]) -> str | None:

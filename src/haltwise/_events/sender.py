@@ -11,7 +11,8 @@ The promises (CONTRACT.md, "Events out") and how each is kept:
   change of a run takes the same lane (by a hash of the run id), and a lane sends one event at a
   time, the next only once the last was acknowledged. A run's event waiting for retries holds
   back the runs that share its lane, never the other lanes.
-- **Retries.** A non-2xx answer, or none (refused, reset, a 10 s timeout), is tried again after
+- **Retries.** A non-2xx answer, or none (refused, reset, 10 s without the whole answer: see
+  :mod:`.post`), is tried again after
   0.5 s, then twice as long each time, at most 60 s apart, until the sender is stopped; each
   failure is one line on the log. ``410 Gone`` stops the whole sender with
   :class:`~haltwise.DeliveryGoneError` (the command exits 1): the receiver asked for no more.
@@ -52,10 +53,9 @@ from .._core.exceptions import (
 )
 from .._core.views import Change, RunDetail
 from .cloud import RunFold, cloud_event, event_type, status_as_of
+from .post import Poster, Target, poster_for, tls_context
 
 if TYPE_CHECKING:
-    import httpx
-
     from .._runtime.seat import Seat
 
 __all__ = ["Destination", "Sender", "destination_from"]
@@ -67,8 +67,6 @@ _LANE_BUFFER: Final = 256
 #: The first wait before a failed event is tried again, and the longest (CONTRACT.md: 60 s).
 _FIRST_BACKOFF: Final = 0.5
 _MAX_BACKOFF: Final = 60.0
-#: How long a receiver may take to answer one request.
-_TIMEOUT: Final = 10.0
 #: How often the position is written while events are acknowledged, and progress logged.
 _SAVE_EVERY: Final = 0.5
 _PROGRESS_EVERY: Final = 10.0
@@ -204,27 +202,27 @@ class Sender:
             raise
 
     async def _deliver_all(self, from_start: bool) -> None:
-        import httpx
-
         self._pending.clear()
         self._acked.clear()
         start = await self._start(from_start)
         folds = await self._history(start)
         self._log(f"events: delivering to {self._to.shown} after change {start}")
+        target = Target.parse(self._to.url)
+        context = tls_context() if target.tls else None
+        posters = [poster_for(target, context) for _ in range(self._lanes)]
         try:
-            async with (
-                httpx.AsyncClient(timeout=_TIMEOUT) as client,
-                anyio.create_task_group() as group,
-            ):
+            async with anyio.create_task_group() as group:
                 lanes: list[ObjectSendStream[_Item]] = []
-                for _ in range(self._lanes):
+                for poster in posters:
                     send, receive = anyio.create_memory_object_stream[_Item](_LANE_BUFFER)
                     lanes.append(send)
-                    group.start_soon(self._lane, client, receive)
+                    group.start_soon(self._lane, poster, receive)
                 group.start_soon(self._keep_position)
                 await self._dispatch(start, folds, lanes)
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                for poster in posters:
+                    await poster.aclose()
                 await self._save()
 
     async def _start(self, from_start: bool) -> int:
@@ -260,7 +258,7 @@ class Sender:
                 await lane.send(_Item(change, fold.copy()))
             self._dispatched = change.seq
 
-    async def _lane(self, client: httpx.AsyncClient, items: ObjectReceiveStream[_Item]) -> None:
+    async def _lane(self, poster: Poster, items: ObjectReceiveStream[_Item]) -> None:
         # A run read for one event serves its next ones when it was read after them: a run's
         # events take one lane, so only this lane reads it (the cache stays small: cleared
         # when it holds _CACHED runs).
@@ -273,7 +271,7 @@ class Sender:
                     if len(read) >= _CACHED:
                         read.clear()
                     seen = read[change.run_id] = (self._dispatched, await self._read(change))
-                await self._deliver(client, item, seen[1])
+                await self._deliver(poster, item, seen[1])
                 self._acked.add(change.seq)
                 self._delivered += 1
 
@@ -284,9 +282,7 @@ class Sender:
         except UnknownRunError:
             return None
 
-    async def _deliver(
-        self, client: httpx.AsyncClient, item: _Item, detail: RunDetail | None
-    ) -> None:
+    async def _deliver(self, poster: Poster, item: _Item, detail: RunDetail | None) -> None:
         change = item.change
         if detail is None:  # pruned since: only what the change itself says
             data: dict[str, Any] = {"id": change.run_id, "pruned": True}
@@ -295,7 +291,7 @@ class Sender:
         headers, body = cloud_event(change, self._source, data)
         tries = 0
         while True:
-            failure = await self._post(client, str(change.seq), headers, body)
+            failure = await self._post(poster, str(change.seq), headers, body)
             if failure is None:
                 return
             if failure == "410 Gone":
@@ -312,24 +308,16 @@ class Sender:
             await anyio.sleep(delay)
 
     async def _post(
-        self, client: httpx.AsyncClient, message_id: str, headers: dict[str, str], body: bytes
+        self, poster: Poster, message_id: str, headers: dict[str, str], body: bytes
     ) -> str | None:
         """One try: ``None`` when acknowledged, else what went wrong, in a few words."""
-        import httpx
-
         sent = dict(headers)
         if self._signer is not None:
             now = datetime.now(tz=UTC)
             sent["webhook-id"] = message_id
             sent["webhook-timestamp"] = str(int(now.timestamp()))
             sent["webhook-signature"] = self._signer.sign(message_id, now, body)
-        try:
-            response = await client.post(self._to.url, content=body, headers=sent)
-        except httpx.HTTPError as error:
-            return f"no answer ({type(error).__name__})"
-        if 200 <= response.status_code < 300:
-            return None
-        return f"{response.status_code} {response.reason_phrase}".strip()
+        return await poster.post(sent, body)
 
     def _watermark(self) -> int:
         while self._pending and self._pending[0] in self._acked:

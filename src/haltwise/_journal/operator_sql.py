@@ -73,9 +73,14 @@ SELECT r.id, r.task, r.state, r.reason, r.created_at, r.updated_at,
     (SELECT CAST(coalesce(sum(s.tokens), 0) AS BIGINT) FROM {steps} s WHERE s.run_id = r.id)
         AS tokens,
     (SELECT CAST(coalesce(sum(coalesce(s.calls, s.attempts)), 0) AS BIGINT) FROM {steps} s
-     WHERE s.run_id = r.id) AS calls
+     WHERE s.run_id = r.id) AS calls{progress}
 FROM {runs} r
 """
+#: what a page of runs asked with ``progress`` reads besides: each run's committed steps and its
+#: journaled steps (two more probes of the run's steps; a listing without it reads neither)
+_PROGRESS = """,
+    (SELECT count(*) FROM {steps} s WHERE s.run_id = r.id AND s.status = 'committed') AS done,
+    (SELECT count(*) FROM {steps} s WHERE s.run_id = r.id) AS known"""
 # (Scalar subqueries with LIMIT 1, not EXISTS: PostgreSQL turns an EXISTS in the select list into
 # a hashed subplan over every step of the store; these stay one index probe per listed run.)
 
@@ -122,8 +127,10 @@ class OperatorSQL:
         tasks: Collection[str] | None,
         limit: int,
         before: tuple[float, str] | None,
+        progress: bool = False,
     ) -> tuple[str, list[Any]]:
-        """Runs newest created first (ties by id, descending), after ``before`` if given."""
+        """Runs newest created first (ties by id, descending), after ``before`` if given; with
+        ``progress``, each row also counts the run's committed and journaled steps."""
         where: list[str] = []
         params: list[Any] = []
         if states:
@@ -135,7 +142,8 @@ class OperatorSQL:
         if before is not None:
             where.append("(r.created_at < ? OR (r.created_at = ? AND r.id < ?))")
             params += [before[0], before[0], before[1]]
-        text = _SUMMARY + (f" WHERE {' AND '.join(where)}" if where else "")
+        text = _SUMMARY.replace("{progress}", _PROGRESS if progress else "")
+        text += f" WHERE {' AND '.join(where)}" if where else ""
         text += " ORDER BY r.created_at DESC, r.id DESC LIMIT ?"
         return self.sql(text), [*params, limit]
 
@@ -360,32 +368,33 @@ class OperatorSQL:
         )
 
     def approvals_pending_json(self) -> str:
-        """:meth:`Store.pending_approvals_json`'s one query (parameter: the limit): the items
-        built by the database, the stored argument text spliced in as JSON, each time in full
-        precision (SQLite's JSON renders a REAL in 15 digits: ``printf('%!.17g')`` instead)."""
+        """:meth:`Store.pending_approvals_json`'s one query (parameter: the limit): the text
+        put together by the database in the index's order, the stored argument text (JSON the
+        runtime wrote) spliced in as it is, each time in full precision (``printf('%!.17g')``
+        on SQLite, whose own rendering of a REAL has 15 digits; ``float8::text`` on PostgreSQL,
+        the shortest that reads back the same)."""
         if self.dialect.name == "sqlite":
-            item = (
-                "json_object('run', run_id, 'step', idx, 'tool', tool, "
-                "'arguments', json(arguments), "
-                "'requested_at', json(printf('%!.17g', requested_at)), "
-                "'timeout_at', CASE WHEN timeout_at IS NULL THEN NULL "
-                "ELSE json(printf('%!.17g', timeout_at)) END)"
+            quote, number, items = (
+                "json_quote({})",
+                "printf('%!.17g', {})",
+                "group_concat(item, ',')",
             )
-            return self.sql(
-                "SELECT json_object('approvals', json_group_array(json(item))) FROM "
-                f"(SELECT {item} AS item FROM {{approvals}} WHERE state = 'awaiting' "
-                "ORDER BY requested_at, run_id, idx LIMIT ?)"
-            )
+        else:
+            quote, number = "to_json({})::text", "{}::text"
+            items = "string_agg(item, ',' ORDER BY requested_at, run_id, idx)"
+        timeout = f"CASE WHEN timeout_at IS NULL THEN 'null' ELSE {number.format('timeout_at')} END"
         item = (
-            "json_build_object('run', run_id, 'step', idx, 'tool', tool, "
-            "'arguments', arguments::json, 'requested_at', requested_at, "
-            "'timeout_at', timeout_at)"
+            f"""'{{"run":' || {quote.format("run_id")} || ',"step":' || idx || """
+            f"""',"tool":' || {quote.format("tool")} || ',"arguments":' || arguments || """
+            f"""',"requested_at":' || {number.format("requested_at")} || """
+            f"""',"timeout_at":' || {timeout} || '}}'"""
         )
+        body = f"""'{{"approvals":[' || COALESCE({items}, '') || ']}}'"""
+        braces = str.maketrans({"{": "{{", "}": "}}"})  # literal in what self.sql formats
         return self.sql(
-            "SELECT json_build_object('approvals', COALESCE(json_agg("
-            f"{item} ORDER BY requested_at, run_id, idx), '[]'::json))::text FROM "
-            "(SELECT * FROM {approvals} WHERE state = 'awaiting' "
-            "ORDER BY requested_at, run_id, idx LIMIT ?) pending"
+            f"SELECT {body.translate(braces)} FROM (SELECT {item.translate(braces)} AS item, "
+            "requested_at, run_id, idx FROM {approvals} "
+            "WHERE state = 'awaiting' ORDER BY requested_at, run_id, idx LIMIT ?) pending"
         )
 
     def approval_step_interrupted(self) -> str:
@@ -431,7 +440,8 @@ def summary_from_row(row: Sequence[Any]) -> RunSummary:
     run_id, task, state, reason, created_at, updated_at = run_columns(
         row[0], _SUMMARY_COLUMNS, row[:6]
     )
-    unsafe, repeats, hooked, usd, tokens, calls = row[6:]
+    unsafe, repeats, hooked, usd, tokens, calls = row[6:12]
+    progress = (int(row[12]), int(row[13])) if len(row) > 12 else None
     return RunSummary(
         id=run_id,
         task=task,
@@ -446,6 +456,7 @@ def summary_from_row(row: Sequence[Any]) -> RunSummary:
         created_at=created_at,
         updated_at=updated_at,
         spent=Spent(float(usd or 0), int(tokens or 0), int(calls or 0)),
+        progress=progress,
     )
 
 

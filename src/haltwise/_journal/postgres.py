@@ -1159,8 +1159,11 @@ class PostgresStore:
         tasks: Collection[str] | None,
         limit: int,
         before: tuple[float, str] | None,
+        progress: bool = False,
     ) -> list[RunSummary]:
-        sql, params = _OPS.run_page(states=states, tasks=tasks, limit=limit, before=before)
+        sql, params = _OPS.run_page(
+            states=states, tasks=tasks, limit=limit, before=before, progress=progress
+        )
 
         async def op(conn: _Conn) -> list[RunSummary]:
             async with conn.cursor(row_factory=tuple_row) as rows:

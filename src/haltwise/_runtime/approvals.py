@@ -232,6 +232,7 @@ async def ask(
         )
     record = found
     if record.state is ApprovalState.AWAITING:
+        run.progress.pulse()  # (whoever follows the run's progress sees the step awaiting)
         asked = {"haltwise.step.index": index, "gen_ai.tool.name": spec.name}
         run_event(run.trace, "haltwise.approval.requested", asked)
         timeout_at = record.timeout_at

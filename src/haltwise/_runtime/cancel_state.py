@@ -137,6 +137,12 @@ class CancelState:
         """A cancellation haltwise did not request reached one of the run's steps."""
         self.host = True
 
+    def unmark_host(self) -> None:
+        """The cancellation that reached a step (:meth:`mark_host`) was the framework stopping
+        that call because another call it ran beside failed: that failure, not a cancel, ends
+        the run."""
+        self.host = False
+
     def begin_hand_over(self) -> None:
         """A worker hands the run over: stop like a cancel, recording none."""
         self.handing_over = True

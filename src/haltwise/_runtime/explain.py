@@ -64,16 +64,35 @@ def budget_words(limit: Budget | None, spent: Spent) -> str:
 Face = Literal["cli", "api"]
 
 
-def settle_words(index: int, face: Face = "cli") -> str:
-    """How to say what happened to ``unknown`` step ``index`` and resume, in ``face``'s terms:
-    the one place the options are phrased (a new option, such as asking a reconcile hook, is
-    added here for every face)."""
+def settle_words(index: int, face: Face = "cli", *, hooked: bool = False) -> str:
+    """How to settle ``unknown`` step ``index`` and resume, in ``face``'s terms: the one place
+    the options are phrased, for every face.
+
+    ``hooked``: the step's tool has a ``reconcile`` hook not yet asked, which resume asks first
+    (and ``reconcile`` asks now, resuming nothing); otherwise a person says what happened."""
+    if hooked:
+        now = "haltwise reconcile ID" if face == "cli" else "POST /api/runs/{id}/reconcile"
+        first = "resume" if face == "cli" else "the Resume button"
+        return f"{first} asks its tool's reconcile hook what happened first ({now} asks it now)"
     if face == "api":
         return (
             f"resume with the Resume button (or the resume body's "
             f'"assume_done": {{"{index}": its result}} or "rerun": [{index}])'
         )
     return f"resume with --assume-done {index} or --rerun {index}"
+
+
+def refused_words(task_id: str, steps: Sequence[tuple[int, str]], face: Face = "cli") -> str:
+    """A resume refused because of ``unknown`` steps (``(index, tool)``) whose tools are not
+    idempotent, with the options that settle each (:func:`settle_words`), in ``face``'s terms."""
+    named = "; ".join(
+        f"step {index} ({tool}): check whether it happened, then {settle_words(index, face)}"
+        for index, tool in steps
+    )
+    return (
+        f"run {task_id!r}: resume refused: steps of tools that are not idempotent may or may "
+        f"not have happened; {named}"
+    )
 
 
 def retry_words(outcome: Outcome, face: Face = "cli") -> str:
@@ -91,7 +110,7 @@ def retry_words(outcome: Outcome, face: Face = "cli") -> str:
         case Retry.RESUME:
             asked = [s for s in outcome.steps if awaits_hook(s)]
             hooks = "; ".join(
-                f"resume asks the reconcile hook of step {s.index} ({s.tool}) what happened"
+                f"step {s.index} ({s.tool}): {settle_words(s.index, face, hooked=True)}"
                 for s in asked
             )
             repeated = _unique(step.tool for step in outcome.steps if would_repeat(step))

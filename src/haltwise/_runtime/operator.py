@@ -92,15 +92,21 @@ async def page_of_runs(
     task: str | None,
     limit: int,
     cursor: str | None,
+    progress: bool = False,
 ) -> RunPage:
-    """One page of runs, newest created first, and the cursor of the next (one query)."""
+    """One page of runs, newest created first, and the cursor of the next (one query); with
+    ``progress``, each run's committed and journaled steps counted (``RunSummary.progress``)."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise InputError(f"limit must be a whole number from 1 to {MAX_LIMIT}, not {limit!r}")
     chosen = parse_state(state)
     tasks = None if task is None else await resolve_task(store, task)
     before = None if cursor is None else decode_cursor(cursor)
     rows = await store.run_page(
-        states=() if chosen is None else (chosen,), tasks=tasks, limit=limit + 1, before=before
+        states=() if chosen is None else (chosen,),
+        tasks=tasks,
+        limit=limit + 1,
+        before=before,
+        progress=progress,
     )
     runs = tuple(rows[:limit])
     more = len(rows) > limit

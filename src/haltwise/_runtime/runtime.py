@@ -826,11 +826,16 @@ class Runtime:
         task: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        progress: bool = False,
     ) -> RunPage:
         """Up to ``limit`` runs, newest created first, in one query; ``page.next`` is the
         ``cursor`` of the next page (``None`` on the last). ``task`` is a name as the listing
-        shows it (``agent.py:research``) or its bare function name when that is unambiguous."""
-        return await self._seat.list_runs(state=state, task=task, limit=limit, cursor=cursor)
+        shows it (``agent.py:research``) or its bare function name when that is unambiguous.
+        ``progress=True`` also counts each run's ``committed`` and journaled steps
+        (:attr:`RunSummary.progress`: two more index probes a run, so only when asked)."""
+        return await self._seat.list_runs(
+            state=state, task=task, limit=limit, cursor=cursor, progress=progress
+        )
 
     def changes(
         self, since: int | None = None, *, run_id: str | None = None

@@ -82,9 +82,12 @@ class Seat:
         task: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        progress: bool = False,
     ) -> RunPage:
         """A page of runs, newest created first (see :meth:`haltwise.Runtime.list_runs`)."""
-        return await page_of_runs(self._store, state=state, task=task, limit=limit, cursor=cursor)
+        return await page_of_runs(
+            self._store, state=state, task=task, limit=limit, cursor=cursor, progress=progress
+        )
 
     def changes(
         self, since: int | None = None, *, run_id: str | None = None

@@ -329,6 +329,32 @@ def cooperative_stop(key: object, stop: Callable[[], None], *, margin: float) ->
     cancel.hold_for(stopping)
 
 
+def body_cancelled_by_host() -> bool:
+    """Whether the current run's task function's own task is being cancelled by its host (an
+    ``asyncio.timeout``, ``wait_for`` or ``Task.cancel()`` around the task function: a cancel
+    haltwise did not request). The run then ends by the rules for a host's cancel or timeout
+    leaving the task function (reason ``"host"`` or ``"timeout"``), and a framework that sees
+    the cancel reach its own work must not cancel the run itself. False outside a task."""
+    run = current_run()
+    body = run.body_task if run is not None else None
+    return (
+        body is not None
+        and run is not None
+        and run.cancel.reason is None
+        and (body.cancelling() > 0)
+    )
+
+
+def sibling_failed() -> None:
+    """The cancellation that has just reached a step of the current run was the framework
+    stopping that call because another call it ran beside it failed (LangGraph cancels the other
+    tasks of a superstep and raises the failure): not a host's cancel of the run, which then
+    ends by that failure as it would without haltwise. No-op outside a task."""
+    run = current_run()
+    if run is not None:
+        run.cancel.unmark_host()
+
+
 def end_cooperative_stop(key: object) -> None:
     """The framework's run ``key`` of :func:`cooperative_stop` has ended: a cancel of the
     haltwise run no longer waits for it."""

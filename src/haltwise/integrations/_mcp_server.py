@@ -10,8 +10,10 @@ journal, so its committed steps do not run again (a resume refused because of an
 step is an error result naming the step). The same key with other arguments (or for another
 task) is an error result naming the key (:class:`~haltwise.IdempotencyConflictError`). Each
 partial result the run emits is sent as a ``notifications/progress`` (``progress`` = how many
-partials so far, ``message`` = the partial as JSON) when the client asked for progress, as soon
-as it is journaled (the run's progress pulse wakes the server; nothing polls). The client's
+notifications so far, ``message`` = the partial as JSON) when the client asked for progress, as
+soon as it is journaled (the run's progress pulse wakes the server; nothing polls); so is each
+call that awaits approval, once, when its request is journaled (``message`` naming the step and
+the tool: ``[haltwise] step 0 (pay) awaits approval: haltwise approve RUN 0``). The client's
 ``notifications/cancelled`` cancels the run with reason ``"client"``: its steps settle by their
 policies in this process although no response is sent. A completed run answers with its result
 (text: the result as JSON; ``structuredContent``: ``{"result": result}``); a cancelled or failed
@@ -36,7 +38,7 @@ from mcp.server.stdio import stdio_server
 
 from .._core.exceptions import HaltwiseError, InputError, RunOwnedError
 from .._core.outcome import Outcome
-from .._core.states import State
+from .._core.states import State, StepStatus
 from .._runtime import lowlevel
 from .._runtime.describe import mcp_annotations, parameters_schema
 from .._runtime.runtime import Runtime, TaskHandle
@@ -165,12 +167,13 @@ class TaskServer:
             return handle  # a live process works it: answer with its outcome
 
     async def _follow(self, ctx: ServerRequestContext[Any, Any], handle: TaskHandle) -> Outcome:
-        """Wait for the run's final state, sending each new partial result as progress.
+        """Wait for the run's final state, sending each new partial result, and each step that
+        comes to await approval, as progress.
 
-        The journal is read again only when the run may have a new partial result (see
+        The journal is read again only when the run may have something new to report (see
         :meth:`_progress`), never on a timer: a run that makes no progress costs nothing.
         """
-        sent = 0
+        sent = _Reported()
         final: list[Outcome] = []
         async with anyio.create_task_group() as group:
 
@@ -180,10 +183,10 @@ class TaskServer:
 
             group.start_soon(wait_final)
             async for _ in self._progress(handle.id):
-                partials = (await handle.status()).partials
+                status = await handle.status()
                 with anyio.CancelScope(shield=True):  # counted as sent only once sent
-                    sent = await _report(ctx, partials, sent)
-        await _report(ctx, final[0].partials, sent)
+                    await sent.report(ctx, status)
+        await sent.report(ctx, final[0])
         return final[0]
 
     async def _progress(self, run_id: str) -> AsyncIterator[None]:
@@ -202,10 +205,34 @@ class TaskServer:
             await woken.wait()
 
 
-async def _report(ctx: ServerRequestContext[Any, Any], partials: Sequence[Any], sent: int) -> int:
-    for index in range(sent, len(partials)):
-        await ctx.session.report_progress(index + 1, None, json.dumps(partials[index]))
-    return max(sent, len(partials))
+class _Reported:
+    """What one call's progress notifications have reported so far: ``progress`` counts them
+    all (it only grows, as MCP asks); partials are reported in order, each step that awaits
+    approval once."""
+
+    __slots__ = ("asked", "count", "partials")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.partials = 0
+        self.asked: set[int] = set()
+
+    async def report(self, ctx: ServerRequestContext[Any, Any], outcome: Outcome) -> None:
+        """Send what ``outcome`` (the run as journaled now) holds that was not sent yet."""
+        for partial in outcome.partials[self.partials :]:
+            await self._send(ctx, json.dumps(partial))
+            self.partials += 1
+        for step in outcome.steps:
+            if step.status is StepStatus.AWAITING and step.index not in self.asked:
+                words = f"haltwise approve {outcome.id} {step.index}"
+                await self._send(
+                    ctx, f"[haltwise] step {step.index} ({step.tool}) awaits approval: {words}"
+                )
+                self.asked.add(step.index)
+
+    async def _send(self, ctx: ServerRequestContext[Any, Any], message: str) -> None:
+        await ctx.session.report_progress(self.count + 1, None, message)
+        self.count += 1
 
 
 def _run_id(ctx: ServerRequestContext[Any, Any]) -> str:

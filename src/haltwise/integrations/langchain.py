@@ -25,8 +25,13 @@
   and its node raises ``GraphDrained``. A new run continuing the thread, in any process, never
   repeats a committed call.
 - LangGraph's own cancel (cancelling the task that runs ``ainvoke``/``astream``) reaches the tool
-  calls and the model call in flight: each settles by its policy, and the run is cancelled with
-  reason ``"host"``.
+  calls and the model call in flight: each settles by its policy, each tool call's node saves its
+  ``ToolMessage`` (as above) as the task's output in the checkpoint before it ends (LangGraph's
+  cut loop would not), and the run is cancelled with reason ``"host"``. A node LangGraph cancels
+  because a task of the same superstep failed is no host cancel: the run fails with that failure.
+- A failed call the agent went past replays its journaled error on resume; one whose type cannot
+  be rebuilt (``haltwise.ReplayedError``) is raised as an ``Exception`` of the same type name and
+  text, so LangChain's error handlers write the same text for the model as the first time.
 
 Needs the ``langchain`` extra: ``pip install 'haltwise[langchain]'``.
 """
@@ -59,7 +64,12 @@ from langchain_core.messages import (  # noqa: E402
     message_to_dict,
     messages_from_dict,
 )
-from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool  # noqa: E402
+from langchain_core.tools import (  # noqa: E402
+    BaseTool,
+    InjectedToolCallId,
+    StructuredTool,
+    ToolException,
+)
 from langgraph.errors import GraphDrained  # noqa: E402
 from langgraph.prebuilt.tool_node import ToolCallRequest  # noqa: E402
 from langgraph.runtime import RunControl, Runtime, get_runtime  # noqa: E402
@@ -67,7 +77,12 @@ from langgraph.types import Command  # noqa: E402
 
 import haltwise  # noqa: E402
 
-from .._runtime.task_api import cooperative_stop, end_cooperative_stop  # noqa: E402
+from .._runtime.task_api import (  # noqa: E402
+    body_cancelled_by_host,
+    cooperative_stop,
+    end_cooperative_stop,
+    sibling_failed,
+)
 from ._common import (  # noqa: E402
     MODEL_STEP,
     call_id,
@@ -82,6 +97,7 @@ from ._conversation import (  # noqa: E402
     settled_calls,
     unsettled_text,
 )
+from ._langgraph_tasks import save_as_finished, superstep_task_failed  # noqa: E402
 
 __all__ = ["HaltwiseMiddleware", "close_dangling", "tool"]
 
@@ -95,6 +111,8 @@ DRAIN_MARGIN = 5.0
 
 # A drained graph raises GraphDrained out of ainvoke/astream: a cancel, never a failure.
 haltwise.register_host_cancel(GraphDrained)
+# A tool's ToolException (LangChain's "tell the model" error) replays as itself on resume.
+haltwise.register_replayable_error(ToolException)
 
 
 def tool(haltwise_tool: haltwise.Tool[..., Any]) -> BaseTool:
@@ -106,6 +124,8 @@ def tool(haltwise_tool: haltwise.Tool[..., Any]) -> BaseTool:
             return _content(await call_tool(target, tool_call_id, **kwargs))
         except haltwise.ApprovalRefused as refused:
             return str(refused)  # refused or expired: the model reads why, the agent goes on
+        except haltwise.ReplayedError as replayed:
+            raise _as_journaled(replayed) from None
 
     return StructuredTool.from_function(
         coroutine=invoke,
@@ -170,7 +190,8 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
             if _draining(request.runtime):
                 # the model's answer is not needed: the graph stops at this superstep's start
                 raise GraphDrained(DRAIN_REASON) from None
-            await _host_stop(stop, request.runtime)
+            if _cut_by_host(stop):
+                await _host_stop(request.runtime)
             raise
         return ModelResponse(result=messages_from_dict(data))
 
@@ -189,13 +210,22 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
                     return await handler(request)
                 return await _foreign_tool_step(request, handler)
         except (haltwise.Cancelled, asyncio.CancelledError) as stop:
-            if not (cid and _draining(runtime)):
-                await _host_stop(stop, runtime)
+            if cid and _draining(runtime):
+                # A haltwise cancel stopped the call and the graph drains: the call gets its
+                # result (what the journal says became of it) so that the superstep, and the
+                # checkpoint LangGraph writes for it, hold it.
+                return await _closed_call(cid, request.tool_call["name"])
+            if not _cut_by_host(stop):
                 raise
-        # A haltwise cancel stopped the call and the graph drains: the call gets its result
-        # (what the journal says became of it) so that the superstep, and the checkpoint
-        # LangGraph writes for it, hold it.
-        return await _closed_call(cid, request.tool_call["name"])
+            if not cid:
+                await _host_stop(runtime)
+                raise
+        # The host cut the graph run: its loop is gone and will write no checkpoint for this
+        # call, so the call's result is saved as this task's writes before the node ends.
+        closed = await _closed_call(cid, request.tool_call["name"])
+        await save_as_finished(closed, getattr(runtime, "execution_info", None))
+        await _host_stop(runtime)
+        return closed
 
 
 def _record(message: Any, model: Any) -> None:
@@ -253,9 +283,27 @@ class _StepTool(BaseTool):
                 )
             return message_to_dict(answer)
 
-        data = await journaled(call, name=inner.name)
+        try:
+            data = await journaled(call, name=inner.name)
+        except haltwise.ReplayedError as replayed:
+            raise _as_journaled(replayed) from None
         (message,) = messages_from_dict([data])
         return message
+
+
+def _as_journaled(replayed: haltwise.ReplayedError) -> Exception:
+    """The error a failed call raised the first time, as LangChain's error handling sees it, for
+    a call that replays its journaled error on resume (``haltwise.ReplayedError``: the error's own
+    type could not be rebuilt in this process).
+
+    An ``Exception`` whose type has the journaled type's name and whose text is the error's
+    text: ``ToolNode(handle_tool_errors=...)``, ``ToolRetryMiddleware``, ``ToolErrorMiddleware``
+    and the usual handlers write the tool's error from ``repr``, the type's name and ``str``,
+    so the model is handed the same text as the first time, and the next model request matches
+    the journal's. A handler that selects errors by their class (``isinstance``) cannot match
+    it (declare such a type with :func:`haltwise.register_replayable_error`)."""
+    kind: type[Exception] = type(replayed.type, (Exception,), {"__module__": "haltwise.replayed"})
+    return kind(str(replayed))
 
 
 def _request_view(request: ModelRequest[Any]) -> dict[str, Any]:
@@ -307,15 +355,30 @@ def _stop_draining(control: RunControl | None) -> None:
         end_cooperative_stop(id(control))
 
 
-async def _host_stop(stop: BaseException, runtime: Runtime[Any] | None) -> None:
-    """LangGraph cancelled a node of ours although haltwise asked for no cancel: its graph run
-    was cancelled (``Task.cancel()`` of the task running ``ainvoke``/``astream``, also one the
-    task's body made and goes on after). The run is cancelled with reason ``host``, and the
-    graph run no longer holds the cancel of the task's scope back (its loop is gone)."""
+def _cut_by_host(stop: BaseException) -> bool:
+    """Whether LangGraph cancelled the node running this code because its graph run was
+    cancelled (``Task.cancel()`` of the task running ``ainvoke``/``astream``, also one the task's
+    body made and goes on after), not because haltwise asked (a haltwise cancel) nor because a
+    task of the same superstep failed (LangGraph then cancels the others and raises the failure
+    from ``ainvoke``: the run fails with it, as it would without haltwise; the step the cancel
+    reached is then not counted as a host's cancel of the run)."""
     if not isinstance(stop, asyncio.CancelledError) or haltwise.cancel_requested():
-        return
+        return False
+    if superstep_task_failed():
+        sibling_failed()
+        return False
+    return True
+
+
+async def _host_stop(runtime: Runtime[Any] | None) -> None:
+    """The host cut the graph run (:func:`_cut_by_host`): the graph run no longer holds the
+    cancel of the task's scope back (its loop is gone), and the run is cancelled with reason
+    ``host``, unless the host is cancelling the task function's own task (an
+    ``asyncio.timeout`` or ``wait_for`` around ``ainvoke`` in the task function): that cancel,
+    leaving the task function, ends the run (reason ``host``, or ``timeout`` for a timeout)."""
     _stop_draining(getattr(runtime, "control", None))
-    await cancel_run_for_host()
+    if not body_cancelled_by_host():  # else the cancel leaving the task function ends the run
+        await cancel_run_for_host()
 
 
 def _draining(runtime: Runtime[Any] | None) -> bool:

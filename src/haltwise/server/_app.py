@@ -221,6 +221,7 @@ async def _runs(request: Request, served: Served) -> Response:
             task=params.get("task") or None,
             limit=limit,
             cursor=params.get("cursor") or None,
+            progress=params.get("progress") == "1",
         )
     except InputError as error:
         raise from_haltwise(error, input_status=400) from None
@@ -228,6 +229,9 @@ async def _runs(request: Request, served: Served) -> Response:
     if params.get("times") == "1":  # the dashboard's list: when each run began and last moved
         for row, run in zip(listing["runs"], page.runs, strict=True):
             row["created_at"], row["updated_at"] = run.created_at, run.updated_at
+    for row, run in zip(listing["runs"], page.runs, strict=True):
+        if run.progress is not None:  # the dashboard's list: how far each run got
+            row["progress"] = {"done": run.progress[0], "known": run.progress[1]}
     return JSONResponse(listing)
 
 

@@ -25,6 +25,7 @@ from .._core.exceptions import (
     StoreError,
     UnknownRunError,
 )
+from .._runtime.explain import refused_words
 
 __all__ = ["ApiError", "error_response", "from_haltwise"]
 
@@ -59,8 +60,10 @@ def from_haltwise(error: HaltwiseError, *, input_status: int = 422) -> ApiError:
         return ApiError(404, "unknown_run", text)
     if isinstance(error, RunOwnedError):
         return ApiError(409, "run_owned", text)
-    if isinstance(error, ResumeRefusedError):
-        return ApiError(409, "resume_refused", text)
+    if isinstance(error, ResumeRefusedError):  # with the resume body's fields that settle it
+        return ApiError(
+            409, "resume_refused", refused_words(error.task_id or "", error.steps, "api")
+        )
     if isinstance(error, CodeChangedError):
         return ApiError(409, "code_changed", text)
     if isinstance(error, ApprovalConflictError):

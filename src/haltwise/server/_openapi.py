@@ -96,6 +96,16 @@ _RESPONSES: dict[str, Any] = {
             "retry": {"type": "string"},
             "created_at": {"type": "number", "description": "with ?times=1"},
             "updated_at": {"type": "number", "description": "with ?times=1"},
+            "progress": {
+                "description": "with ?progress=1: the run's committed steps and its steps "
+                "journaled so far",
+                "type": "object",
+                "required": ["done", "known"],
+                "properties": {
+                    "done": {"type": "integer", "minimum": 0},
+                    "known": {"type": "integer", "minimum": 0},
+                },
+            },
         },
     },
     "RunList": {
@@ -362,6 +372,13 @@ def openapi_document() -> dict[str, Any]:
             "name": "times",
             "in": "query",
             "description": "1: each row also has `created_at` and `updated_at` (epoch seconds)",
+            "schema": {"type": "string", "enum": ["0", "1"]},
+        },
+        {
+            "name": "progress",
+            "in": "query",
+            "description": '1: each row also has `progress`: `{"done", "known"}`, its '
+            "`committed` steps and the steps journaled so far",
             "schema": {"type": "string", "enum": ["0", "1"]},
         },
         {

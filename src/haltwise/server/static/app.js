@@ -78,6 +78,7 @@ async function api(method, path, body) {
     const message = data && data.error ? data.error.message : `HTTP ${response.status}`;
     const failure = new Error(message);
     failure.status = response.status;
+    failure.code = data && data.error ? data.error.code : null;
     throw failure;
   }
   return data;
@@ -158,7 +159,7 @@ async function showRuns(params) {
 
   const mine = pageNumber;
   const render = async () => {
-    const query = new URLSearchParams({ limit, times: "1" });
+    const query = new URLSearchParams({ limit, times: "1", progress: "1" });
     if (state) query.set("state", state);
     if (task) query.set("task", task);
     if (cursor) query.set("cursor", cursor);
@@ -170,7 +171,9 @@ async function showRuns(params) {
       return;
     }
     if (mine !== pageNumber) return;
-    const head = el("tr", {}, ...(READ_ONLY ? [] : [el("th", { text: "" })]), ...["id", "task", "state", "started", "took", "reason", "retry", "spent", "waiting for"].map((h) => el("th", { text: h })));
+    const head = el("tr", {}, ...(READ_ONLY ? [] : [el("th", { text: "" })]), ...["id", "task", "state", "progress", "started", "took", "reason", "retry", "spent", "waiting for"].map((h) => el("th", { text: h })));
+    // steps committed of the steps journaled so far (a run still going may begin more)
+    const progress = (run) => (run.progress ? `${run.progress.done}/${run.progress.known}` : "");
     // how long a final run took, or an active one has been going
     const took = (run) => seconds((STATES.final.includes(run.state) ? run.updated_at : Date.now() / 1000) - run.created_at);
     const tick = (run) => {
@@ -186,6 +189,7 @@ async function showRuns(params) {
       el("td", {}, el("a", { href: `#/run/${encodeURIComponent(run.id)}`, text: run.id, class: "run-link" })),
       el("td", { text: run.task }),
       el("td", {}, badge(run.state)),
+      el("td", { text: progress(run), class: "progress", title: "steps committed / steps begun" }),
       el("td", { text: when(run.created_at), class: "started" }),
       el("td", { text: took(run), class: "took" }),
       el("td", { text: run.reason || "", class: "reason" }),
@@ -276,6 +280,12 @@ function runPage(run) {
   if (run.forced) fact("cancel", "forced");
   fact("owner", run.owner ? `pid ${run.owner.pid} on ${run.owner.host} (${run.owner.alive ? "alive" : "gone"})` : "none");
   fact("created", when(run.created_at));
+  if (run.code) {
+    // the version of its code the run recorded, and whether the file on disk differs now
+    const version = `${run.code.file} (sha256 ${run.code.digest.slice(0, 12)}…)`;
+    const changed = run.code.changed ? " — changed on disk since: resuming runs other code" : "";
+    facts.append(el("dt", { text: "code" }), el("dd", { id: "run-code", class: run.code.changed ? "changed" : "", text: version + changed }));
+  }
   if (run.error) fact("error", `${run.error.type}: ${run.error.message}`);
   if (run.cancel_error) fact("raised while cancelling", `${run.cancel_error.type}: ${run.cancel_error.message}`);
   if (run.state === "completed") fact("result", json(run.result));
@@ -513,20 +523,50 @@ function raiseBudget(run, act) {
     usd, tokens, calls, el("button", { id: "raise", onclick: raise, text: "Raise and unpause" }));
 }
 
+// Resume. Before it, the operator says what happened to each unknown step of a tool that is not
+// idempotent: where the tool has a reconcile hook, asking it is preselected (the resume asks
+// it); otherwise nothing is chosen for them (one click must not record a post as done), and a
+// resume without a choice is refused here. When the task's file changed since the run began
+// (the run's code.changed, or the server's 409 code_changed), the form says so, and resumes
+// with the changed code only if told to (allow_code_change, recorded in the run's history).
 function resumeDialog(run, box) {
   const unknown = run.steps.filter((s) => s.status === "unknown" && !s.idempotent);
-  if (!unknown.length) {
-    api("POST", `${runPath(run.id)}/resume`, {}).then((a) => toast(`resumed: ${a.state}`)).catch((e) => toast(e.message, true));
+  const old = box.querySelector("#resume-form");
+  if (old) old.remove();
+  if (!unknown.length && !(run.code && run.code.changed)) {
+    postResume(run, box, {}, null);
     return;
   }
+  box.append(resumeForm(run, box, unknown));
+}
+
+function postResume(run, box, body, form) {
+  api("POST", `${runPath(run.id)}/resume`, body).then((a) => toast(`resumed: ${a.state}`)).catch((error) => {
+    if (error.code === "code_changed" && !body.allow_code_change) {
+      const shown = form || resumeForm(run, box, []);
+      showCodeChange(shown, error.message);
+      if (!form) box.append(shown);
+      return;
+    }
+    toast(error.message, true);
+  });
+}
+
+function showCodeChange(form, message) {
+  const part = form.querySelector("#code-change");
+  part.hidden = false;
+  part.replaceChildren(el("p", { class: "error", id: "code-changed-message", text: message }),
+    el("label", {}, el("input", { type: "checkbox", id: "allow-code-change" }),
+      " resume with the code as it is now (recorded in the run's history)"));
+}
+
+function resumeForm(run, box, unknown) {
   const form = el("form", { class: "resume-form", id: "resume-form" });
-  form.append(el("p", { text: "Before resuming, say what happened to each unknown step:" }));
+  if (unknown.length) form.append(el("p", { text: "Before resuming, say what happened to each unknown step:" }));
   for (const step of unknown) {
     const name = `step-${step.index}`;
-    // A step whose tool has a reconcile hook: asking it is the default (the resume asks it).
-    // Otherwise nothing is chosen for the operator: one click must not record a post as done.
     const hooked = step.reconcile_hook === true;
-    const set = el("fieldset", {}, el("legend", { text: `step ${step.index} ${step.tool}` }));
+    const set = el("fieldset", { "data-step": String(step.index) }, el("legend", { text: `step ${step.index} ${step.tool}` }));
     if (hooked) {
       set.append(el("label", {}, el("input", { type: "radio", name, value: "hook", checked: true }), " ask the tool's reconcile hook"));
     }
@@ -536,7 +576,11 @@ function resumeDialog(run, box) {
       el("label", {}, el("input", { type: "radio", name, value: "rerun" }), " it did not happen: run it again"));
     form.append(set);
   }
-  form.append(el("button", { type: "submit", text: "Resume" }));
+  form.append(el("div", { id: "code-change", class: "code-change", hidden: true }));
+  if (run.code && run.code.changed) {
+    showCodeChange(form, `The task's file ${run.code.file} changed since this run began: resuming runs the code as it is now.`);
+  }
+  form.append(el("button", { type: "submit", id: "resume-submit", text: "Resume" }));
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     const body = { assume_done: {}, rerun: [] };
@@ -556,9 +600,16 @@ function resumeDialog(run, box) {
       toast(`not valid JSON: ${error.message}`, true);
       return;
     }
-    api("POST", `${runPath(run.id)}/resume`, body).then((a) => toast(`resumed: ${a.state}`)).catch((e) => toast(e.message, true));
+    if (!form.querySelector("#code-change").hidden) {
+      if (!form.querySelector("#allow-code-change").checked) {
+        toast("the task's file changed: tick \"resume with the code as it is now\", or leave the run as it is", true);
+        return;
+      }
+      body.allow_code_change = true;
+    }
+    postResume(run, box, body, form);
   });
-  box.append(form);
+  return form;
 }
 
 // -- the audit -----------------------------------------------------------------------------
