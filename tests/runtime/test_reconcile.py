@@ -8,6 +8,7 @@ ledger counts the side effects, and the hook asks it by the step's idempotency k
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 import haltwise
 import reconcile_agent as agent
 from _paths import TESTS
+from _wait import until as until_async
 from haltwise import Retry, State, StepStatus
 
 pytestmark = pytest.mark.anyio
@@ -171,3 +173,62 @@ async def test_the_listing_says_resume_while_a_hook_waits(store_url: str, world:
         assert outcome.retry is Retry.RESUME
         counted = await rt.list_runs(progress=True)
         assert [row.progress for row in counted.runs] == [(1, 1)]
+
+
+HOOK_CALLS: list[int] = []
+GATES: dict[str, anyio.Event] = {}
+
+
+def ask_the_provider(amount: int) -> haltwise.Happened:
+    HOOK_CALLS.append(amount)
+    return haltwise.Happened(f"paid {amount}")
+
+
+@haltwise.tool(cancel="finish", effect="external", grace=0.05, reconcile=ask_the_provider)
+async def pay_with_a_short_grace(amount: int) -> str:
+    await GATES["pay"].wait()
+    return f"paid {amount}"
+
+
+@haltwise.tool(cancel="finish", effect="external", grace=600)
+async def notify_with_a_long_grace(text: str) -> str:
+    await GATES["notify"].wait()
+    return text
+
+
+@haltwise.task(name="reconcile_test:pay_and_notify")
+async def pay_and_notify() -> list[str]:
+    return list(await asyncio.gather(pay_with_a_short_grace(3), notify_with_a_long_grace("paid")))
+
+
+async def test_reconcile_refuses_a_run_still_active_and_asks_no_hook(store_url: str) -> None:
+    """A run still ``cancelling`` (one step ran out of grace: ``unknown``; another still
+    finishing) is its owner's to settle: ``reconcile`` from another runtime refuses in one
+    line and calls no hook (it used to call them all and journal nothing: the run is held);
+    once the run is final, it asks."""
+    HOOK_CALLS.clear()
+    GATES.update(pay=anyio.Event(), notify=anyio.Event())
+    async with haltwise.Runtime(store_url) as rt, haltwise.Runtime(store_url) as other:
+        handle = await rt.start(pay_and_notify, task_id="a1")
+
+        async def both_running() -> bool:
+            return len((await rt.status("a1")).steps) == 2
+
+        await until_async(both_running, "both calls in flight")
+        await handle.cancel()
+
+        async def pay_unknown() -> bool:
+            return (await rt.status("a1")).steps[0].status is StepStatus.UNKNOWN
+
+        await until_async(pay_unknown, "the short grace to run out")
+        assert (await rt.status("a1")).state is State.CANCELLING
+        try:
+            with pytest.raises(haltwise.InputError, match="is cancelling"):
+                await other.reconcile("a1", task=pay_and_notify)
+            assert HOOK_CALLS == [], "no hook asked about a run another owner holds"
+        finally:
+            GATES["notify"].set()  # (a failed check must not leave a 600 s grace to wait out)
+        assert (await handle.outcome()).state is State.CANCELLED
+        after = await other.reconcile("a1", task=pay_and_notify)
+    assert HOOK_CALLS == [3]
+    assert after.steps[0].status is StepStatus.COMMITTED
