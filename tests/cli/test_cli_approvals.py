@@ -230,9 +230,11 @@ def test_kill_9_while_awaiting_a_takeover_waits_on_the_same_request(env: Env) ->
     deadline = time.monotonic() + PATIENCE
     while time.monotonic() < deadline:
         status = env.status("k1")  # (one process a look: each costs ~0.3 s of CI)
-        if status is not None and status["steps"][0]["status"] == "awaiting":
-            if status["state"] == "running":
-                break
+        if status is not None and (status["state"], status["steps"][0]["status"]) == (
+            "running",
+            "awaiting",
+        ):
+            break
         time.sleep(0.02)
     [again] = pending(env)
     assert again == first["k1"], "the same request, still awaiting"
