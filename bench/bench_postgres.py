@@ -28,8 +28,8 @@ systems alternating round after round so that a slow spell of the shared machine
 ``--load N`` measures section 1 also under an ordinary load made here: N busy-loop processes
 (as many as the machine has cores makes its load N + the benchmark's own), started before and
 stopped after each loaded pass, at the benchmark's own priority; each repetition measures
-every row quiet, then every row loaded, and the two tables and their targets are printed side
-by side (issue 35, item 4: the targets must hold at a load of 2 on a 2-core machine).
+every row without them, then every row with them, and the two tables and their targets are
+printed side by side (issue 35, item 4: the targets must hold at a load of 2 on 2 cores).
 ``--steps-only`` measures section 1 alone, and only the rows its targets are read from (no
 ``effect="write"`` row): the quiet-window command.
 
@@ -354,8 +354,8 @@ def busy(processes: int) -> Iterator[None]:
 def step_section(
     server: Server, rows: list[Row], steps: int, repeat: int, burn: int = 0, loads: Any = None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """Section 1, quiet; with ``burn`` busy loops, also loaded (each repetition: every row
-    quiet, then every row with the loops running): (the quiet rows, the loaded rows or None).
+    """Section 1; with ``burn`` busy loops, also loaded (each repetition: every row without
+    them, then every row with them running): (the rows without, the rows with, or None).
     The 1-minute load average at the end of each loaded pass is appended to ``loads``."""
     fixed = {row: server.measure("steps", row, 0) for row in rows}
     per_row: dict[Row, list[dict[str, Any]]] = {row: [] for row in rows}
@@ -469,9 +469,9 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
 
     steps, cancel = report["steps"], report.get("cancel", [])
     mine = report["ours"]
-    found = step_targets(steps, mine, " (quiet)" if report.get("steps_loaded") else "")
+    found = step_targets(steps, mine, " (no load added)" if report.get("steps_loaded") else "")
     if report.get("steps_loaded"):
-        found += step_targets(report["steps_loaded"], mine, f" (--load {report['burn']})")
+        found += step_targets(report["steps_loaded"], mine, f" (--load {report['burn']} added)")
     if "scale" not in report:
         return found
     ours_cancel = next((r for r in cancel if r["system"] == mine), {})
@@ -510,8 +510,8 @@ def haltwise_rows(variants: list[tuple[str, str]], trees: dict[str, Path | None]
 def print_steps(report: dict[str, Any], key: str = "steps") -> None:
     how = (
         f"with {report['burn']} busy-loop processes running (--load {report['burn']}), "
-        "alternating with the quiet table above; 1-minute load average at the end of each "
-        f"loaded pass {report['load'].get('loaded', '?')}"
+        "alternating with the table above (no load added); 1-minute load average at the end "
+        f"of each loaded pass {report['load'].get('loaded', '?')}"
         if key == "steps_loaded"
         else f"load average at start {report['load']['steps']}"
     )
