@@ -4,9 +4,9 @@ What it does against noise (a shared machine; the step itself costs ~100 us, the
 
 - **process CPU**, not wall time (``time.process_time``: every thread of the process), so that
   time spent waiting for a CPU does not count;
-- **many short rounds**, each measuring every variant once, the order turning each round (no
-  variant always runs first, or right after the same one): a slow spell of the machine lands
-  on all variants alike;
+- **many short rounds**, each measuring every variant once, in an order drawn at random each
+  round (no variant always runs first, or right after the same one, or in step with work the
+  process does every so many runs): a slow spell of the machine lands on all variants alike;
 - **per-round differences**: each variant minus the baseline *of the same round*, so the
   machine's drift between rounds cancels; the figure is the **median** of those differences,
   with a **bootstrap 95% interval** of that median and the differences' IQR;
@@ -31,14 +31,13 @@ CONTROL = "A/A control"
 
 
 def order_of(variants: Sequence[str], round_: int) -> list[str]:
-    """The variants in round ``round_``'s order: turned by one each round, and reversed every
-    other cycle, so that over ``2 * len(variants)`` rounds each variant takes each position as
-    often as any, and runs as often just before its neighbours as just after them."""
+    """The variants in round ``round_``'s order: a permutation drawn at random (seeded by the
+    round: the same in every run of the benchmark). Not a fixed rotation: work the process
+    does every so many runs (a WAL checkpoint, a heartbeat) would fall on the same variant
+    again and again under a pattern with the same period, and bias it (seen: +13 us for a
+    copy of the baseline under a rotation)."""
     names = list(variants)
-    turn = round_ % len(names)
-    names = names[turn:] + names[:turn]
-    if (round_ // len(names)) % 2:
-        names.reverse()
+    random.Random(1_000_003 * round_ + 17).shuffle(names)
     return names
 
 

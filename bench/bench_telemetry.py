@@ -2,9 +2,9 @@
 
 1. ``spans``: runs of ``--steps`` trivial async steps on SQLite (``synchronous=off``: the disk
    does not count), CPU per step (``time.process_time``, every thread), ``--span-rounds``
-   interleaved A/B rounds (see ``_abcpu``: the order turning, GC collected and frozen, warm-up
-   thrown away, the median of per-round differences with a bootstrap interval, an A/A control
-   in the same run). Two tables: (a) in the same process (``_span_worker.py ... ab``), spans
+   interleaved A/B rounds (see ``_abcpu``: the order drawn at random, GC collected and frozen,
+   warm-up thrown away, the median of per-round differences with a bootstrap interval, an A/A
+   control in the same run). Two tables: (a) in the same process (``_span_worker.py ... ab``), spans
    off (haltwise's spans module told OpenTelemetry is absent) against on, for each set-up: the
    API installed and no SDK, a no-op tracer provider configured, the SDK with an in-memory
    exporter; (b) paired processes alive at once (``_span_worker.py ... serve``): a no-op
@@ -92,7 +92,7 @@ def bench_spans(steps: int, rounds: int, warmup: int) -> str:
         + table(("provider", *DIFF_HEADERS), in_process)
         + "\n\n### Paired processes: the no-op provider's process against processes without "
         + "OpenTelemetry\n\n"
-        + "Three processes alive at once, one run each per round, the order turning; the A/A "
+        + "Three processes alive at once, one run each per round, in a random order; the A/A "
         + "control is a second process without OpenTelemetry (what two processes differ by: "
         + f"memory layout, hash seeds). Load {paired[1]} -> {load()}.\n\n"
         + table(DIFF_HEADERS, paired[0])
