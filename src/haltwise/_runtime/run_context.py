@@ -242,7 +242,7 @@ class Numbering:
         return self.next_new
 
 
-@dataclass(eq=False, slots=True, weakref_slot=True)
+@dataclass(eq=False)
 class RunContext:
     """Everything the runtime knows about a run it is working in this process.
 
