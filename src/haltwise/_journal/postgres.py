@@ -1111,7 +1111,7 @@ class PostgresStore:
 
     async def read_journal(self) -> JournalRows:
         async def op(conn: _Conn) -> JournalRows:
-            # A read-only operation: one REPEATABLE READ snapshot for all four reads.
+            # A read-only operation: one REPEATABLE READ snapshot for all five reads.
             runs = await (await conn.execute(*_SQL.list_runs(None))).fetchall()
             events = await (await conn.execute(*_SQL.events(None))).fetchall()
             async with conn.cursor(row_factory=tuple_row) as plain:  # step_from_row: by position
@@ -1119,7 +1119,9 @@ class PostgresStore:
                 steps = await plain.fetchall()
                 await plain.execute(_SQL.all_partials)
                 partials = await plain.fetchall()
-            return journal_from_rows(runs, events, steps, partials)
+                await plain.execute(_SQL.all_step_changes)
+                changes = await plain.fetchall()
+            return journal_from_rows(runs, events, steps, partials, changes)
 
         return await self._run(op, read_only=True)
 
