@@ -24,7 +24,7 @@ import gc
 import os
 import random
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 #: the name of the A/A control: the baseline measured a second time in every round
 CONTROL = "A/A control"
@@ -74,12 +74,16 @@ def differences(per_round: Mapping[str, Sequence[float]], baseline: str) -> dict
 
 
 def diff_rows(
-    per_round: Mapping[str, Sequence[float]], baseline: str, target_us: float | None = None
+    per_round: Mapping[str, Sequence[float]],
+    baseline: str,
+    target_us: float | None = None,
+    judged: Collection[str] | None = None,
 ) -> list[tuple[str, ...]]:
     """Table rows: the variant, its median CPU us/step, the median of its per-round
     differences against ``baseline`` with the bootstrap interval and the IQR, and (with
-    ``target_us``) whether the interval lies below the target (not for the A/A control, nor
-    for a row named a breakdown: such a figure never resolves a target)."""
+    ``target_us``) whether the interval lies below the target: for the rows named in
+    ``judged`` (None: every row), never for the A/A control nor a row named a breakdown (such
+    a figure never resolves a target)."""
     rows: list[tuple[str, ...]] = [
         (baseline, f"{statistics.median(per_round[baseline]):.1f}", "(baseline)", "", "", "")
     ]
@@ -87,7 +91,12 @@ def diff_rows(
         low, high = bootstrap_median(diffs)
         q1, q3 = iqr(diffs)
         verdict = ""
-        if target_us is not None and name != CONTROL and "breakdown" not in name:
+        if (
+            target_us is not None
+            and name != CONTROL
+            and "breakdown" not in name
+            and (judged is None or name in judged)
+        ):
             verdict = f"< {target_us:g} us" if high < target_us else "not shown"
         rows.append(
             (

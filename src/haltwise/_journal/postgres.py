@@ -96,6 +96,8 @@ from .rows import (
     transition_fields,
 )
 from .schema import (
+    CHANGES_CHANNEL,
+    PG_CONNECT_TIMEOUT,
     POSTGRES,
     POSTGRES_CLOCK,
     SCHEMA_VERSION,
@@ -135,7 +137,7 @@ from .store import (
     WriteDone,
 )
 
-_CHANNEL = "haltwise_changes"
+_CHANNEL = CHANGES_CHANNEL
 #: the change feed's row of a step row written outside the step writer (an approval request's)
 _STEP_CHANGE = (
     "INSERT INTO haltwise.changes (run_id, kind, idx, status, at) "
@@ -199,7 +201,7 @@ def _has_input(fd: int) -> bool:
     return bool(poller.poll(0))
 
 
-_CONNECT_TIMEOUT = 10
+_CONNECT_TIMEOUT = PG_CONNECT_TIMEOUT
 _RETRIES = 5
 
 _SQL = Statements(POSTGRES)

@@ -12,7 +12,6 @@ URL: ``sqlite:///relative.db`` or ``sqlite:////absolute.db``; options ``?synchro
 
 from __future__ import annotations
 
-import math
 import os
 import sqlite3
 import time
@@ -20,7 +19,7 @@ from collections.abc import Awaitable, Collection, Iterable, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any, Literal
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import quote
 
 import anyio
 
@@ -61,7 +60,6 @@ from .rows import (
     transition_fields,
 )
 from .schema import SCHEMA_VERSION, SQLITE, parse_version, read_views, upgrade_statements
-from .secrets import safe_url
 from .sql import (
     Plan,
     RunWrite,
@@ -79,6 +77,7 @@ from .sql import (
     transition_plan_key,
     unpause_plan,
 )
+from .sqlite_url import parse_url
 from .sqlite_writer import GroupOp, Op, Outcome, Writer, store_error
 from .store import (
     UNSET,
@@ -293,53 +292,12 @@ class _SettleStep(GroupOp):
         return [(None, None)] * len(ops)
 
 
-#: The longest busy timeout SQLite can hold (its milliseconds are a 32-bit integer), seconds.
-_MAX_BUSY_TIMEOUT = 2_147_483
-
-
-def _parse_url(url: str) -> tuple[str, str, float]:
-    parts = urlsplit(url)
-    shown = safe_url(url)
-    if parts.netloc not in ("", "localhost") or not parts.path or parts.path == "/":
-        raise StoreError(f"unusable SQLite store URL {shown!r}: expected sqlite:///PATH.db")
-    # sqlite:///rel.db -> "/rel.db" -> "rel.db"; sqlite:////abs.db -> "//abs.db" -> "/abs.db"
-    path = parts.path[1:]
-    if "\x00" in path:
-        raise StoreError(f"unusable SQLite store URL {shown!r}: the path holds a NUL character")
-    options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
-    synchronous = options.pop("synchronous", "full").upper()
-    if synchronous not in ("FULL", "NORMAL", "EXTRA", "OFF"):
-        raise StoreError(
-            f"unusable SQLite store URL {shown!r}: synchronous={synchronous.lower()!r}"
-        )
-    busy_timeout = _busy_timeout(options.pop("busy_timeout", "60"), shown)
-    if options:
-        raise StoreError(
-            f"unusable SQLite store URL {shown!r}: unknown option {next(iter(options))!r}"
-        )
-    return path, synchronous, busy_timeout
-
-
-def _busy_timeout(text: str, shown: str) -> float:
-    """``?busy_timeout=SECONDS``: a number from 0 to what SQLite can hold (not nan, not inf)."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not 0 <= seconds <= _MAX_BUSY_TIMEOUT:
-        raise StoreError(
-            f"unusable SQLite store URL {shown!r}: busy_timeout={text[:20]!r} is not a number "
-            f"of seconds from 0 to {_MAX_BUSY_TIMEOUT}"
-        )
-    return seconds
-
-
 class SQLiteStore:
     """The SQLite journal (see the module docstring for its concurrency and durability)."""
 
     def __init__(self, url: str, *, read_only: bool = False) -> None:
         self.url = url
-        self.path, self.synchronous, self.busy_timeout = _parse_url(url)
+        self.path, self.synchronous, self.busy_timeout = parse_url(url)
         #: opened by a command that only looks (see open_store): never creates or locks
         self.read_only = read_only
         prepare = self._check_readable if read_only else self._prepare
