@@ -4,9 +4,9 @@ What it does against noise (a shared machine; the step itself costs ~100 us, the
 
 - **process CPU**, not wall time (``time.process_time``: every thread of the process), so that
   time spent waiting for a CPU does not count;
-- **many short rounds**, each measuring every variant once, the order turning each round (no
-  variant always runs first, or right after the same one): a slow spell of the machine lands
-  on all variants alike;
+- **many short rounds**, each measuring every variant once, in an order drawn at random each
+  round (no variant always runs first, or right after the same one, or in step with work the
+  process does every so many runs): a slow spell of the machine lands on all variants alike;
 - **per-round differences**: each variant minus the baseline *of the same round*, so the
   machine's drift between rounds cancels; the figure is the **median** of those differences,
   with a **bootstrap 95% interval** of that median and the differences' IQR;
@@ -24,21 +24,20 @@ import gc
 import os
 import random
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 #: the name of the A/A control: the baseline measured a second time in every round
 CONTROL = "A/A control"
 
 
 def order_of(variants: Sequence[str], round_: int) -> list[str]:
-    """The variants in round ``round_``'s order: turned by one each round, and reversed every
-    other cycle, so that over ``2 * len(variants)`` rounds each variant takes each position as
-    often as any, and runs as often just before its neighbours as just after them."""
+    """The variants in round ``round_``'s order: a permutation drawn at random (seeded by the
+    round: the same in every run of the benchmark). Not a fixed rotation: work the process
+    does every so many runs (a WAL checkpoint, a heartbeat) would fall on the same variant
+    again and again under a pattern with the same period, and bias it (seen: +13 us for a
+    copy of the baseline under a rotation)."""
     names = list(variants)
-    turn = round_ % len(names)
-    names = names[turn:] + names[:turn]
-    if (round_ // len(names)) % 2:
-        names.reverse()
+    random.Random(1_000_003 * round_ + 17).shuffle(names)
     return names
 
 
@@ -75,12 +74,16 @@ def differences(per_round: Mapping[str, Sequence[float]], baseline: str) -> dict
 
 
 def diff_rows(
-    per_round: Mapping[str, Sequence[float]], baseline: str, target_us: float | None = None
+    per_round: Mapping[str, Sequence[float]],
+    baseline: str,
+    target_us: float | None = None,
+    judged: Collection[str] | None = None,
 ) -> list[tuple[str, ...]]:
     """Table rows: the variant, its median CPU us/step, the median of its per-round
     differences against ``baseline`` with the bootstrap interval and the IQR, and (with
-    ``target_us``) whether the interval lies below the target (not for the A/A control, nor
-    for a row named a breakdown: such a figure never resolves a target)."""
+    ``target_us``) whether the interval lies below the target: for the rows named in
+    ``judged`` (None: every row), never for the A/A control nor a row named a breakdown (such
+    a figure never resolves a target)."""
     rows: list[tuple[str, ...]] = [
         (baseline, f"{statistics.median(per_round[baseline]):.1f}", "(baseline)", "", "", "")
     ]
@@ -88,7 +91,12 @@ def diff_rows(
         low, high = bootstrap_median(diffs)
         q1, q3 = iqr(diffs)
         verdict = ""
-        if target_us is not None and name != CONTROL and "breakdown" not in name:
+        if (
+            target_us is not None
+            and name != CONTROL
+            and "breakdown" not in name
+            and (judged is None or name in judged)
+        ):
             verdict = f"< {target_us:g} us" if high < target_us else "not shown"
         rows.append(
             (

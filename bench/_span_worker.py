@@ -7,7 +7,7 @@ OpenTelemetry set up as ``MODE`` says before haltwise is imported:
 - ``sdk``: the SDK's ``TracerProvider`` with an in-memory exporter (every span recorded).
 
 usage: python _span_worker.py MODE URL STEPS ab ROUNDS WARMUP
-         In this process, rounds of three runs, the order turning each round (see _abcpu):
+         In this process, rounds of three runs, in an order drawn at random each round (see _abcpu):
          ``off`` (haltwise's spans module told OpenTelemetry is absent: ``spans.use_api(
          None)``, the very code path of a process without it), ``A/A control`` (the same
          again), ``on`` (the module given the API: the path of MODE). Prints one JSON line:
@@ -75,11 +75,13 @@ class Runs:
         self.count = 0
 
     async def one(self) -> float:
-        """CPU us per step of one run of STEPS steps."""
+        """CPU us per step of one run of STEPS steps (ids of one length: see budget_cost.py)."""
         self.count += 1
         settle_gc()
         start = time.process_time()
-        outcome = await (await self.runtime.start(ticks, STEPS, task_id=f"r{self.count}")).outcome()
+        outcome = await (
+            await self.runtime.start(ticks, STEPS, task_id=f"r{self.count:07d}")
+        ).outcome()
         cpu = time.process_time() - start
         assert outcome.state is haltwise.State.COMPLETED, outcome
         return cpu / STEPS * 1e6

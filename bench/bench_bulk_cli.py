@@ -9,7 +9,12 @@ process; from there to the last run final. And the waiting process's idle cost b
 cancel: memory per waiting run (RSS) and CPU over an idle window of ``--idle`` seconds (at least
 one lease renewal: the default lease is 15 s, renewed every 5 s) (targets: 16 KiB, 2% of a core).
 
-usage: python bench/bench_bulk_cli.py [--runs N] [--rounds N] [--idle SECONDS] [--keep DIR]
+A baseline in the same run: one waiting run. With ``--approval``, the same rounds with the runs
+awaiting the approval of a call instead (the approvals scale row: they should cost what runs
+waiting in a tool cost).
+
+usage: python bench/bench_bulk_cli.py [--runs N] [--rounds N] [--idle SECONDS] [--approval]
+       [--keep DIR]
 """
 
 from __future__ import annotations
@@ -27,11 +32,21 @@ HERE = Path(__file__).resolve().parent
 
 
 def one_round(
-    bin_dir: Path, scratch: Path, runs: int, idle: float, round_: int
+    bin_dir: Path, scratch: Path, runs: int, idle: float, round_: int, mode: str = "tool"
 ) -> dict[str, float]:
-    url = f"sqlite:///{scratch}/bulk-{round_}.db"
+    db = scratch / f"bulk-{mode}-{runs}-{round_}.db"
+    for stale in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        stale.unlink(missing_ok=True)  # (a kept folder holds the last run's store)
+    url = f"sqlite:///{db}"
     target = subprocess.Popen(
-        [str(bin_dir / "python"), str(HERE / "_bulk_target.py"), url, str(runs), str(idle)],
+        [
+            str(bin_dir / "python"),
+            str(HERE / "_bulk_target.py"),
+            url,
+            str(runs),
+            str(idle),
+            mode,
+        ],
         stdout=subprocess.PIPE,
         text=True,
         env=plain_env(),
@@ -72,6 +87,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--idle", type=float, default=16.0)
     parser.add_argument("--keep", type=Path, help="reuse (or make) the wheel venv in this folder")
+    parser.add_argument(
+        "--approval",
+        action="store_true",
+        help="also the runs awaiting approval (the approvals scale row), side by side",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         scratch = args.keep or Path(tmp)
@@ -81,12 +101,19 @@ def main() -> None:
             bin_dir = install(scratch)
         rows = []
         results = []
-        for round_ in range(args.rounds):
-            result = one_round(bin_dir, scratch, args.runs, args.idle, round_)
-            results.append(result)
+        # the baseline, in the same run: one waiting run (the fixed cost of a process that
+        # waits, and of the command)
+        plans = [("baseline: 1 run in a tool", 1, "tool")]
+        plans += [(f"{args.runs:,} in a tool", args.runs, "tool")] * args.rounds
+        if args.approval:  # the approvals scale row, side by side
+            plans += [(f"{args.runs:,} awaiting approval", args.runs, "approval")] * args.rounds
+        for round_, (label, runs, mode) in enumerate(plans):
+            result = one_round(bin_dir, scratch, runs, args.idle, round_, mode)
+            if runs == args.runs and mode == "tool":
+                results.append(result)
             rows.append(
                 (
-                    round_ + 1,
+                    label,
                     f"{result['total'] * 1000:,.0f} ms",
                     f"{result['command'] * 1000:,.0f}",
                     f"{result['to_first'] * 1000:,.0f}",
@@ -101,7 +128,7 @@ def main() -> None:
     print(
         table(
             (
-                "round",
+                "waiting runs",
                 "exec -> last final",
                 "breakdown: command exec -> exit (ms)",
                 "exit -> first interrupted",

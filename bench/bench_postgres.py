@@ -25,14 +25,22 @@ systems alternating round after round so that a slow spell of the shared machine
    the 100 runs shared by N worker processes on the same server, started at one moment (the
    aggregate rate: several processes put both cores to Python).
 
+``--load N`` measures section 1 also under an ordinary load made here: N busy-loop processes
+(as many as the machine has cores makes its load N + the benchmark's own), started before and
+stopped after each loaded pass, at the benchmark's own priority; each repetition measures
+every row without them, then every row with them, and the two tables and their targets are
+printed side by side (issue 35, item 4: the targets must hold at a load of 2 on 2 cores).
+``--steps-only`` measures section 1 alone, and only the rows its targets are read from (no
+``effect="write"`` row): the quiet-window command.
+
 ``--baseline REV`` measures every haltwise row also with the source tree of an earlier revision
 (a temporary git worktree; the benchmark code is always this tree's), alternating with the
 working tree: a before/after in the same run. The tables go to stdout (each with the load
 average when it began: the machine is shared), the numbers to ``--json``.
 
 usage: python bench/bench_postgres.py [--steps N] [--repeat N] [--trials N] [--runs 1,10,...]
-       [--scale-steps N] [--scale-repeat N] [--procs N] [--baseline REV] [--json PATH]
-       [--png PATH]
+       [--scale-steps N] [--scale-repeat N] [--procs N] [--load N] [--steps-only]
+       [--baseline REV] [--json PATH] [--png PATH]
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -328,12 +338,45 @@ def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def step_section(server: Server, rows: list[Row], steps: int, repeat: int) -> list[dict[str, Any]]:
+@contextmanager
+def busy(processes: int) -> Iterator[None]:
+    """``processes`` busy loops (each a process spinning on one core) for the ``with`` block;
+    children of this process, so at its priority."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
+def step_section(
+    server: Server, rows: list[Row], steps: int, repeat: int, burn: int = 0, loads: Any = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """Section 1; with ``burn`` busy loops, also loaded (each repetition: every row without
+    them, then every row with them running): (the rows without, the rows with, or None).
+    The 1-minute load average at the end of each loaded pass is appended to ``loads``."""
     fixed = {row: server.measure("steps", row, 0) for row in rows}
     per_row: dict[Row, list[dict[str, Any]]] = {row: [] for row in rows}
+    loaded: dict[Row, list[dict[str, Any]]] = {row: [] for row in rows}
     for _ in range(repeat):
         for row in rows:
             per_row[row].append(server.measure("steps", row, steps))
+        if burn:
+            with busy(burn):
+                for row in rows:
+                    loaded[row].append(server.measure("steps", row, steps))
+                if loads is not None:
+                    loads.append(load()[0])
+    quiet = step_rows(per_row, fixed, steps)
+    return quiet, step_rows(loaded, fixed, steps) if burn else None
+
+
+def step_rows(
+    per_row: dict[Row, list[dict[str, Any]]], fixed: dict[Row, dict[str, Any]], steps: int
+) -> list[dict[str, Any]]:
+    """Each row's figures over its repetitions, net of its fixed costs (``fixed``)."""
     results = []
     for row, found in per_row.items():
         good = [f for f in found if "error" not in f]
@@ -408,14 +451,29 @@ def procs_section(
     return cell
 
 
-def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+def step_targets(steps: list[dict[str, Any]], mine: str, at: str = "") -> list[dict[str, Any]]:
+    """The two per-step targets on the rows ``steps`` (``at``: how they were measured)."""
     from peers import _fastest, _paired, _target
 
-    steps, cancel = report["steps"], report["cancel"]
-    mine = report["ours"]
     ours = next((r for r in steps if r["system"] == mine), None)
     raw = next((r for r in steps if r["variant"] == "loop"), None)
     dbos = _fastest([{**r, "tuned": False} for r in steps], "DBOS")
+    return [
+        _target(f"per-step, haltwise / raw psycopg{at}", -1.5, _paired(ours, raw)),
+        _target(f"per-step, DBOS / haltwise{at}", 4, _paired(dbos, ours)),
+    ]
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    from peers import _target
+
+    steps, cancel = report["steps"], report.get("cancel", [])
+    mine = report["ours"]
+    found = step_targets(steps, mine, " (no load added)" if report.get("steps_loaded") else "")
+    if report.get("steps_loaded"):
+        found += step_targets(report["steps_loaded"], mine, f" (--load {report['burn']} added)")
+    if "scale" not in report:
+        return found
     ours_cancel = next((r for r in cancel if r["system"] == mine), {})
     dbos_cancel = next((r for r in cancel if r["system"].startswith("DBOS")), {})
     stopped = None
@@ -427,8 +485,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     shared = report.get("procs") or {}
     procs = shared["median"] / roof if shared.get("median") and roof else None
     return [
-        _target("per-step, haltwise / raw psycopg", -1.5, _paired(ours, raw)),
-        _target("per-step, DBOS / haltwise", 4, _paired(dbos, ours)),
+        *found,
         _target("cancel 'stopped' p95, DBOS / haltwise", 3, stopped),
         _target("100 concurrent runs / the one-commit ceiling", 5, scale),
         *(
@@ -450,14 +507,20 @@ def haltwise_rows(variants: list[tuple[str, str]], trees: dict[str, Path | None]
     return rows
 
 
-def print_steps(report: dict[str, Any]) -> None:
+def print_steps(report: dict[str, Any], key: str = "steps") -> None:
+    how = (
+        f"with {report['burn']} busy-loop processes running (--load {report['burn']}), "
+        "alternating with the table above (no load added); 1-minute load average at the end "
+        f"of each loaded pass {report['load'].get('loaded', '?')}"
+        if key == "steps_loaded"
+        else f"load average at start {report['load']['steps']}"
+    )
     print(
-        f"1. Per-step cost: {report['step_count']} sequential trivial steps of one run, median "
-        f"of {report['repeat']} fresh databases; load average at start "
-        f"{report['load']['steps']}:\n"
+        f"\n1. Per-step cost: {report['step_count']} sequential trivial steps of one run, median "
+        f"of {report['repeat']} fresh databases; {how}:\n"
     )
     rows = []
-    for r in report["steps"]:
+    for r in report[key]:
         if "median_us" not in r:
             rows.append([r["system"], "not run: " + r.get("error", "?"), "-", "-", "-", "-"])
             continue
@@ -524,6 +587,15 @@ def print_scale(report: dict[str, Any]) -> None:
         )
 
 
+def print_targets(report: dict[str, Any]) -> None:
+    print("\nTargets (ratios in this run; per-step ratios are medians of per-repetition ratios):\n")
+    rows = [
+        [t["target"], t["goal"], t["value"], "met" if t["met"] else "MISSED"]
+        for t in report["targets"]
+    ]
+    print(table(["target", "goal", "measured", ""], rows))
+
+
 def plot(report: dict[str, Any], path: Path) -> str:
     series = []
     for label, marker in zip(report["scale"], "osD^", strict=False):
@@ -578,15 +650,32 @@ def run(server: Server, args: argparse.Namespace, trees: dict[str, Path | None])
         #: the row the targets are measured on: haltwise's working tree
         "ours": HALTWISE_NONE + list(trees)[-1],
     }
+    variants = [(HALTWISE_NONE, "none")]
+    if not args.steps_only:  # (the quiet-window command measures the targets' rows only)
+        variants.append(('haltwise, effect="write"', "write"))
     step_rows = [
         Row("raw psycopg, INSERT + COMMIT per step", "raw", "loop"),
-        *haltwise_rows([(HALTWISE_NONE, "none"), ('haltwise, effect="write"', "write")], trees),
+        *haltwise_rows(variants, trees),
         Row("DBOS, async workflow", "dbos", "async"),
         Row("DBOS, sync workflow", "dbos", "sync"),
     ]
     report["load"]["steps"] = load()
-    report["steps"] = step_section(server, step_rows, args.steps, args.repeat)
+    report["burn"] = args.load
+    report["load"]["loaded"] = []
+    report["steps"], loaded = step_section(
+        server, step_rows, args.steps, args.repeat, args.load, report["load"]["loaded"]
+    )
     print_steps(report)
+    if loaded is not None:
+        report["steps_loaded"] = loaded
+        print_steps(report, "steps_loaded")
+    if args.steps_only:
+        report["targets"] = targets(report)
+        print_targets(report)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nnumbers written to {args.json}")
+        return
     report["load"]["cancel"] = load()
     cancel_rows = [*haltwise_rows([(HALTWISE_NONE, "none")], trees), Row("DBOS", "dbos", "")]
     report["cancel"] = cancel_section(server, cancel_rows, args.trials)
@@ -605,12 +694,7 @@ def run(server: Server, args: argparse.Namespace, trees: dict[str, Path | None])
     if report["ceiling_steps_per_s"]:
         print_scale(report)
     report["targets"] = targets(report)
-    print("\nTargets (ratios in this run; per-step ratios are medians of per-repetition ratios):\n")
-    rows = [
-        [t["target"], t["goal"], t["value"], "met" if t["met"] else "MISSED"]
-        for t in report["targets"]
-    ]
-    print(table(["target", "goal", "measured", ""], rows))
+    print_targets(report)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     measured = any(c["median"] for cells in report["scale"].values() for c in cells)
@@ -629,6 +713,10 @@ def main() -> None:
     parser.add_argument(
         "--procs", type=int, default=2, help="also 100 runs over this many processes (0: not)"
     )
+    parser.add_argument(
+        "--load", type=int, default=0, help="also measure section 1 beside N busy-loop processes"
+    )
+    parser.add_argument("--steps-only", action="store_true", help="measure section 1 alone")
     parser.add_argument("--baseline", help="also measure haltwise at this earlier revision")
     parser.add_argument("--json", type=Path, default=DOCS / "postgres.json")
     parser.add_argument("--png", type=Path, default=DOCS / "postgres_throughput.png")

@@ -19,6 +19,10 @@ test_langgraph_thread.py.
 - ``declined`` / ``resume``: no checkpointer; the model charges, the card is declined (``Declined``,
   an error whose type cannot be rebuilt from its text), ``ToolRetryMiddleware`` hands the error to
   the model, which looks the room up (held) and charges again; ``resume`` resumes RUN_ID.
+- ``plain``: "book a room" with the tools only (no ``HaltwiseMiddleware``: the model is not
+  journaled and gives fresh call ids when asked again), no checkpointer.
+- ``timeout``: as ``book``, under an ``asyncio.timeout`` in the body that fires once ``charge``
+  is in flight.
 - ``approve``: "book a room" on thread ``t1`` with ``HumanInTheLoopMiddleware`` (``per_call``,
   inside ``HaltwiseMiddleware``) asking approval of ``charge``, here a plain LangChain tool; the
   run gets the interrupt, then approves it (``Command(resume=...)``), both in the same run.
@@ -275,6 +279,14 @@ async def declined() -> str:
 
 
 @haltwise.task
+async def plain() -> str:
+    """The tools only (no middleware: the model is not journaled), no checkpointer."""
+    agent = create_agent(Scripted(), tools=[tool(lookup), tool(charge)])
+    state = await agent.ainvoke({"messages": [HumanMessage("book a room")]})
+    return str(state["messages"][-1].content)
+
+
+@haltwise.task
 async def book() -> str:
     return await converse({"messages": [HumanMessage("book a room")]})
 
@@ -298,6 +310,7 @@ async def main(phase: str, store: str, run_id: str) -> None:
         "host": host,
         "sibling": sibling,
         "timeout": timeout,
+        "plain": plain,
         "declined": declined,
     }
     async with haltwise.Runtime(store) as runtime:

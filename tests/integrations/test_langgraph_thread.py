@@ -234,3 +234,31 @@ def test_a_failed_call_the_model_saw_replays_the_same_error_text_in_a_new_proces
     assert all(line.startswith(f"model {declined}") for line in ledger(tmp_path, "model")[1:])
     check = haltwise_cli("check", "--store", store)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_tools_without_the_journaled_model_replay_their_committed_calls_in_a_new_process(
+    tmp_path: Path,
+) -> None:
+    """The tool adapters alone (the model not journaled, asked again on resume, gives every call
+    a fresh id): cancelled from another process during ``charge``, resumed in a new process, the
+    committed calls replay by tool and arguments; nothing runs twice."""
+    store = f"sqlite:///{tmp_path}/haltwise.db"
+    (tmp_path / "release-lookup").touch()
+    first = app("plain", store, tmp_path, "r1")
+    wait_for(tmp_path / "entered-charge")
+    cancelled = haltwise_cli("cancel", "r1", "--store", store)
+    assert cancelled.returncode == 0, cancelled.stderr
+    (tmp_path / "release-charge").touch()
+    stopped = outcome_of(first)
+    assert stopped["state"] == "cancelled"
+    assert [(s["tool"], s["status"]) for s in stopped["steps"]] == [
+        ("lookup", "committed"),
+        ("charge", "committed"),
+    ]
+    resumed = outcome_of(app("resume", store, tmp_path, "r1"))
+    assert (resumed["state"], resumed["result"]) == ("completed", "booked")
+    assert ledger(tmp_path, "lookup") == ["lookup"]
+    assert ledger(tmp_path, "charge") == ["charge"]
+    assert len(ledger(tmp_path, "model")) == 5  # 2 in the first attempt, 3 on resume
+    check = haltwise_cli("check", "--store", store)
+    assert check.returncode == 0, check.stdout + check.stderr

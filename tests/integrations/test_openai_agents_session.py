@@ -88,6 +88,23 @@ def cancel_during_the_charge(store: str, where: Path, how: str, stop: str) -> No
     assert [(s["tool"], s["status"]) for s in outcome["steps"]][-1] == ("charge", "committed")
 
 
+def resume_on_the_session(store: str, where: Path) -> None:
+    """``haltwise resume first``: it completes, and the session holds the run once."""
+    (where / "stop").unlink(missing_ok=True)
+    resumed = outcome_of(app("resume", store, where, "first"))
+    assert resumed["state"] == "completed", resumed
+    assert resumed["result"] == "bought tea (charged 5)"
+    assert len(ledger(where, "charge")) == 1, "the committed charge is not made again"
+    items = session_items(where)
+    assert [i["content"] for i in items if i.get("role") == "user"] == ["buy tea"]
+    calls = [i["call_id"] for i in items if i.get("type") == "function_call"]
+    answered = [i["call_id"] for i in items if i.get("type") == "function_call_output"]
+    assert len(calls) == 2, items
+    assert calls == answered, "each call once, with one result"
+    assert closed_calls(items) == {"lookup": "tea costs 5", "charge": "charged 5"}
+    assert items[-1].get("role") == "assistant", "the run's answer ends the session"
+
+
 @pytest.mark.parametrize(
     ("how", "stop"),
     [("run", "haltwise"), ("run", "sdk"), ("streamed", "sdk"), ("streamed", "haltwise")],
@@ -95,6 +112,11 @@ def cancel_during_the_charge(store: str, where: Path, how: str, stop: str) -> No
 def test_the_session_holds_every_call_with_its_result_after_a_cancel(
     tmp_path: Path, how: str, stop: str
 ) -> None:
+    """After the cancel, the session (and a streamed run's saved ``to_input_list()``) holds every
+    call with its result. A ``Runner.run`` is then resumed (``haltwise resume``): it reads the
+    session as it began (the journaled answers replay: no NonDeterminismError), charges nothing
+    again, and leaves the session holding the run once. A new run on the session (and on the
+    saved list) sees the charge made."""
     store = f"sqlite:///{tmp_path / 'haltwise.db'}"
     cancel_during_the_charge(store, tmp_path, how, stop)
 
@@ -103,6 +125,8 @@ def test_the_session_holds_every_call_with_its_result_after_a_cancel(
     if how == "streamed":
         items = json.loads((tmp_path / "items.json").read_text())
         assert closed_calls(items) == {"lookup": "tea costs 5", "charge": "charged 5"}
+    else:
+        resume_on_the_session(store, tmp_path)
 
     again = outcome_of(app("continue", store, tmp_path))
     assert again["state"] == "completed", again
@@ -111,33 +135,6 @@ def test_the_session_holds_every_call_with_its_result_after_a_cancel(
         third = outcome_of(app("continue-items", store, tmp_path))
         assert third["result"] == "bought tea (charged 5)"
     assert len(ledger(tmp_path, "charge")) == 1, "the committed charge is not made again"
-    report = haltwise.verify_store(store)
-    assert report.ok, report.findings
-
-
-@pytest.mark.parametrize("stop", ["haltwise", "sdk"])
-def test_resuming_a_cancelled_run_on_a_session_finishes_it_with_the_session_holding_it_once(
-    tmp_path: Path, stop: str
-) -> None:
-    """``haltwise resume`` of a run whose session the cancelled attempt wrote to: the resumed run
-    reads the session as it began (the journaled model answers replay: no NonDeterminismError),
-    nothing is charged again, and the session holds the run once."""
-    store = f"sqlite:///{tmp_path / 'haltwise.db'}"
-    cancel_during_the_charge(store, tmp_path, "run", stop)
-    (tmp_path / "stop").unlink(missing_ok=True)
-
-    resumed = outcome_of(app("resume", store, tmp_path, "first"))
-    assert resumed["state"] == "completed", resumed
-    assert resumed["result"] == "bought tea (charged 5)"
-    assert len(ledger(tmp_path, "charge")) == 1, "the committed charge is not made again"
-    items = session_items(tmp_path)
-    assert [i["content"] for i in items if i.get("role") == "user"] == ["buy tea"]
-    calls = [i["call_id"] for i in items if i.get("type") == "function_call"]
-    answered = [i["call_id"] for i in items if i.get("type") == "function_call_output"]
-    assert len(calls) == 2, items
-    assert calls == answered, "each call once, with one result"
-    assert closed_calls(items) == {"lookup": "tea costs 5", "charge": "charged 5"}
-    assert items[-1].get("role") == "assistant", "the run's answer ends the session"
     report = haltwise.verify_store(store)
     assert report.ok, report.findings
 

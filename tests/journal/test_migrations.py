@@ -424,3 +424,18 @@ async def test_every_query_of_runs_by_state_searches_an_index_on_sqlite(tmp_path
             plan
         )
         assert not any(line.startswith("SCAN runs") for line in plan), plan
+
+
+def test_cancel_on_an_older_store_upgrades_it_and_answers_as_on_a_new_one(v1_copy: Path) -> None:
+    """``haltwise cancel ID`` writes its request without opening the store only on a store at
+    this code's schema version (issue 35): on an older one it writes nothing that way, and the
+    store, opened as before, upgrades it and answers."""
+    done = subprocess.run(
+        [sys.executable, "-m", "haltwise", "cancel", "done-1", "--store", f"sqlite:///{v1_copy}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "run done-1 is already completed; nothing to cancel" in done.stdout
+    assert sqlite_rows(v1_copy, "SELECT value FROM haltwise_meta") == [(str(SCHEMA_VERSION),)]

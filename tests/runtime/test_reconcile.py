@@ -8,6 +8,7 @@ ledger counts the side effects, and the hook asks it by the step's idempotency k
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 import haltwise
 import reconcile_agent as agent
 from _paths import TESTS
+from _wait import until as until_async
 from haltwise import Retry, State, StepStatus
 
 pytestmark = pytest.mark.anyio
@@ -171,3 +173,144 @@ async def test_the_listing_says_resume_while_a_hook_waits(store_url: str, world:
         assert outcome.retry is Retry.RESUME
         counted = await rt.list_runs(progress=True)
         assert [row.progress for row in counted.runs] == [(1, 1)]
+
+
+HOOK_CALLS: list[int] = []
+GATES: dict[str, anyio.Event] = {}
+
+
+def ask_the_provider(amount: int) -> haltwise.Happened:
+    HOOK_CALLS.append(amount)
+    return haltwise.Happened(f"paid {amount}")
+
+
+@haltwise.tool(cancel="finish", effect="external", grace=0.05, reconcile=ask_the_provider)
+async def pay_with_a_short_grace(amount: int) -> str:
+    await GATES["pay"].wait()
+    return f"paid {amount}"
+
+
+@haltwise.tool(cancel="finish", effect="external", grace=600)
+async def notify_with_a_long_grace(text: str) -> str:
+    await GATES["notify"].wait()
+    return text
+
+
+@haltwise.task(name="reconcile_test:pay_and_notify")
+async def pay_and_notify() -> list[str]:
+    return list(await asyncio.gather(pay_with_a_short_grace(3), notify_with_a_long_grace("paid")))
+
+
+async def test_reconcile_refuses_a_run_still_active_and_asks_no_hook(store_url: str) -> None:
+    """A run still ``cancelling`` (one step ran out of grace: ``unknown``; another still
+    finishing) is its owner's to settle: ``reconcile`` from another runtime refuses in one
+    line and calls no hook (it used to call them all and journal nothing: the run is held);
+    once the run is final, it asks."""
+    HOOK_CALLS.clear()
+    GATES.update(pay=anyio.Event(), notify=anyio.Event())
+    async with haltwise.Runtime(store_url) as rt, haltwise.Runtime(store_url) as other:
+        handle = await rt.start(pay_and_notify, task_id="a1")
+
+        async def both_running() -> bool:
+            return len((await rt.status("a1")).steps) == 2
+
+        await until_async(both_running, "both calls in flight")
+        await handle.cancel()
+
+        async def pay_unknown() -> bool:
+            return (await rt.status("a1")).steps[0].status is StepStatus.UNKNOWN
+
+        await until_async(pay_unknown, "the short grace to run out")
+        assert (await rt.status("a1")).state is State.CANCELLING
+        try:
+            with pytest.raises(haltwise.InputError, match="is cancelling"):
+                await other.reconcile("a1", task=pay_and_notify)
+            assert HOOK_CALLS == [], "no hook asked about a run another owner holds"
+        finally:
+            GATES["notify"].set()  # (a failed check must not leave a 600 s grace to wait out)
+        assert (await handle.outcome()).state is State.CANCELLED
+        after = await other.reconcile("a1", task=pay_and_notify)
+    assert HOOK_CALLS == [3]
+    assert after.steps[0].status is StepStatus.COMMITTED
+
+
+ANSWERS: dict[int, haltwise.Happened | None] = {}
+
+
+def ask_the_ledger(amount: int) -> haltwise.Happened | None:
+    return ANSWERS.get(amount)
+
+
+@haltwise.tool(cancel="finish", effect="external", grace=30, reconcile=ask_the_ledger)
+async def charge_held(amount: int) -> str:
+    await GATES["held"].wait()
+    return f"charged {amount}"
+
+
+@haltwise.tool(cancel="finish", effect="external", grace=30)
+async def post_held(text: str) -> str:
+    await GATES["held"].wait()
+    return text
+
+
+@haltwise.tool(cancel="interruptible", effect="write")
+async def write_row(text: str) -> str:
+    return text
+
+
+@haltwise.tool(cancel="interruptible", effect="read")
+async def read_held(text: str) -> str:
+    await GATES["held"].wait()
+    return text
+
+
+@haltwise.task(name="reconcile_test:advice")
+async def advice_case(case: str) -> str:
+    if case == "hooked":
+        return await charge_held(1)
+    if case == "hook-none":
+        return await charge_held(2)
+    if case == "unhooked":
+        return await post_held("x")
+    if case == "committed":
+        await write_row("x")
+    if case == "done":
+        return await write_row("y")
+    return await read_held(case)
+
+
+async def test_the_listing_and_status_give_the_same_advice(store_url: str) -> None:
+    """The retry rule lives in ``_core/outcome.advice`` and is restated in the listing's SQL
+    (``operator_sql``: unknown without a hook, a hook not yet asked, a repeat): every case of it,
+    listed and read one by one, gives the same advice (the reviewer's finding 8)."""
+    GATES["held"] = anyio.Event()
+    ANSWERS.clear()
+    ANSWERS[2] = None  # the hook cannot tell: counts as no hook
+    cases = ["hooked", "hook-none", "unhooked", "committed", "read", "done"]
+    async with haltwise.Runtime(store_url) as rt:
+        for case in cases:
+            handle = await rt.start(advice_case, case, task_id=case)
+            if case == "done":
+                await handle.outcome()
+                continue
+
+            async def in_flight(case: str = case) -> bool:
+                steps = (await rt.status(case)).steps
+                return bool(steps) and steps[-1].status is StepStatus.RUNNING
+
+            await until_async(in_flight, f"{case}: its last call in flight")
+            await handle.cancel(force=True)
+            assert (await handle.outcome()).state is State.CANCELLED
+        await rt.reconcile("hook-none")  # answered None: counts as no hook
+        listed = {row.id: row.retry for row in (await rt.list_runs()).runs}
+        one_by_one = {case: (await rt.status(case)).retry for case in cases}
+        GATES["held"].set()
+    assert listed == one_by_one
+    assert one_by_one == {
+        "hooked": Retry.RESUME,
+        "hook-none": Retry.RECONCILE,
+        "unhooked": Retry.RECONCILE,
+        "committed": Retry.RESUME,
+        "read": Retry.RESTART,
+        "done": Retry.NONE,
+    }

@@ -14,6 +14,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -302,11 +303,12 @@ def test_a_resume_in_another_process_links_to_this_process_span(
     assert seen == {"state": "completed", "links": [first.context.span_id]}
 
 
-def test_without_opentelemetry_nothing_of_it_is_imported(sqlite_url: str) -> None:
+def test_without_opentelemetry_nothing_of_it_is_imported(sqlite_url: str, tmp_path: Path) -> None:
+    python = venv_without_opentelemetry(tmp_path / "venv")
     code = textwrap.dedent(
         f"""
-        import sys
-        sys.modules["opentelemetry"] = None  # as if not installed: importing it fails
+        import importlib.util, sys
+        assert importlib.util.find_spec("opentelemetry") is None  # not installed here
         import haltwise
 
         @haltwise.tool(cancel="interruptible", effect="read")
@@ -319,13 +321,25 @@ def test_without_opentelemetry_nothing_of_it_is_imported(sqlite_url: str) -> Non
 
         outcome = haltwise.run(greet, store={sqlite_url!r})
         assert outcome.state is haltwise.State.COMPLETED, outcome
-        loaded = [m for m in sys.modules if m.startswith("opentelemetry") and sys.modules[m]]
+        loaded = [m for m in sys.modules if m.startswith("opentelemetry")]
         assert not loaded, loaded
         print("ok")
         """
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def venv_without_opentelemetry(where: Path) -> str:
+    """A new venv holding everything this one has (linked, not copied: a second) except the
+    OpenTelemetry distributions; answers its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    ours = Path(sysconfig.get_paths()["purelib"])
+    (theirs,) = where.glob("lib/python*/site-packages")
+    for entry in ours.iterdir():
+        if not entry.name.lower().startswith("opentelemetry"):
+            (theirs / entry.name).symlink_to(entry)
+    return str(where / "bin" / "python")
 
 
 async def test_a_trace_continues_through_meta_as_remote_tools_and_haltwise_mcp_pass_it(

@@ -19,7 +19,6 @@ import click
 from .. import __version__
 from .._core.exceptions import HaltwiseError, ResumeRefusedError, UnknownRunError
 from .base import USAGE, fail, looked_in
-from .signals import RELAY
 
 __all__ = ["cli", "main", "run_cli"]
 
@@ -30,7 +29,7 @@ __all__ = ["cli", "main", "run_cli"]
 #: or ``explore``.
 COMMANDS = {
     "run": ("runs", "run_command"),
-    "cancel": ("operate", "cancel_command"),
+    "cancel": ("cancel", "cancel_command"),
     "prune": ("operate", "prune_command"),
     "status": ("operate", "status_command"),
     "resume": ("runs", "resume_command"),
@@ -111,7 +110,9 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
 def main() -> NoReturn:
     """The ``haltwise`` console script."""
     code = run_cli()
-    RELAY.ignore_from_now()  # the exit code is the run's, whatever signal comes now
+    signals = sys.modules.get(f"{__name__}.signals")  # installed only by a command that imported it
+    if signals is not None:
+        signals.RELAY.ignore_from_now()  # the exit code is the run's, whatever signal comes now
     sys.exit(code)
 
 

@@ -12,14 +12,13 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-import anyio
 import click
 
 from .._core.exceptions import InputError, group_leaves
 from .._core.outcome import Outcome
 from .._core.records import parse_json_text
 from .._core.states import State
-from .._runtime.seat import safe_url, scrub, store_url_from
+from .._runtime.seat_now import safe_url, scrub, store_url_from
 from .text import escape_controls
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -160,6 +159,8 @@ def run_async(main: Callable[[], Awaitable[T]]) -> T:
     anyio wraps an exception raised inside a task group in an ``ExceptionGroup``; a group holding
     a single exception is unwrapped so that a :class:`HaltwiseError` reaches :func:`run_cli`.
     """
+    import anyio  # here: a command that needs no event loop does not import one
+
     try:
         return anyio.run(main)
     except BaseExceptionGroup as group:

@@ -187,7 +187,8 @@ def reconcile_command(
 ) -> int:
     """Ask the reconcile hooks of run ID's unknown steps what happened, and journal the answers.
 
-    Exit 0 if no step is left unknown, 1 otherwise. The task's file is loaded as 'resume'
+    Exit 0 if no step is left unknown, 1 otherwise; 2 for a run still active (its hooks are
+    asked by whoever resumes it or takes it over). The task's file is loaded as 'resume'
     loads it. Nothing is resumed.
     """
 

@@ -14,7 +14,9 @@ from .._core.exceptions import StoreError, install_hint
 from .secrets import remember, safe_url
 
 if TYPE_CHECKING:
-    from .store import Store
+    from collections.abc import Sequence
+
+    from .store import CancelResult, Store
 
 DEFAULT_STORE_URL = "sqlite:///.haltwise/haltwise.db"
 #: Environment variable naming the store when none is given.
@@ -64,3 +66,25 @@ def open_store(
     raise StoreError(
         f"unusable store URL {safe_url(resolved)!r}: expected sqlite:///PATH.db or postgresql://..."
     )
+
+
+def request_cancels_now(
+    url: str | None, ids: Sequence[str], *, reason: str, force: bool
+) -> CancelResult | None:
+    """Request the cancel of the runs ``ids`` (distinct) in the store at ``url`` (see
+    :func:`store_url_from`) at once, from synchronous code, in one transaction on one plain
+    connection: the request :meth:`Store.request_cancels` would write, durable when this returns
+    (:mod:`.quick`). ``None``, with nothing written, when this path does not serve that store
+    as it is (no store there yet, another schema version, a kind of URL it does not know):
+    the caller then opens the store (:func:`open_store`) and asks it."""
+    resolved = store_url_from(url)
+    remember(resolved)
+    if resolved.startswith("sqlite://"):
+        from .quick import sqlite_cancels
+
+        return sqlite_cancels(resolved, ids, reason=reason, force=force)
+    if resolved.startswith(("postgresql://", "postgres://")):
+        from .quick import postgres_cancels
+
+        return postgres_cancels(resolved, ids, reason=reason, force=force)
+    return None

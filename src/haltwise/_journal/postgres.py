@@ -96,6 +96,8 @@ from .rows import (
     transition_fields,
 )
 from .schema import (
+    CHANGES_CHANNEL,
+    PG_CONNECT_TIMEOUT,
     POSTGRES,
     POSTGRES_CLOCK,
     SCHEMA_VERSION,
@@ -135,7 +137,7 @@ from .store import (
     WriteDone,
 )
 
-_CHANNEL = "haltwise_changes"
+_CHANNEL = CHANGES_CHANNEL
 #: the change feed's row of a step row written outside the step writer (an approval request's)
 _STEP_CHANGE = (
     "INSERT INTO haltwise.changes (run_id, kind, idx, status, at) "
@@ -199,7 +201,7 @@ def _has_input(fd: int) -> bool:
     return bool(poller.poll(0))
 
 
-_CONNECT_TIMEOUT = 10
+_CONNECT_TIMEOUT = PG_CONNECT_TIMEOUT
 _RETRIES = 5
 
 _SQL = Statements(POSTGRES)
@@ -329,6 +331,12 @@ recorded AS (
 feed AS ({event_feed("recorded")})
 SELECT written.*, pg_notify('{_CHANNEL}', left(written.id, 1000)) AS notified FROM written"""
 
+
+#: the most runs one creation statement writes: each takes its id's advisory lock until the
+#: statement commits (``haltwise.may_create``), and PostgreSQL's lock table holds about
+#: ``max_locks_per_transaction`` (64) x ``max_connections`` (100) locks for the whole server:
+#: a round of 10,000 concurrent starts in one statement would exhaust it ("out of shared memory")
+_CREATE_CHUNK = 1000
 
 #: many runs created as :data:`_CREATE` creates one (see :func:`_recording_many`: the rows are
 #: ``insert_run_parameters``' values); a run whose id is taken is not written, not returned
@@ -667,8 +675,13 @@ class PostgresStore:
                     ids.add(run.id)
                     events = _event_rows(plan_create(run, now))
                     given.append([*insert_run_parameters(run, inputs, now), events, now])
-            cursor = await conn.execute(_CREATE_MANY, (json.dumps(given),), prepare=True)
-            written = {row["id"]: row for row in await cursor.fetchall()}
+            written = {}
+            # in statements of at most _CREATE_CHUNK runs: each holds its runs' id locks
+            # (haltwise.may_create) until it commits, and the server's lock table is shared
+            for first in range(0, len(given), _CREATE_CHUNK):
+                chunk = json.dumps(given[first : first + _CREATE_CHUNK])
+                cursor = await conn.execute(_CREATE_MANY, (chunk,), prepare=True)
+                written.update({row["id"]: row for row in await cursor.fetchall()})
             created: list[tuple[RunRecord, bool]] = []
             for run, inputs in runs:
                 row = written.pop(run.id, None)

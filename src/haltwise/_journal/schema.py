@@ -602,6 +602,12 @@ MIGRATIONS: tuple[Migration, ...] = (
 #: The version of :data:`TABLES`: 1 for the first schema, then the newest migration's.
 SCHEMA_VERSION = MIGRATIONS[-1].version if MIGRATIONS else 1
 
+#: The PostgreSQL channel every transaction that changes a run row notifies (payload: the run
+#: id), and that a store working runs listens on.
+CHANGES_CHANNEL = "haltwise_changes"
+#: How long a connection to a PostgreSQL server may take (seconds), unless its URL says.
+PG_CONNECT_TIMEOUT = 10
+
 
 @dataclass(frozen=True, slots=True)
 class Dialect:

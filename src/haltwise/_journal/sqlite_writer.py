@@ -661,6 +661,11 @@ class Writer:
         for item, (value, error) in zip(batch, outcomes, strict=True):
             item.hand(value, error)
 
+    @property
+    def deferring(self) -> bool:
+        """Whether settlements wait to be committed (:meth:`flush_deferred` commits them)."""
+        return bool(self._deferred)
+
     def flush_deferred(self, *, older_than: float) -> None:
         """Commit the deferred settlements soon, if any has waited ``older_than`` seconds: a
         run that writes again sooner takes them along in its own commit. Called from the event

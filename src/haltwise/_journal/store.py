@@ -386,7 +386,8 @@ class Store(Protocol):
     async def cancel_requests(
         self, run_ids: Collection[str], *, acting: Sequence[str] = ()
     ) -> dict[str, tuple[str, bool]]:
-        """Among ``run_ids``, those in ``cancelling``: ``{id: (reason, force)}``; of those also
+        """Among ``run_ids`` (a set, or a mapping's keys: looked into, not copied), those in
+        ``cancelling``: ``{id: (reason, force)}``; of those also
         in ``acting`` (runs whose cancel the caller acts on already: it has recorded a reason
         for them), only the ones whose request is forced (for such a run only a forced request
         may still change what the caller does). An id in ``acting`` but not in ``run_ids`` is
@@ -420,7 +421,8 @@ class Store(Protocol):
     async def pause_signals(
         self, run_ids: Collection[str], *, watched: Collection[str]
     ) -> dict[str, PauseSignal]:
-        """Among ``run_ids``, those with a pause requested, plus every run of ``watched``.
+        """Among ``run_ids`` (a set, or a mapping's keys: looked into, not copied), those with
+        a pause requested, plus every run of ``watched``.
 
         What the runtime's watcher needs to act on other processes' pause, unpause and cancel
         requests for runs it holds; ``watched`` are the runs it holds with a pause requested.

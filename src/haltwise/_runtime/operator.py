@@ -18,7 +18,7 @@ from .._core.records import RunRecord
 from .._core.states import State
 from .._core.views import Change, RunDetail, RunPage, StepWait
 from .._journal.operator_sql import decode_cursor, encode_cursor, is_high_water
-from .._journal.owner import Leased, held_by_live_owner, owner_alive
+from .._journal.owner import owner_alive
 from .._journal.store import Store
 from .code import changed_now
 from .explain import (
@@ -28,6 +28,7 @@ from .explain import (
     stays_cancelling,
     waiting_for,
 )
+from .seat_now import nobody_works
 
 if TYPE_CHECKING:
     from .tool import Task
@@ -152,17 +153,6 @@ async def inspect_run(store: Store, run_id: str) -> RunDetail:
         stays_cancelling=stays,
         approvals={record.index: record for record in await store.approvals(run_id)},
     )
-
-
-def nobody_works(run: Leased, own_token: str | None = None) -> bool:
-    """A ``cancelling`` run that nobody works (released, or its owner is gone): its cancel
-    completes only when someone settles it (CONTRACT.md, ``cancel``). ``own_token`` is the
-    asking runtime's owner token: a run it holds is worked, whatever its lease says."""
-    if run.state is not State.CANCELLING:
-        return False
-    if run.owner is not None and run.owner.token == own_token:
-        return False
-    return not held_by_live_owner(run)
 
 
 def _if_now(outcome: Outcome) -> str:

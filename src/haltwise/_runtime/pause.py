@@ -27,6 +27,7 @@ from .._core.exceptions import InvalidTransitionError
 from .._core.outcome import saga_steps
 from .._core.policy import OnCancel
 from .._core.states import State
+from .pause_state import PauseGate
 from .spans import run_event
 
 if TYPE_CHECKING:
@@ -105,13 +106,13 @@ def _may_enter(run: RunContext) -> bool:
 async def _record_pause(run: RunContext) -> None:
     gate = run.pause
     gate.entering = True
-    gate.generation += 1
+    gate.touch()
     try:
         with anyio.CancelScope(shield=True):
             await _enter_pause(run)
     finally:
         gate.entering = False
-        gate.generation += 1
+        gate.touch()
         gate.wake()
 
 
@@ -160,33 +161,34 @@ async def deliver_pause_signals(store: Store, active: Mapping[str, RunContext]) 
     Returns False if a signal was read while this process changed that run's pause (it is
     dropped, being perhaps older than what the process knows: read it again), else True.
     """
-    watched = []
-    parents = []
-    before = {}
-    for run_id, run in active.items():  # one pass: this runs at every tick of the watcher
-        before[run_id] = run.pause.generation
-        if run.pause.requested:
-            watched.append(run_id)
-        if run.children:
-            parents.append(run)
-    signals = await store.pause_signals(list(before), watched=watched)
+    # O(runs with a signal) when no run here has a pause requested or a child run in flight
+    # (this runs whenever the store changed, the process's own commits included): one stamp
+    # for all the runs, not one per run (see PauseGate.clock).
+    mark = PauseGate.clock
+    watched = (
+        [run_id for run_id, run in active.items() if run.pause.requested]
+        if PauseGate.requesting
+        else []
+    )
+    parents = [run for run in active.values() if run.children] if PauseGate.following else []
+    signals = await store.pause_signals(active.keys(), watched=watched)
     current = True
     for run_id, signal in signals.items():  # a run without a signal has nothing to act on
         held = active.get(run_id)
         if held is not None:
-            current = _deliver(held, signal, before.get(run_id)) and current
+            current = _deliver(held, signal, mark) and current
     for run in parents:
         await relay_to_children(run)
     return current
 
 
-def _deliver(run: RunContext, signal: PauseSignal | None, generation: int | None) -> bool:
-    """Act on one run's signal, unless this process changed its pause since ``generation``
-    (then False: the signal is to be read again)."""
+def _deliver(run: RunContext, signal: PauseSignal | None, mark: int) -> bool:
+    """Act on one run's signal, unless this process changed its pause since the stamp
+    ``mark`` (then False: the signal is to be read again)."""
     gate = run.pause
     if signal is None:
         return True
-    if gate.generation != generation or gate.entering:
+    if gate.generation > mark or gate.entering:
         return False  # read while this process changed it: look next time
     if signal.state is State.CANCELLED:
         run.request_cancel(signal.reason or "user", force=signal.force)

@@ -45,7 +45,7 @@ from .._journal.shield import shielded
 from .._journal.store import CancelledRun, ForkOf, NewRun, Store
 from . import spans
 from .approvals import deliver_decisions, woken
-from .cancel_state import outside_any_task
+from .cancel_state import CancelState, outside_any_task
 from .code import check_code, version_of
 from .ending import (
     call_task,
@@ -382,15 +382,24 @@ class Runtime:
         """Ask the ``reconcile`` hooks of run ``task_id``'s ``unknown`` steps what happened and
         journal the answers (``haltwise reconcile ID``); the run's outcome afterwards.
 
-        A hook is asked for each ``unknown`` step of a non-idempotent tool loaded in this
-        process that declares one; an answer is written only into a run that is ``cancelled``
-        or ``failed`` (a run being worked asks its hooks itself when it is resumed or taken
-        over). ``task`` defaults to the task registered under the run's name. Raises
-        :class:`~haltwise.UnknownRunError` for an unknown id, and
-        :class:`~haltwise.HaltwiseError` if the run's task is not loaded here.
+        A hook is asked for each ``unknown`` step of a tool loaded in this process that
+        declares one (an idempotent tool's too: a ``Happened`` spares the call a resume would
+        make again). Only a final run is asked about: a run still active (being worked, paused,
+        or left by a dead owner) has its hooks asked by whoever resumes or takes it over, and
+        is refused here with :class:`~haltwise.InputError` before any hook is called (an answer
+        could not be journaled into a run another owner holds). ``task`` defaults to the task
+        registered under the run's name. Raises :class:`~haltwise.UnknownRunError` for an
+        unknown id, and :class:`~haltwise.HaltwiseError` if the run's task is not loaded here.
         """
         self._require_entered()
         snapshot = await self.store.load(task_id)
+        state = snapshot.run.state
+        if not state.is_final:
+            raise InputError(
+                f"run {task_id!r} is {state.value}: reconcile asks the hooks of a final run; "
+                "this one's are asked by whoever resumes it or takes it over",
+                task_id=task_id,
+            )
         ctx = self._context(task_id, self._task_of(snapshot.run, task), snapshot, {}, frozenset())
         snapshot = await ask_hooks(ctx, snapshot, ())
         return snapshot.outcome()
@@ -1169,7 +1178,8 @@ class Runtime:
     def _stop_working(self, ctx: RunContext) -> None:
         """The run is no longer worked here (its final write is committed, or it stopped)."""
         ctx.close_trace()
-        self._active.pop(ctx.run_id, None)
+        if self._active.pop(ctx.run_id, None) is not None and ctx.cancel.reason is not None:
+            CancelState.acting -= 1
         self.store.set_concurrency(len(self._active) + self._side_steps)
         ctx.done.set()
 
@@ -1256,7 +1266,11 @@ class Runtime:
         # The runs whose cancel is acted on here already (a reason recorded): only a forced
         # request of theirs may be news, and the store passes the others by (10,000 just
         # cancelled here, none news).
-        acting = [run_id for run_id, ctx in self._active.items() if ctx.cancel.reason is not None]
+        acting = (
+            [run_id for run_id, ctx in self._active.items() if ctx.cancel.reason is not None]
+            if CancelState.acting > 0
+            else []
+        )
         requests = await self.store.cancel_requests(self._active.keys(), acting=acting)
         due = [
             (ctx, reason, force)

@@ -34,13 +34,14 @@ from .._core.budget import Budget
 from .._core.exceptions import InputError, NoStoreError
 from .._core.records import RunRecord, dump_json
 from .._core.states import State
-from .._core.views import CancelBatch, Change, RunDetail, RunPage
+from .._core.views import Change, RunDetail, RunPage
 from .._journal import open_store, store_url_from
 from .._journal.operator_sql import is_high_water
 from .._journal.owner import held_by_live_owner
 from .._journal.secrets import safe_url, scrub
 from .._journal.store import CancelResult, Store
-from .operator import feed, inspect_run, nobody_works, page_of_runs, parse_state, resolve_task
+from .operator import feed, inspect_run, page_of_runs, parse_state, resolve_task
+from .seat_now import cancel_batch, check_no_nul, check_reason, nobody_works
 
 if TYPE_CHECKING:
     from .._journal.check import CheckReport
@@ -342,28 +343,6 @@ async def check_journal(url: str | None) -> CheckReport:
     return await check_store(url)
 
 
-def cancel_batch(
-    result: CancelResult,
-    *,
-    after: Mapping[str, State],
-    settled_here: Sequence[str],
-    dry_run: bool,
-) -> CancelBatch:
-    """The :class:`CancelBatch` of a bulk request: ``after`` the runs' states once the cancel
-    was delivered (or their orphans settled), ``settled_here`` the runs nobody worked that the
-    canceller settled."""
-    states = {record.id: record.state for record in (*result.already_final, *result.reached)}
-    states.update(after)
-    return CancelBatch(
-        cancelled=tuple(record.id for record in result.reached),
-        already_final=tuple(record.id for record in result.already_final),
-        unknown=result.unknown,
-        dry_run=dry_run,
-        states=states,
-        settled_here=tuple(settled_here),
-    )
-
-
 #: how long a cancel pressed before its run exists is remembered (``cancel --before-start``)
 DEFAULT_BEFORE_START_TTL = 600.0
 
@@ -372,17 +351,3 @@ def check_ttl(ttl: object) -> None:
     """How long a cancel is remembered before its run exists: a finite number of seconds > 0."""
     if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < math.inf:
         raise InputError(f"ttl must be a finite number of seconds > 0, not {ttl!r}")
-
-
-def check_reason(reason: object) -> None:
-    """A cancel reason is a non-empty string a store can hold (no NUL character)."""
-    if not isinstance(reason, str) or not reason:
-        raise InputError("a cancel reason must be a non-empty string")
-    check_no_nul(reason, "a cancel reason")
-
-
-def check_no_nul(text: str, what: str) -> None:
-    """Refuse a NUL character in a text a store keeps (:class:`InputError`): PostgreSQL text
-    cannot hold one, so it is bad input for both stores alike."""
-    if isinstance(text, str) and "\x00" in text:
-        raise InputError(f"{what} cannot contain a NUL character")

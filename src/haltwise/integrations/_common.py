@@ -150,8 +150,21 @@ def request_digest(request: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+#: the exact types _canonical passes through or walks without an isinstance check (the common
+#: case, a request's JSON); their subclasses take the isinstance path, to the same result
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_SEQUENCES = frozenset({list, tuple})
+
+
 def _canonical(value: Any) -> Any:
-    if isinstance(value, str | int | float | bool) or value is None:
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict:
+        return {str(key): _canonical(item) for key, item in value.items() if item is not None}
+    if kind in _SEQUENCES:
+        return [_canonical(item) for item in value]
+    if isinstance(value, str | int | float | bool):
         return value
     if isinstance(value, dict):
         return {str(key): _canonical(item) for key, item in value.items() if item is not None}
@@ -160,12 +173,19 @@ def _canonical(value: Any) -> Any:
     return _canonical(_as_json(value))
 
 
+#: each dataclass type's field names, as _as_json reads them (``dataclasses.fields`` is slow)
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
 def _as_json(value: Any) -> Any:
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         return dump(mode="json", exclude_none=True, by_alias=True)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
+        names = _FIELDS.get(type(value))
+        if names is None:
+            names = _FIELDS[type(value)] = tuple(f.name for f in dataclasses.fields(value))
+        return {name: getattr(value, name) for name in names}
     if isinstance(value, set | frozenset):
         return sorted(map(str, value))
     kind = type(value)
