@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 
@@ -58,6 +58,11 @@ class CancelState:
     is handing the run over: it stops like a cancel, but no cancel is recorded.
     """
 
+    #: process-wide: how many runs have a cancel recorded (a reason) and are still worked (the
+    #: runtime counts one off as a run with a reason stops being worked): the runtime's watcher
+    #: lists the runs whose cancel it acts on already only while there may be some
+    acting: ClassVar[int] = 0
+
     reason: str | None = None
     forced: bool = False
     delivered: bool = False
@@ -96,6 +101,7 @@ class CancelState:
         changed = self.would_change(force)
         if self.reason is None:
             self.reason = reason
+            CancelState.acting += 1
         if force and not self.forced:
             self.forced = True
             for scope in self._shields:

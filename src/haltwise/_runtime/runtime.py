@@ -45,7 +45,7 @@ from .._journal.shield import shielded
 from .._journal.store import CancelledRun, ForkOf, NewRun, Store
 from . import spans
 from .approvals import deliver_decisions, woken
-from .cancel_state import outside_any_task
+from .cancel_state import CancelState, outside_any_task
 from .code import check_code, version_of
 from .ending import (
     call_task,
@@ -1178,7 +1178,8 @@ class Runtime:
     def _stop_working(self, ctx: RunContext) -> None:
         """The run is no longer worked here (its final write is committed, or it stopped)."""
         ctx.close_trace()
-        self._active.pop(ctx.run_id, None)
+        if self._active.pop(ctx.run_id, None) is not None and ctx.cancel.reason is not None:
+            CancelState.acting -= 1
         self.store.set_concurrency(len(self._active) + self._side_steps)
         ctx.done.set()
 
@@ -1265,7 +1266,11 @@ class Runtime:
         # The runs whose cancel is acted on here already (a reason recorded): only a forced
         # request of theirs may be news, and the store passes the others by (10,000 just
         # cancelled here, none news).
-        acting = [run_id for run_id, ctx in self._active.items() if ctx.cancel.reason is not None]
+        acting = (
+            [run_id for run_id, ctx in self._active.items() if ctx.cancel.reason is not None]
+            if CancelState.acting > 0
+            else []
+        )
         requests = await self.store.cancel_requests(self._active.keys(), acting=acting)
         due = [
             (ctx, reason, force)
