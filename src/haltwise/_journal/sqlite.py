@@ -1062,9 +1062,10 @@ class SQLiteStore:
             self._check_file()
             version = self._read_data_version()
             if version != self._data_version:
+                # (the poll ticks stay: the events drained may have been of two commits, the
+                # second not visible yet; a look at it must not wait for the safety read)
                 self._data_version = version
                 self._changes += 1
-                self._poll_ticks = 0
         return self._changes
 
     def _file_watch(self) -> FileWatch | None:
