@@ -2021,3 +2021,28 @@ async def test_an_unpause_clears_the_runs_reason_whoever_wrote_it(store_url: str
         record = await store.request_unpause("r")
         assert (record.state, record.pause, record.reason) == (State.RUNNING, False, None)
         assert (await store.load("r")).run.reason is None
+
+
+async def test_check_finds_a_step_begun_again_after_it_committed_or_before_it_settled(
+    store_url: str,
+) -> None:
+    # Issue 28: a step driven twice (its charge made under two keys) left one key and an
+    # attempt count in its row; the feed's order of its starts and settlements shows it.
+    async with opened(store_url) as store:
+        for run_id in ("again", "twice", "retried"):
+            await reach(store, run_id, State.RUNNING)
+            await store.start_step(run_id, step(0), fence=OWNER.token)
+        await store.settle_step("again", 0, StepStatus.COMMITTED, result=1, fence=OWNER.token)
+        await store.start_step("again", step(0), fence=OWNER.token)
+        await store.start_step("twice", step(0), fence=OWNER.token)
+        for status in (StepStatus.INTERRUPTED, StepStatus.FAILED):  # each attempt settled
+            await store.settle_step("retried", 0, status, fence=OWNER.token)
+            await store.start_step("retried", step(0), fence=OWNER.token)
+        for run_id in ("again", "twice", "retried"):
+            await store.settle_step(run_id, 0, StepStatus.COMMITTED, result=2, fence=OWNER.token)
+        findings = (await verify(store)).findings
+    assert sorted((f.run, f.code) for f in findings) == [
+        ("again", "step-ran-again"),
+        ("twice", "step-started-twice"),
+    ]
+    assert all("step 0" in f.message and "\n" not in f.message for f in findings)

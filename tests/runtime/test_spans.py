@@ -445,3 +445,33 @@ async def test_approvals_and_budget_exhaustion_are_events_of_the_run_span(
     assert events["haltwise.approval.decided"]["haltwise.approval.state"] == "approved"
     (budget,) = spans.run("spends")
     assert "haltwise.budget.exhausted" in [e.name for e in budget.events]
+
+
+@haltwise.task(name="spans:ask")
+async def ask_model(streamed: bool) -> str:
+    from pydantic_ai import Agent
+    from pydantic_ai.models.test import TestModel
+
+    from haltwise.integrations.pydantic_ai import JournaledModel
+
+    agent = Agent(JournaledModel(TestModel(custom_output_text="hi", model_name="tiny-1")))
+    if streamed:
+        async with agent.run_stream("hello") as result:
+            return await result.get_output()
+    return (await agent.run("hello")).output
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["request", "stream"])
+async def test_a_model_request_is_a_chat_span_named_by_its_model(
+    spans: Spans, sqlite_url: str, streamed: bool
+) -> None:
+    async with haltwise.Runtime(sqlite_url) as rt:
+        outcome = await (await rt.start(ask_model, streamed, task_id="ask")).outcome()
+    assert outcome.state is haltwise.State.COMPLETED, outcome
+    (chat,) = spans.named("chat ")
+    assert chat.name == "chat tiny-1"
+    assert attrs(chat)["gen_ai.operation.name"] == "chat"
+    assert attrs(chat)["gen_ai.request.model"] == "tiny-1"
+    (run,) = spans.run("ask")
+    assert chat.parent is not None and chat.parent.span_id == run.context.span_id
+    assert not spans.named("execute_tool")

@@ -57,7 +57,10 @@ async def verify(store: Store) -> CheckReport:
     ``owned-final-run`` (a final run still has an owner), ``step-running-while-paused`` (a
     ``paused`` run with a step in flight, other than a child run paused with it), ``step-gap``
     (step indexes are not 0..n-1),
-    ``partial-gap`` (partial results are not numbered 0..n-1) and ``unreadable-row``
+    ``partial-gap`` (partial results are not numbered 0..n-1), ``step-ran-again`` (a step
+    began again after it committed: its effect may have happened twice), ``step-started-twice``
+    (a step began again with no settlement of its attempt in between: two attempts may have
+    run at once; see :func:`_check_starts`) and ``unreadable-row``
     (a row that does not parse: a bad state, JSON that is not JSON, a bad owner...; the run's
     other checks are skipped where they would need that row).
 
@@ -87,6 +90,7 @@ def verify_journal(journal: JournalRows) -> CheckReport:
         findings.extend(_check_owner(run))
         if run.id not in bad_steps:
             findings.extend(_check_steps(run, journal.steps.get(run.id, ()), children))
+        findings.extend(_check_starts(run.id, journal.step_changes.get(run.id, ())))
     bad_runs = sum(1 for row in journal.bad if row.table == "runs")
     return CheckReport(runs=len(journal.runs) + bad_runs, findings=tuple(findings))
 
@@ -192,4 +196,36 @@ def _check_steps(
                 "orphaned-step",
                 f"step {step.index} ({step.tool}) was left running by an owner that is "
                 "gone; resume or a worker will settle it",
+            )
+
+
+def _check_starts(run_id: str, changes: Sequence[tuple[int, str]]) -> Iterator[Finding]:
+    """Findings from the order of a run's step starts and settlements (the change feed).
+
+    The step row keeps one idempotency key and an attempt count, and an earlier attempt's
+    own row only when it failed, so a step driven twice (issue 28: a child run taken over by
+    two paths of one process, its charge made under two keys) is invisible in the rows. The
+    feed keeps every start (``running``) and settlement in commit order: a committed step is
+    never run again (it replays), and every attempt is settled before the next begins (a
+    takeover settles a dead owner's attempt first). A run journaled before the feed existed
+    has no changes, and nothing is found."""
+    last: dict[int, str] = {}
+    for index, status in changes:
+        before = last.get(index)
+        last[index] = status
+        if status != StepStatus.RUNNING.value:
+            continue
+        if before == StepStatus.COMMITTED.value:
+            yield Finding(
+                run_id,
+                "step-ran-again",
+                f"step {index} began again after it committed: its effect may have happened "
+                "twice; check the world (the call's idempotency key) and reconcile by hand",
+            )
+        elif before == StepStatus.RUNNING.value:
+            yield Finding(
+                run_id,
+                "step-started-twice",
+                f"step {index} began again before its attempt was settled: two attempts may "
+                "have run at once; check the world for a repeated effect",
             )

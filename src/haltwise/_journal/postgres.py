@@ -332,6 +332,12 @@ feed AS ({event_feed("recorded")})
 SELECT written.*, pg_notify('{_CHANNEL}', left(written.id, 1000)) AS notified FROM written"""
 
 
+#: the most runs one creation statement writes: each takes its id's advisory lock until the
+#: statement commits (``haltwise.may_create``), and PostgreSQL's lock table holds about
+#: ``max_locks_per_transaction`` (64) x ``max_connections`` (100) locks for the whole server:
+#: a round of 10,000 concurrent starts in one statement would exhaust it ("out of shared memory")
+_CREATE_CHUNK = 1000
+
 #: many runs created as :data:`_CREATE` creates one (see :func:`_recording_many`: the rows are
 #: ``insert_run_parameters``' values); a run whose id is taken is not written, not returned
 _CREATE_MANY = _recording_many(
@@ -669,8 +675,13 @@ class PostgresStore:
                     ids.add(run.id)
                     events = _event_rows(plan_create(run, now))
                     given.append([*insert_run_parameters(run, inputs, now), events, now])
-            cursor = await conn.execute(_CREATE_MANY, (json.dumps(given),), prepare=True)
-            written = {row["id"]: row for row in await cursor.fetchall()}
+            written = {}
+            # in statements of at most _CREATE_CHUNK runs: each holds its runs' id locks
+            # (haltwise.may_create) until it commits, and the server's lock table is shared
+            for first in range(0, len(given), _CREATE_CHUNK):
+                chunk = json.dumps(given[first : first + _CREATE_CHUNK])
+                cursor = await conn.execute(_CREATE_MANY, (chunk,), prepare=True)
+                written.update({row["id"]: row for row in await cursor.fetchall()})
             created: list[tuple[RunRecord, bool]] = []
             for run, inputs in runs:
                 row = written.pop(run.id, None)
@@ -1113,7 +1124,7 @@ class PostgresStore:
 
     async def read_journal(self) -> JournalRows:
         async def op(conn: _Conn) -> JournalRows:
-            # A read-only operation: one REPEATABLE READ snapshot for all four reads.
+            # A read-only operation: one REPEATABLE READ snapshot for all five reads.
             runs = await (await conn.execute(*_SQL.list_runs(None))).fetchall()
             events = await (await conn.execute(*_SQL.events(None))).fetchall()
             async with conn.cursor(row_factory=tuple_row) as plain:  # step_from_row: by position
@@ -1121,7 +1132,9 @@ class PostgresStore:
                 steps = await plain.fetchall()
                 await plain.execute(_SQL.all_partials)
                 partials = await plain.fetchall()
-            return journal_from_rows(runs, events, steps, partials)
+                await plain.execute(_SQL.all_step_changes)
+                changes = await plain.fetchall()
+            return journal_from_rows(runs, events, steps, partials, changes)
 
         return await self._run(op, read_only=True)
 

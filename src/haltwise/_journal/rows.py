@@ -504,10 +504,12 @@ def journal_from_rows(
     events: Iterable[Any],
     steps: Iterable[Sequence[Any]],
     partials: Iterable[Sequence[Any]],
+    step_changes: Iterable[Sequence[Any]] = (),
 ) -> JournalRows:
     """:class:`JournalRows` from the rows of one snapshot: every run (``RUN_COLUMNS``), every
     event, every step (its run id, then ``STEP_COLUMNS``, by run and index) and every partial's
-    ``(run id, seq, value)`` (by run and seq). Rows that do not parse go to ``bad``."""
+    ``(run id, seq, value)`` (by run and seq), and the feed's step changes ``(run id, index,
+    status)`` in commit order. Rows that do not parse go to ``bad``."""
     bad: list[BadRow] = []
     parsed: dict[str, tuple[StepRecord, ...]] = {}
     for run_id, rows in _by_run(steps).items():
@@ -522,12 +524,16 @@ def journal_from_rows(
             partials_from_rows(run_id, [row[2] for row in rows])
         except CorruptRowError as error:
             bad.extend(error.rows)
+    changes: dict[str, list[tuple[int, str]]] = {}
+    for run_id, index, status in step_changes:
+        changes.setdefault(run_id, []).append((int(index), str(status)))
     return JournalRows(
         runs=tuple(_parse_all(run_from_row, runs, bad)),
         events=tuple(_parse_all(event_from_row, events, bad)),
         steps=parsed,
         partial_seqs=seqs,
         bad=tuple(bad),
+        step_changes=changes,
     )
 
 

@@ -280,6 +280,9 @@ class Statements:
         self.pausing = f"SELECT id, state, pause, reason, force FROM {q('runs')} WHERE pause"
         self.all_partials = f"SELECT run_id, seq, value FROM {q('partials')} ORDER BY run_id, seq"
         self.all_steps = f"SELECT run_id, {STEP_COLUMNS} FROM {q('steps')} ORDER BY run_id, idx"
+        self.all_step_changes = (
+            f"SELECT run_id, idx, status FROM {q('changes')} WHERE kind = 'step' ORDER BY seq"
+        )
         self._events = f"SELECT seq, run_id, source, target, reason, at FROM {q('events')}"
         self._runs = f"SELECT {RUN_COLUMNS} FROM {q('runs')}"
         early = q("early_cancels")

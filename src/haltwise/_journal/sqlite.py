@@ -775,13 +775,15 @@ class SQLiteStore:
 
     async def read_journal(self) -> JournalRows:
         def op(conn: sqlite3.Connection) -> JournalRows:
-            # One transaction (as every operation): in WAL, one snapshot for all four reads.
+            # One transaction (as every operation): in WAL, one snapshot for all five reads.
             plain = conn.cursor()
             plain.row_factory = None  # tuples: step_from_row reads by position
             runs = conn.execute(*_SQL.list_runs(None)).fetchall()
             events = conn.execute(*_SQL.events(None)).fetchall()
             steps = plain.execute(_SQL.all_steps).fetchall()
-            return journal_from_rows(runs, events, steps, plain.execute(_SQL.all_partials))
+            partials = plain.execute(_SQL.all_partials).fetchall()
+            changes = plain.execute(_SQL.all_step_changes)
+            return journal_from_rows(runs, events, steps, partials, changes)
 
         journal: JournalRows = await self._writer.call(op, write=False, bulk=True)
         return journal
@@ -1060,9 +1062,10 @@ class SQLiteStore:
             self._check_file()
             version = self._read_data_version()
             if version != self._data_version:
+                # (the poll ticks stay: the events drained may have been of two commits, the
+                # second not visible yet; a look at it must not wait for the safety read)
                 self._data_version = version
                 self._changes += 1
-                self._poll_ticks = 0
         return self._changes
 
     def _file_watch(self) -> FileWatch | None:

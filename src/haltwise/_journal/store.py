@@ -19,7 +19,7 @@ Two rules every store keeps, because the runtime relies on them:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, final
 
 from .._core.approvals import ApprovalRecord
@@ -165,6 +165,9 @@ class JournalRows:
     #: run id -> its partial results' sequence numbers, ascending
     partial_seqs: dict[str, list[int]]
     bad: tuple[BadRow, ...] = ()
+    #: run id -> its steps' starts and settlements from the change feed, in commit order:
+    #: ``(index, status)`` (``running``: a start). Runs journaled before the feed have none.
+    step_changes: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
 
 
 @final

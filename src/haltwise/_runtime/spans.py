@@ -33,6 +33,7 @@ import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
@@ -61,6 +62,9 @@ __all__ = [
 
 #: The name a model request's step records (the integrations' ``MODEL_STEP``)
 _MODEL_STEP: Final = "model"
+#: The model a model request asks (``"gpt-4o"``), set by ``tool.model_step`` while its step
+#: begins: the span is ``chat {model}`` with ``gen_ai.request.model`` (CONTRACT.md).
+REQUESTED_MODEL: ContextVar[str | None] = ContextVar("haltwise_requested_model", default=None)
 #: Step statuses whose span is ERROR (with ``error.type``); every other ends UNSET.
 _ERROR_STATUSES: Final = frozenset({StepStatus.FAILED})
 
@@ -228,7 +232,8 @@ def begin_step(
     call_id: str | None,
 ) -> None:
     """Open the span of a step's attempt (journaled ``running`` just now)."""
-    model = tool == _MODEL_STEP
+    requested = REQUESTED_MODEL.get()
+    model = requested is not None or tool == _MODEL_STEP
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "chat" if model else "execute_tool",
         "gen_ai.tool.name": tool,
@@ -240,7 +245,9 @@ def begin_step(
     }
     if call_id is not None:
         attributes["gen_ai.tool.call.id"] = call_id
-    name = f"chat {tool}" if model else f"execute_tool {tool}"
+    if requested is not None:
+        attributes["gen_ai.request.model"] = requested
+    name = f"chat {requested or tool}" if model else f"execute_tool {tool}"
     span = run.tracer.start_span(name, context=run.parent, attributes=attributes)
     run.steps[index] = span
     run.step_contexts[index] = span.get_span_context()

@@ -21,6 +21,7 @@ from .._core.policy import CancelPolicy, Effect, OnCancel, ToolPolicy
 from .approvals import decided_payload, decision_of, refused_decision
 from .approvals import rule as approval_rule
 from .run_context import CURRENT_RUN, CURRENT_STEP
+from .spans import REQUESTED_MODEL
 from .spec import Tool, ToolSpec, qualified_name
 
 P = ParamSpec("P")
@@ -359,13 +360,20 @@ async def step(
     return await call_tool(spec, args, kwargs)
 
 
-async def model_step(fn: Callable[..., Any], /, *args: Any, name: str) -> Any:
+async def model_step(
+    fn: Callable[..., Any], /, *args: Any, name: str, model: str | None = None
+) -> Any:
     """``await fn(*args)`` as a model request: one step (``interruptible``, ``read``) that is
-    not a tool call of the run's budget (its tokens are its spend: see ``budget.model_usage``)."""
+    not a tool call of the run's budget (its tokens are its spend: see ``budget.model_usage``).
+    ``model`` names the model asked, for its span (``chat {model}``)."""
     spec = _step_spec(
         fn, name, ("interruptible", "read", False, None, None, None, 0, None), counts_calls=False
     )
-    return await call_tool(spec, args, {})
+    token = REQUESTED_MODEL.set(model)
+    try:
+        return await call_tool(spec, args, {})
+    finally:
+        REQUESTED_MODEL.reset(token)
 
 
 def _step_spec(

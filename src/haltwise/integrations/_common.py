@@ -89,7 +89,11 @@ def call_id(value: str | None) -> AbstractContextManager[None]:
 
 
 async def model_request(
-    ask: Callable[[], Awaitable[T]], *, name: str = MODEL_STEP, request: Any = None
+    ask: Callable[[], Awaitable[T]],
+    *,
+    name: str = MODEL_STEP,
+    request: Any = None,
+    model: Any = None,
 ) -> T:
     """``await ask()`` as one step of the current run (``interruptible``, ``read``).
 
@@ -102,15 +106,19 @@ async def model_request(
     replay whose request differs from the journal's fails the run with
     :class:`~haltwise.NonDeterminismError` naming the step, instead of handing a journaled
     answer to another request (CONTRACT.md, "Framework integrations").
+
+    ``model`` is the model asked (its name, or an object with one: :func:`model_name`): the
+    step's span is ``chat {model}``.
     """
+    asked_model = model_name(model)
     if request is None:
-        value: T = await model_step(ask, name=name)
+        value: T = await model_step(ask, name=name, model=asked_model)
         return value
 
     async def asked(_request: str) -> T:
         return await ask()
 
-    value = await model_step(asked, request_digest(request), name=name)
+    value = await model_step(asked, request_digest(request), name=name, model=asked_model)
     return value
 
 

@@ -53,10 +53,12 @@ class StreamedStep(Generic[E]):
         *,
         name: str = MODEL_STEP,
         request: Any = None,
+        model: Any = None,
     ) -> None:
         self._body = body
         self._name = name
         self._request = request
+        self._model = model
         self._streaming = False
         self.value: Any = None
         self.replayed = True
@@ -75,7 +77,9 @@ class StreamedStep(Generic[E]):
 
         async def request() -> Any:
             with send:
-                return await model_request(ask, name=self._name, request=self._request)
+                return await model_request(
+                    ask, name=self._name, request=self._request, model=self._model
+                )
 
         step = asyncio.ensure_future(request())
         try:

@@ -185,7 +185,9 @@ class HaltwiseMiddleware(AgentMiddleware[Any, Any, Any]):
             return [message_to_dict(message) for message in response.result]
 
         try:
-            data = await model_request(ask, name=self.step_name, request=_request_view(request))
+            data = await model_request(
+                ask, name=self.step_name, request=_request_view(request), model=request.model
+            )
         except (haltwise.Cancelled, asyncio.CancelledError) as stop:
             if _draining(request.runtime):
                 # the model's answer is not needed: the graph stops at this superstep's start

@@ -190,7 +190,9 @@ class JournaledModel(Model):
             record_usage(self.model, usage.input_tokens, usage.output_tokens)
             return _dump_response(response)
 
-        data = await model_request(ask, name=self.name, request=_request_view(args, kwargs))
+        data = await model_request(
+            ask, name=self.name, request=_request_view(args, kwargs), model=self.model
+        )
         _record_turn(data["output"])
         _turn_with_calls(data["output"])
         return _load_response(data)
@@ -224,7 +226,9 @@ class JournaledModel(Model):
                 record_usage(completed.model or self.model, usage.input_tokens, usage.output_tokens)
             return completed.model_dump(mode="json")
 
-        request = StreamedStep(ask, name=self.name, request=_request_view(args, kwargs))
+        request = StreamedStep(
+            ask, name=self.name, request=_request_view(args, kwargs), model=self.model
+        )
         async with aclosing(request.events()) as events:
             async for event in events:
                 yield event

@@ -195,7 +195,9 @@ class JournaledModel(WrapperModel):
             return _dump(response)
 
         asked = _request_view(closed, model_settings, model_request_parameters)
-        return _load(await model_request(ask, name=self.step_name, request=asked))
+        return _load(
+            await model_request(ask, name=self.step_name, request=asked, model=self.model_name)
+        )
 
     @asynccontextmanager
     async def request_stream(
@@ -265,7 +267,9 @@ class _JournaledStream(StreamedResponse):
         return self._event_iterator
 
     async def _events(self) -> AsyncIterator[ModelResponseStreamEvent]:
-        request = StreamedStep(self._ask, name=self._step_name, request=self._asked)
+        request = StreamedStep(
+            self._ask, name=self._step_name, request=self._asked, model=self.model_name
+        )
         async with aclosing(request.events()) as events:
             async for event in events:
                 yield self._applied(event)
