@@ -3,7 +3,7 @@
 Each POST is appended to ``DIR/received.jsonl`` as ``{"headers", "body", "answered"}`` (one
 line, flushed before the answer is sent; ``path`` is the request's target as sent: a proxied
 request's is the whole URL). The answer is the status code written in ``DIR/answer`` when that
-file exists (``500``, ``410``...), else 200. Prints its port, then serves until killed.
+file exists (``500``, ``410``...; ``410|Bye`` gives the reason phrase ``Bye``), else 200. Prints its port, then serves until killed.
 
 HTTP/1.0 by default (a connection per request); ``--keep-alive``: HTTP/1.1, connections kept
 open between requests; ``--tls CERT KEY``: HTTPS with that certificate chain and key.
@@ -28,7 +28,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length", 0)))
         answer_file = DIR / "answer"
-        answer = int(answer_file.read_text()) if answer_file.exists() else 200
+        code, _, phrase = (answer_file.read_text() if answer_file.exists() else "200").partition("|")
+        answer = int(code)
         line = {
             "path": self.path,
             "headers": {k.lower(): v for k, v in self.headers.items()},
@@ -37,7 +38,7 @@ class Handler(BaseHTTPRequestHandler):
         }
         with LOCK, (DIR / "received.jsonl").open("a") as log:
             log.write(json.dumps(line) + "\n")
-        self.send_response(answer)
+        self.send_response(answer, phrase or None)
         self.send_header("content-length", "0")
         self.end_headers()
 

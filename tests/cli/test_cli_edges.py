@@ -104,3 +104,20 @@ def test_a_run_submitted_from_python_is_worked_by_a_worker_of_its_file(env: Env)
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.communicate(timeout=60)
+
+
+def test_a_run_id_that_is_not_utf8_is_a_one_line_error(env: Env) -> None:
+    # a byte that is not UTF-8 in an argument reaches Python as a lone surrogate ('r\udcff')
+    done = subprocess.run(
+        [sys.executable.encode(), b"-m", b"haltwise", b"submit", b"agent.py:boom", b"--id", b"r\xff"],
+        cwd=env.root,
+        env=env.environ(),
+        capture_output=True,
+        timeout=60,
+    )
+    stderr = done.stderr.decode(errors="replace")
+    assert done.returncode == 2, stderr
+    assert stderr.count("\n") == 1 and "not valid UTF-8" in stderr, stderr
+    assert "Traceback" not in stderr
+    listed = env.hw("list", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout)["runs"] == []  # nothing written

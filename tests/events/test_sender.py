@@ -69,12 +69,14 @@ class Receiver:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/hooks?token=not-for-logs"
 
-    def answer(self, code: int | None) -> None:
+    def answer(self, code: int | None, phrase: str = "") -> None:
+        """The status the receiver answers from now on (``None``: 200), with ``phrase`` as its
+        reason phrase (empty: the standard one)."""
         answer = self.root / "answer"
         if code is None:
             answer.unlink(missing_ok=True)
         else:
-            answer.write_text(str(code))
+            answer.write_text(f"{code}|{phrase}" if phrase else str(code))
 
     def received(self) -> list[dict[str, Any]]:
         log = self.root / "received.jsonl"
@@ -270,10 +272,11 @@ async def test_a_restarted_sender_goes_on_from_its_kept_position(
     assert subjects == ["first"] * per_run + ["second"] * per_run
 
 
+@pytest.mark.parametrize("phrase", ["", "Bye"], ids=["Gone", "own-phrase"])
 async def test_410_gone_stops_the_sender_with_exit_1(
-    sqlite_url: str, receiver: Receiver, tmp_path: Path
+    sqlite_url: str, receiver: Receiver, tmp_path: Path, phrase: str
 ) -> None:
-    receiver.answer(410)
+    receiver.answer(410, phrase)  # the code decides, whatever the reason phrase says
     async with haltwise.Runtime(sqlite_url) as rt:
         await (await rt.start(toolkit.three_quick, 1, task_id="r")).outcome()
     sender = start_sender(sqlite_url, receiver.url, tmp_path, "--from-start")

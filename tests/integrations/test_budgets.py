@@ -273,3 +273,32 @@ async def test_usd_limit_priced_by_model_cancels(
     assert spent["usd"] == pytest.approx(step.usd)
     if framework != "pydantic_ai":  # the others report 100 + 20 tokens: 0.12 at these prices
         assert spent == {"usd": pytest.approx(0.12), "tokens": 120, "tool_calls": 0}
+
+
+@haltwise.task(name="budgets:shop_in_session")
+async def shop_in_session(path: str) -> Any:
+    from agents import RunConfig, Runner, SQLiteSession
+
+    session = SQLiteSession("shopper", path)
+    config = RunConfig(tracing_disabled=True)
+    result = await Runner.run(_openai_agent(), "shop", run_config=config, session=session)
+    return result.final_output
+
+
+async def test_the_adapters_own_steps_are_no_tool_calls_of_the_budget(
+    sqlite_url: str, tmp_path: Any
+) -> None:
+    # OpenAI Agents with a session: the adapter journals the session's length as a step of its
+    # own; the agent's three lookups are the run's only tool calls, so a budget of three is enough
+    budget = haltwise.Budget(tool_calls=len(ITEMS))
+    async with haltwise.Runtime(sqlite_url) as rt:
+        handle = await rt.start(
+            shop_in_session, str(tmp_path / "session.db"), task_id="session", budget=budget
+        )
+        outcome = await handle.outcome()
+    assert outcome.state is State.COMPLETED, outcome
+    assert Kit.effects == {"lookup": len(ITEMS)}
+    assert [step.tool for step in outcome.steps if step.tool not in ("model", "lookup")] == [
+        "session"
+    ]
+    check_spend(outcome, requests=len(ITEMS) + 1, calls=len(ITEMS))

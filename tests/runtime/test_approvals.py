@@ -284,3 +284,47 @@ async def test_the_pending_list_is_the_journal_s_requests_as_json(store_url: str
             await rt.cancel(handle.id)
             await handle.outcome()
         assert json.loads(await rt.approvals_json()) == {"approvals": []}
+
+
+@haltwise.tool(cancel="finish", effect="external", approval="required")
+async def dose(level: float, levels: list[float]) -> str:
+    return "dosed"
+
+
+@haltwise.task
+async def dose_unknown() -> str:
+    return await dose(float("nan"), [1.5, float("inf")])
+
+
+def _strict(constant: str) -> Any:
+    raise ValueError(f"not JSON: {constant}")  # what a browser's JSON.parse refuses
+
+
+async def test_a_request_whose_arguments_json_cannot_hold_lists_them_as_text(
+    store_url: str,
+) -> None:
+    async with haltwise.Runtime(store_url) as rt:
+        handle = await rt.start(dose_unknown, task_id="nan")
+        await awaiting(rt, "nan")
+        listed = json.loads(await rt.approvals_json(), parse_constant=_strict)["approvals"]
+        assert listed[0]["arguments"] == {"level": "nan", "levels": [1.5, "inf"]}
+        await rt.cancel(handle.id)
+        await handle.outcome()
+
+
+async def test_only_the_runs_owner_cancels_its_request(store_url: str) -> None:
+    """A process that lost the run (its fence is stale) cancelling the request on its way out
+    must change nothing: the new owner waits on that request, and a decision still completes
+    the run (Store.cancel_approval is fenced, as its step's half always was)."""
+    async with haltwise.Runtime(store_url) as rt:
+        handle = await rt.start(buy, task_id="fenced")
+        await awaiting(rt, "fenced")
+        await rt.store.cancel_approval("fenced", 0, fence="the fence of a process that lost it")
+        step = (await rt.inspect("fenced")).to_json()["steps"][0]
+        assert (step["status"], step["approval"]["state"]) == ("awaiting", "awaiting")
+        await rt.decide("fenced", 0, by="ops")
+        outcome = await handle.outcome()
+        report = await verify(rt.store)
+    assert outcome.result == "paid 5 to bob"
+    assert len(LEDGER) == 1
+    assert report.ok, report.findings

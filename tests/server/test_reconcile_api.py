@@ -35,6 +35,9 @@ def test_reconcile_through_the_api_then_resume(tmp_path: Path, store_url: str) -
         answer = served.post("/api/runs", {"task": "order", "input": {"amount": 42}, "id": "o1"})
         assert answer.status == 201, answer.body
         until((world / "charged").exists, "the charge")
+        held = served.post("/api/runs/o1/reconcile")  # the server works it: a live owner
+        assert held.status == 409, held.body
+        assert held.json()["error"]["code"] == "run_owned", held.body
         assert served.post("/api/runs/o1/cancel", {"force": True}).status == 202
         run = served.wait_for("o1", "cancelled", lambda run: run["state"] == "cancelled")
         assert run["steps"][0]["status"] == "unknown"

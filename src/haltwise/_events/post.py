@@ -9,9 +9,10 @@ what the direct connection does not do: a URL the environment routes through a p
 (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, minus ``NO_PROXY``) gets a
 :class:`ProxiedPoster`.
 
-Both answer :meth:`Poster.post` the same way: ``None`` when the receiver answered 2xx, else what
-went wrong in a few words (``"503 Service Unavailable"``, ``"no answer (ConnectionRefusedError)"``),
-never raising for the receiver's or the network's faults.
+Both answer :meth:`Poster.post` the same way: ``None`` when the receiver answered 2xx, else a
+:class:`Failure` (the status code, if any, and what went wrong in a few words:
+``"503 Service Unavailable"``, ``"no answer (ConnectionRefusedError)"``), never raising for the
+receiver's or the network's faults.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from anyio.abc import ByteStream
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["DirectPoster", "Poster", "ProxiedPoster", "Target", "poster_for"]
+__all__ = ["DirectPoster", "Failure", "Poster", "ProxiedPoster", "Target", "poster_for"]
 
 #: How long a receiver may take to answer one request, from connecting to the answer's end.
 TIMEOUT: Final = 10.0
@@ -46,10 +47,29 @@ _NO_ANSWER: Final = (
 )
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A try the receiver did not acknowledge: its status ``code`` (``None``: no answer; the
+    code decides, never the reason phrase, which a receiver may leave out or word its own way)
+    and what went wrong in a few words, for the log."""
+
+    code: int | None
+    words: str
+
+    @classmethod
+    def answered(cls, code: int, reason: str) -> Failure:
+        return cls(code, f"{code} {reason}".strip())
+
+    @classmethod
+    def no_answer(cls, error: BaseException) -> Failure:
+        return cls(None, f"no answer ({type(error).__name__})")
+
+
 class Poster(Protocol):
     """One connection's worth of deliveries, one at a time."""
 
-    async def post(self, headers: dict[str, str], body: bytes) -> str | None: ...
+    async def post(self, headers: dict[str, str], body: bytes) -> Failure | None: ...
 
     async def aclose(self) -> None: ...
 
@@ -129,7 +149,7 @@ class DirectPoster:
         self._protocol = h11.Connection(h11.CLIENT)
         self._answering = False  # an answer's first byte arrived for the POST in progress
 
-    async def post(self, headers: dict[str, str], body: bytes) -> str | None:
+    async def post(self, headers: dict[str, str], body: bytes) -> Failure | None:
         reused = self._stream is not None
         self._answering = False
         try:
@@ -139,9 +159,9 @@ class DirectPoster:
             await self.aclose()
             if reused and not self._answering and not isinstance(error, TimeoutError):
                 return await self.post(headers, body)  # not reused now: at most once more
-            return f"no answer ({type(error).__name__})"
+            return Failure.no_answer(error)
 
-    async def _exchange(self, headers: dict[str, str], body: bytes) -> str | None:
+    async def _exchange(self, headers: dict[str, str], body: bytes) -> Failure | None:
         stream = await self._connected()
         protocol = self._protocol
         fields = [
@@ -157,7 +177,7 @@ class DirectPoster:
             protocol.send(h11.EndOfMessage()) or b""
         )
         await stream.send(data)  # one write: headers and body in one segment
-        status, code = "", 0
+        code, reason = 0, ""
         while True:
             event = protocol.next_event()
             if event is h11.NEED_DATA:
@@ -165,15 +185,14 @@ class DirectPoster:
                 self._answering = self._answering or bool(data)
                 protocol.receive_data(data)
             elif isinstance(event, h11.Response):
-                status = f"{event.status_code} {event.reason.decode('latin-1')}".strip()
-                code = event.status_code
+                code, reason = event.status_code, event.reason.decode("latin-1")
             elif isinstance(event, h11.EndOfMessage):
                 break
         if protocol.our_state is h11.DONE and protocol.their_state is h11.DONE:
             protocol.start_next_cycle()
         else:  # the receiver closes this connection (or did not say it keeps it)
             await self.aclose()
-        return None if 200 <= code < 300 else status
+        return None if 200 <= code < 300 else Failure.answered(code, reason)
 
     async def _received(self, stream: ByteStream) -> bytes:
         try:
@@ -212,7 +231,7 @@ class ProxiedPoster:
         self._target = target
         self._client: httpx.AsyncClient | None = None
 
-    async def post(self, headers: dict[str, str], body: bytes) -> str | None:
+    async def post(self, headers: dict[str, str], body: bytes) -> Failure | None:
         import httpx
 
         if self._client is None:
@@ -222,10 +241,10 @@ class ProxiedPoster:
         try:
             response = await self._client.post(self._target.url, content=body, headers=headers)
         except httpx.HTTPError as error:
-            return f"no answer ({type(error).__name__})"
+            return Failure.no_answer(error)
         if 200 <= response.status_code < 300:
             return None
-        return f"{response.status_code} {response.reason_phrase}".strip()
+        return Failure.answered(response.status_code, response.reason_phrase)
 
     async def aclose(self) -> None:
         client, self._client = self._client, None

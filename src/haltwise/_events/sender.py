@@ -53,7 +53,7 @@ from .._core.exceptions import (
 )
 from .._core.views import Change, RunDetail
 from .cloud import RunFold, cloud_event, event_type, status_as_of
-from .post import Poster, Target, poster_for, tls_context
+from .post import Failure, Poster, Target, poster_for, tls_context
 
 if TYPE_CHECKING:
     from .._runtime.seat import Seat
@@ -294,7 +294,7 @@ class Sender:
             failure = await self._post(poster, str(change.seq), headers, body)
             if failure is None:
                 return
-            if failure == "410 Gone":
+            if failure.code == 410:
                 raise DeliveryGoneError(
                     f"{self._to.shown} answered 410 Gone to change {change.seq}: "
                     "delivery stopped (the receiver wants no more events)"
@@ -303,14 +303,14 @@ class Sender:
             tries += 1
             self._log(
                 f"events: change {change.seq} (run {change.run_id!r}) not delivered to "
-                f"{self._to.shown}: {failure}; trying again in {delay:g} s"
+                f"{self._to.shown}: {failure.words}; trying again in {delay:g} s"
             )
             await anyio.sleep(delay)
 
     async def _post(
         self, poster: Poster, message_id: str, headers: dict[str, str], body: bytes
-    ) -> str | None:
-        """One try: ``None`` when acknowledged, else what went wrong, in a few words."""
+    ) -> Failure | None:
+        """One try: ``None`` when acknowledged, else how it failed."""
         sent = dict(headers)
         if self._signer is not None:
             now = datetime.now(tz=UTC)

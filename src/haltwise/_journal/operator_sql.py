@@ -414,6 +414,16 @@ class OperatorSQL:
             "edited = ? WHERE run_id = ? AND idx = ? AND state = 'awaiting'"
         )
 
+    def approval_cancel(self) -> str:
+        """A request cancelled with its run: compare-and-set as a decision, and only while the
+        fence holds the run (a process that lost the run must not cancel the request its new
+        owner waits on). Parameters: run_id, idx, run_id, owner_token."""
+        return self.sql(
+            "UPDATE {approvals} SET state = 'cancelled', decided_at = {clock} "
+            "WHERE run_id = ? AND idx = ? AND state = 'awaiting' "
+            "AND EXISTS (SELECT 1 FROM {runs} WHERE id = ? AND owner_token = ?)"
+        )
+
     def approval_change(self) -> str:
         """The change feed's row of a request made or decided (run_id, idx, state)."""
         return self.sql(

@@ -97,6 +97,7 @@ from .rows import (
 )
 from .schema import (
     CHANGES_CHANNEL,
+    ID_LOCK,
     PG_CONNECT_TIMEOUT,
     POSTGRES,
     POSTGRES_CLOCK,
@@ -294,7 +295,7 @@ _NEW_RUN = [
 
 #: the lock of a run id that a cancel remembered before the run existed takes, exclusively
 #: (``schema._MAY_CREATE`` says why; parameter: the id)
-_EARLY_CANCEL_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+_EARLY_CANCEL_LOCK = f"SELECT pg_advisory_xact_lock({ID_LOCK.format(id='%s')})"
 
 #: one run created, with its events (see :func:`_recording`); not written while its id has a
 #: cancel remembered before the run existed (parameters: ``insert_run_parameters``, the id and
@@ -331,12 +332,6 @@ recorded AS (
 feed AS ({event_feed("recorded")})
 SELECT written.*, pg_notify('{_CHANNEL}', left(written.id, 1000)) AS notified FROM written"""
 
-
-#: the most runs one creation statement writes: each takes its id's advisory lock until the
-#: statement commits (``haltwise.may_create``), and PostgreSQL's lock table holds about
-#: ``max_locks_per_transaction`` (64) x ``max_connections`` (100) locks for the whole server:
-#: a round of 10,000 concurrent starts in one statement would exhaust it ("out of shared memory")
-_CREATE_CHUNK = 1000
 
 #: many runs created as :data:`_CREATE` creates one (see :func:`_recording_many`: the rows are
 #: ``insert_run_parameters``' values); a run whose id is taken is not written, not returned
@@ -675,13 +670,11 @@ class PostgresStore:
                     ids.add(run.id)
                     events = _event_rows(plan_create(run, now))
                     given.append([*insert_run_parameters(run, inputs, now), events, now])
-            written = {}
-            # in statements of at most _CREATE_CHUNK runs: each holds its runs' id locks
-            # (haltwise.may_create) until it commits, and the server's lock table is shared
-            for first in range(0, len(given), _CREATE_CHUNK):
-                chunk = json.dumps(given[first : first + _CREATE_CHUNK])
-                cursor = await conn.execute(_CREATE_MANY, (chunk,), prepare=True)
-                written.update({row["id"]: row for row in await cursor.fetchall()})
+            # one statement, so all or none of the round is written (a round written in parts
+            # and then failing would leave its first part's runs claimed and never started);
+            # its id locks are buckets (schema.ID_LOCK), at most 1,024 however large the round
+            cursor = await conn.execute(_CREATE_MANY, (json.dumps(given),), prepare=True)
+            written = {row["id"]: row for row in await cursor.fetchall()}
             created: list[tuple[RunRecord, bool]] = []
             for run, inputs in runs:
                 row = written.pop(run.id, None)
@@ -1375,11 +1368,11 @@ class PostgresStore:
     async def cancel_approval(self, run_id: str, index: int, *, fence: str) -> None:
         async def op(conn: _Conn) -> None:
             async with conn.cursor(row_factory=tuple_row) as rows:
-                cancelled = ("cancelled", None, None, None, run_id, index)
-                await rows.execute(_OPS.approval_decide(), cancelled)
+                fenced = (run_id, index, run_id, fence)
+                await rows.execute(_OPS.approval_cancel(), fenced)
                 if rows.rowcount:
                     await rows.execute(_OPS.approval_change(), (run_id, index, "cancelled"))
-                await rows.execute(_OPS.approval_step_interrupted(), (run_id, index, run_id, fence))
+                await rows.execute(_OPS.approval_step_interrupted(), fenced)
                 if rows.rowcount:
                     await rows.execute(_STEP_CHANGE, (run_id, index, "interrupted"))
             await _notify(conn, run_id)

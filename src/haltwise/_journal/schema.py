@@ -286,9 +286,19 @@ _EARLY_CANCELS = Table(
 #: ``_journal/sql.early_cancel_live`` is the same rule in Python; both stores use these two only.
 EARLY_CANCEL_LIVE = "expires_at > {now}"
 
-#: Version 17, PostgreSQL: ``haltwise.may_create(id, now)``, true if a run ``id`` created at
-#: ``now`` has no live cancel remembered (the creation statements' guard). It first takes the id's
-#: advisory lock, shared, held until the creating transaction ends; then it reads
+#: The advisory lock a run id's creation and a cancel remembered before it share (PostgreSQL):
+#: one of 1,024 buckets of ids (by the id's hash), in haltwise's own class of the two-key lock
+#: space (``0x68616c74``, "halt": never an application's one-key lock). A bucket, not the id:
+#: a creation round of 10,000 runs in one transaction then holds at most 1,024 locks, where the
+#: server's lock table holds ~6,400 for every connection together ("out of shared memory"). Two
+#: ids of one bucket only make a remembered cancel wait for the other's creation to commit.
+#: (``{id}``: the id as SQL: a parameter, a column.)
+ID_LOCK = "1751215220, hashtext({id}) & 1023"
+
+#: Version 17, PostgreSQL (its lock by bucket: version 19): ``haltwise.may_create(id, now)``, true
+#: if a run ``id`` created at ``now`` has no live cancel remembered (the creation statements'
+#: guard). It first takes the id's advisory lock (:data:`ID_LOCK`), shared, held until the
+#: creating transaction ends; then it reads
 #: ``early_cancels`` in a snapshot of its own (each statement of a VOLATILE function takes a new
 #: one, after the lock). ``remember_cancel`` takes the same lock exclusively before it looks for
 #: the run. So of a creation and a remembered cancel of one id that overlap, either the cancel
@@ -301,7 +311,7 @@ _MAY_CREATE = Trigger(
     postgresql=(
         "CREATE OR REPLACE FUNCTION haltwise.may_create(run_id text, now double precision) "
         "RETURNS boolean LANGUAGE sql VOLATILE AS $$ "
-        "SELECT pg_advisory_xact_lock_shared(hashtextextended(run_id, 0)); "
+        f"SELECT pg_advisory_xact_lock_shared({ID_LOCK.format(id='run_id')}); "
         "SELECT NOT EXISTS (SELECT 1 FROM haltwise.early_cancels WHERE id = run_id AND "
         + EARLY_CANCEL_LIVE.format(now="now")
         + ") $$",
@@ -596,6 +606,12 @@ MIGRATIONS: tuple[Migration, ...] = (
             DropIndex("approvals_awaiting"),
             _APPROVALS_AWAITING,
         ),
+    ),
+    Migration(
+        19,
+        "PostgreSQL: a run's creation and a remembered cancel lock the id's bucket of 1,024 "
+        "(a creation round holds a bounded number of locks)",
+        (_MAY_CREATE,),
     ),
 )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ApprovalRule",
     "ask",
-    "cancel_requests",
+    "cancel_awaiting_requests",
     "decided_payload",
     "decision_of",
     "deliver_decisions",
@@ -182,7 +183,23 @@ def _schema(spec: ToolSpec) -> str | None:
 
 
 def _text(arguments: Mapping[str, Any]) -> str:
-    return json.dumps(arguments, default=repr, separators=(",", ":"))
+    """The arguments as the request keeps and lists them: strict JSON (``GET /api/approvals``
+    passes this text through into its body), a value JSON has no form for as its ``repr``
+    (``NaN`` and the infinities as the strings ``"nan"``, ``"inf"``, ``"-inf"``)."""
+    try:
+        return json.dumps(arguments, default=repr, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # a float JSON cannot hold
+        return json.dumps(_finite(arguments), default=repr, separators=(",", ":"))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def refusal(run_id: str, record: ApprovalRecord) -> ApprovalRefused:
@@ -240,6 +257,12 @@ async def ask(
         record = await _wait(run, index, timeout_at)
         decided = {**asked, "haltwise.approval.state": record.state.value}
         run_event(run.trace, "haltwise.approval.decided", decided)
+    if record.state is ApprovalState.CANCELLED:
+        # only the run's owner cancels a request (Store.cancel_approval is fenced), and it was
+        # not this process: the run was taken over meanwhile. Never a refusal: nobody refused.
+        raise LostOwnershipError(
+            f"run {run.run_id!r}: another owner holds the run now", task_id=run.run_id
+        )
     if record.state.allows_call:
         DECIDED.set(record)
         if record.edited is None:
@@ -307,7 +330,7 @@ async def _wait(run: RunContext, index: int, timeout_at: float | None) -> Approv
             del waiting.by_step[key]
 
 
-async def cancel_requests(run: RunContext, steps: Sequence[StepRecord]) -> None:
+async def cancel_awaiting_requests(run: RunContext, steps: Sequence[StepRecord]) -> None:
     """The run is cancelled while nobody waits on its requests (its owner is gone): each step
     still ``awaiting`` has its request ``cancelled`` and itself ``interrupted``, in one write
     (:meth:`~haltwise._journal.store.Store.cancel_approval`), as a cancel while waiting would."""

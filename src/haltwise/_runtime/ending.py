@@ -31,7 +31,7 @@ from .._core.records import JSONText, RunSnapshot, dump_json
 from .._core.states import State
 from .._journal.shield import shielded
 from .._journal.store import UNSET, WriteDone
-from .approvals import cancel_requests
+from .approvals import cancel_awaiting_requests
 from .cancel_state import HOST_CANCEL_ERRORS, NATIVE_CANCEL
 from .run_context import CALL_ID, CURRENT_RUN, CURRENT_STEP, SHIELDED, RunContext
 from .takeover import run_saga, settle_orphans
@@ -333,7 +333,7 @@ async def settle_takeover(ctx: RunContext, snapshot: RunSnapshot) -> RunSnapshot
     ``interrupted``, in one write), so that none outlives its run."""
     await settle_orphans(ctx, snapshot.steps)
     if snapshot.run.state is State.CANCELLING:
-        await cancel_requests(ctx, snapshot.steps)
+        await cancel_awaiting_requests(ctx, snapshot.steps)
         if snapshot.run.force:
             ctx.cancel.force()
         await cancelled_write(ctx, cancel_error=None, release=False)

@@ -61,6 +61,7 @@ from .pause_state import PauseGate
 from .reconcile import ask_hooks, record_operator_answers
 from .run_context import Probe, RunContext, RunTask
 from .seat import DEFAULT_BEFORE_START_TTL, Seat, cancel_batch, nobody_works
+from .seat_now import check_no_nul
 from .steps import execute_step
 from .takeover import refuse_unknown
 from .tool import TASKS, Task
@@ -272,6 +273,7 @@ class Runtime:
         run_id = task_id if task_id is not None else uuid.uuid4().hex
         if not run_id or not isinstance(run_id, str):
             raise InputError("task_id must be a non-empty string")
+        check_no_nul(run_id, "a run id")
         if run_id in self._active:
             same_call((await self.store.load(run_id)).run, name or task.name, inputs, parent=parent)
             return TaskHandle(self, run_id)
@@ -386,14 +388,18 @@ class Runtime:
         declares one (an idempotent tool's too: a ``Happened`` spares the call a resume would
         make again). Only a final run is asked about: a run still active (being worked, paused,
         or left by a dead owner) has its hooks asked by whoever resumes or takes it over, and
-        is refused here with :class:`~haltwise.InputError` before any hook is called (an answer
-        could not be journaled into a run another owner holds). ``task`` defaults to the task
+        is refused here before any hook is called (an answer could not be journaled into a run
+        another owner holds): :class:`~haltwise.RunOwnedError` while a live owner holds it
+        (HTTP 409), else :class:`~haltwise.InputError`. ``task`` defaults to the task
         registered under the run's name. Raises :class:`~haltwise.UnknownRunError` for an
         unknown id, and :class:`~haltwise.HaltwiseError` if the run's task is not loaded here.
         """
         self._require_entered()
         snapshot = await self.store.load(task_id)
         state = snapshot.run.state
+        owner = snapshot.run.owner
+        if not state.is_final and owner is not None and held_by_live_owner(snapshot.run):
+            raise RunOwnedError(task_id, owner.describe())
         if not state.is_final:
             raise InputError(
                 f"run {task_id!r} is {state.value}: reconcile asks the hooks of a final run; "

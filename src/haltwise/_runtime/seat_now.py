@@ -93,7 +93,14 @@ def check_reason(reason: object) -> None:
 
 
 def check_no_nul(text: str, what: str) -> None:
-    """Refuse a NUL character in a text a store keeps (:class:`InputError`): PostgreSQL text
-    cannot hold one, so it is bad input for both stores alike."""
-    if isinstance(text, str) and "\x00" in text:
+    """Refuse a text a store cannot keep (:class:`InputError`), bad input for both stores
+    alike: a NUL character (PostgreSQL text cannot hold one), or a lone surrogate, what a byte
+    that is not UTF-8 in a command-line argument becomes (neither store can encode it)."""
+    if not isinstance(text, str):
+        return
+    if "\x00" in text:
         raise InputError(f"{what} cannot contain a NUL character")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise InputError(f"{what} is not valid UTF-8 text") from None

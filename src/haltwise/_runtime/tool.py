@@ -363,17 +363,25 @@ async def step(
 async def model_step(
     fn: Callable[..., Any], /, *args: Any, name: str, model: str | None = None
 ) -> Any:
-    """``await fn(*args)`` as a model request: one step (``interruptible``, ``read``) that is
-    not a tool call of the run's budget (its tokens are its spend: see ``budget.model_usage``).
-    ``model`` names the model asked, for its span (``chat {model}``)."""
+    """``await fn(*args)`` as a model request: an :func:`adapter_step` whose tokens are its spend
+    (see ``budget.model_usage``); ``model`` names the model asked, for its span
+    (``chat {model}``)."""
+    token = REQUESTED_MODEL.set(model)
+    try:
+        return await adapter_step(fn, *args, name=name)
+    finally:
+        REQUESTED_MODEL.reset(token)
+
+
+async def adapter_step(fn: Callable[..., Any], /, *args: Any, name: str) -> Any:
+    """``await fn(*args)`` as one step (``interruptible``, ``read``) that an adapter takes for
+    its own bookkeeping (a model request, an OpenAI Agents session's length): journaled and
+    replayed as any step, but not a tool call of the run's budget (CONTRACT.md, "Budgets":
+    tool calls are the agent's)."""
     spec = _step_spec(
         fn, name, ("interruptible", "read", False, None, None, None, 0, None), counts_calls=False
     )
-    token = REQUESTED_MODEL.set(model)
-    try:
-        return await call_tool(spec, args, {})
-    finally:
-        REQUESTED_MODEL.reset(token)
+    return await call_tool(spec, args, {})
 
 
 def _step_spec(

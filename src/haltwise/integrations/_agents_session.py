@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import haltwise
+from .._runtime.tool import adapter_step
 
 __all__ = ["ResumedSession", "session_for_attempt"]
 
@@ -32,7 +32,8 @@ async def session_for_attempt(session: Any) -> Any:
         measured.append(len(await session.get_items()))
         return measured[-1]
 
-    began = await haltwise.step(length, name=SESSION_STEP, cancel="interruptible", effect="read")
+    # the adapter's bookkeeping, not a tool call of the run's budget
+    began: int = await adapter_step(length, name=SESSION_STEP)
     if measured:
         return session  # the step ran: this attempt begins the run on the session
     items = await session.get_items()
