@@ -3,7 +3,8 @@
 Each POST is appended to ``DIR/received.jsonl`` as ``{"headers", "body", "answered"}`` (one
 line, flushed before the answer is sent; ``path`` is the request's target as sent: a proxied
 request's is the whole URL). The answer is the status code written in ``DIR/answer`` when that
-file exists (``500``, ``410``...; ``410|Bye`` gives the reason phrase ``Bye``), else 200. Prints its port, then serves until killed.
+file exists (``500``, ``410``...; ``410|Bye`` gives the reason phrase ``Bye``), else 200.
+Prints its port, then serves until killed.
 
 HTTP/1.0 by default (a connection per request); ``--keep-alive``: HTTP/1.1, connections kept
 open between requests; ``--tls CERT KEY``: HTTPS with that certificate chain and key.
@@ -28,7 +29,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length", 0)))
         answer_file = DIR / "answer"
-        code, _, phrase = (answer_file.read_text() if answer_file.exists() else "200").partition("|")
+        given = answer_file.read_text() if answer_file.exists() else "200"
+        code, _, phrase = given.partition("|")
         answer = int(code)
         line = {
             "path": self.path,

@@ -108,8 +108,9 @@ def test_a_run_submitted_from_python_is_worked_by_a_worker_of_its_file(env: Env)
 
 def test_a_run_id_that_is_not_utf8_is_a_one_line_error(env: Env) -> None:
     # a byte that is not UTF-8 in an argument reaches Python as a lone surrogate ('r\udcff')
+    command = [sys.executable.encode(), b"-m", b"haltwise", b"submit", b"agent.py:boom"]
     done = subprocess.run(
-        [sys.executable.encode(), b"-m", b"haltwise", b"submit", b"agent.py:boom", b"--id", b"r\xff"],
+        [*command, b"--id", b"r\xff"],
         cwd=env.root,
         env=env.environ(),
         capture_output=True,

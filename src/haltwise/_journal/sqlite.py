@@ -182,13 +182,11 @@ def _preallocate_wal(conn: sqlite3.Connection, path: str, pages: int) -> None:
 #: 10 ms an idle run used 2.1-3.0% of a core, over issue 4's 2%).
 _POLL_INTERVAL = 0.015
 #: With a watch of the store's files (Linux): the longest wait_for_change waits for a file event
-#: before it reads data_version anyway (a safety net), and the ticks it polls at after an event
-#: (a commit's log is written a little before the commit is visible: its index is updated
-#: after): short first, since the commit is usually visible within a millisecond, then longer
-#: (a writer descheduled between the two on a loaded machine), 100 ms in all, eight wake-ups. An idle process wakes 4 times a second, not 67 (a wake-up on this
-#: kind of VM costs ~100-250 us of CPU: 1.6% of a core at 15 ms).
+#: before it reads data_version anyway (a safety net), and how many _POLL_INTERVAL ticks it
+#: polls after an event that showed no commit yet. An idle process wakes 4 times a second, not
+#: 67 (a wake-up on this kind of VM costs ~100-250 us of CPU: 1.6% of a core at 15 ms).
 _WATCH_INTERVAL = 0.25
-_AFTER_EVENT = (0.001, 0.002, 0.004, 0.008, 0.015, 0.015, 0.025, 0.03)
+_POLL_AFTER_EVENT = 3
 
 _SQL = Statements(SQLITE)
 _OPS = OperatorSQL(SQLITE)
@@ -1015,7 +1013,7 @@ class SQLiteStore:
             if conn.execute(_OPS.approval_cancel(), fenced).rowcount:
                 conn.execute(_OPS.approval_change(), (run_id, index, "cancelled"))
             # (the step row's change is written by the trigger on steps)
-            conn.execute(_OPS.approval_step_interrupted(), (run_id, index, run_id, fence))
+            conn.execute(_OPS.approval_step_interrupted(), fenced)
 
         await self._writer.call(op, write=True, shield=True)
 
@@ -1054,14 +1052,13 @@ class SQLiteStore:
         while self._changes == start and (left := deadline - time.monotonic()) > 0:
             self._writer.flush_deferred(older_than=_POLL_INTERVAL)
             if watch is None or self._poll_ticks > 0 or self._writer.deferring:
-                tick = _AFTER_EVENT[-self._poll_ticks] if self._poll_ticks else _POLL_INTERVAL
                 self._poll_ticks = max(0, self._poll_ticks - 1)
-                await anyio.sleep(min(tick, left))
+                await anyio.sleep(min(_POLL_INTERVAL, left))
             elif await watch.wait(min(_WATCH_INTERVAL, left)):
                 # A write of the log may come before the commit it belongs to is visible (the
                 # log's index is updated after it): poll a few ticks before trusting the watch
-                # again, so a commit is seen at least as soon as without the watch.
-                self._poll_ticks = len(_AFTER_EVENT)
+                # again, so a commit is seen as soon as without the watch.
+                self._poll_ticks = _POLL_AFTER_EVENT
             self._check_file()
             version = self._read_data_version()
             if version != self._data_version:
