@@ -204,7 +204,8 @@ async def pay_and_notify() -> list[str]:
 async def test_reconcile_refuses_a_run_still_active_and_asks_no_hook(store_url: str) -> None:
     """A run still ``cancelling`` (one step ran out of grace: ``unknown``; another still
     finishing) is its owner's to settle: ``reconcile`` from another runtime refuses in one
-    line and calls no hook (it used to call them all and journal nothing: the run is held);
+    line (RunOwnedError: HTTP 409) and calls no hook (it used to call them all and journal
+    nothing: the run is held);
     once the run is final, it asks."""
     HOOK_CALLS.clear()
     GATES.update(pay=anyio.Event(), notify=anyio.Event())
@@ -223,7 +224,7 @@ async def test_reconcile_refuses_a_run_still_active_and_asks_no_hook(store_url: 
         await until_async(pay_unknown, "the short grace to run out")
         assert (await rt.status("a1")).state is State.CANCELLING
         try:
-            with pytest.raises(haltwise.InputError, match="is cancelling"):
+            with pytest.raises(haltwise.RunOwnedError, match="held by a live owner"):
                 await other.reconcile("a1", task=pay_and_notify)
             assert HOOK_CALLS == [], "no hook asked about a run another owner holds"
         finally:

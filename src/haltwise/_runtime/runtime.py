@@ -642,6 +642,7 @@ class Runtime:
         run_id = task_id if task_id is not None else uuid.uuid4().hex
         if not run_id:
             raise InputError("task_id must be a non-empty string")
+        check_no_nul(run_id, "a run id")
         record, created = await self.store.create_run(
             NewRun(id=run_id, task=name or task.name, inputs=inputs)
         )
