@@ -79,6 +79,8 @@ def test_a_history_saved_after_a_cancel_never_repeats_a_committed_call_in_a_new_
         assert cancelled.returncode == 0, cancelled.stderr
     else:
         (tmp_path / "token").touch()  # Pydantic AI's own cancel, in the app's process
+        # (the charge must not end before the token is cancelled: the agent would go on)
+        wait_for(tmp_path / "token-cancelled")
     (tmp_path / "release").touch()  # the finish call is allowed to end: it commits
     outcome = outcome_of(first)
     assert outcome["state"] == "cancelled"

@@ -328,3 +328,12 @@ async def test_only_the_runs_owner_cancels_its_request(store_url: str) -> None:
     assert outcome.result == "paid 5 to bob"
     assert len(LEDGER) == 1
     assert report.ok, report.findings
+
+
+async def test_a_step_number_no_store_can_hold_has_no_request(store_url: str) -> None:
+    """Found by the API's fuzzing: a step past 64 bits made SQLite raise OverflowError (and
+    the request hung); it is a step with no request, as any other."""
+    async with haltwise.Runtime(store_url) as rt:
+        await (await rt.start(buy, task_id="big")).cancel()
+        with pytest.raises(haltwise.ApprovalConflictError):
+            await rt.decide("big", 2**67, approve=False)

@@ -64,6 +64,9 @@ __all__ = [
     "store_url_from",
 ]
 
+#: One past the largest step number a store keeps (a signed 64-bit integer).
+_STEP_LIMIT = 2**63
+
 
 @final
 class Seat:
@@ -230,7 +233,9 @@ class Seat:
         for text, what in ((by, "by"), (note, "a note")):
             if text is not None:
                 check_no_nul(text, what)
-        current = await self._store.approval(task_id, step)
+        # (a step no store can number has no request: SQLite refuses ints past 64 bits)
+        in_range = isinstance(step, int) and 0 <= step < _STEP_LIMIT
+        current = await self._store.approval(task_id, step) if in_range else None
         if current is None:
             await self._store.load(task_id)  # an unknown run: UnknownRunError
         check_decidable(task_id, step, current)
