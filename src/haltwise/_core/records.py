@@ -123,6 +123,11 @@ class RunSnapshot:
         )
 
 
+#: The largest step number the journal deals in (it fits a 32-bit int): the API's bodies
+#: refuse a larger one, and a decision names no request past it (SQLite's own integers end at
+#: 2**63 - 1: a larger number would be an OverflowError, not an answer).
+MAX_STEP = 2**31 - 1
+
 #: what dump_json encodes with: json.dumps(value, separators=(",", ":"), allow_nan=False) builds
 #: this encoder afresh at every call, ~1-2 us of a step's CPU (the output is the same)
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)

@@ -32,7 +32,7 @@ from .._core.approvals import (
 )
 from .._core.budget import Budget
 from .._core.exceptions import InputError, NoStoreError
-from .._core.records import RunRecord, dump_json
+from .._core.records import MAX_STEP, RunRecord, dump_json
 from .._core.states import State
 from .._core.views import Change, RunDetail, RunPage
 from .._journal import open_store, store_url_from
@@ -63,9 +63,6 @@ __all__ = [
     "scrub",
     "store_url_from",
 ]
-
-#: One past the largest step number a store keeps (a signed 64-bit integer).
-_STEP_LIMIT = 2**63
 
 
 @final
@@ -233,8 +230,8 @@ class Seat:
         for text, what in ((by, "by"), (note, "a note")):
             if text is not None:
                 check_no_nul(text, what)
-        # (a step no store can number has no request: SQLite refuses ints past 64 bits)
-        in_range = isinstance(step, int) and 0 <= step < _STEP_LIMIT
+        # (a step past the journal's numbers has no request: see MAX_STEP)
+        in_range = isinstance(step, int) and 0 <= step <= MAX_STEP
         current = await self._store.approval(task_id, step) if in_range else None
         if current is None:
             await self._store.load(task_id)  # an unknown run: UnknownRunError

@@ -22,7 +22,7 @@ from pydantic import ValidationError as PydanticValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from .._core.exceptions import InputError
-from .._core.records import parse_json_text
+from .._core.records import MAX_STEP, parse_json_text
 from .._core.states import State
 from ._errors import ApiError
 
@@ -53,8 +53,6 @@ ActiveState = StrEnum("ActiveState", _ACTIVE_STATES)  # type: ignore[misc]
 #: A text the journal can hold: no NUL character (no store keeps one; PostgreSQL refuses it).
 #: The pattern is in the OpenAPI document, so a client knows it before it sends.
 NO_NUL = r"^[^\x00]*$"
-#: The largest step number or run id length a body may name (a step number fits a 32-bit int).
-MAX_STEP = 2**31 - 1
 
 
 def _whole_number(value: object) -> object:
